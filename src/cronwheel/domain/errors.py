@@ -1,0 +1,115 @@
+"""The errors of cronwheel, each with one HTTP status and one stable ``code``.
+
+::
+
+    CronwheelError
+     ├── ValidationError(ValueError)          422  invalid_*
+     │    ├── InvalidScheduleError                 invalid_schedule
+     │    └── PayloadTooLargeError                 payload_too_large (413)
+     ├── AuthError                            401  unauthorized
+     ├── PermissionDeniedError(PermissionError) 403 forbidden
+     ├── NotFoundError(LookupError)           404  not_found
+     ├── ConflictError                        409  conflict
+     │    ├── IllegalTransitionError               illegal_transition
+     │    ├── StaleFencingTokenError               stale_fencing_token
+     │    └── IdempotencyConflictError             idempotency_conflict
+     ├── RateLimitedError                     429  rate_limited
+     └── StoreUnavailableError(ConnectionError) 503 store_unavailable
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "AuthError",
+    "ConflictError",
+    "CronwheelError",
+    "IdempotencyConflictError",
+    "IllegalTransitionError",
+    "InvalidScheduleError",
+    "NotFoundError",
+    "PayloadTooLargeError",
+    "PermissionDeniedError",
+    "RateLimitedError",
+    "StaleFencingTokenError",
+    "StoreUnavailableError",
+    "ValidationError",
+]
+
+
+class CronwheelError(Exception):
+    """Root of every error cronwheel raises on purpose."""
+
+    status: int = 500
+    code: str = "internal_error"
+
+    def __init__(self, message: str, *, field: str | None = None, **details: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+        self.details = details
+
+    def to_dict(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"code": self.code, "message": self.message}
+        if self.field is not None:
+            body["field"] = self.field
+        if self.details:
+            body["details"] = self.details
+        return {"error": body}
+
+
+class ValidationError(CronwheelError, ValueError):
+    status = 422
+    code = "invalid_request"
+
+
+class InvalidScheduleError(ValidationError):
+    code = "invalid_schedule"
+
+
+class PayloadTooLargeError(ValidationError):
+    status = 413
+    code = "payload_too_large"
+
+
+class AuthError(CronwheelError):
+    status = 401
+    code = "unauthorized"
+
+
+class PermissionDeniedError(CronwheelError, PermissionError):
+    status = 403
+    code = "forbidden"
+
+
+class NotFoundError(CronwheelError, LookupError):
+    status = 404
+    code = "not_found"
+
+
+class ConflictError(CronwheelError):
+    status = 409
+    code = "conflict"
+
+
+class IllegalTransitionError(ConflictError):
+    code = "illegal_transition"
+
+
+class StaleFencingTokenError(ConflictError):
+    code = "stale_fencing_token"
+
+
+class IdempotencyConflictError(ConflictError):
+    code = "idempotency_conflict"
+
+
+class RateLimitedError(CronwheelError):
+    status = 429
+    code = "rate_limited"
+
+
+class StoreUnavailableError(CronwheelError, ConnectionError):
+    status = 503
+    code = "store_unavailable"

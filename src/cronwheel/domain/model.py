@@ -1,0 +1,212 @@
+"""Records the store hands back. Plain frozen dataclasses: no I/O, no validation —
+what reaches them has already been validated (``spec.py``) or read from the store."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Generic, TypeVar
+
+from cronwheel.domain.states import AttemptState, JobState, RunState
+
+__all__ = [
+    "ApiKey",
+    "Attempt",
+    "AttemptOutcome",
+    "DueRun",
+    "Event",
+    "FiredRun",
+    "Job",
+    "LeasedAttempt",
+    "NewJob",
+    "Page",
+    "Role",
+    "Run",
+    "Tenant",
+    "Worker",
+]
+
+T = TypeVar("T")
+
+Role = str  # "admin" | "operator" | "viewer" | "worker"
+ROLES: tuple[str, ...] = ("admin", "operator", "viewer", "worker")
+
+
+@dataclass(frozen=True, slots=True)
+class Page(Generic[T]):
+    items: list[T]
+    next_cursor: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Tenant:
+    id: uuid.UUID
+    name: str
+    limits: dict[str, Any]
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class ApiKey:
+    id: uuid.UUID
+    tenant_id: uuid.UUID | None  # None: an admin key, or a worker key shared by all tenants
+    role: Role
+    prefix: str
+    created_at: datetime
+    revoked_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NewJob:
+    """A job to create: the validated spec plus what the API resolved for it."""
+
+    spec: Any  # cronwheel.domain.spec.JobSpec
+    first_due_at: datetime | None  # None: nothing to materialise yet
+    idempotency_key: str | None = None
+    actor: str | None = None
+    due_local: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    id: uuid.UUID
+    tenant_id: uuid.UUID
+    name: str
+    state: JobState
+    schedule: dict[str, Any]
+    template: dict[str, Any]  # task/webhook, payload, pool, requires, tags, priority, …
+    version: int
+    next_due_at: datetime | None
+    created_at: datetime
+    updated_at: datetime
+    idempotency_key: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    id: uuid.UUID
+    tenant_id: uuid.UUID
+    job_id: uuid.UUID
+    shard: int
+    state: RunState
+    due_at: datetime
+    due_local: str | None
+    fire_at: datetime
+    priority: int
+    pool: str
+    requires: list[str]
+    tags: list[str]
+    task: str | None
+    webhook: dict[str, Any] | None
+    payload: dict[str, Any]
+    attempt: int
+    max_attempts: int
+    retry: dict[str, Any]
+    timeout: float
+    heartbeat_timeout: float
+    reason: str | None
+    created_at: datetime
+    dispatched_at: datetime | None
+    started_at: datetime | None
+    finished_at: datetime | None
+    current_attempt_id: uuid.UUID | None
+    result: Any = None
+    last_error: str | None = None
+    job_name: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    id: uuid.UUID
+    tenant_id: uuid.UUID
+    run_id: uuid.UUID
+    number: int
+    worker_id: uuid.UUID | None
+    fencing_token: int
+    state: AttemptState
+    lease_expires_at: datetime
+    deadline: datetime
+    started_at: datetime
+    heartbeat_at: datetime | None
+    finished_at: datetime | None
+    error: str | None
+    result: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class LeasedAttempt:
+    """What a worker receives for each run it leases."""
+
+    attempt_id: uuid.UUID
+    run_id: uuid.UUID
+    tenant_id: uuid.UUID
+    job_id: uuid.UUID
+    number: int
+    task: str | None
+    webhook: dict[str, Any] | None
+    payload: dict[str, Any]
+    fencing_token: int
+    lease_expires_at: datetime
+    deadline: datetime
+    due_at: datetime
+    heartbeat_timeout: float
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptOutcome:
+    """The store's answer for one item of a heartbeat/complete/fail batch."""
+
+    attempt_id: uuid.UUID
+    ok: bool
+    error_code: str | None = None  # "stale_fencing_token" | "not_found" when not ok
+    lease_expires_at: datetime | None = None
+    cancel_requested: bool = False
+    run_state: RunState | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    id: int
+    tenant_id: uuid.UUID | None
+    at: datetime
+    kind: str  # "run.transition", "job.created", "job.cancelled", "tenant.created", …
+    job_id: uuid.UUID | None
+    run_id: uuid.UUID | None
+    attempt_id: uuid.UUID | None
+    from_state: str | None
+    to_state: str | None
+    actor: str | None
+    reason: str | None
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Worker:
+    id: uuid.UUID
+    tenant_id: uuid.UUID | None  # None: serves every tenant's runs in its pool
+    pool: str
+    capabilities: list[str]
+    tags: list[str]
+    capacity: int
+    registered_at: datetime
+    last_seen_at: datetime
+    name: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DueRun:
+    """An entry of a scheduler's in-memory due window."""
+
+    id: uuid.UUID
+    shard: int
+    fire_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class FiredRun:
+    id: uuid.UUID
+    tenant_id: uuid.UUID
+    pool: str
+    fire_at: datetime
+    dispatched_at: datetime

@@ -1,0 +1,123 @@
+"""The run state machine: the one place run transitions are defined.
+
+::
+
+                 ┌───────────── cancel ──────────────┐
+                 │                                   ▼
+    SCHEDULED ──fire──▶ DISPATCHED ──lease──▶ RUNNING ──▶ SUCCESS
+      ▲  │  │                │                  │ │ │
+      │  │  └──skip──▶ SKIPPED│                  │ │ └──▶ FAILED      (non-retryable error)
+      │  │                   │                  │ └────▶ DEAD_LETTER (retries exhausted)
+      │  └── cancel ──▶ CANCELLED ◀── cancel ───┴──────── (cooperative)
+      │                                         │
+      └────────── retry (backoff) ◀─────────────┘   lease lost, timed out or failed with
+                                                    attempts left
+    DEAD_LETTER / FAILED / CANCELLED ──redrive / retry──▶ SCHEDULED
+
+Who moves runs into and out of each state:
+
+- SCHEDULED: created by the API (one-off jobs), by the scheduler (the next cron
+  occurrence), by a retry, or by a redrive. Left when the scheduler fires it, when it
+  is skipped (catch-up / overlap policy) or cancelled.
+- DISPATCHED: entered only by the scheduler firing a due run (one conditional UPDATE
+  per batch). Left when a worker leases it, or when it is cancelled.
+- RUNNING: entered when a worker leases the run (a new attempt with a new fencing
+  token). Left by the worker's completion or failure, by lease expiry or timeout
+  (the scheduler), or by a cooperative cancel.
+- SUCCESS, FAILED, CANCELLED, DEAD_LETTER, SKIPPED: terminal; ``finished_at`` is set
+  exactly in these states (a CHECK constraint holds the store to it). FAILED,
+  CANCELLED and DEAD_LETTER can be sent back to SCHEDULED by a retry or a redrive.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from cronwheel.domain.errors import IllegalTransitionError
+
+__all__ = [
+    "ACTIVE_STATES",
+    "TERMINAL_STATES",
+    "TRANSITIONS",
+    "AttemptState",
+    "JobState",
+    "RunState",
+    "check_transition",
+    "sources_of",
+]
+
+
+class RunState(StrEnum):
+    SCHEDULED = "SCHEDULED"
+    DISPATCHED = "DISPATCHED"
+    RUNNING = "RUNNING"
+    SUCCESS = "SUCCESS"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+    DEAD_LETTER = "DEAD_LETTER"
+    SKIPPED = "SKIPPED"
+
+
+TERMINAL_STATES: frozenset[RunState] = frozenset(
+    {
+        RunState.SUCCESS,
+        RunState.FAILED,
+        RunState.CANCELLED,
+        RunState.DEAD_LETTER,
+        RunState.SKIPPED,
+    }
+)
+ACTIVE_STATES: frozenset[RunState] = frozenset(RunState) - TERMINAL_STATES
+
+TRANSITIONS: dict[RunState, frozenset[RunState]] = {
+    RunState.SCHEDULED: frozenset({RunState.DISPATCHED, RunState.SKIPPED, RunState.CANCELLED}),
+    RunState.DISPATCHED: frozenset({RunState.RUNNING, RunState.CANCELLED, RunState.SCHEDULED}),
+    RunState.RUNNING: frozenset(
+        {
+            RunState.SUCCESS,
+            RunState.FAILED,
+            RunState.DEAD_LETTER,
+            RunState.CANCELLED,
+            RunState.SCHEDULED,
+        }
+    ),
+    RunState.SUCCESS: frozenset(),
+    RunState.SKIPPED: frozenset(),
+    RunState.FAILED: frozenset({RunState.SCHEDULED}),
+    RunState.CANCELLED: frozenset({RunState.SCHEDULED}),
+    RunState.DEAD_LETTER: frozenset({RunState.SCHEDULED}),
+}
+
+
+def check_transition(source: RunState, target: RunState) -> None:
+    """Raise :class:`IllegalTransitionError` unless ``source -> target`` is allowed."""
+    if target not in TRANSITIONS[source]:
+        raise IllegalTransitionError(
+            f"a run cannot move from {source.value} to {target.value}",
+            source=source.value,
+            target=target.value,
+        )
+
+
+def sources_of(target: RunState) -> frozenset[RunState]:
+    """Every state from which ``target`` may be entered (used to build conditional SQL)."""
+    return frozenset(s for s, targets in TRANSITIONS.items() if target in targets)
+
+
+class AttemptState(StrEnum):
+    """One execution try. RUNNING while leased; every other state is final."""
+
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    LOST = "LOST"  # the lease expired without a heartbeat
+    TIMED_OUT = "TIMED_OUT"  # the handler ran past the job's timeout
+    CANCELLED = "CANCELLED"
+    RELEASED = "RELEASED"  # handed back by a worker shutting down, not counted as a try
+
+
+class JobState(StrEnum):
+    ACTIVE = "active"
+    PAUSED = "paused"
+    CANCELLED = "cancelled"
+    FINISHED = "finished"

@@ -1,0 +1,67 @@
+"""Configuration: one validated ``Settings`` object, read once at start-up from
+``CRONWHEEL_*`` environment variables (and command-line flags that override them)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+__all__ = ["Settings", "normalise_database_url"]
+
+
+def normalise_database_url(url: str) -> str:
+    """Accept the URLs people write (``postgresql://…``, ``sqlite:///…``) and name the
+    async driver cronwheel uses for each."""
+    if url.startswith(("postgres://", "postgresql://")):
+        return "postgresql+asyncpg://" + url.split("://", 1)[1]
+    if url.startswith("sqlite://") and not url.startswith("sqlite+aiosqlite://"):
+        return "sqlite+aiosqlite://" + url.split("://", 1)[1]
+    if url.startswith(("postgresql+asyncpg://", "sqlite+aiosqlite://")):
+        return url
+    raise ValueError(
+        f"unsupported database URL {url.split('://', 1)[0]!r}: use postgresql://… or sqlite:///…"
+    )
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="CRONWHEEL_", extra="ignore")
+
+    data_dir: Path = Field(default=Path.home() / ".cronwheel")
+    database_url: str | None = None
+    admin_key: str | None = None
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+
+    max_payload_bytes: int = Field(default=64 * 1024, ge=1024)
+    max_horizon_days: int = Field(default=3 * 366, ge=1)
+    past_grace_seconds: float = Field(default=300.0, ge=0)
+
+    # scheduler
+    node_id: str | None = None
+    window_seconds: float = Field(default=30.0, ge=1)
+    fire_batch_size: int = Field(default=1000, ge=1)
+    shard_lease_ttl: float = Field(default=10.0, ge=1)
+    expire_interval: float = Field(default=1.0, gt=0)
+
+    # worker protocol
+    heartbeat_interval: float = Field(default=10.0, gt=0)
+    lease_wait_max: float = Field(default=30.0, gt=0)
+
+    @field_validator("database_url")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        return None if value is None else normalise_database_url(value)
+
+    @property
+    def resolved_database_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        return f"sqlite+aiosqlite:///{self.data_dir / 'cronwheel.db'}"
+
+    @classmethod
+    def load(cls, **overrides: Any) -> Settings:
+        """Environment first, then the non-None ``overrides`` (command-line flags)."""
+        return cls(**{k: v for k, v in overrides.items() if v is not None})

@@ -1,0 +1,39 @@
+"""The store of record: PostgreSQL in production, SQLite embedded by default."""
+
+from __future__ import annotations
+
+from cronwheel.store.base import (
+    CHANNEL_RUNS_NEW,
+    CHANNEL_RUNS_READY,
+    CompleteItem,
+    FailItem,
+    HeartbeatItem,
+    RunFilter,
+    Store,
+    Subscription,
+)
+
+__all__ = [
+    "CHANNEL_RUNS_NEW",
+    "CHANNEL_RUNS_READY",
+    "CompleteItem",
+    "FailItem",
+    "HeartbeatItem",
+    "RunFilter",
+    "Store",
+    "Subscription",
+    "create_store",
+]
+
+
+def create_store(url: str) -> Store:
+    """A store for a normalised database URL (see ``Settings``); call ``open()`` next."""
+    if url.startswith("postgresql+asyncpg://"):
+        from cronwheel.store.postgres import PostgresStore
+
+        return PostgresStore(url)
+    if url.startswith("sqlite+aiosqlite://"):
+        from cronwheel.store.sqlite import SqliteStore
+
+        return SqliteStore(url)
+    raise ValueError(f"unsupported database URL: {url}")

@@ -1,0 +1,335 @@
+"""The store interface: every read and write cronwheel makes goes through it.
+
+The contract is documented here once; ``SqlStore`` implements it with SQLAlchemy Core
+for both dialects, and ``PostgresStore`` / ``SqliteStore`` replace only the hot paths
+(fire a batch, lease a batch) with dialect-specific SQL.
+
+Conventions:
+
+- Methods are named noun-first and grouped by table; arguments after the first are
+  keyword-only.
+- ``tenant_id`` is the first argument of every tenant-scoped method, and every such
+  query is filtered by it: another tenant's id behaves exactly like an unknown id
+  (:class:`NotFoundError`).
+- Every time-sensitive call takes ``now``; ``None`` means the database clock, the one
+  time authority. Tests pass a fixed instant.
+- Every run transition is checked against ``domain.states`` and appends an event in
+  the same transaction; a rejected transition writes nothing.
+- Batch methods take and return lists: one statement per batch, never one per run.
+"""
+
+from __future__ import annotations
+
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from cronwheel.domain.model import (
+    ApiKey,
+    Attempt,
+    AttemptOutcome,
+    DueRun,
+    Event,
+    FiredRun,
+    Job,
+    LeasedAttempt,
+    NewJob,
+    Page,
+    Run,
+    Tenant,
+    Worker,
+)
+
+__all__ = [
+    "CHANNEL_RUNS_NEW",
+    "CHANNEL_RUNS_READY",
+    "CompleteItem",
+    "FailItem",
+    "HeartbeatItem",
+    "RunFilter",
+    "Store",
+    "Subscription",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatItem:
+    attempt_id: uuid.UUID
+    fencing_token: int
+
+
+@dataclass(frozen=True, slots=True)
+class CompleteItem:
+    attempt_id: uuid.UUID
+    fencing_token: int
+    result: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class FailItem:
+    attempt_id: uuid.UUID
+    fencing_token: int
+    error: str
+    retryable: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class RunFilter:
+    job_id: uuid.UUID | None = None
+    states: Sequence[str] | None = None
+    since: datetime | None = None  # due_at >= since
+    until: datetime | None = None  # due_at < until
+    tag: str | None = None
+
+
+class Subscription(ABC):
+    """A wake-up signal for one channel. Notifications are hints, never needed for
+    correctness: every loop that waits on one also polls the database now and then."""
+
+    @abstractmethod
+    async def wait(self, timeout: float) -> list[str]:
+        """Wait up to ``timeout`` seconds for notifications; return their payloads
+        (empty on timeout). Notifications that arrived since the last call count."""
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+
+# Channels the store notifies on, inside the transaction that makes the change:
+CHANNEL_RUNS_NEW = "cw_runs_new"  # runs created or rescheduled to fire soon: "shard:epoch_ms:id"
+CHANNEL_RUNS_READY = "cw_runs_ready"  # runs became DISPATCHED: payload is the pool
+
+
+class Store(ABC):
+    """Abstract store. Open with :meth:`open`, close with :meth:`close`."""
+
+    dialect: str  # "postgresql" | "sqlite"
+
+    @abstractmethod
+    def subscribe(self, channel: str) -> Subscription:
+        """Wake-ups for ``channel``, from this process and (PostgreSQL) every other."""
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    @abstractmethod
+    async def open(self) -> None:
+        """Connect. Does not migrate; call :meth:`migrate` (or ``cronwheel db upgrade``)."""
+
+    @abstractmethod
+    async def close(self) -> None: ...
+
+    @abstractmethod
+    async def migrate(self) -> None:
+        """Apply every pending Alembic migration."""
+
+    @abstractmethod
+    async def db_now(self) -> datetime:
+        """The database clock (aware UTC)."""
+
+    @abstractmethod
+    async def ping(self) -> None:
+        """Raise :class:`StoreUnavailableError` unless the database answers."""
+
+    # -- tenants and keys ----------------------------------------------------------
+
+    @abstractmethod
+    async def tenants_create(
+        self, *, name: str, limits: dict[str, Any], actor: str | None = None,
+        now: datetime | None = None,
+    ) -> Tenant:
+        """Create a tenant. A duplicate name raises :class:`ConflictError`."""
+
+    @abstractmethod
+    async def tenants_get(self, tenant_id: uuid.UUID) -> Tenant: ...
+
+    @abstractmethod
+    async def tenants_get_by_name(self, *, name: str) -> Tenant: ...
+
+    @abstractmethod
+    async def tenants_list(self, *, cursor: str | None = None, limit: int = 100) -> Page[Tenant]:
+        ...
+
+    @abstractmethod
+    async def tenants_update(
+        self, tenant_id: uuid.UUID, *, limits: dict[str, Any], actor: str | None = None,
+        now: datetime | None = None,
+    ) -> Tenant: ...
+
+    @abstractmethod
+    async def tenants_webhook_secret(self, tenant_id: uuid.UUID) -> str:
+        """The secret the webhook worker signs this tenant's requests with."""
+
+    @abstractmethod
+    async def api_keys_create(
+        self, tenant_id: uuid.UUID | None, *, role: str, key_hash: str, prefix: str,
+        now: datetime | None = None,
+    ) -> ApiKey:
+        """Store a key by its hash (the key itself is never stored)."""
+
+    @abstractmethod
+    async def api_keys_get_by_hash(self, *, key_hash: str) -> ApiKey | None:
+        """The unrevoked key with this hash, or None."""
+
+    # -- jobs ----------------------------------------------------------------------
+
+    @abstractmethod
+    async def jobs_create_many(
+        self, tenant_id: uuid.UUID, *, jobs: Sequence[NewJob], now: datetime | None = None
+    ) -> list[tuple[Job, Run | None, bool]]:
+        """Create jobs and their first runs in one transaction.
+
+        Returns, per input in order, ``(job, first_run, created)``. A job whose
+        ``idempotency_key`` was already used with the same request returns the existing
+        job and run with ``created=False``; with a different request it raises
+        :class:`IdempotencyConflictError` and nothing of the batch is written.
+        """
+
+    @abstractmethod
+    async def jobs_get(self, tenant_id: uuid.UUID, job_id: uuid.UUID) -> Job: ...
+
+    @abstractmethod
+    async def jobs_list(
+        self, tenant_id: uuid.UUID, *, state: str | None = None, tag: str | None = None,
+        name_prefix: str | None = None, cursor: str | None = None, limit: int = 100,
+    ) -> Page[Job]:
+        """Newest first; ``cursor`` is the ``next_cursor`` of the previous page."""
+
+    @abstractmethod
+    async def jobs_cancel(
+        self, tenant_id: uuid.UUID, job_id: uuid.UUID, *, actor: str | None = None,
+        reason: str | None = None, now: datetime | None = None,
+    ) -> Job:
+        """Cancel a job: it fires no more, and its SCHEDULED and DISPATCHED runs become
+        CANCELLED; RUNNING runs get ``cancel_requested``. Cancelling a finished or
+        cancelled job raises :class:`IllegalTransitionError`."""
+
+    # -- runs ----------------------------------------------------------------------
+
+    @abstractmethod
+    async def runs_get(self, tenant_id: uuid.UUID, run_id: uuid.UUID) -> Run: ...
+
+    @abstractmethod
+    async def runs_list(
+        self, tenant_id: uuid.UUID, *, filter: RunFilter | None = None,
+        cursor: str | None = None, limit: int = 100,
+    ) -> Page[Run]:
+        """Newest first by creation."""
+
+    @abstractmethod
+    async def runs_cancel(
+        self, tenant_id: uuid.UUID, run_id: uuid.UUID, *, actor: str | None = None,
+        reason: str | None = None, now: datetime | None = None,
+    ) -> Run:
+        """SCHEDULED or DISPATCHED: CANCELLED at once. RUNNING: ``cancel_requested`` is
+        set; the worker learns it on its next heartbeat. Terminal: IllegalTransitionError."""
+
+    @abstractmethod
+    async def runs_count_by_state(self) -> dict[str, int]:
+        """Every tenant's runs counted by state (for metrics)."""
+
+    # -- the scheduler's hot path --------------------------------------------------
+
+    @abstractmethod
+    async def runs_due_scan(
+        self, *, shards: Sequence[int], until: datetime, limit: int = 10_000
+    ) -> list[DueRun]:
+        """SCHEDULED runs of ``shards`` with ``fire_at < until``, soonest first: an index
+        range scan on ``(shard, fire_at) WHERE state = 'SCHEDULED'``."""
+
+    @abstractmethod
+    async def runs_fire(
+        self, *, run_ids: Sequence[uuid.UUID], node_id: str, now: datetime | None = None
+    ) -> list[FiredRun]:
+        """Move SCHEDULED runs to DISPATCHED in one conditional UPDATE: only runs still
+        SCHEDULED, due by ``now``, and whose shard ``node_id`` holds an unexpired lease on.
+        Sets ``dispatched_at``; appends one event per run. Returns what moved."""
+
+    @abstractmethod
+    async def shard_leases_acquire(
+        self, *, node_id: str, shards: Sequence[int], ttl: float, now: datetime | None = None
+    ) -> dict[int, int]:
+        """Take or renew the leases of ``shards`` that are free, expired or already
+        ``node_id``'s; a change of owner increments the epoch. Returns ``{shard: epoch}``
+        of every shard ``node_id`` holds afterwards."""
+
+    @abstractmethod
+    async def shard_leases_release(self, *, node_id: str, shards: Sequence[int]) -> None:
+        ...
+
+    @abstractmethod
+    async def shard_leases_list(self) -> list[dict[str, Any]]: ...
+
+    # -- workers and attempts ------------------------------------------------------
+
+    @abstractmethod
+    async def workers_register(
+        self, tenant_id: uuid.UUID | None, *, pool: str, capabilities: Sequence[str],
+        tags: Sequence[str], capacity: int, name: str | None = None,
+        now: datetime | None = None,
+    ) -> Worker: ...
+
+    @abstractmethod
+    async def workers_get(self, worker_id: uuid.UUID) -> Worker: ...
+
+    @abstractmethod
+    async def attempts_lease(
+        self, *, worker: Worker, max: int, now: datetime | None = None
+    ) -> list[LeasedAttempt]:
+        """Lease up to ``max`` DISPATCHED runs the worker can execute (its pool, its
+        tenant if it has one, required capabilities a subset of its own), highest
+        priority then oldest first, in one statement. Each becomes RUNNING with a new
+        attempt and a new, strictly larger fencing token. Two workers racing never get
+        the same run."""
+
+    @abstractmethod
+    async def attempts_heartbeat_many(
+        self, *, items: Sequence[HeartbeatItem], now: datetime | None = None
+    ) -> list[AttemptOutcome]:
+        """Extend each live attempt's lease by its run's heartbeat timeout. A stale or
+        unknown token gives ``ok=False`` for that item and changes nothing for it."""
+
+    @abstractmethod
+    async def attempts_complete_many(
+        self, *, items: Sequence[CompleteItem], now: datetime | None = None
+    ) -> list[AttemptOutcome]:
+        """Finish attempts successfully: their runs become SUCCESS (or CANCELLED when a
+        cancel was requested); one-off jobs become finished."""
+
+    @abstractmethod
+    async def attempts_fail_many(
+        self, *, items: Sequence[FailItem], now: datetime | None = None
+    ) -> list[AttemptOutcome]:
+        """Fail attempts: the run is retried after its backoff while attempts remain and
+        the error is retryable, else it becomes DEAD_LETTER (retries exhausted) or
+        FAILED (not retryable)."""
+
+    @abstractmethod
+    async def attempts_release_many(
+        self, *, items: Sequence[HeartbeatItem], now: datetime | None = None
+    ) -> list[AttemptOutcome]:
+        """A worker shutting down hands attempts back: each run returns to DISPATCHED at
+        once and the try is not counted."""
+
+    @abstractmethod
+    async def attempts_expire(self, *, now: datetime | None = None, limit: int = 1000) -> int:
+        """End attempts whose lease expired (LOST) or whose deadline passed (TIMED_OUT)
+        and retry or dead-letter their runs. Returns how many were ended."""
+
+    @abstractmethod
+    async def attempts_list(self, tenant_id: uuid.UUID, *, run_id: uuid.UUID) -> list[Attempt]:
+        ...
+
+    @abstractmethod
+    async def attempts_get(self, attempt_id: uuid.UUID) -> Attempt: ...
+
+    # -- events --------------------------------------------------------------------
+
+    @abstractmethod
+    async def events_list(
+        self, tenant_id: uuid.UUID | None, *, run_id: uuid.UUID | None = None,
+        job_id: uuid.UUID | None = None, cursor: str | None = None, limit: int = 100,
+    ) -> Page[Event]:
+        """Oldest first (the order things happened)."""

@@ -1,0 +1,275 @@
+"""The schema: one SQLAlchemy Core ``MetaData`` for PostgreSQL and SQLite.
+
+The same columns everywhere; only types differ (JSONB and TIMESTAMPTZ on PostgreSQL,
+JSON text and ISO text on SQLite). Every instant is stored in UTC. Tenant-scoped
+indexes and unique keys lead with ``tenant_id``.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.engine import Dialect
+
+from cronwheel.domain.states import TERMINAL_STATES, AttemptState, RunState
+
+__all__ = [
+    "FENCING_SEQUENCE",
+    "NUM_SHARDS",
+    "UtcDateTime",
+    "api_keys",
+    "attempts",
+    "events",
+    "jobs",
+    "metadata",
+    "runs",
+    "shard_leases",
+    "tenants",
+    "workers",
+]
+
+NUM_SHARDS = 256
+
+
+class UtcDateTime(sa.TypeDecorator[datetime]):
+    """An aware UTC instant in and out, on both dialects (SQLite keeps naive UTC text)."""
+
+    impl = sa.DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to the store; pass an aware instant")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if isinstance(value, str):
+            value = datetime.fromisoformat(value)
+        if value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
+
+
+Json = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
+Uuid = sa.Uuid(as_uuid=True)
+
+metadata = sa.MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "ck": "ck_%(table_name)s_%(constraint_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+FENCING_SEQUENCE = sa.Sequence("fencing_tokens", metadata=metadata)
+
+
+def _in(column: str, values: Any) -> str:
+    return f"{column} IN ({', '.join(repr(str(v)) for v in sorted(values))})"
+
+
+tenants = sa.Table(
+    "tenants",
+    metadata,
+    sa.Column("id", Uuid, primary_key=True),
+    sa.Column("name", sa.String(200), nullable=False, unique=True),
+    sa.Column("limits", Json, nullable=False),
+    sa.Column("webhook_secret", sa.String(100), nullable=False),
+    sa.Column("created_at", UtcDateTime, nullable=False),
+)
+
+api_keys = sa.Table(
+    "api_keys",
+    metadata,
+    sa.Column("id", Uuid, primary_key=True),
+    sa.Column("tenant_id", Uuid, sa.ForeignKey("tenants.id", ondelete="CASCADE")),
+    sa.Column("role", sa.String(20), nullable=False),
+    sa.Column("key_hash", sa.String(64), nullable=False, unique=True),
+    sa.Column("prefix", sa.String(20), nullable=False),
+    sa.Column("created_at", UtcDateTime, nullable=False),
+    sa.Column("revoked_at", UtcDateTime),
+    sa.CheckConstraint("role IN ('admin', 'operator', 'viewer', 'worker')", name="role"),
+    sa.CheckConstraint("role = 'worker' OR role = 'admin' OR tenant_id IS NOT NULL", name="scope"),
+)
+
+jobs = sa.Table(
+    "jobs",
+    metadata,
+    sa.Column("id", Uuid, primary_key=True),
+    sa.Column("tenant_id", Uuid, sa.ForeignKey("tenants.id", ondelete="CASCADE"), nullable=False),
+    sa.Column("name", sa.String(200), nullable=False),
+    sa.Column("state", sa.String(20), nullable=False),
+    sa.Column("schedule", Json, nullable=False),
+    sa.Column("template", Json, nullable=False),
+    sa.Column("tags", Json, nullable=False),
+    sa.Column("version", sa.Integer, nullable=False, server_default="1"),
+    sa.Column("next_due_at", UtcDateTime),
+    sa.Column("idempotency_key", sa.String(200)),
+    sa.Column("request_hash", sa.String(64)),
+    sa.Column("created_at", UtcDateTime, nullable=False),
+    sa.Column("updated_at", UtcDateTime, nullable=False),
+    sa.UniqueConstraint("tenant_id", "idempotency_key"),
+    sa.Index(None, "tenant_id", "id"),
+    sa.Index(None, "tenant_id", "name"),
+    sa.CheckConstraint("state IN ('active', 'paused', 'cancelled', 'finished')", name="state"),
+)
+
+_TERMINAL = _in("state", TERMINAL_STATES)
+
+runs = sa.Table(
+    "runs",
+    metadata,
+    sa.Column("id", Uuid, primary_key=True),
+    sa.Column("tenant_id", Uuid, nullable=False),
+    sa.Column("job_id", Uuid, sa.ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
+    sa.Column("job_name", sa.String(200), nullable=False),
+    sa.Column("shard", sa.SmallInteger, nullable=False),
+    sa.Column("state", sa.String(20), nullable=False),
+    sa.Column("due_at", UtcDateTime, nullable=False),
+    sa.Column("due_local", sa.String(40)),
+    sa.Column("fire_at", UtcDateTime, nullable=False),
+    sa.Column("priority", sa.SmallInteger, nullable=False),
+    sa.Column("pool", sa.String(100), nullable=False),
+    sa.Column("requires", Json, nullable=False),
+    sa.Column("tags", Json, nullable=False),
+    sa.Column("task", sa.String(200)),
+    sa.Column("webhook", Json),
+    sa.Column("payload", Json, nullable=False),
+    sa.Column("attempt", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("max_attempts", sa.Integer, nullable=False),
+    sa.Column("retry", Json, nullable=False),
+    sa.Column("timeout", sa.Float, nullable=False),
+    sa.Column("heartbeat_timeout", sa.Float, nullable=False),
+    sa.Column("reason", sa.Text),
+    sa.Column("cancel_requested", sa.Boolean, nullable=False, server_default=sa.false()),
+    sa.Column("current_attempt_id", Uuid),
+    sa.Column("result", Json),
+    sa.Column("last_error", sa.Text),
+    sa.Column("created_at", UtcDateTime, nullable=False),
+    sa.Column("dispatched_at", UtcDateTime),
+    sa.Column("started_at", UtcDateTime),
+    sa.Column("finished_at", UtcDateTime),
+    sa.UniqueConstraint("tenant_id", "job_id", "due_at"),
+    sa.CheckConstraint(_in("state", RunState), name="state"),
+    sa.CheckConstraint(
+        f"(finished_at IS NOT NULL) = ({_TERMINAL})", name="finished_iff_terminal"
+    ),
+    sa.CheckConstraint("shard >= 0 AND shard < 256", name="shard"),
+    sa.CheckConstraint("priority >= 0 AND priority <= 3", name="priority"),
+    # The scheduler's due window: an index range scan per shard.
+    sa.Index(
+        "ix_runs_due",
+        "shard",
+        "fire_at",
+        postgresql_where=sa.text("state = 'SCHEDULED'"),
+        sqlite_where=sa.text("state = 'SCHEDULED'"),
+    ),
+    # What workers lease: ready runs by pool, highest priority first, oldest first.
+    sa.Index(
+        "ix_runs_ready",
+        "pool",
+        "priority",
+        "fire_at",
+        postgresql_where=sa.text("state = 'DISPATCHED'"),
+        sqlite_where=sa.text("state = 'DISPATCHED'"),
+    ),
+    sa.Index("ix_runs_tenant_id", "tenant_id", "id"),
+    sa.Index("ix_runs_tenant_job", "tenant_id", "job_id", "id"),
+    sa.Index("ix_runs_tenant_state", "tenant_id", "state", "id"),
+)
+
+attempts = sa.Table(
+    "attempts",
+    metadata,
+    sa.Column("id", Uuid, primary_key=True),
+    sa.Column("tenant_id", Uuid, nullable=False),
+    sa.Column("run_id", Uuid, sa.ForeignKey("runs.id", ondelete="CASCADE"), nullable=False),
+    sa.Column("number", sa.Integer, nullable=False),
+    sa.Column("worker_id", Uuid),
+    sa.Column("fencing_token", sa.BigInteger, nullable=False, unique=True),
+    sa.Column("state", sa.String(20), nullable=False),
+    sa.Column("lease_expires_at", UtcDateTime, nullable=False),
+    sa.Column("deadline", UtcDateTime, nullable=False),
+    sa.Column("started_at", UtcDateTime, nullable=False),
+    sa.Column("heartbeat_at", UtcDateTime),
+    sa.Column("finished_at", UtcDateTime),
+    sa.Column("error", sa.Text),
+    sa.Column("result", Json),
+    sa.CheckConstraint(_in("state", AttemptState), name="state"),
+    sa.Index("ix_attempts_run", "tenant_id", "run_id", "number"),
+    sa.Index(
+        "ix_attempts_live",
+        "lease_expires_at",
+        postgresql_where=sa.text("state = 'RUNNING'"),
+        sqlite_where=sa.text("state = 'RUNNING'"),
+    ),
+    sa.Index(
+        "ix_attempts_worker",
+        "worker_id",
+        postgresql_where=sa.text("state = 'RUNNING'"),
+        sqlite_where=sa.text("state = 'RUNNING'"),
+    ),
+)
+
+events = sa.Table(
+    "events",
+    metadata,
+    sa.Column("id", sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True,
+              autoincrement=True),
+    sa.Column("tenant_id", Uuid),
+    sa.Column("at", UtcDateTime, nullable=False),
+    sa.Column("kind", sa.String(40), nullable=False),
+    sa.Column("job_id", Uuid),
+    sa.Column("run_id", Uuid),
+    sa.Column("attempt_id", Uuid),
+    sa.Column("from_state", sa.String(20)),
+    sa.Column("to_state", sa.String(20)),
+    sa.Column("actor", sa.String(200)),
+    sa.Column("reason", sa.Text),
+    sa.Column("data", Json),
+    sa.Index("ix_events_run", "tenant_id", "run_id", "id"),
+    sa.Index("ix_events_tenant", "tenant_id", "id"),
+)
+
+workers = sa.Table(
+    "workers",
+    metadata,
+    sa.Column("id", Uuid, primary_key=True),
+    sa.Column("tenant_id", Uuid, sa.ForeignKey("tenants.id", ondelete="CASCADE")),
+    sa.Column("name", sa.String(200)),
+    sa.Column("pool", sa.String(100), nullable=False),
+    sa.Column("capabilities", Json, nullable=False),
+    sa.Column("tags", Json, nullable=False),
+    sa.Column("capacity", sa.Integer, nullable=False),
+    sa.Column("registered_at", UtcDateTime, nullable=False),
+    sa.Column("last_seen_at", UtcDateTime, nullable=False),
+    sa.Index("ix_workers_pool", "pool", "last_seen_at"),
+)
+
+shard_leases = sa.Table(
+    "shard_leases",
+    metadata,
+    sa.Column("shard", sa.SmallInteger, primary_key=True, autoincrement=False),
+    sa.Column("owner", sa.String(100)),
+    sa.Column("epoch", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("expires_at", UtcDateTime),
+)
+
+# SQLite has no sequences: one row here hands out fencing tokens inside the (serialised)
+# write transaction. PostgreSQL uses FENCING_SEQUENCE instead.
+counters = sa.Table(
+    "counters",
+    metadata,
+    sa.Column("name", sa.String(40), primary_key=True),
+    sa.Column("value", sa.BigInteger, nullable=False),
+)
