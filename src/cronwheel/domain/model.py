@@ -74,6 +74,7 @@ class Job:
     tenant_id: uuid.UUID
     name: str
     state: JobState
+    kind: str  # at | delay | asap | cron | interval
     schedule: dict[str, Any]
     template: dict[str, Any]  # task/webhook, payload, pool, requires, tags, priority, …
     version: int
@@ -110,7 +111,6 @@ class Run:
     dispatched_at: datetime | None
     started_at: datetime | None
     finished_at: datetime | None
-    current_attempt_id: uuid.UUID | None
     result: Any = None
     last_error: str | None = None
     job_name: str | None = None

@@ -23,7 +23,8 @@ Who moves runs into and out of each state:
   per batch). Left when a worker leases it, or when it is cancelled.
 - RUNNING: entered when a worker leases the run (a new attempt with a new fencing
   token). Left by the worker's completion or failure, by lease expiry or timeout
-  (the scheduler), or by a cooperative cancel.
+  (the scheduler), by a cooperative cancel, or back to DISPATCHED when a worker
+  shutting down releases it (the try is not counted).
 - SUCCESS, FAILED, CANCELLED, DEAD_LETTER, SKIPPED: terminal; ``finished_at`` is set
   exactly in these states (a CHECK constraint holds the store to it). FAILED,
   CANCELLED and DEAD_LETTER can be sent back to SCHEDULED by a retry or a redrive.
@@ -74,6 +75,7 @@ TRANSITIONS: dict[RunState, frozenset[RunState]] = {
     RunState.DISPATCHED: frozenset({RunState.RUNNING, RunState.CANCELLED, RunState.SCHEDULED}),
     RunState.RUNNING: frozenset(
         {
+            RunState.DISPATCHED,
             RunState.SUCCESS,
             RunState.FAILED,
             RunState.DEAD_LETTER,

@@ -14,6 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Dialect
 
+from cronwheel.domain.sharding import NUM_SHARDS
 from cronwheel.domain.states import TERMINAL_STATES, AttemptState, RunState
 
 __all__ = [
@@ -30,8 +31,6 @@ __all__ = [
     "tenants",
     "workers",
 ]
-
-NUM_SHARDS = 256
 
 
 class UtcDateTime(sa.TypeDecorator[datetime]):
@@ -109,6 +108,7 @@ jobs = sa.Table(
     sa.Column("tenant_id", Uuid, sa.ForeignKey("tenants.id", ondelete="CASCADE"), nullable=False),
     sa.Column("name", sa.String(200), nullable=False),
     sa.Column("state", sa.String(20), nullable=False),
+    sa.Column("kind", sa.String(10), nullable=False),
     sa.Column("schedule", Json, nullable=False),
     sa.Column("template", Json, nullable=False),
     sa.Column("tags", Json, nullable=False),
@@ -152,7 +152,6 @@ runs = sa.Table(
     sa.Column("heartbeat_timeout", sa.Float, nullable=False),
     sa.Column("reason", sa.Text),
     sa.Column("cancel_requested", sa.Boolean, nullable=False, server_default=sa.false()),
-    sa.Column("current_attempt_id", Uuid),
     sa.Column("result", Json),
     sa.Column("last_error", sa.Text),
     sa.Column("created_at", UtcDateTime, nullable=False),
@@ -210,6 +209,12 @@ attempts = sa.Table(
     sa.Index(
         "ix_attempts_live",
         "lease_expires_at",
+        postgresql_where=sa.text("state = 'RUNNING'"),
+        sqlite_where=sa.text("state = 'RUNNING'"),
+    ),
+    sa.Index(
+        "ix_attempts_deadline",
+        "deadline",
         postgresql_where=sa.text("state = 'RUNNING'"),
         sqlite_where=sa.text("state = 'RUNNING'"),
     ),

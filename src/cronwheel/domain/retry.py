@@ -1,0 +1,26 @@
+"""Retry backoff: exponential with a cap and jitter (the AWS Architecture Blog's
+"full" and "equal" jitter), computed from the policy stored on the run."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+__all__ = ["backoff_delay"]
+
+
+def backoff_delay(policy: dict[str, Any], failed_attempt: int, rng: random.Random | None = None) -> float:
+    """Seconds to wait before the try after ``failed_attempt`` (1-based) failed."""
+    rng = rng or random
+    initial = float(policy.get("initial_delay", 1.0))
+    multiplier = float(policy.get("multiplier", 2.0))
+    cap = float(policy.get("max_delay", 300.0))
+    exponent = max(0, failed_attempt - 1)
+    # Cap the exponent before computing so huge attempt counts cannot overflow.
+    base = cap if exponent > 1000 else min(cap, initial * multiplier**exponent)
+    jitter = policy.get("jitter", "full")
+    if jitter == "full":
+        return rng.uniform(0.0, base)
+    if jitter == "equal":
+        return base / 2 + rng.uniform(0.0, base / 2)
+    return base

@@ -1,0 +1,122 @@
+"""PostgreSQL store (asyncpg): differs from the shared SQL only in its hooks —
+``= ANY(array)`` for id sets, JSONB containment, a sequence for fencing tokens and
+LISTEN/NOTIFY for wake-ups across processes."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+
+from cronwheel.store.base import CHANNEL_RUNS_NEW, CHANNEL_RUNS_READY
+from cronwheel.store.sql import SqlStore
+
+__all__ = ["PostgresStore"]
+
+log = logging.getLogger("cronwheel.store.postgres")
+
+# A NOTIFY payload must stay under 8000 bytes.
+_NOTIFY_CHUNK = 7000
+
+
+class PostgresStore(SqlStore):
+    dialect = "postgresql"
+
+    def __init__(self, url: str, *, pool_size: int = 10) -> None:
+        super().__init__(url)
+        self._pool_size = pool_size
+        self._listener: asyncpg.Connection | None = None
+        self._listen_task: asyncio.Task[None] | None = None
+
+    def _make_engine(self) -> AsyncEngine:
+        return create_async_engine(
+            self.url, pool_size=self._pool_size, max_overflow=self._pool_size * 2,
+            pool_recycle=3600,
+        )
+
+    async def open(self) -> None:
+        await super().open()
+        if self._listen_task is None:
+            self._listen_task = asyncio.create_task(self._listen_forever(), name="cw-listen")
+
+    async def close(self) -> None:
+        if self._listen_task is not None:
+            self._listen_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._listen_task
+            self._listen_task = None
+        if self._listener is not None:
+            with contextlib.suppress(Exception):
+                await self._listener.close(timeout=2)
+            self._listener = None
+        await super().close()
+
+    async def _listen_forever(self) -> None:
+        """Keep one LISTEN connection; reconnect when it drops. Notifications are only
+        wake-ups, so a gap costs latency (the loops also poll), never correctness."""
+        dsn = self.url.replace("postgresql+asyncpg://", "postgresql://", 1)
+        while True:
+            try:
+                conn = await asyncpg.connect(dsn)
+                self._listener = conn
+                for channel in (CHANNEL_RUNS_NEW, CHANNEL_RUNS_READY):
+                    await conn.add_listener(channel, self._on_notify)
+                while not conn.is_closed():
+                    await asyncio.sleep(2)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("listen connection failed", extra={"event": "listen_failed",
+                                                                  "error": str(exc)})
+            await asyncio.sleep(1)
+
+    def _on_notify(self, _conn: Any, _pid: int, channel: str, payload: str) -> None:
+        self._deliver(channel, payload.split("\n") if payload else [""])
+
+    async def _db_now(self, conn: AsyncConnection) -> datetime:
+        value = (await conn.execute(sa.text("SELECT clock_timestamp()"))).scalar_one()
+        assert isinstance(value, datetime)
+        return value
+
+    async def _notify(self, conn: AsyncConnection, channel: str, payloads: Sequence[str]) -> None:
+        chunks: list[str] = []
+        current: list[str] = []
+        size = 0
+        for p in payloads:
+            if current and size + len(p) + 1 > _NOTIFY_CHUNK:
+                chunks.append("\n".join(current))
+                current, size = [], 0
+            current.append(p)
+            size += len(p) + 1
+        if current:
+            chunks.append("\n".join(current))
+        await conn.execute(
+            sa.text("SELECT pg_notify(:channel, p) FROM unnest(CAST(:payloads AS text[])) AS p"),
+            {"channel": channel, "payloads": chunks},
+        )
+
+    def _id_in(self, column: sa.ColumnElement[Any], ids: Sequence[Any]) -> sa.ColumnElement[bool]:
+        return column == sa.any_(sa.bindparam(None, list(ids), type_=postgresql.ARRAY(column.type)))
+
+    def _json_has(self, column: sa.ColumnElement[Any], value: str) -> sa.ColumnElement[bool]:
+        return sa.type_coerce(column, postgresql.JSONB).contains([value])
+
+    def _json_subset(self, column: sa.ColumnElement[Any], values: Sequence[str]) -> sa.ColumnElement[bool]:
+        return sa.type_coerce(column, postgresql.JSONB).contained_by(list(values))
+
+    def _insert_ignore(self, table: sa.Table, rows: list[dict[str, Any]]) -> sa.Executable:
+        return postgresql.insert(table).values(rows).on_conflict_do_nothing()
+
+    async def _fencing_tokens(self, conn: AsyncConnection, count: int) -> list[int]:
+        rows = await conn.execute(
+            sa.text("SELECT nextval('fencing_tokens') FROM generate_series(1, :n)"), {"n": count}
+        )
+        return sorted(int(r[0]) for r in rows)

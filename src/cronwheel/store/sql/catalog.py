@@ -1,0 +1,562 @@
+"""Tenants, API keys, jobs, and the read and cancel side of runs."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+import uuid
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from cronwheel.domain.errors import (
+    ConflictError,
+    IdempotencyConflictError,
+    IllegalTransitionError,
+    ValidationError,
+)
+from cronwheel.domain.model import (
+    ApiKey,
+    Attempt,
+    Event,
+    Job,
+    NewJob,
+    Page,
+    Run,
+    Tenant,
+)
+from cronwheel.domain.sharding import shard_of
+from cronwheel.domain.spec import schedule_kind
+from cronwheel.domain.states import ACTIVE_STATES, JobState, RunState
+from cronwheel.ids import new_id
+from cronwheel.store.base import CHANNEL_RUNS_NEW, RunFilter
+from cronwheel.store.schema import api_keys, attempts, events, jobs, runs, tenants
+from cronwheel.store.sql.core import (
+    SqlCore,
+    attempt_from,
+    event_from,
+    event_row,
+    job_from,
+    run_from,
+    tenant_from,
+)
+
+__all__ = ["CatalogMixin"]
+
+ONE_OFF_KINDS = ("at", "delay", "asap")
+# Runs due this soon are announced to the schedulers at once (their window is shorter).
+ANNOUNCE_HORIZON = timedelta(seconds=120)
+
+
+def _uuid_cursor(cursor: str | None) -> uuid.UUID | None:
+    if cursor is None:
+        return None
+    try:
+        return uuid.UUID(cursor)
+    except ValueError:
+        raise ValidationError("malformed cursor", field="cursor") from None
+
+
+def _int_cursor(cursor: str | None) -> int | None:
+    if cursor is None:
+        return None
+    if not cursor.isdigit():
+        raise ValidationError("malformed cursor", field="cursor")
+    return int(cursor)
+
+
+def _request_hash(spec: Any) -> str:
+    body = json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(body.encode()).hexdigest()
+
+
+def announce(run_id: uuid.UUID, shard: int, fire_at: datetime) -> str:
+    """The payload of a CHANNEL_RUNS_NEW notification for one run."""
+    return f"{shard}:{int(fire_at.timestamp() * 1000)}:{run_id.hex}"
+
+
+class CatalogMixin(SqlCore):
+    # -- tenants -------------------------------------------------------------------
+
+    async def tenants_create(
+        self, *, name: str, limits: dict[str, Any], actor: str | None = None,
+        now: datetime | None = None,
+    ) -> Tenant:
+        try:
+            async with self._write() as conn:
+                at = await self._now(conn, now)
+                row = (
+                    await conn.execute(
+                        tenants.insert()
+                        .values(
+                            id=new_id(), name=name, limits=limits, created_at=at,
+                            webhook_secret=secrets.token_urlsafe(32),
+                        )
+                        .returning(*tenants.c)
+                    )
+                ).one()
+                await self._insert_events(conn, [event_row(
+                    at=at, kind="tenant.created", tenant_id=row.id, actor=actor,
+                    data={"name": name},
+                )])
+        except IntegrityError:
+            raise ConflictError(f"a tenant named {name!r} exists", field="name") from None
+        return tenant_from(row)
+
+    async def tenants_get(self, tenant_id: uuid.UUID) -> Tenant:
+        async with self._read() as conn:
+            row = (await conn.execute(tenants.select().where(tenants.c.id == tenant_id))).first()
+        if row is None:
+            raise self._not_found("tenant", tenant_id)
+        return tenant_from(row)
+
+    async def tenants_get_by_name(self, *, name: str) -> Tenant:
+        async with self._read() as conn:
+            row = (await conn.execute(tenants.select().where(tenants.c.name == name))).first()
+        if row is None:
+            raise self._not_found("tenant", name)
+        return tenant_from(row)
+
+    async def tenants_list(self, *, cursor: str | None = None, limit: int = 100) -> Page[Tenant]:
+        after = _uuid_cursor(cursor)
+        stmt = tenants.select().order_by(tenants.c.id).limit(limit + 1)
+        if after is not None:
+            stmt = stmt.where(tenants.c.id > after)
+        async with self._read() as conn:
+            rows = (await conn.execute(stmt)).all()
+        items = [tenant_from(r) for r in rows[:limit]]
+        return Page(items, str(items[-1].id) if len(rows) > limit else None)
+
+    async def tenants_update(
+        self, tenant_id: uuid.UUID, *, limits: dict[str, Any], actor: str | None = None,
+        now: datetime | None = None,
+    ) -> Tenant:
+        async with self._write() as conn:
+            at = await self._now(conn, now)
+            row = (
+                await conn.execute(
+                    tenants.update().where(tenants.c.id == tenant_id).values(limits=limits)
+                    .returning(*tenants.c)
+                )
+            ).first()
+            if row is None:
+                raise self._not_found("tenant", tenant_id)
+            await self._insert_events(conn, [event_row(
+                at=at, kind="tenant.updated", tenant_id=tenant_id, actor=actor,
+                data={"limits": limits},
+            )])
+        return tenant_from(row)
+
+    async def tenants_webhook_secret(self, tenant_id: uuid.UUID) -> str:
+        async with self._read() as conn:
+            secret = (
+                await conn.execute(
+                    sa.select(tenants.c.webhook_secret).where(tenants.c.id == tenant_id)
+                )
+            ).scalar()
+        if secret is None:
+            raise self._not_found("tenant", tenant_id)
+        return str(secret)
+
+    # -- keys ----------------------------------------------------------------------
+
+    async def api_keys_create(
+        self, tenant_id: uuid.UUID | None, *, role: str, key_hash: str, prefix: str,
+        now: datetime | None = None,
+    ) -> ApiKey:
+        if role not in ("admin", "operator", "viewer", "worker"):
+            raise ValidationError(f"unknown role {role!r}", field="role")
+        if tenant_id is None and role not in ("admin", "worker"):
+            raise ValidationError(f"a {role} key needs a tenant", field="role")
+        async with self._write() as conn:
+            at = await self._now(conn, now)
+            if tenant_id is not None:
+                exists = (
+                    await conn.execute(sa.select(tenants.c.id).where(tenants.c.id == tenant_id))
+                ).first()
+                if exists is None:
+                    raise self._not_found("tenant", tenant_id)
+            row = (
+                await conn.execute(
+                    api_keys.insert()
+                    .values(id=new_id(), tenant_id=tenant_id, role=role, key_hash=key_hash,
+                            prefix=prefix, created_at=at)
+                    .returning(*api_keys.c)
+                )
+            ).one()
+            await self._insert_events(conn, [event_row(
+                at=at, kind="api_key.created", tenant_id=tenant_id,
+                data={"key_id": str(row.id), "role": role, "prefix": prefix},
+            )])
+        return ApiKey(id=row.id, tenant_id=row.tenant_id, role=row.role, prefix=row.prefix,
+                      created_at=row.created_at)
+
+    async def api_keys_get_by_hash(self, *, key_hash: str) -> ApiKey | None:
+        async with self._read() as conn:
+            row = (
+                await conn.execute(
+                    api_keys.select().where(
+                        api_keys.c.key_hash == key_hash, api_keys.c.revoked_at.is_(None)
+                    )
+                )
+            ).first()
+        if row is None:
+            return None
+        return ApiKey(id=row.id, tenant_id=row.tenant_id, role=row.role, prefix=row.prefix,
+                      created_at=row.created_at, revoked_at=row.revoked_at)
+
+    # -- jobs ----------------------------------------------------------------------
+
+    async def jobs_create_many(
+        self, tenant_id: uuid.UUID, *, jobs: Sequence[NewJob], now: datetime | None = None
+    ) -> list[tuple[Job, Run | None, bool]]:
+        # Two requests racing with one idempotency key: the loser's insert fails on the
+        # unique key; on the second pass it finds the winner's job.
+        for attempt in range(2):
+            try:
+                async with self._write() as conn:
+                    return await self._jobs_create(conn, tenant_id, jobs, now)
+            except IntegrityError as exc:
+                if attempt == 1 or "idempotency" not in str(exc.orig).lower():
+                    raise ConflictError(f"the jobs could not be stored: {exc.orig}") from None
+        raise AssertionError("unreachable")
+
+    async def _jobs_create(
+        self, conn: AsyncConnection, tenant_id: uuid.UUID, new_jobs: Sequence[NewJob],
+        now: datetime | None,
+    ) -> list[tuple[Job, Run | None, bool]]:
+        at = await self._now(conn, now)
+        exists = (await conn.execute(sa.select(tenants.c.id).where(tenants.c.id == tenant_id))).first()
+        if exists is None:
+            raise self._not_found("tenant", tenant_id)
+        hashes = [_request_hash(nj.spec) for nj in new_jobs]
+        keys = [nj.idempotency_key for nj in new_jobs if nj.idempotency_key]
+        replay: dict[str, tuple[Job, Run | None]] = {}
+        if keys:
+            rows = (
+                await conn.execute(
+                    jobs.select().where(jobs.c.tenant_id == tenant_id,
+                                        jobs.c.idempotency_key.in_(keys))
+                )
+            ).all()
+            by_key = {nj.idempotency_key: h for nj, h in zip(new_jobs, hashes, strict=True)}
+            for row in rows:
+                if by_key.get(row.idempotency_key) != row.request_hash:
+                    raise IdempotencyConflictError(
+                        "this Idempotency-Key was used with a different request",
+                        field="Idempotency-Key",
+                    )
+                first = (
+                    await conn.execute(
+                        sa.select(*runs.c).where(runs.c.tenant_id == tenant_id,
+                                                 runs.c.job_id == row.id)
+                        .order_by(runs.c.id).limit(1)
+                    )
+                ).first()
+                replay[row.idempotency_key] = (job_from(row), run_from(first) if first else None)
+        job_rows: list[dict[str, Any]] = []
+        run_rows: list[dict[str, Any]] = []
+        event_rows: list[dict[str, Any]] = []
+        out: list[tuple[uuid.UUID, uuid.UUID | None] | tuple[Job, Run | None]] = []
+        notices: list[str] = []
+        for nj, h in zip(new_jobs, hashes, strict=True):
+            if nj.idempotency_key and nj.idempotency_key in replay:
+                out.append(replay[nj.idempotency_key])
+                continue
+            spec = nj.spec
+            job_id = new_id()
+            kind = schedule_kind(spec.schedule)
+            template = spec.model_dump(mode="json", exclude={"name", "schedule"})
+            job_rows.append({
+                "id": job_id, "tenant_id": tenant_id, "name": spec.name,
+                "state": JobState.ACTIVE.value, "kind": kind,
+                "schedule": spec.schedule.model_dump(mode="json"), "template": template,
+                "tags": list(spec.tags), "version": 1, "next_due_at": nj.first_due_at,
+                "idempotency_key": nj.idempotency_key, "request_hash": h,
+                "created_at": at, "updated_at": at,
+            })
+            event_rows.append(event_row(at=at, kind="job.created", tenant_id=tenant_id,
+                                        job_id=job_id, actor=nj.actor,
+                                        data={"name": spec.name, "schedule": kind}))
+            run_id: uuid.UUID | None = None
+            if nj.first_due_at is not None:
+                run_id = new_id()
+                shard = shard_of(tenant_id, job_id)
+                run_rows.append(self._new_run_row(
+                    run_id=run_id, tenant_id=tenant_id, job_id=job_id, name=spec.name,
+                    template=template, due_at=nj.first_due_at, due_local=nj.due_local,
+                    shard=shard, at=at,
+                ))
+                event_rows.append(event_row(
+                    at=at, kind="run.transition", tenant_id=tenant_id, job_id=job_id,
+                    run_id=run_id, to_state=RunState.SCHEDULED.value, actor=nj.actor,
+                    reason="job created",
+                ))
+                if nj.first_due_at < at + ANNOUNCE_HORIZON:
+                    notices.append(announce(run_id, shard, nj.first_due_at))
+            out.append((job_id, run_id))
+        if job_rows:
+            await conn.execute(jobs.insert(), job_rows)
+        if run_rows:
+            await conn.execute(runs.insert(), run_rows)
+        await self._insert_events(conn, event_rows)
+        if notices:
+            await self._notify(conn, CHANNEL_RUNS_NEW, notices)
+        return await self._created(conn, tenant_id, out, {r["job_id"] for r in run_rows})
+
+    async def _created(
+        self, conn: AsyncConnection, tenant_id: uuid.UUID,
+        out: list[tuple[uuid.UUID, uuid.UUID | None] | tuple[Job, Run | None]],
+        with_runs: set[uuid.UUID],
+    ) -> list[tuple[Job, Run | None, bool]]:
+        new_ids = [item[0] for item in out if isinstance(item[0], uuid.UUID)]
+        job_map: dict[uuid.UUID, Job] = {}
+        run_map: dict[uuid.UUID, Run] = {}
+        if new_ids:
+            for row in (await conn.execute(jobs.select().where(self._id_in(jobs.c.id, new_ids)))):
+                job_map[row.id] = job_from(row)
+            if with_runs:
+                stmt = sa.select(*runs.c).where(self._id_in(runs.c.job_id, list(with_runs)))
+                for row in await conn.execute(stmt):
+                    run_map[row.job_id] = run_from(row)
+        result: list[tuple[Job, Run | None, bool]] = []
+        for item in out:
+            if isinstance(item[0], Job):
+                job, run = item[0], item[1]
+                result.append((job, run if isinstance(run, Run) else None, False))
+            else:
+                job_id = item[0]
+                result.append((job_map[job_id], run_map.get(job_id), True))
+        return result
+
+    @staticmethod
+    def _new_run_row(
+        *, run_id: uuid.UUID, tenant_id: uuid.UUID, job_id: uuid.UUID, name: str,
+        template: dict[str, Any], due_at: datetime, due_local: str | None, shard: int,
+        at: datetime,
+    ) -> dict[str, Any]:
+        retry = template["retry"]
+        return {
+            "id": run_id, "tenant_id": tenant_id, "job_id": job_id, "job_name": name,
+            "shard": shard, "state": RunState.SCHEDULED.value, "due_at": due_at,
+            "due_local": due_local, "fire_at": due_at, "priority": template["priority"],
+            "pool": template["pool"], "requires": template["requires"],
+            "tags": template["tags"], "task": template.get("task"),
+            "webhook": template.get("webhook"), "payload": template["payload"],
+            "attempt": 0, "max_attempts": retry["max_attempts"], "retry": retry,
+            "timeout": template["timeout"], "heartbeat_timeout": template["heartbeat_timeout"],
+            "created_at": at,
+        }
+
+    async def jobs_get(self, tenant_id: uuid.UUID, job_id: uuid.UUID) -> Job:
+        async with self._read() as conn:
+            row = (
+                await conn.execute(
+                    jobs.select().where(jobs.c.tenant_id == tenant_id, jobs.c.id == job_id)
+                )
+            ).first()
+        if row is None:
+            raise self._not_found("job", job_id)
+        return job_from(row)
+
+    async def jobs_list(
+        self, tenant_id: uuid.UUID, *, state: str | None = None, tag: str | None = None,
+        name_prefix: str | None = None, cursor: str | None = None, limit: int = 100,
+    ) -> Page[Job]:
+        before = _uuid_cursor(cursor)
+        stmt = jobs.select().where(jobs.c.tenant_id == tenant_id)
+        if state is not None:
+            stmt = stmt.where(jobs.c.state == state)
+        if tag is not None:
+            stmt = stmt.where(self._json_has(jobs.c.tags, tag))
+        if name_prefix:
+            stmt = stmt.where(jobs.c.name.startswith(name_prefix, autoescape=True))
+        if before is not None:
+            stmt = stmt.where(jobs.c.id < before)
+        stmt = stmt.order_by(jobs.c.id.desc()).limit(limit + 1)
+        async with self._read() as conn:
+            rows = (await conn.execute(stmt)).all()
+        items = [job_from(r) for r in rows[:limit]]
+        return Page(items, str(items[-1].id) if len(rows) > limit else None)
+
+    async def jobs_cancel(
+        self, tenant_id: uuid.UUID, job_id: uuid.UUID, *, actor: str | None = None,
+        reason: str | None = None, now: datetime | None = None,
+    ) -> Job:
+        async with self._write() as conn:
+            at = await self._now(conn, now)
+            row = (
+                await conn.execute(
+                    jobs.update()
+                    .where(jobs.c.tenant_id == tenant_id, jobs.c.id == job_id,
+                           jobs.c.state.in_([JobState.ACTIVE.value, JobState.PAUSED.value]))
+                    .values(state=JobState.CANCELLED.value, next_due_at=None, updated_at=at,
+                            version=jobs.c.version + 1)
+                    .returning(*jobs.c)
+                )
+            ).first()
+            if row is None:
+                current = await self.jobs_get(tenant_id, job_id)  # raises NotFoundError
+                raise IllegalTransitionError(
+                    f"job {job_id} is {current.state.value} and cannot be cancelled",
+                    source=current.state.value, target=JobState.CANCELLED.value,
+                )
+            events_out = [event_row(at=at, kind="job.cancelled", tenant_id=tenant_id,
+                                    job_id=job_id, actor=actor, reason=reason)]
+            events_out += await self._cancel_runs(
+                conn, tenant_id, sa.and_(runs.c.job_id == job_id), at=at, actor=actor,
+                reason=reason or "job cancelled",
+            )
+            await self._insert_events(conn, events_out)
+        return job_from(row)
+
+    async def _cancel_runs(
+        self, conn: AsyncConnection, tenant_id: uuid.UUID, where: sa.ColumnElement[bool], *,
+        at: datetime, actor: str | None, reason: str,
+    ) -> list[dict[str, Any]]:
+        """Cancel the selected runs not yet started, and ask running ones to stop."""
+        out: list[dict[str, Any]] = []
+        for source in (RunState.SCHEDULED, RunState.DISPATCHED):
+            cancelled = (
+                await conn.execute(
+                    runs.update()
+                    .where(runs.c.tenant_id == tenant_id, where, runs.c.state == source.value)
+                    .values(state=RunState.CANCELLED.value, finished_at=at, reason=reason)
+                    .returning(runs.c.id, runs.c.job_id)
+                )
+            ).all()
+            out += [event_row(at=at, kind="run.transition", tenant_id=tenant_id,
+                              job_id=r.job_id, run_id=r.id, from_state=source.value,
+                              to_state=RunState.CANCELLED.value, actor=actor, reason=reason)
+                    for r in cancelled]
+        requested = (
+            await conn.execute(
+                runs.update()
+                .where(runs.c.tenant_id == tenant_id, where,
+                       runs.c.state == RunState.RUNNING.value,
+                       runs.c.cancel_requested.is_(sa.false()))
+                .values(cancel_requested=True)
+                .returning(runs.c.id, runs.c.job_id)
+            )
+        ).all()
+        out += [event_row(at=at, kind="run.cancel_requested", tenant_id=tenant_id,
+                          job_id=r.job_id, run_id=r.id, actor=actor, reason=reason)
+                for r in requested]
+        return out
+
+    # -- runs ----------------------------------------------------------------------
+
+    async def runs_get(self, tenant_id: uuid.UUID, run_id: uuid.UUID) -> Run:
+        async with self._read() as conn:
+            row = (
+                await conn.execute(
+                    sa.select(*runs.c).where(runs.c.tenant_id == tenant_id, runs.c.id == run_id)
+                )
+            ).first()
+        if row is None:
+            raise self._not_found("run", run_id)
+        return run_from(row)
+
+    async def runs_list(
+        self, tenant_id: uuid.UUID, *, filter: RunFilter | None = None,
+        cursor: str | None = None, limit: int = 100,
+    ) -> Page[Run]:
+        before = _uuid_cursor(cursor)
+        f = filter or RunFilter()
+        stmt = sa.select(*runs.c).where(runs.c.tenant_id == tenant_id)
+        if f.job_id is not None:
+            stmt = stmt.where(runs.c.job_id == f.job_id)
+        if f.states:
+            stmt = stmt.where(runs.c.state.in_(list(f.states)))
+        if f.since is not None:
+            stmt = stmt.where(runs.c.due_at >= f.since)
+        if f.until is not None:
+            stmt = stmt.where(runs.c.due_at < f.until)
+        if f.tag is not None:
+            stmt = stmt.where(self._json_has(runs.c.tags, f.tag))
+        if before is not None:
+            stmt = stmt.where(runs.c.id < before)
+        stmt = stmt.order_by(runs.c.id.desc()).limit(limit + 1)
+        async with self._read() as conn:
+            rows = (await conn.execute(stmt)).all()
+        items = [run_from(r) for r in rows[:limit]]
+        return Page(items, str(items[-1].id) if len(rows) > limit else None)
+
+    async def runs_cancel(
+        self, tenant_id: uuid.UUID, run_id: uuid.UUID, *, actor: str | None = None,
+        reason: str | None = None, now: datetime | None = None,
+    ) -> Run:
+        async with self._write() as conn:
+            at = await self._now(conn, now)
+            current = (
+                await conn.execute(
+                    sa.select(runs.c.state).where(runs.c.tenant_id == tenant_id,
+                                                  runs.c.id == run_id)
+                )
+            ).first()
+            if current is None:
+                raise self._not_found("run", run_id)
+            if RunState(current.state) not in ACTIVE_STATES:
+                raise IllegalTransitionError(
+                    f"run {run_id} is {current.state} and cannot be cancelled",
+                    source=current.state, target=RunState.CANCELLED.value,
+                )
+            rows = await self._cancel_runs(conn, tenant_id, runs.c.id == run_id, at=at,
+                                           actor=actor, reason=reason or "cancelled by request")
+            await self._insert_events(conn, rows)
+            row = (await conn.execute(sa.select(*runs.c).where(runs.c.id == run_id))).one()
+        return run_from(row)
+
+    async def runs_count_by_state(self) -> dict[str, int]:
+        async with self._read() as conn:
+            rows = (
+                await conn.execute(sa.select(runs.c.state, sa.func.count()).group_by(runs.c.state))
+            ).all()
+        counts = {s.value: 0 for s in RunState}
+        counts.update({r[0]: int(r[1]) for r in rows})
+        return counts
+
+    # -- history -------------------------------------------------------------------
+
+    async def attempts_list(self, tenant_id: uuid.UUID, *, run_id: uuid.UUID) -> list[Attempt]:
+        async with self._read() as conn:
+            rows = (
+                await conn.execute(
+                    attempts.select()
+                    .where(attempts.c.tenant_id == tenant_id, attempts.c.run_id == run_id)
+                    .order_by(attempts.c.number)
+                )
+            ).all()
+        return [attempt_from(r) for r in rows]
+
+    async def attempts_get(self, attempt_id: uuid.UUID) -> Attempt:
+        async with self._read() as conn:
+            row = (await conn.execute(attempts.select().where(attempts.c.id == attempt_id))).first()
+        if row is None:
+            raise self._not_found("attempt", attempt_id)
+        return attempt_from(row)
+
+    async def events_list(
+        self, tenant_id: uuid.UUID | None, *, run_id: uuid.UUID | None = None,
+        job_id: uuid.UUID | None = None, cursor: str | None = None, limit: int = 100,
+    ) -> Page[Event]:
+        after = _int_cursor(cursor)
+        stmt = events.select()
+        if tenant_id is not None:
+            stmt = stmt.where(events.c.tenant_id == tenant_id)
+        if run_id is not None:
+            stmt = stmt.where(events.c.run_id == run_id)
+        if job_id is not None:
+            stmt = stmt.where(events.c.job_id == job_id)
+        if after is not None:
+            stmt = stmt.where(events.c.id > after)
+        stmt = stmt.order_by(events.c.id).limit(limit + 1)
+        async with self._read() as conn:
+            rows = (await conn.execute(stmt)).all()
+        items = [event_from(r) for r in rows[:limit]]
+        return Page(items, str(items[-1].id) if len(rows) > limit else None)

@@ -1,0 +1,98 @@
+"""SQLite store (aiosqlite): the embedded single-machine default.
+
+SQLite has one writer at a time. Write transactions start with ``BEGIN IMMEDIATE`` (so
+a read-then-write transaction never fails to upgrade its lock) and are serialised in
+process by a lock; WAL lets readers go on meanwhile. Notifications are in-process only:
+a second process on the same file learns of changes by polling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy.dialects import sqlite
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+
+from cronwheel.store.schema import counters
+from cronwheel.store.sql import SqlStore
+
+__all__ = ["SqliteStore"]
+
+
+class SqliteStore(SqlStore):
+    dialect = "sqlite"
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self._write_lock = asyncio.Lock()
+
+    def _make_engine(self) -> AsyncEngine:
+        path = sa.make_url(self.url).database
+        if path and path != ":memory:":
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_async_engine(self.url, connect_args={"timeout": 30})
+
+        @event.listens_for(engine.sync_engine, "connect")
+        def _connect(dbapi_connection: Any, _record: Any) -> None:
+            # Let us issue BEGIN ourselves (the driver's implicit BEGIN is DEFERRED).
+            dbapi_connection.isolation_level = None
+            cursor = dbapi_connection.cursor()
+            for pragma in ("journal_mode=WAL", "synchronous=NORMAL", "foreign_keys=ON",
+                           "busy_timeout=30000"):
+                cursor.execute(f"PRAGMA {pragma}")
+            cursor.close()
+
+        @event.listens_for(engine.sync_engine, "begin")
+        def _begin(conn: sa.Connection) -> None:
+            write = conn.get_execution_options().get("cw_write", False)
+            conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+
+        return engine
+
+    @contextlib.asynccontextmanager
+    async def _begin_write(self) -> AsyncIterator[AsyncConnection]:  # type: ignore[override]
+        async with self._write_lock, self.engine.connect() as conn:
+            conn = await conn.execution_options(cw_write=True)
+            async with conn.begin():
+                yield conn
+
+    async def _db_now(self, conn: AsyncConnection) -> datetime:
+        # The embedded database's clock is this process's clock.
+        return datetime.now(UTC)
+
+    async def _notify(self, conn: AsyncConnection, channel: str, payloads: Sequence[str]) -> None:
+        pending = conn.info.get("cw_pending")
+        if pending is not None:
+            pending.append((channel, list(payloads)))
+
+    def _id_in(self, column: sa.ColumnElement[Any], ids: Sequence[Any]) -> sa.ColumnElement[bool]:
+        return column.in_(list(ids))
+
+    def _json_has(self, column: sa.ColumnElement[Any], value: str) -> sa.ColumnElement[bool]:
+        each = sa.func.json_each(column).table_valued("value")
+        return sa.select(sa.literal(1)).select_from(each).where(each.c.value == value).exists()
+
+    def _json_subset(self, column: sa.ColumnElement[Any], values: Sequence[str]) -> sa.ColumnElement[bool]:
+        each = sa.func.json_each(column).table_valued("value")
+        return ~sa.select(sa.literal(1)).select_from(each).where(
+            each.c.value.not_in(list(values))
+        ).exists()
+
+    def _insert_ignore(self, table: sa.Table, rows: list[dict[str, Any]]) -> sa.Executable:
+        return sqlite.insert(table).values(rows).on_conflict_do_nothing()
+
+    async def _fencing_tokens(self, conn: AsyncConnection, count: int) -> list[int]:
+        top = (
+            await conn.execute(
+                counters.update().where(counters.c.name == "fencing_token")
+                .values(value=counters.c.value + count).returning(counters.c.value)
+            )
+        ).scalar_one()
+        return list(range(int(top) - count + 1, int(top) + 1))
