@@ -8,10 +8,14 @@ from typing import Any
 
 __all__ = ["backoff_delay"]
 
+_RNG = random.Random()
 
-def backoff_delay(policy: dict[str, Any], failed_attempt: int, rng: random.Random | None = None) -> float:
+
+def backoff_delay(
+    policy: dict[str, Any], failed_attempt: int, rng: random.Random | None = None
+) -> float:
     """Seconds to wait before the try after ``failed_attempt`` (1-based) failed."""
-    rng = rng or random
+    draw = (rng or _RNG).uniform
     initial = float(policy.get("initial_delay", 1.0))
     multiplier = float(policy.get("multiplier", 2.0))
     cap = float(policy.get("max_delay", 300.0))
@@ -20,7 +24,7 @@ def backoff_delay(policy: dict[str, Any], failed_attempt: int, rng: random.Rando
     base = cap if exponent > 1000 else min(cap, initial * multiplier**exponent)
     jitter = policy.get("jitter", "full")
     if jitter == "full":
-        return rng.uniform(0.0, base)
+        return draw(0.0, base)
     if jitter == "equal":
-        return base / 2 + rng.uniform(0.0, base / 2)
+        return base / 2 + draw(0.0, base / 2)
     return base

@@ -129,7 +129,9 @@ class JobSpec(_Strict):
     """A job as submitted: its schedule and the template of each of its runs."""
 
     name: str = Field(min_length=1, max_length=200)
-    schedule: Annotated[ScheduleSpec, Field(description="one of at / delay / asap / cron / interval")]
+    schedule: Annotated[
+        ScheduleSpec, Field(description="one of at / delay / asap / cron / interval")
+    ]
     task: str | None = Field(default=None, min_length=1, max_length=200)
     webhook: WebhookSpec | None = None
     payload: dict[str, Any] = Field(default_factory=dict)

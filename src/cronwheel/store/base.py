@@ -137,7 +137,11 @@ class Store(ABC):
 
     @abstractmethod
     async def tenants_create(
-        self, *, name: str, limits: dict[str, Any], actor: str | None = None,
+        self,
+        *,
+        name: str,
+        limits: dict[str, Any],
+        actor: str | None = None,
         now: datetime | None = None,
     ) -> Tenant:
         """Create a tenant. A duplicate name raises :class:`ConflictError`."""
@@ -149,12 +153,17 @@ class Store(ABC):
     async def tenants_get_by_name(self, *, name: str) -> Tenant: ...
 
     @abstractmethod
-    async def tenants_list(self, *, cursor: str | None = None, limit: int = 100) -> Page[Tenant]:
-        ...
+    async def tenants_list(
+        self, *, cursor: str | None = None, limit: int = 100
+    ) -> Page[Tenant]: ...
 
     @abstractmethod
     async def tenants_update(
-        self, tenant_id: uuid.UUID, *, limits: dict[str, Any], actor: str | None = None,
+        self,
+        tenant_id: uuid.UUID,
+        *,
+        limits: dict[str, Any],
+        actor: str | None = None,
         now: datetime | None = None,
     ) -> Tenant: ...
 
@@ -164,7 +173,12 @@ class Store(ABC):
 
     @abstractmethod
     async def api_keys_create(
-        self, tenant_id: uuid.UUID | None, *, role: str, key_hash: str, prefix: str,
+        self,
+        tenant_id: uuid.UUID | None,
+        *,
+        role: str,
+        key_hash: str,
+        prefix: str,
         now: datetime | None = None,
     ) -> ApiKey:
         """Store a key by its hash (the key itself is never stored)."""
@@ -192,15 +206,26 @@ class Store(ABC):
 
     @abstractmethod
     async def jobs_list(
-        self, tenant_id: uuid.UUID, *, state: str | None = None, tag: str | None = None,
-        name_prefix: str | None = None, cursor: str | None = None, limit: int = 100,
+        self,
+        tenant_id: uuid.UUID,
+        *,
+        state: str | None = None,
+        tag: str | None = None,
+        name_prefix: str | None = None,
+        cursor: str | None = None,
+        limit: int = 100,
     ) -> Page[Job]:
         """Newest first; ``cursor`` is the ``next_cursor`` of the previous page."""
 
     @abstractmethod
     async def jobs_cancel(
-        self, tenant_id: uuid.UUID, job_id: uuid.UUID, *, actor: str | None = None,
-        reason: str | None = None, now: datetime | None = None,
+        self,
+        tenant_id: uuid.UUID,
+        job_id: uuid.UUID,
+        *,
+        actor: str | None = None,
+        reason: str | None = None,
+        now: datetime | None = None,
     ) -> Job:
         """Cancel a job: it fires no more, and its SCHEDULED and DISPATCHED runs become
         CANCELLED; RUNNING runs get ``cancel_requested``. Cancelling a finished or
@@ -213,15 +238,24 @@ class Store(ABC):
 
     @abstractmethod
     async def runs_list(
-        self, tenant_id: uuid.UUID, *, filter: RunFilter | None = None,
-        cursor: str | None = None, limit: int = 100,
+        self,
+        tenant_id: uuid.UUID,
+        *,
+        filter: RunFilter | None = None,
+        cursor: str | None = None,
+        limit: int = 100,
     ) -> Page[Run]:
         """Newest first by creation."""
 
     @abstractmethod
     async def runs_cancel(
-        self, tenant_id: uuid.UUID, run_id: uuid.UUID, *, actor: str | None = None,
-        reason: str | None = None, now: datetime | None = None,
+        self,
+        tenant_id: uuid.UUID,
+        run_id: uuid.UUID,
+        *,
+        actor: str | None = None,
+        reason: str | None = None,
+        now: datetime | None = None,
     ) -> Run:
         """SCHEDULED or DISPATCHED: CANCELLED at once. RUNNING: ``cancel_requested`` is
         set; the worker learns it on its next heartbeat. Terminal: IllegalTransitionError."""
@@ -256,8 +290,7 @@ class Store(ABC):
         of every shard ``node_id`` holds afterwards."""
 
     @abstractmethod
-    async def shard_leases_release(self, *, node_id: str, shards: Sequence[int]) -> None:
-        ...
+    async def shard_leases_release(self, *, node_id: str, shards: Sequence[int]) -> None: ...
 
     @abstractmethod
     async def shard_leases_list(self) -> list[dict[str, Any]]: ...
@@ -266,8 +299,14 @@ class Store(ABC):
 
     @abstractmethod
     async def workers_register(
-        self, tenant_id: uuid.UUID | None, *, pool: str, capabilities: Sequence[str],
-        tags: Sequence[str], capacity: int, name: str | None = None,
+        self,
+        tenant_id: uuid.UUID | None,
+        *,
+        pool: str,
+        capabilities: Sequence[str],
+        tags: Sequence[str],
+        capacity: int,
+        name: str | None = None,
         now: datetime | None = None,
     ) -> Worker: ...
 
@@ -319,8 +358,7 @@ class Store(ABC):
         and retry or dead-letter their runs. Returns how many were ended."""
 
     @abstractmethod
-    async def attempts_list(self, tenant_id: uuid.UUID, *, run_id: uuid.UUID) -> list[Attempt]:
-        ...
+    async def attempts_list(self, tenant_id: uuid.UUID, *, run_id: uuid.UUID) -> list[Attempt]: ...
 
     @abstractmethod
     async def attempts_get(self, attempt_id: uuid.UUID) -> Attempt: ...
@@ -329,7 +367,12 @@ class Store(ABC):
 
     @abstractmethod
     async def events_list(
-        self, tenant_id: uuid.UUID | None, *, run_id: uuid.UUID | None = None,
-        job_id: uuid.UUID | None = None, cursor: str | None = None, limit: int = 100,
+        self,
+        tenant_id: uuid.UUID | None,
+        *,
+        run_id: uuid.UUID | None = None,
+        job_id: uuid.UUID | None = None,
+        cursor: str | None = None,
+        limit: int = 100,
     ) -> Page[Event]:
         """Oldest first (the order things happened)."""

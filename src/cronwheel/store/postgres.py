@@ -38,7 +38,9 @@ class PostgresStore(SqlStore):
 
     def _make_engine(self) -> AsyncEngine:
         return create_async_engine(
-            self.url, pool_size=self._pool_size, max_overflow=self._pool_size * 2,
+            self.url,
+            pool_size=self._pool_size,
+            max_overflow=self._pool_size * 2,
             pool_recycle=3600,
         )
 
@@ -69,13 +71,15 @@ class PostgresStore(SqlStore):
                 self._listener = conn
                 for channel in (CHANNEL_RUNS_NEW, CHANNEL_RUNS_READY):
                     await conn.add_listener(channel, self._on_notify)
-                while not conn.is_closed():
-                    await asyncio.sleep(2)
+                closed = asyncio.Event()
+                conn.add_termination_listener(lambda _c: closed.set())
+                await closed.wait()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                log.warning("listen connection failed", extra={"event": "listen_failed",
-                                                                  "error": str(exc)})
+                log.warning(
+                    "listen connection failed", extra={"event": "listen_failed", "error": str(exc)}
+                )
             await asyncio.sleep(1)
 
     def _on_notify(self, _conn: Any, _pid: int, channel: str, payload: str) -> None:
@@ -109,8 +113,13 @@ class PostgresStore(SqlStore):
     def _json_has(self, column: sa.ColumnElement[Any], value: str) -> sa.ColumnElement[bool]:
         return sa.type_coerce(column, postgresql.JSONB).contains([value])
 
-    def _json_subset(self, column: sa.ColumnElement[Any], values: Sequence[str]) -> sa.ColumnElement[bool]:
-        return sa.type_coerce(column, postgresql.JSONB).contained_by(list(values))
+    def _json_subset(
+        self, column: sa.ColumnElement[Any], values: Sequence[str]
+    ) -> sa.ColumnElement[bool]:
+        subset: sa.ColumnElement[bool] = sa.type_coerce(column, postgresql.JSONB).contained_by(
+            list(values)
+        )
+        return subset
 
     def _insert_ignore(self, table: sa.Table, rows: list[dict[str, Any]]) -> sa.Executable:
         return postgresql.insert(table).values(rows).on_conflict_do_nothing()

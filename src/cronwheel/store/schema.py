@@ -50,11 +50,10 @@ class UtcDateTime(sa.TypeDecorator[datetime]):
     def process_result_value(self, value: Any, dialect: Dialect) -> datetime | None:
         if value is None:
             return None
-        if isinstance(value, str):
-            value = datetime.fromisoformat(value)
-        if value.tzinfo is None:
-            return value.replace(tzinfo=UTC)
-        return value.astimezone(UTC)
+        instant: datetime = datetime.fromisoformat(value) if isinstance(value, str) else value
+        if instant.tzinfo is None:
+            return instant.replace(tzinfo=UTC)
+        return instant.astimezone(UTC)
 
 
 Json = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
@@ -160,9 +159,7 @@ runs = sa.Table(
     sa.Column("finished_at", UtcDateTime),
     sa.UniqueConstraint("tenant_id", "job_id", "due_at"),
     sa.CheckConstraint(_in("state", RunState), name="state"),
-    sa.CheckConstraint(
-        f"(finished_at IS NOT NULL) = ({_TERMINAL})", name="finished_iff_terminal"
-    ),
+    sa.CheckConstraint(f"(finished_at IS NOT NULL) = ({_TERMINAL})", name="finished_iff_terminal"),
     sa.CheckConstraint("shard >= 0 AND shard < 256", name="shard"),
     sa.CheckConstraint("priority >= 0 AND priority <= 3", name="priority"),
     # The scheduler's due window: an index range scan per shard.
@@ -229,8 +226,12 @@ attempts = sa.Table(
 events = sa.Table(
     "events",
     metadata,
-    sa.Column("id", sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True,
-              autoincrement=True),
+    sa.Column(
+        "id",
+        sa.BigInteger().with_variant(sa.Integer, "sqlite"),
+        primary_key=True,
+        autoincrement=True,
+    ),
     sa.Column("tenant_id", Uuid),
     sa.Column("at", UtcDateTime, nullable=False),
     sa.Column("kind", sa.String(40), nullable=False),

@@ -44,8 +44,12 @@ class SqliteStore(SqlStore):
             # Let us issue BEGIN ourselves (the driver's implicit BEGIN is DEFERRED).
             dbapi_connection.isolation_level = None
             cursor = dbapi_connection.cursor()
-            for pragma in ("journal_mode=WAL", "synchronous=NORMAL", "foreign_keys=ON",
-                           "busy_timeout=30000"):
+            for pragma in (
+                "journal_mode=WAL",
+                "synchronous=NORMAL",
+                "foreign_keys=ON",
+                "busy_timeout=30000",
+            ):
                 cursor.execute(f"PRAGMA {pragma}")
             cursor.close()
 
@@ -57,7 +61,7 @@ class SqliteStore(SqlStore):
         return engine
 
     @contextlib.asynccontextmanager
-    async def _begin_write(self) -> AsyncIterator[AsyncConnection]:  # type: ignore[override]
+    async def _begin_write(self) -> AsyncIterator[AsyncConnection]:
         async with self._write_lock, self.engine.connect() as conn:
             conn = await conn.execution_options(cw_write=True)
             async with conn.begin():
@@ -79,11 +83,16 @@ class SqliteStore(SqlStore):
         each = sa.func.json_each(column).table_valued("value")
         return sa.select(sa.literal(1)).select_from(each).where(each.c.value == value).exists()
 
-    def _json_subset(self, column: sa.ColumnElement[Any], values: Sequence[str]) -> sa.ColumnElement[bool]:
+    def _json_subset(
+        self, column: sa.ColumnElement[Any], values: Sequence[str]
+    ) -> sa.ColumnElement[bool]:
         each = sa.func.json_each(column).table_valued("value")
-        return ~sa.select(sa.literal(1)).select_from(each).where(
-            each.c.value.not_in(list(values))
-        ).exists()
+        return (
+            ~sa.select(sa.literal(1))
+            .select_from(each)
+            .where(each.c.value.not_in(list(values)))
+            .exists()
+        )
 
     def _insert_ignore(self, table: sa.Table, rows: list[dict[str, Any]]) -> sa.Executable:
         return sqlite.insert(table).values(rows).on_conflict_do_nothing()
@@ -91,8 +100,10 @@ class SqliteStore(SqlStore):
     async def _fencing_tokens(self, conn: AsyncConnection, count: int) -> list[int]:
         top = (
             await conn.execute(
-                counters.update().where(counters.c.name == "fencing_token")
-                .values(value=counters.c.value + count).returning(counters.c.value)
+                counters.update()
+                .where(counters.c.name == "fencing_token")
+                .values(value=counters.c.value + count)
+                .returning(counters.c.value)
             )
         ).scalar_one()
         return list(range(int(top) - count + 1, int(top) + 1))

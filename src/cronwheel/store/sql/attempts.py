@@ -54,8 +54,14 @@ class AttemptsMixin(SqlCore):
     # -- workers -------------------------------------------------------------------
 
     async def workers_register(
-        self, tenant_id: uuid.UUID | None, *, pool: str, capabilities: Sequence[str],
-        tags: Sequence[str], capacity: int, name: str | None = None,
+        self,
+        tenant_id: uuid.UUID | None,
+        *,
+        pool: str,
+        capabilities: Sequence[str],
+        tags: Sequence[str],
+        capacity: int,
+        name: str | None = None,
         now: datetime | None = None,
     ) -> Worker:
         if capacity < 1:
@@ -65,9 +71,17 @@ class AttemptsMixin(SqlCore):
             row = (
                 await conn.execute(
                     workers.insert()
-                    .values(id=new_id(), tenant_id=tenant_id, name=name, pool=pool,
-                            capabilities=sorted(set(capabilities)), tags=sorted(set(tags)),
-                            capacity=capacity, registered_at=at, last_seen_at=at)
+                    .values(
+                        id=new_id(),
+                        tenant_id=tenant_id,
+                        name=name,
+                        pool=pool,
+                        capabilities=sorted(set(capabilities)),
+                        tags=sorted(set(tags)),
+                        capacity=capacity,
+                        registered_at=at,
+                        last_seen_at=at,
+                    )
                     .returning(*workers.c)
                 )
             ).one()
@@ -91,8 +105,11 @@ class AttemptsMixin(SqlCore):
             at = await self._now(conn, now)
             pick = (
                 sa.select(runs.c.id)
-                .where(runs.c.state == RunState.DISPATCHED.value, runs.c.pool == worker.pool,
-                       self._json_subset(runs.c.requires, worker.capabilities))
+                .where(
+                    runs.c.state == RunState.DISPATCHED.value,
+                    runs.c.pool == worker.pool,
+                    self._json_subset(runs.c.requires, worker.capabilities),
+                )
                 .order_by(runs.c.priority, runs.c.fire_at)
                 .limit(max)
                 .with_for_update(skip_locked=True)
@@ -102,14 +119,29 @@ class AttemptsMixin(SqlCore):
             rows = (
                 await conn.execute(
                     runs.update()
-                    .where(runs.c.id.in_(pick.scalar_subquery()),
-                           runs.c.state == RunState.DISPATCHED.value)
-                    .values(state=RunState.RUNNING.value, attempt=runs.c.attempt + 1,
-                            started_at=sa.func.coalesce(runs.c.started_at, at))
-                    .returning(runs.c.id, runs.c.tenant_id, runs.c.job_id, runs.c.attempt,
-                               runs.c.task, runs.c.webhook, runs.c.payload, runs.c.timeout,
-                               runs.c.heartbeat_timeout, runs.c.due_at, runs.c.priority,
-                               runs.c.fire_at)
+                    .where(
+                        runs.c.id.in_(pick.scalar_subquery()),
+                        runs.c.state == RunState.DISPATCHED.value,
+                    )
+                    .values(
+                        state=RunState.RUNNING.value,
+                        attempt=runs.c.attempt + 1,
+                        started_at=sa.func.coalesce(runs.c.started_at, at),
+                    )
+                    .returning(
+                        runs.c.id,
+                        runs.c.tenant_id,
+                        runs.c.job_id,
+                        runs.c.attempt,
+                        runs.c.task,
+                        runs.c.webhook,
+                        runs.c.payload,
+                        runs.c.timeout,
+                        runs.c.heartbeat_timeout,
+                        runs.c.due_at,
+                        runs.c.priority,
+                        runs.c.fire_at,
+                    )
                 )
             ).all()
             if not rows:
@@ -117,7 +149,7 @@ class AttemptsMixin(SqlCore):
                     workers.update().where(workers.c.id == worker.id).values(last_seen_at=at)
                 )
                 return []
-            rows.sort(key=lambda r: (r.priority, r.fire_at))
+            rows = sorted(rows, key=lambda r: (r.priority, r.fire_at))
             tokens = await self._fencing_tokens(conn, len(rows))
             leased: list[LeasedAttempt] = []
             attempt_rows: list[dict[str, Any]] = []
@@ -126,24 +158,51 @@ class AttemptsMixin(SqlCore):
                 attempt_id = new_id()
                 lease = at + timedelta(seconds=r.heartbeat_timeout)
                 deadline = at + timedelta(seconds=r.timeout)
-                attempt_rows.append({
-                    "id": attempt_id, "tenant_id": r.tenant_id, "run_id": r.id,
-                    "number": r.attempt, "worker_id": worker.id, "fencing_token": token,
-                    "state": AttemptState.RUNNING.value, "lease_expires_at": lease,
-                    "deadline": deadline, "started_at": at,
-                })
-                event_rows.append(event_row(
-                    at=at, kind="run.transition", tenant_id=r.tenant_id, job_id=r.job_id,
-                    run_id=r.id, attempt_id=attempt_id, from_state=RunState.DISPATCHED.value,
-                    to_state=RunState.RUNNING.value, actor=f"worker:{worker.id}",
-                    data={"attempt": r.attempt, "fencing_token": token},
-                ))
-                leased.append(LeasedAttempt(
-                    attempt_id=attempt_id, run_id=r.id, tenant_id=r.tenant_id,
-                    job_id=r.job_id, number=r.attempt, task=r.task, webhook=r.webhook,
-                    payload=r.payload, fencing_token=token, lease_expires_at=lease,
-                    deadline=deadline, due_at=r.due_at, heartbeat_timeout=r.heartbeat_timeout,
-                ))
+                attempt_rows.append(
+                    {
+                        "id": attempt_id,
+                        "tenant_id": r.tenant_id,
+                        "run_id": r.id,
+                        "number": r.attempt,
+                        "worker_id": worker.id,
+                        "fencing_token": token,
+                        "state": AttemptState.RUNNING.value,
+                        "lease_expires_at": lease,
+                        "deadline": deadline,
+                        "started_at": at,
+                    }
+                )
+                event_rows.append(
+                    event_row(
+                        at=at,
+                        kind="run.transition",
+                        tenant_id=r.tenant_id,
+                        job_id=r.job_id,
+                        run_id=r.id,
+                        attempt_id=attempt_id,
+                        from_state=RunState.DISPATCHED.value,
+                        to_state=RunState.RUNNING.value,
+                        actor=f"worker:{worker.id}",
+                        data={"attempt": r.attempt, "fencing_token": token},
+                    )
+                )
+                leased.append(
+                    LeasedAttempt(
+                        attempt_id=attempt_id,
+                        run_id=r.id,
+                        tenant_id=r.tenant_id,
+                        job_id=r.job_id,
+                        number=r.attempt,
+                        task=r.task,
+                        webhook=r.webhook,
+                        payload=r.payload,
+                        fencing_token=token,
+                        lease_expires_at=lease,
+                        deadline=deadline,
+                        due_at=r.due_at,
+                        heartbeat_timeout=r.heartbeat_timeout,
+                    )
+                )
             await conn.execute(attempts.insert(), attempt_rows)
             await self._insert_events(conn, event_rows)
             await conn.execute(
@@ -153,7 +212,9 @@ class AttemptsMixin(SqlCore):
 
     # -- heartbeats and results ----------------------------------------------------
 
-    def _live(self, items: Sequence[HeartbeatItem | CompleteItem | FailItem]) -> sa.ColumnElement[bool]:
+    def _live(
+        self, items: Sequence[HeartbeatItem | CompleteItem | FailItem]
+    ) -> sa.ColumnElement[bool]:
         """The attempts of ``items`` that are still live under the given tokens."""
         return sa.and_(
             self._id_in(attempts.c.id, [i.attempt_id for i in items]),
@@ -166,8 +227,10 @@ class AttemptsMixin(SqlCore):
         items: Sequence[HeartbeatItem | CompleteItem | FailItem],
         ok: dict[uuid.UUID, AttemptOutcome],
     ) -> list[AttemptOutcome]:
-        return [ok.get(i.attempt_id) or AttemptOutcome(i.attempt_id, False, "stale_fencing_token")
-                for i in items]
+        return [
+            ok.get(i.attempt_id) or AttemptOutcome(i.attempt_id, False, "stale_fencing_token")
+            for i in items
+        ]
 
     async def attempts_heartbeat_many(
         self, *, items: Sequence[HeartbeatItem], now: datetime | None = None
@@ -178,8 +241,13 @@ class AttemptsMixin(SqlCore):
             at = await self._now(conn, now)
             live = (
                 await conn.execute(
-                    sa.select(attempts.c.id, attempts.c.fencing_token, runs.c.heartbeat_timeout,
-                              runs.c.cancel_requested, runs.c.state)
+                    sa.select(
+                        attempts.c.id,
+                        attempts.c.fencing_token,
+                        runs.c.heartbeat_timeout,
+                        runs.c.cancel_requested,
+                        runs.c.state,
+                    )
                     .join(runs, runs.c.id == attempts.c.run_id)
                     .where(self._live(items))
                 )
@@ -195,17 +263,23 @@ class AttemptsMixin(SqlCore):
                 lease = at + timedelta(seconds=timeout)
                 updated = await conn.execute(
                     attempts.update()
-                    .where(self._id_in(attempts.c.id, ids),
-                           attempts.c.state == AttemptState.RUNNING.value)
+                    .where(
+                        self._id_in(attempts.c.id, ids),
+                        attempts.c.state == AttemptState.RUNNING.value,
+                    )
                     .values(lease_expires_at=lease, heartbeat_at=at)
                     .returning(attempts.c.id)
                 )
                 done = {u.id for u in updated}
                 for r in live:
                     if r.id in done:
-                        ok[r.id] = AttemptOutcome(r.id, True, lease_expires_at=lease,
-                                                  cancel_requested=bool(r.cancel_requested),
-                                                  run_state=RunState(r.state))
+                        ok[r.id] = AttemptOutcome(
+                            r.id,
+                            True,
+                            lease_expires_at=lease,
+                            cancel_requested=bool(r.cancel_requested),
+                            run_state=RunState(r.state),
+                        )
         return self._outcomes(items, ok)
 
     async def attempts_complete_many(
@@ -222,28 +296,45 @@ class AttemptsMixin(SqlCore):
             done = (
                 await conn.execute(
                     runs.update()
-                    .where(self._id_in(runs.c.id, run_ids),
-                           runs.c.state == RunState.RUNNING.value)
-                    .values(state=sa.case((runs.c.cancel_requested, RunState.CANCELLED.value),
-                                          else_=RunState.SUCCESS.value),
-                            finished_at=at, reason=None)
+                    .where(self._id_in(runs.c.id, run_ids), runs.c.state == RunState.RUNNING.value)
+                    .values(
+                        state=sa.case(
+                            (runs.c.cancel_requested, RunState.CANCELLED.value),
+                            else_=RunState.SUCCESS.value,
+                        ),
+                        finished_at=at,
+                        reason=None,
+                    )
                     .returning(runs.c.id, runs.c.tenant_id, runs.c.job_id, runs.c.state)
                 )
             ).all()
-            results = [{"id": i.attempt_id, "result": i.result} for i in items
-                       if i.result is not None and i.attempt_id in ended]
+            results = [
+                {"id": i.attempt_id, "result": i.result}
+                for i in items
+                if i.result is not None and i.attempt_id in ended
+            ]
             await self._update_each(conn, attempts, results)
             await self._update_each(
                 conn, runs, [{"id": ended[r["id"]], "result": r["result"]} for r in results]
             )
             attempt_of = {run_id: attempt_id for attempt_id, run_id in ended.items()}
-            await self._insert_events(conn, [
-                event_row(at=at, kind="run.transition", tenant_id=r.tenant_id, job_id=r.job_id,
-                          run_id=r.id, attempt_id=attempt_of[r.id],
-                          from_state=RunState.RUNNING.value, to_state=r.state,
-                          reason="cancelled while running" if r.state == "CANCELLED" else None)
-                for r in done
-            ])
+            await self._insert_events(
+                conn,
+                [
+                    event_row(
+                        at=at,
+                        kind="run.transition",
+                        tenant_id=r.tenant_id,
+                        job_id=r.job_id,
+                        run_id=r.id,
+                        attempt_id=attempt_of[r.id],
+                        from_state=RunState.RUNNING.value,
+                        to_state=r.state,
+                        reason="cancelled while running" if r.state == "CANCELLED" else None,
+                    )
+                    for r in done
+                ],
+            )
             await self._finish_one_off_jobs(conn, [r.job_id for r in done], at)
         return self._outcomes(items, {a: AttemptOutcome(a, True) for a in ended})
 
@@ -256,12 +347,19 @@ class AttemptsMixin(SqlCore):
             at = await self._now(conn, now)
             ended = await self._end_attempts(conn, items, AttemptState.FAILED, at)
             failures = [
-                _Ended(i.attempt_id, ended[i.attempt_id], AttemptState.FAILED, i.error[:10_000],
-                       i.retryable)
-                for i in items if i.attempt_id in ended
+                _Ended(
+                    i.attempt_id,
+                    ended[i.attempt_id],
+                    AttemptState.FAILED,
+                    i.error[:10_000],
+                    i.retryable,
+                )
+                for i in items
+                if i.attempt_id in ended
             ]
-            await self._update_each(conn, attempts, [{"id": f.attempt_id, "error": f.error}
-                                                     for f in failures])
+            await self._update_each(
+                conn, attempts, [{"id": f.attempt_id, "error": f.error} for f in failures]
+            )
             await self._after_failures(conn, failures, at, actor="worker")
         return self._outcomes(items, {a: AttemptOutcome(a, True) for a in ended})
 
@@ -277,21 +375,32 @@ class AttemptsMixin(SqlCore):
                 back = (
                     await conn.execute(
                         runs.update()
-                        .where(self._id_in(runs.c.id, list(ended.values())),
-                               runs.c.state == RunState.RUNNING.value)
+                        .where(
+                            self._id_in(runs.c.id, list(ended.values())),
+                            runs.c.state == RunState.RUNNING.value,
+                        )
                         .values(state=RunState.DISPATCHED.value, attempt=runs.c.attempt - 1)
                         .returning(runs.c.id, runs.c.tenant_id, runs.c.job_id, runs.c.pool)
                     )
                 ).all()
                 attempt_of = {run_id: attempt_id for attempt_id, run_id in ended.items()}
-                await self._insert_events(conn, [
-                    event_row(at=at, kind="run.transition", tenant_id=r.tenant_id,
-                              job_id=r.job_id, run_id=r.id, attempt_id=attempt_of[r.id],
-                              from_state=RunState.RUNNING.value,
-                              to_state=RunState.DISPATCHED.value,
-                              reason="released by a worker shutting down")
-                    for r in back
-                ])
+                await self._insert_events(
+                    conn,
+                    [
+                        event_row(
+                            at=at,
+                            kind="run.transition",
+                            tenant_id=r.tenant_id,
+                            job_id=r.job_id,
+                            run_id=r.id,
+                            attempt_id=attempt_of[r.id],
+                            from_state=RunState.RUNNING.value,
+                            to_state=RunState.DISPATCHED.value,
+                            reason="released by a worker shutting down",
+                        )
+                        for r in back
+                    ],
+                )
                 if back:
                     await self._notify(conn, CHANNEL_RUNS_READY, sorted({r.pool for r in back}))
         return self._outcomes(items, {a: AttemptOutcome(a, True) for a in ended})
@@ -301,10 +410,16 @@ class AttemptsMixin(SqlCore):
             at = await self._now(conn, now)
             rows = (
                 await conn.execute(
-                    sa.select(attempts.c.id, attempts.c.run_id, attempts.c.lease_expires_at,
-                              attempts.c.deadline)
-                    .where(attempts.c.state == AttemptState.RUNNING.value,
-                           sa.or_(attempts.c.lease_expires_at < at, attempts.c.deadline < at))
+                    sa.select(
+                        attempts.c.id,
+                        attempts.c.run_id,
+                        attempts.c.lease_expires_at,
+                        attempts.c.deadline,
+                    )
+                    .where(
+                        attempts.c.state == AttemptState.RUNNING.value,
+                        sa.or_(attempts.c.lease_expires_at < at, attempts.c.deadline < at),
+                    )
                     .limit(limit)
                     .with_for_update(skip_locked=True)
                 )
@@ -314,20 +429,39 @@ class AttemptsMixin(SqlCore):
             ended: list[_Ended] = []
             for r in rows:
                 if r.deadline < at:
-                    ended.append(_Ended(r.id, r.run_id, AttemptState.TIMED_OUT,
-                                        "the attempt ran past the job's timeout", True))
+                    ended.append(
+                        _Ended(
+                            r.id,
+                            r.run_id,
+                            AttemptState.TIMED_OUT,
+                            "the attempt ran past the job's timeout",
+                            True,
+                        )
+                    )
                 else:
-                    ended.append(_Ended(r.id, r.run_id, AttemptState.LOST,
-                                        "the worker stopped heartbeating: lease expired", True))
+                    ended.append(
+                        _Ended(
+                            r.id,
+                            r.run_id,
+                            AttemptState.LOST,
+                            "the worker stopped heartbeating: lease expired",
+                            True,
+                        )
+                    )
             for state in (AttemptState.TIMED_OUT, AttemptState.LOST):
                 ids = [e.attempt_id for e in ended if e.state is state]
                 if ids:
                     await conn.execute(
                         attempts.update()
-                        .where(self._id_in(attempts.c.id, ids),
-                               attempts.c.state == AttemptState.RUNNING.value)
-                        .values(state=state.value, finished_at=at,
-                                error=next(e.error for e in ended if e.state is state))
+                        .where(
+                            self._id_in(attempts.c.id, ids),
+                            attempts.c.state == AttemptState.RUNNING.value,
+                        )
+                        .values(
+                            state=state.value,
+                            finished_at=at,
+                            error=next(e.error for e in ended if e.state is state),
+                        )
                     )
             await self._after_failures(conn, ended, at, actor="scheduler")
         return len(ended)
@@ -335,8 +469,11 @@ class AttemptsMixin(SqlCore):
     # -- shared steps --------------------------------------------------------------
 
     async def _end_attempts(
-        self, conn: AsyncConnection, items: Sequence[HeartbeatItem | CompleteItem | FailItem],
-        state: AttemptState, at: datetime,
+        self,
+        conn: AsyncConnection,
+        items: Sequence[HeartbeatItem | CompleteItem | FailItem],
+        state: AttemptState,
+        at: datetime,
     ) -> dict[uuid.UUID, uuid.UUID]:
         """End the live attempts among ``items``; returns ``{attempt_id: run_id}``."""
         rows = (
@@ -351,8 +488,9 @@ class AttemptsMixin(SqlCore):
         mismatched = [r for r in rows if wanted.get(r.id) != r.fencing_token]
         if mismatched:
             # A batch mixing one attempt's id with another's token: undo by failing loudly.
-            raise ValidationError("attempt ids and fencing tokens do not pair up",
-                                  field="fencing_token")
+            raise ValidationError(
+                "attempt ids and fencing tokens do not pair up", field="fencing_token"
+            )
         return {r.id: r.run_id for r in rows}
 
     async def _after_failures(
@@ -364,11 +502,18 @@ class AttemptsMixin(SqlCore):
         by_run = {f.run_id: f for f in failures}
         rows = (
             await conn.execute(
-                sa.select(runs.c.id, runs.c.tenant_id, runs.c.job_id, runs.c.attempt,
-                          runs.c.max_attempts, runs.c.retry, runs.c.cancel_requested,
-                          runs.c.shard)
-                .where(self._id_in(runs.c.id, list(by_run)),
-                       runs.c.state == RunState.RUNNING.value)
+                sa.select(
+                    runs.c.id,
+                    runs.c.tenant_id,
+                    runs.c.job_id,
+                    runs.c.attempt,
+                    runs.c.max_attempts,
+                    runs.c.retry,
+                    runs.c.cancel_requested,
+                    runs.c.shard,
+                ).where(
+                    self._id_in(runs.c.id, list(by_run)), runs.c.state == RunState.RUNNING.value
+                )
             )
         ).all()
         updates: list[dict[str, Any]] = []
@@ -390,9 +535,14 @@ class AttemptsMixin(SqlCore):
                 delay = backoff_delay(r.retry, r.attempt, self._rng)
                 fire_at = at + timedelta(seconds=delay)
                 reason = f"retry {r.attempt + 1} of {r.max_attempts} in {delay:.2f} s: {f.error}"
-            row: dict[str, Any] = {"id": r.id, "state": target.value, "reason": reason[:2000],
-                                   "last_error": f.error, "finished_at": None,
-                                   "fire_at": fire_at}
+            row: dict[str, Any] = {
+                "id": r.id,
+                "state": target.value,
+                "reason": reason[:2000],
+                "last_error": f.error,
+                "finished_at": None,
+                "fire_at": fire_at,
+            }
             if target is RunState.SCHEDULED:
                 assert fire_at is not None
                 if fire_at < at + ANNOUNCE_HORIZON:
@@ -401,12 +551,21 @@ class AttemptsMixin(SqlCore):
                 row["finished_at"] = at
                 finished_jobs.append(r.job_id)
             updates.append(row)
-            event_rows.append(event_row(
-                at=at, kind="run.transition", tenant_id=r.tenant_id, job_id=r.job_id,
-                run_id=r.id, attempt_id=f.attempt_id, from_state=RunState.RUNNING.value,
-                to_state=target.value, actor=actor, reason=reason[:2000],
-                data={"attempt": r.attempt, "attempt_state": f.state.value},
-            ))
+            event_rows.append(
+                event_row(
+                    at=at,
+                    kind="run.transition",
+                    tenant_id=r.tenant_id,
+                    job_id=r.job_id,
+                    run_id=r.id,
+                    attempt_id=f.attempt_id,
+                    from_state=RunState.RUNNING.value,
+                    to_state=target.value,
+                    actor=actor,
+                    reason=reason[:2000],
+                    data={"attempt": r.attempt, "attempt_state": f.state.value},
+                )
+            )
         # fire_at only changes for retries; keep the others' value.
         for row in updates:
             if row["fire_at"] is None:
@@ -425,8 +584,10 @@ class AttemptsMixin(SqlCore):
             return
         await conn.execute(
             jobs.update()
-            .where(self._id_in(jobs.c.id, list(set(job_ids))),
-                   jobs.c.kind.in_(ONE_OFF_KINDS),
-                   jobs.c.state == JobState.ACTIVE.value)
+            .where(
+                self._id_in(jobs.c.id, list(set(job_ids))),
+                jobs.c.kind.in_(ONE_OFF_KINDS),
+                jobs.c.state == JobState.ACTIVE.value,
+            )
             .values(state=JobState.FINISHED.value, next_due_at=None, updated_at=at)
         )

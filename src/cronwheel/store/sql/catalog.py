@@ -84,7 +84,11 @@ class CatalogMixin(SqlCore):
     # -- tenants -------------------------------------------------------------------
 
     async def tenants_create(
-        self, *, name: str, limits: dict[str, Any], actor: str | None = None,
+        self,
+        *,
+        name: str,
+        limits: dict[str, Any],
+        actor: str | None = None,
         now: datetime | None = None,
     ) -> Tenant:
         try:
@@ -94,16 +98,27 @@ class CatalogMixin(SqlCore):
                     await conn.execute(
                         tenants.insert()
                         .values(
-                            id=new_id(), name=name, limits=limits, created_at=at,
+                            id=new_id(),
+                            name=name,
+                            limits=limits,
+                            created_at=at,
                             webhook_secret=secrets.token_urlsafe(32),
                         )
                         .returning(*tenants.c)
                     )
                 ).one()
-                await self._insert_events(conn, [event_row(
-                    at=at, kind="tenant.created", tenant_id=row.id, actor=actor,
-                    data={"name": name},
-                )])
+                await self._insert_events(
+                    conn,
+                    [
+                        event_row(
+                            at=at,
+                            kind="tenant.created",
+                            tenant_id=row.id,
+                            actor=actor,
+                            data={"name": name},
+                        )
+                    ],
+                )
         except IntegrityError:
             raise ConflictError(f"a tenant named {name!r} exists", field="name") from None
         return tenant_from(row)
@@ -133,23 +148,37 @@ class CatalogMixin(SqlCore):
         return Page(items, str(items[-1].id) if len(rows) > limit else None)
 
     async def tenants_update(
-        self, tenant_id: uuid.UUID, *, limits: dict[str, Any], actor: str | None = None,
+        self,
+        tenant_id: uuid.UUID,
+        *,
+        limits: dict[str, Any],
+        actor: str | None = None,
         now: datetime | None = None,
     ) -> Tenant:
         async with self._write() as conn:
             at = await self._now(conn, now)
             row = (
                 await conn.execute(
-                    tenants.update().where(tenants.c.id == tenant_id).values(limits=limits)
+                    tenants.update()
+                    .where(tenants.c.id == tenant_id)
+                    .values(limits=limits)
                     .returning(*tenants.c)
                 )
             ).first()
             if row is None:
                 raise self._not_found("tenant", tenant_id)
-            await self._insert_events(conn, [event_row(
-                at=at, kind="tenant.updated", tenant_id=tenant_id, actor=actor,
-                data={"limits": limits},
-            )])
+            await self._insert_events(
+                conn,
+                [
+                    event_row(
+                        at=at,
+                        kind="tenant.updated",
+                        tenant_id=tenant_id,
+                        actor=actor,
+                        data={"limits": limits},
+                    )
+                ],
+            )
         return tenant_from(row)
 
     async def tenants_webhook_secret(self, tenant_id: uuid.UUID) -> str:
@@ -166,7 +195,12 @@ class CatalogMixin(SqlCore):
     # -- keys ----------------------------------------------------------------------
 
     async def api_keys_create(
-        self, tenant_id: uuid.UUID | None, *, role: str, key_hash: str, prefix: str,
+        self,
+        tenant_id: uuid.UUID | None,
+        *,
+        role: str,
+        key_hash: str,
+        prefix: str,
         now: datetime | None = None,
     ) -> ApiKey:
         if role not in ("admin", "operator", "viewer", "worker"):
@@ -184,17 +218,35 @@ class CatalogMixin(SqlCore):
             row = (
                 await conn.execute(
                     api_keys.insert()
-                    .values(id=new_id(), tenant_id=tenant_id, role=role, key_hash=key_hash,
-                            prefix=prefix, created_at=at)
+                    .values(
+                        id=new_id(),
+                        tenant_id=tenant_id,
+                        role=role,
+                        key_hash=key_hash,
+                        prefix=prefix,
+                        created_at=at,
+                    )
                     .returning(*api_keys.c)
                 )
             ).one()
-            await self._insert_events(conn, [event_row(
-                at=at, kind="api_key.created", tenant_id=tenant_id,
-                data={"key_id": str(row.id), "role": role, "prefix": prefix},
-            )])
-        return ApiKey(id=row.id, tenant_id=row.tenant_id, role=row.role, prefix=row.prefix,
-                      created_at=row.created_at)
+            await self._insert_events(
+                conn,
+                [
+                    event_row(
+                        at=at,
+                        kind="api_key.created",
+                        tenant_id=tenant_id,
+                        data={"key_id": str(row.id), "role": role, "prefix": prefix},
+                    )
+                ],
+            )
+        return ApiKey(
+            id=row.id,
+            tenant_id=row.tenant_id,
+            role=row.role,
+            prefix=row.prefix,
+            created_at=row.created_at,
+        )
 
     async def api_keys_get_by_hash(self, *, key_hash: str) -> ApiKey | None:
         async with self._read() as conn:
@@ -207,8 +259,14 @@ class CatalogMixin(SqlCore):
             ).first()
         if row is None:
             return None
-        return ApiKey(id=row.id, tenant_id=row.tenant_id, role=row.role, prefix=row.prefix,
-                      created_at=row.created_at, revoked_at=row.revoked_at)
+        return ApiKey(
+            id=row.id,
+            tenant_id=row.tenant_id,
+            role=row.role,
+            prefix=row.prefix,
+            created_at=row.created_at,
+            revoked_at=row.revoked_at,
+        )
 
     # -- jobs ----------------------------------------------------------------------
 
@@ -227,11 +285,16 @@ class CatalogMixin(SqlCore):
         raise AssertionError("unreachable")
 
     async def _jobs_create(
-        self, conn: AsyncConnection, tenant_id: uuid.UUID, new_jobs: Sequence[NewJob],
+        self,
+        conn: AsyncConnection,
+        tenant_id: uuid.UUID,
+        new_jobs: Sequence[NewJob],
         now: datetime | None,
     ) -> list[tuple[Job, Run | None, bool]]:
         at = await self._now(conn, now)
-        exists = (await conn.execute(sa.select(tenants.c.id).where(tenants.c.id == tenant_id))).first()
+        exists = (
+            await conn.execute(sa.select(tenants.c.id).where(tenants.c.id == tenant_id))
+        ).first()
         if exists is None:
             raise self._not_found("tenant", tenant_id)
         hashes = [_request_hash(nj.spec) for nj in new_jobs]
@@ -240,8 +303,9 @@ class CatalogMixin(SqlCore):
         if keys:
             rows = (
                 await conn.execute(
-                    jobs.select().where(jobs.c.tenant_id == tenant_id,
-                                        jobs.c.idempotency_key.in_(keys))
+                    jobs.select().where(
+                        jobs.c.tenant_id == tenant_id, jobs.c.idempotency_key.in_(keys)
+                    )
                 )
             ).all()
             by_key = {nj.idempotency_key: h for nj, h in zip(new_jobs, hashes, strict=True)}
@@ -253,9 +317,10 @@ class CatalogMixin(SqlCore):
                     )
                 first = (
                     await conn.execute(
-                        sa.select(*runs.c).where(runs.c.tenant_id == tenant_id,
-                                                 runs.c.job_id == row.id)
-                        .order_by(runs.c.id).limit(1)
+                        sa.select(*runs.c)
+                        .where(runs.c.tenant_id == tenant_id, runs.c.job_id == row.id)
+                        .order_by(runs.c.id)
+                        .limit(1)
                     )
                 ).first()
                 replay[row.idempotency_key] = (job_from(row), run_from(first) if first else None)
@@ -272,31 +337,63 @@ class CatalogMixin(SqlCore):
             job_id = new_id()
             kind = schedule_kind(spec.schedule)
             template = spec.model_dump(mode="json", exclude={"name", "schedule"})
-            job_rows.append({
-                "id": job_id, "tenant_id": tenant_id, "name": spec.name,
-                "state": JobState.ACTIVE.value, "kind": kind,
-                "schedule": spec.schedule.model_dump(mode="json"), "template": template,
-                "tags": list(spec.tags), "version": 1, "next_due_at": nj.first_due_at,
-                "idempotency_key": nj.idempotency_key, "request_hash": h,
-                "created_at": at, "updated_at": at,
-            })
-            event_rows.append(event_row(at=at, kind="job.created", tenant_id=tenant_id,
-                                        job_id=job_id, actor=nj.actor,
-                                        data={"name": spec.name, "schedule": kind}))
+            job_rows.append(
+                {
+                    "id": job_id,
+                    "tenant_id": tenant_id,
+                    "name": spec.name,
+                    "state": JobState.ACTIVE.value,
+                    "kind": kind,
+                    "schedule": spec.schedule.model_dump(mode="json"),
+                    "template": template,
+                    "tags": list(spec.tags),
+                    "version": 1,
+                    "next_due_at": nj.first_due_at,
+                    "idempotency_key": nj.idempotency_key,
+                    "request_hash": h,
+                    "created_at": at,
+                    "updated_at": at,
+                }
+            )
+            event_rows.append(
+                event_row(
+                    at=at,
+                    kind="job.created",
+                    tenant_id=tenant_id,
+                    job_id=job_id,
+                    actor=nj.actor,
+                    data={"name": spec.name, "schedule": kind},
+                )
+            )
             run_id: uuid.UUID | None = None
             if nj.first_due_at is not None:
                 run_id = new_id()
                 shard = shard_of(tenant_id, job_id)
-                run_rows.append(self._new_run_row(
-                    run_id=run_id, tenant_id=tenant_id, job_id=job_id, name=spec.name,
-                    template=template, due_at=nj.first_due_at, due_local=nj.due_local,
-                    shard=shard, at=at,
-                ))
-                event_rows.append(event_row(
-                    at=at, kind="run.transition", tenant_id=tenant_id, job_id=job_id,
-                    run_id=run_id, to_state=RunState.SCHEDULED.value, actor=nj.actor,
-                    reason="job created",
-                ))
+                run_rows.append(
+                    self._new_run_row(
+                        run_id=run_id,
+                        tenant_id=tenant_id,
+                        job_id=job_id,
+                        name=spec.name,
+                        template=template,
+                        due_at=nj.first_due_at,
+                        due_local=nj.due_local,
+                        shard=shard,
+                        at=at,
+                    )
+                )
+                event_rows.append(
+                    event_row(
+                        at=at,
+                        kind="run.transition",
+                        tenant_id=tenant_id,
+                        job_id=job_id,
+                        run_id=run_id,
+                        to_state=RunState.SCHEDULED.value,
+                        actor=nj.actor,
+                        reason="job created",
+                    )
+                )
                 if nj.first_due_at < at + ANNOUNCE_HORIZON:
                     notices.append(announce(run_id, shard, nj.first_due_at))
             out.append((job_id, run_id))
@@ -310,7 +407,9 @@ class CatalogMixin(SqlCore):
         return await self._created(conn, tenant_id, out, {r["job_id"] for r in run_rows})
 
     async def _created(
-        self, conn: AsyncConnection, tenant_id: uuid.UUID,
+        self,
+        conn: AsyncConnection,
+        tenant_id: uuid.UUID,
         out: list[tuple[uuid.UUID, uuid.UUID | None] | tuple[Job, Run | None]],
         with_runs: set[uuid.UUID],
     ) -> list[tuple[Job, Run | None, bool]]:
@@ -318,7 +417,7 @@ class CatalogMixin(SqlCore):
         job_map: dict[uuid.UUID, Job] = {}
         run_map: dict[uuid.UUID, Run] = {}
         if new_ids:
-            for row in (await conn.execute(jobs.select().where(self._id_in(jobs.c.id, new_ids)))):
+            for row in await conn.execute(jobs.select().where(self._id_in(jobs.c.id, new_ids))):
                 job_map[row.id] = job_from(row)
             if with_runs:
                 stmt = sa.select(*runs.c).where(self._id_in(runs.c.job_id, list(with_runs)))
@@ -336,20 +435,40 @@ class CatalogMixin(SqlCore):
 
     @staticmethod
     def _new_run_row(
-        *, run_id: uuid.UUID, tenant_id: uuid.UUID, job_id: uuid.UUID, name: str,
-        template: dict[str, Any], due_at: datetime, due_local: str | None, shard: int,
+        *,
+        run_id: uuid.UUID,
+        tenant_id: uuid.UUID,
+        job_id: uuid.UUID,
+        name: str,
+        template: dict[str, Any],
+        due_at: datetime,
+        due_local: str | None,
+        shard: int,
         at: datetime,
     ) -> dict[str, Any]:
         retry = template["retry"]
         return {
-            "id": run_id, "tenant_id": tenant_id, "job_id": job_id, "job_name": name,
-            "shard": shard, "state": RunState.SCHEDULED.value, "due_at": due_at,
-            "due_local": due_local, "fire_at": due_at, "priority": template["priority"],
-            "pool": template["pool"], "requires": template["requires"],
-            "tags": template["tags"], "task": template.get("task"),
-            "webhook": template.get("webhook"), "payload": template["payload"],
-            "attempt": 0, "max_attempts": retry["max_attempts"], "retry": retry,
-            "timeout": template["timeout"], "heartbeat_timeout": template["heartbeat_timeout"],
+            "id": run_id,
+            "tenant_id": tenant_id,
+            "job_id": job_id,
+            "job_name": name,
+            "shard": shard,
+            "state": RunState.SCHEDULED.value,
+            "due_at": due_at,
+            "due_local": due_local,
+            "fire_at": due_at,
+            "priority": template["priority"],
+            "pool": template["pool"],
+            "requires": template["requires"],
+            "tags": template["tags"],
+            "task": template.get("task"),
+            "webhook": template.get("webhook"),
+            "payload": template["payload"],
+            "attempt": 0,
+            "max_attempts": retry["max_attempts"],
+            "retry": retry,
+            "timeout": template["timeout"],
+            "heartbeat_timeout": template["heartbeat_timeout"],
             "created_at": at,
         }
 
@@ -365,8 +484,14 @@ class CatalogMixin(SqlCore):
         return job_from(row)
 
     async def jobs_list(
-        self, tenant_id: uuid.UUID, *, state: str | None = None, tag: str | None = None,
-        name_prefix: str | None = None, cursor: str | None = None, limit: int = 100,
+        self,
+        tenant_id: uuid.UUID,
+        *,
+        state: str | None = None,
+        tag: str | None = None,
+        name_prefix: str | None = None,
+        cursor: str | None = None,
+        limit: int = 100,
     ) -> Page[Job]:
         before = _uuid_cursor(cursor)
         stmt = jobs.select().where(jobs.c.tenant_id == tenant_id)
@@ -385,18 +510,30 @@ class CatalogMixin(SqlCore):
         return Page(items, str(items[-1].id) if len(rows) > limit else None)
 
     async def jobs_cancel(
-        self, tenant_id: uuid.UUID, job_id: uuid.UUID, *, actor: str | None = None,
-        reason: str | None = None, now: datetime | None = None,
+        self,
+        tenant_id: uuid.UUID,
+        job_id: uuid.UUID,
+        *,
+        actor: str | None = None,
+        reason: str | None = None,
+        now: datetime | None = None,
     ) -> Job:
         async with self._write() as conn:
             at = await self._now(conn, now)
             row = (
                 await conn.execute(
                     jobs.update()
-                    .where(jobs.c.tenant_id == tenant_id, jobs.c.id == job_id,
-                           jobs.c.state.in_([JobState.ACTIVE.value, JobState.PAUSED.value]))
-                    .values(state=JobState.CANCELLED.value, next_due_at=None, updated_at=at,
-                            version=jobs.c.version + 1)
+                    .where(
+                        jobs.c.tenant_id == tenant_id,
+                        jobs.c.id == job_id,
+                        jobs.c.state.in_([JobState.ACTIVE.value, JobState.PAUSED.value]),
+                    )
+                    .values(
+                        state=JobState.CANCELLED.value,
+                        next_due_at=None,
+                        updated_at=at,
+                        version=jobs.c.version + 1,
+                    )
                     .returning(*jobs.c)
                 )
             ).first()
@@ -404,20 +541,39 @@ class CatalogMixin(SqlCore):
                 current = await self.jobs_get(tenant_id, job_id)  # raises NotFoundError
                 raise IllegalTransitionError(
                     f"job {job_id} is {current.state.value} and cannot be cancelled",
-                    source=current.state.value, target=JobState.CANCELLED.value,
+                    source=current.state.value,
+                    target=JobState.CANCELLED.value,
                 )
-            events_out = [event_row(at=at, kind="job.cancelled", tenant_id=tenant_id,
-                                    job_id=job_id, actor=actor, reason=reason)]
+            events_out = [
+                event_row(
+                    at=at,
+                    kind="job.cancelled",
+                    tenant_id=tenant_id,
+                    job_id=job_id,
+                    actor=actor,
+                    reason=reason,
+                )
+            ]
             events_out += await self._cancel_runs(
-                conn, tenant_id, sa.and_(runs.c.job_id == job_id), at=at, actor=actor,
+                conn,
+                tenant_id,
+                sa.and_(runs.c.job_id == job_id),
+                at=at,
+                actor=actor,
                 reason=reason or "job cancelled",
             )
             await self._insert_events(conn, events_out)
         return job_from(row)
 
     async def _cancel_runs(
-        self, conn: AsyncConnection, tenant_id: uuid.UUID, where: sa.ColumnElement[bool], *,
-        at: datetime, actor: str | None, reason: str,
+        self,
+        conn: AsyncConnection,
+        tenant_id: uuid.UUID,
+        where: sa.ColumnElement[bool],
+        *,
+        at: datetime,
+        actor: str | None,
+        reason: str,
     ) -> list[dict[str, Any]]:
         """Cancel the selected runs not yet started, and ask running ones to stop."""
         out: list[dict[str, Any]] = []
@@ -430,23 +586,45 @@ class CatalogMixin(SqlCore):
                     .returning(runs.c.id, runs.c.job_id)
                 )
             ).all()
-            out += [event_row(at=at, kind="run.transition", tenant_id=tenant_id,
-                              job_id=r.job_id, run_id=r.id, from_state=source.value,
-                              to_state=RunState.CANCELLED.value, actor=actor, reason=reason)
-                    for r in cancelled]
+            out += [
+                event_row(
+                    at=at,
+                    kind="run.transition",
+                    tenant_id=tenant_id,
+                    job_id=r.job_id,
+                    run_id=r.id,
+                    from_state=source.value,
+                    to_state=RunState.CANCELLED.value,
+                    actor=actor,
+                    reason=reason,
+                )
+                for r in cancelled
+            ]
         requested = (
             await conn.execute(
                 runs.update()
-                .where(runs.c.tenant_id == tenant_id, where,
-                       runs.c.state == RunState.RUNNING.value,
-                       runs.c.cancel_requested.is_(sa.false()))
+                .where(
+                    runs.c.tenant_id == tenant_id,
+                    where,
+                    runs.c.state == RunState.RUNNING.value,
+                    runs.c.cancel_requested.is_(sa.false()),
+                )
                 .values(cancel_requested=True)
                 .returning(runs.c.id, runs.c.job_id)
             )
         ).all()
-        out += [event_row(at=at, kind="run.cancel_requested", tenant_id=tenant_id,
-                          job_id=r.job_id, run_id=r.id, actor=actor, reason=reason)
-                for r in requested]
+        out += [
+            event_row(
+                at=at,
+                kind="run.cancel_requested",
+                tenant_id=tenant_id,
+                job_id=r.job_id,
+                run_id=r.id,
+                actor=actor,
+                reason=reason,
+            )
+            for r in requested
+        ]
         return out
 
     # -- runs ----------------------------------------------------------------------
@@ -463,8 +641,12 @@ class CatalogMixin(SqlCore):
         return run_from(row)
 
     async def runs_list(
-        self, tenant_id: uuid.UUID, *, filter: RunFilter | None = None,
-        cursor: str | None = None, limit: int = 100,
+        self,
+        tenant_id: uuid.UUID,
+        *,
+        filter: RunFilter | None = None,
+        cursor: str | None = None,
+        limit: int = 100,
     ) -> Page[Run]:
         before = _uuid_cursor(cursor)
         f = filter or RunFilter()
@@ -488,15 +670,21 @@ class CatalogMixin(SqlCore):
         return Page(items, str(items[-1].id) if len(rows) > limit else None)
 
     async def runs_cancel(
-        self, tenant_id: uuid.UUID, run_id: uuid.UUID, *, actor: str | None = None,
-        reason: str | None = None, now: datetime | None = None,
+        self,
+        tenant_id: uuid.UUID,
+        run_id: uuid.UUID,
+        *,
+        actor: str | None = None,
+        reason: str | None = None,
+        now: datetime | None = None,
     ) -> Run:
         async with self._write() as conn:
             at = await self._now(conn, now)
             current = (
                 await conn.execute(
-                    sa.select(runs.c.state).where(runs.c.tenant_id == tenant_id,
-                                                  runs.c.id == run_id)
+                    sa.select(runs.c.state).where(
+                        runs.c.tenant_id == tenant_id, runs.c.id == run_id
+                    )
                 )
             ).first()
             if current is None:
@@ -504,10 +692,17 @@ class CatalogMixin(SqlCore):
             if RunState(current.state) not in ACTIVE_STATES:
                 raise IllegalTransitionError(
                     f"run {run_id} is {current.state} and cannot be cancelled",
-                    source=current.state, target=RunState.CANCELLED.value,
+                    source=current.state,
+                    target=RunState.CANCELLED.value,
                 )
-            rows = await self._cancel_runs(conn, tenant_id, runs.c.id == run_id, at=at,
-                                           actor=actor, reason=reason or "cancelled by request")
+            rows = await self._cancel_runs(
+                conn,
+                tenant_id,
+                runs.c.id == run_id,
+                at=at,
+                actor=actor,
+                reason=reason or "cancelled by request",
+            )
             await self._insert_events(conn, rows)
             row = (await conn.execute(sa.select(*runs.c).where(runs.c.id == run_id))).one()
         return run_from(row)
@@ -542,8 +737,13 @@ class CatalogMixin(SqlCore):
         return attempt_from(row)
 
     async def events_list(
-        self, tenant_id: uuid.UUID | None, *, run_id: uuid.UUID | None = None,
-        job_id: uuid.UUID | None = None, cursor: str | None = None, limit: int = 100,
+        self,
+        tenant_id: uuid.UUID | None,
+        *,
+        run_id: uuid.UUID | None = None,
+        job_id: uuid.UUID | None = None,
+        cursor: str | None = None,
+        limit: int = 100,
     ) -> Page[Event]:
         after = _int_cursor(cursor)
         stmt = events.select()

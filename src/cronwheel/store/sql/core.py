@@ -190,7 +190,9 @@ class SqlCore(Store):
         """The JSON array ``column`` contains the string ``value``."""
 
     @abstractmethod
-    def _json_subset(self, column: sa.ColumnElement[Any], values: Sequence[str]) -> sa.ColumnElement[bool]:
+    def _json_subset(
+        self, column: sa.ColumnElement[Any], values: Sequence[str]
+    ) -> sa.ColumnElement[bool]:
         """Every element of the JSON array ``column`` is in ``values``."""
 
     @abstractmethod
@@ -364,4 +366,3 @@ def worker_from(row: Row[Any]) -> Worker:
         registered_at=row.registered_at,
         last_seen_at=row.last_seen_at,
     )
-

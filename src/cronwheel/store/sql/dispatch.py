@@ -26,9 +26,11 @@ class DispatchMixin(SqlCore):
             return []
         stmt = (
             sa.select(runs.c.id, runs.c.shard, runs.c.fire_at)
-            .where(runs.c.state == RunState.SCHEDULED.value,
-                   self._id_in(runs.c.shard, list(shards)),
-                   runs.c.fire_at < until)
+            .where(
+                runs.c.state == RunState.SCHEDULED.value,
+                self._id_in(runs.c.shard, list(shards)),
+                runs.c.fire_at < until,
+            )
             .order_by(runs.c.fire_at)
             .limit(limit)
         )
@@ -53,28 +55,53 @@ class DispatchMixin(SqlCore):
             rows = (
                 await conn.execute(
                     runs.update()
-                    .where(self._id_in(runs.c.id, list(run_ids)),
-                           runs.c.state == RunState.SCHEDULED.value, held)
+                    .where(
+                        self._id_in(runs.c.id, list(run_ids)),
+                        runs.c.state == RunState.SCHEDULED.value,
+                        held,
+                    )
                     .values(state=RunState.DISPATCHED.value, dispatched_at=at)
-                    .returning(runs.c.id, runs.c.tenant_id, runs.c.job_id, runs.c.pool,
-                               runs.c.fire_at, runs.c.dispatched_at)
+                    .returning(
+                        runs.c.id,
+                        runs.c.tenant_id,
+                        runs.c.job_id,
+                        runs.c.pool,
+                        runs.c.fire_at,
+                        runs.c.dispatched_at,
+                    )
                 )
             ).all()
             if rows:
                 await conn.execute(
                     events.insert(),
                     [
-                        {"tenant_id": r.tenant_id, "at": at, "kind": "run.transition",
-                         "job_id": r.job_id, "run_id": r.id, "attempt_id": None,
-                         "from_state": RunState.SCHEDULED.value,
-                         "to_state": RunState.DISPATCHED.value, "actor": node_id,
-                         "reason": _lateness_reason(r.fire_at, at), "data": None}
+                        {
+                            "tenant_id": r.tenant_id,
+                            "at": at,
+                            "kind": "run.transition",
+                            "job_id": r.job_id,
+                            "run_id": r.id,
+                            "attempt_id": None,
+                            "from_state": RunState.SCHEDULED.value,
+                            "to_state": RunState.DISPATCHED.value,
+                            "actor": node_id,
+                            "reason": _lateness_reason(r.fire_at, at),
+                            "data": None,
+                        }
                         for r in rows
                     ],
                 )
                 await self._notify(conn, CHANNEL_RUNS_READY, sorted({r.pool for r in rows}))
-        return [FiredRun(id=r.id, tenant_id=r.tenant_id, pool=r.pool, fire_at=r.fire_at,
-                         dispatched_at=r.dispatched_at) for r in rows]
+        return [
+            FiredRun(
+                id=r.id,
+                tenant_id=r.tenant_id,
+                pool=r.pool,
+                fire_at=r.fire_at,
+                dispatched_at=r.dispatched_at,
+            )
+            for r in rows
+        ]
 
     async def shard_leases_acquire(
         self, *, node_id: str, shards: Sequence[int], ttl: float, now: datetime | None = None
@@ -85,9 +112,11 @@ class DispatchMixin(SqlCore):
             wanted = list(shards)
             if wanted:
                 existing = {
-                    r.shard for r in await conn.execute(
-                        sa.select(shard_leases.c.shard)
-                        .where(self._id_in(shard_leases.c.shard, wanted))
+                    r.shard
+                    for r in await conn.execute(
+                        sa.select(shard_leases.c.shard).where(
+                            self._id_in(shard_leases.c.shard, wanted)
+                        )
                     )
                 }
                 missing = [s for s in wanted if s not in existing]
@@ -96,29 +125,37 @@ class DispatchMixin(SqlCore):
                 # Renew our own leases: the epoch stays.
                 await conn.execute(
                     shard_leases.update()
-                    .where(self._id_in(shard_leases.c.shard, wanted),
-                           shard_leases.c.owner == node_id, shard_leases.c.expires_at > at)
+                    .where(
+                        self._id_in(shard_leases.c.shard, wanted),
+                        shard_leases.c.owner == node_id,
+                        shard_leases.c.expires_at > at,
+                    )
                     .values(expires_at=expires)
                 )
                 # Take free or expired ones: a change of owner bumps the epoch.
                 await conn.execute(
                     shard_leases.update()
-                    .where(self._id_in(shard_leases.c.shard, wanted),
-                           sa.or_(shard_leases.c.owner.is_(None),
-                                  shard_leases.c.expires_at <= at))
+                    .where(
+                        self._id_in(shard_leases.c.shard, wanted),
+                        sa.or_(shard_leases.c.owner.is_(None), shard_leases.c.expires_at <= at),
+                    )
                     .values(owner=node_id, expires_at=expires, epoch=shard_leases.c.epoch + 1)
                 )
             held = await conn.execute(
-                sa.select(shard_leases.c.shard, shard_leases.c.epoch)
-                .where(shard_leases.c.owner == node_id, shard_leases.c.expires_at > at)
+                sa.select(shard_leases.c.shard, shard_leases.c.epoch).where(
+                    shard_leases.c.owner == node_id, shard_leases.c.expires_at > at
+                )
             )
             return {r.shard: r.epoch for r in held}
 
     async def _insert_shards(self, conn: Any, shards: list[int]) -> None:
         """Create lease rows; a concurrent creator wins harmlessly."""
-        await conn.execute(self._insert_ignore(shard_leases, [
-            {"shard": s, "owner": None, "epoch": 0, "expires_at": None} for s in shards
-        ]))
+        await conn.execute(
+            self._insert_ignore(
+                shard_leases,
+                [{"shard": s, "owner": None, "epoch": 0, "expires_at": None} for s in shards],
+            )
+        )
 
     async def shard_leases_release(self, *, node_id: str, shards: Sequence[int]) -> None:
         if not shards:
@@ -126,8 +163,9 @@ class DispatchMixin(SqlCore):
         async with self._write() as conn:
             await conn.execute(
                 shard_leases.update()
-                .where(self._id_in(shard_leases.c.shard, list(shards)),
-                       shard_leases.c.owner == node_id)
+                .where(
+                    self._id_in(shard_leases.c.shard, list(shards)), shard_leases.c.owner == node_id
+                )
                 .values(owner=None, expires_at=None)
             )
 
