@@ -72,7 +72,7 @@ class PostgresStore(SqlStore):
                 for channel in (CHANNEL_RUNS_NEW, CHANNEL_RUNS_READY):
                     await conn.add_listener(channel, self._on_notify)
                 closed = asyncio.Event()
-                conn.add_termination_listener(lambda _c: closed.set())
+                conn.add_termination_listener(lambda _c, done=closed: done.set())
                 await closed.wait()
             except asyncio.CancelledError:
                 raise
