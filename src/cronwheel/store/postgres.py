@@ -17,6 +17,7 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from cronwheel.store.base import CHANNEL_RUNS_NEW, CHANNEL_RUNS_READY
+from cronwheel.store.schema import shard_leases
 from cronwheel.store.sql import SqlStore
 
 __all__ = ["PostgresStore"]
@@ -120,6 +121,19 @@ class PostgresStore(SqlStore):
             list(values)
         )
         return subset
+
+    def _shard_held(
+        self, shard: sa.ColumnElement[Any], *, node_id: str, at: datetime
+    ) -> sa.ColumnElement[bool]:
+        # ANY((SELECT array_agg …)) is computed once; an IN/EXISTS here makes the planner
+        # loop over the leases and rescan the batch's ids for each (10x slower).
+        held = (
+            sa.select(sa.func.array_agg(shard_leases.c.shard))
+            .where(shard_leases.c.owner == node_id, shard_leases.c.expires_at > at)
+            .scalar_subquery()
+        )
+        # The CAST keeps the subquery a scalar (array) expression: ANY((SELECT …)).
+        return shard == sa.any_(sa.cast(held, postgresql.ARRAY(sa.SmallInteger)))
 
     def _insert_ignore(self, table: sa.Table, rows: list[dict[str, Any]]) -> sa.Executable:
         return postgresql.insert(table).values(rows).on_conflict_do_nothing()

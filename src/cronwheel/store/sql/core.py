@@ -22,7 +22,7 @@ from cronwheel.domain.errors import NotFoundError, StoreUnavailableError
 from cronwheel.domain.model import Attempt, Event, Job, Run, Tenant, Worker
 from cronwheel.domain.states import AttemptState, JobState, RunState
 from cronwheel.store.base import Store, Subscription
-from cronwheel.store.schema import events, runs
+from cronwheel.store.schema import events, runs, shard_leases
 
 __all__ = [
     "LocalSubscription",
@@ -194,6 +194,15 @@ class SqlCore(Store):
         self, column: sa.ColumnElement[Any], values: Sequence[str]
     ) -> sa.ColumnElement[bool]:
         """Every element of the JSON array ``column`` is in ``values``."""
+
+    def _shard_held(
+        self, shard: sa.ColumnElement[Any], *, node_id: str, at: datetime
+    ) -> sa.ColumnElement[bool]:
+        """``shard`` is leased by ``node_id`` and the lease is unexpired at ``at``."""
+        held = sa.select(shard_leases.c.shard).where(
+            shard_leases.c.owner == node_id, shard_leases.c.expires_at > at
+        )
+        return shard.in_(held.scalar_subquery())
 
     @abstractmethod
     def _insert_ignore(self, table: sa.Table, rows: list[dict[str, Any]]) -> sa.Executable:

@@ -47,11 +47,7 @@ class DispatchMixin(SqlCore):
             at = await self._now(conn, now)
             # The epoch fence: only the live owner of a run's shard may fire it. A node
             # that lost its lease (paused, partitioned) matches nothing here.
-            held = sa.exists().where(
-                shard_leases.c.shard == runs.c.shard,
-                shard_leases.c.owner == node_id,
-                shard_leases.c.expires_at > at,
-            )
+            held = self._shard_held(runs.c.shard, node_id=node_id, at=at)
             rows = (
                 await conn.execute(
                     runs.update()
