@@ -275,11 +275,19 @@ class Store(ABC):
 
     @abstractmethod
     async def runs_fire(
-        self, *, run_ids: Sequence[uuid.UUID], node_id: str, now: datetime | None = None
+        self,
+        *,
+        run_ids: Sequence[uuid.UUID],
+        node_id: str,
+        now: datetime | None = None,
+        lead: float = 0.0,
     ) -> list[FiredRun]:
         """Move SCHEDULED runs to DISPATCHED in one conditional UPDATE: only runs still
-        SCHEDULED, due by ``now``, and whose shard ``node_id`` holds an unexpired lease on.
-        Sets ``dispatched_at``; appends one event per run. Returns what moved."""
+        SCHEDULED, due by ``now + lead`` seconds, and whose shard ``node_id`` holds an
+        unexpired lease on at ``now``. ``lead`` absorbs the small error of a node's
+        estimate of the database clock (the node itself fires only what its corrected
+        clock says is due). Sets ``dispatched_at``; appends one event per run. Returns
+        what moved."""
 
     @abstractmethod
     async def shard_leases_acquire(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import uuid
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
@@ -16,11 +17,21 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
-from cronwheel.store.base import CHANNEL_RUNS_NEW, CHANNEL_RUNS_READY
+from cronwheel.domain.model import AttemptOutcome, FiredRun, LeasedAttempt, Worker
+from cronwheel.ids import new_id
+from cronwheel.store import pg_hot
+from cronwheel.store.base import CHANNEL_RUNS_NEW, CHANNEL_RUNS_READY, CompleteItem, HeartbeatItem
 from cronwheel.store.schema import shard_leases
 from cronwheel.store.sql import SqlStore
 
 __all__ = ["PostgresStore"]
+
+
+async def _raw(conn: AsyncConnection) -> Any:
+    """The asyncpg connection under ``conn``, inside the same transaction."""
+    raw = await conn.get_raw_connection()
+    return raw.driver_connection
+
 
 log = logging.getLogger("cronwheel.store.postgres")
 
@@ -36,6 +47,62 @@ class PostgresStore(SqlStore):
         self._pool_size = pool_size
         self._listener: asyncpg.Connection | None = None
         self._listen_task: asyncio.Task[None] | None = None
+
+    # -- hot paths: one round trip per batch (see pg_hot) ----------------------------
+
+    async def runs_fire(
+        self,
+        *,
+        run_ids: Sequence[uuid.UUID],
+        node_id: str,
+        now: datetime | None = None,
+        lead: float = 0.0,
+    ) -> list[FiredRun]:
+        if not run_ids:
+            return []
+        async with self._write() as conn:
+            return await pg_hot.fire(
+                await _raw(conn), now=now, run_ids=run_ids, node_id=node_id, lead=lead
+            )
+
+    async def attempts_lease(
+        self, *, worker: Worker, max: int, now: datetime | None = None
+    ) -> list[LeasedAttempt]:
+        if max < 1:
+            return []
+        async with self._write() as conn:
+            return await pg_hot.lease(
+                await _raw(conn), now=now, worker=worker, max=max, new_id=new_id
+            )
+
+    async def attempts_heartbeat_many(
+        self, *, items: Sequence[HeartbeatItem], now: datetime | None = None
+    ) -> list[AttemptOutcome]:
+        if not items:
+            return []
+        async with self._write() as conn:
+            ok = await pg_hot.heartbeat_many(
+                await _raw(conn),
+                now=now,
+                ids=[i.attempt_id for i in items],
+                tokens=[i.fencing_token for i in items],
+            )
+        return self._outcomes(items, ok)
+
+    async def attempts_complete_many(
+        self, *, items: Sequence[CompleteItem], now: datetime | None = None
+    ) -> list[AttemptOutcome]:
+        if not items:
+            return []
+        async with self._write() as conn:
+            done = await pg_hot.complete_many(
+                await _raw(conn),
+                now=now,
+                ids=[i.attempt_id for i in items],
+                tokens=[i.fencing_token for i in items],
+                results=[i.result for i in items],
+            )
+        return self._outcomes(items, {k: AttemptOutcome(k[0], True) for k in done})
 
     def _make_engine(self) -> AsyncEngine:
         return create_async_engine(

@@ -94,6 +94,10 @@ class SqliteStore(SqlStore):
             .exists()
         )
 
+    def _starts_with(self, column: sa.ColumnElement[str], prefix: str) -> sa.ColumnElement[bool]:
+        # SQLite's LIKE ignores case.
+        return sa.func.substr(column, 1, len(prefix)) == prefix
+
     def _insert_ignore(self, table: sa.Table, rows: list[dict[str, Any]]) -> sa.Executable:
         return sqlite.insert(table).values(rows).on_conflict_do_nothing()
 

@@ -215,20 +215,23 @@ class AttemptsMixin(SqlCore):
     def _live(
         self, items: Sequence[HeartbeatItem | CompleteItem | FailItem]
     ) -> sa.ColumnElement[bool]:
-        """The attempts of ``items`` that are still live under the given tokens."""
+        """The attempts of ``items`` still live under exactly the (id, token) given."""
+        pairs = [(i.attempt_id, i.fencing_token) for i in items]
         return sa.and_(
-            self._id_in(attempts.c.id, [i.attempt_id for i in items]),
-            self._id_in(attempts.c.fencing_token, [i.fencing_token for i in items]),
+            sa.tuple_(attempts.c.id, attempts.c.fencing_token).in_(pairs),
             attempts.c.state == AttemptState.RUNNING.value,
         )
 
     @staticmethod
     def _outcomes(
         items: Sequence[HeartbeatItem | CompleteItem | FailItem],
-        ok: dict[uuid.UUID, AttemptOutcome],
+        ok: dict[tuple[uuid.UUID, int], AttemptOutcome],
     ) -> list[AttemptOutcome]:
+        """One outcome per item, in order; ``ok`` is keyed by (attempt id, live token), so
+        an item naming a live attempt with a wrong token is refused on its own."""
         return [
-            ok.get(i.attempt_id) or AttemptOutcome(i.attempt_id, False, "stale_fencing_token")
+            ok.get((i.attempt_id, i.fencing_token))
+            or AttemptOutcome(i.attempt_id, False, "stale_fencing_token")
             for i in items
         ]
 
@@ -252,9 +255,7 @@ class AttemptsMixin(SqlCore):
                     .where(self._live(items))
                 )
             ).all()
-            wanted = {i.attempt_id: i.fencing_token for i in items}
-            live = [r for r in live if wanted.get(r.id) == r.fencing_token]
-            ok: dict[uuid.UUID, AttemptOutcome] = {}
+            ok: dict[tuple[uuid.UUID, int], AttemptOutcome] = {}
             # One UPDATE per distinct heartbeat timeout: almost always just one.
             by_timeout: dict[float, list[uuid.UUID]] = {}
             for r in live:
@@ -273,7 +274,7 @@ class AttemptsMixin(SqlCore):
                 done = {u.id for u in updated}
                 for r in live:
                     if r.id in done:
-                        ok[r.id] = AttemptOutcome(
+                        ok[r.id, r.fencing_token] = AttemptOutcome(
                             r.id,
                             True,
                             lease_expires_at=lease,
@@ -289,7 +290,7 @@ class AttemptsMixin(SqlCore):
             return []
         async with self._write() as conn:
             at = await self._now(conn, now)
-            ended = await self._end_attempts(conn, items, AttemptState.SUCCEEDED, at)
+            ended, keys = await self._end_attempts(conn, items, AttemptState.SUCCEEDED, at)
             if not ended:
                 return self._outcomes(items, {})
             run_ids = list(ended.values())
@@ -311,7 +312,7 @@ class AttemptsMixin(SqlCore):
             results = [
                 {"id": i.attempt_id, "result": i.result}
                 for i in items
-                if i.result is not None and i.attempt_id in ended
+                if i.result is not None and (i.attempt_id, i.fencing_token) in keys
             ]
             await self._update_each(conn, attempts, results)
             await self._update_each(
@@ -336,7 +337,7 @@ class AttemptsMixin(SqlCore):
                 ],
             )
             await self._finish_one_off_jobs(conn, [r.job_id for r in done], at)
-        return self._outcomes(items, {a: AttemptOutcome(a, True) for a in ended})
+        return self._outcomes(items, {k: AttemptOutcome(k[0], True) for k in keys})
 
     async def attempts_fail_many(
         self, *, items: Sequence[FailItem], now: datetime | None = None
@@ -345,7 +346,7 @@ class AttemptsMixin(SqlCore):
             return []
         async with self._write() as conn:
             at = await self._now(conn, now)
-            ended = await self._end_attempts(conn, items, AttemptState.FAILED, at)
+            ended, keys = await self._end_attempts(conn, items, AttemptState.FAILED, at)
             failures = [
                 _Ended(
                     i.attempt_id,
@@ -355,13 +356,13 @@ class AttemptsMixin(SqlCore):
                     i.retryable,
                 )
                 for i in items
-                if i.attempt_id in ended
+                if (i.attempt_id, i.fencing_token) in keys
             ]
             await self._update_each(
                 conn, attempts, [{"id": f.attempt_id, "error": f.error} for f in failures]
             )
             await self._after_failures(conn, failures, at, actor="worker")
-        return self._outcomes(items, {a: AttemptOutcome(a, True) for a in ended})
+        return self._outcomes(items, {k: AttemptOutcome(k[0], True) for k in keys})
 
     async def attempts_release_many(
         self, *, items: Sequence[HeartbeatItem], now: datetime | None = None
@@ -370,7 +371,7 @@ class AttemptsMixin(SqlCore):
             return []
         async with self._write() as conn:
             at = await self._now(conn, now)
-            ended = await self._end_attempts(conn, items, AttemptState.RELEASED, at)
+            ended, keys = await self._end_attempts(conn, items, AttemptState.RELEASED, at)
             if ended:
                 back = (
                     await conn.execute(
@@ -403,7 +404,7 @@ class AttemptsMixin(SqlCore):
                 )
                 if back:
                     await self._notify(conn, CHANNEL_RUNS_READY, sorted({r.pool for r in back}))
-        return self._outcomes(items, {a: AttemptOutcome(a, True) for a in ended})
+        return self._outcomes(items, {k: AttemptOutcome(k[0], True) for k in keys})
 
     async def attempts_expire(self, *, now: datetime | None = None, limit: int = 1000) -> int:
         async with self._write() as conn:
@@ -474,8 +475,9 @@ class AttemptsMixin(SqlCore):
         items: Sequence[HeartbeatItem | CompleteItem | FailItem],
         state: AttemptState,
         at: datetime,
-    ) -> dict[uuid.UUID, uuid.UUID]:
-        """End the live attempts among ``items``; returns ``{attempt_id: run_id}``."""
+    ) -> tuple[dict[uuid.UUID, uuid.UUID], set[tuple[uuid.UUID, int]]]:
+        """End the live attempts among ``items``; returns ``{attempt_id: run_id}`` and the
+        (attempt id, token) pairs that ended."""
         rows = (
             await conn.execute(
                 attempts.update()
@@ -484,14 +486,7 @@ class AttemptsMixin(SqlCore):
                 .returning(attempts.c.id, attempts.c.run_id, attempts.c.fencing_token)
             )
         ).all()
-        wanted = {i.attempt_id: i.fencing_token for i in items}
-        mismatched = [r for r in rows if wanted.get(r.id) != r.fencing_token]
-        if mismatched:
-            # A batch mixing one attempt's id with another's token: undo by failing loudly.
-            raise ValidationError(
-                "attempt ids and fencing tokens do not pair up", field="fencing_token"
-            )
-        return {r.id: r.run_id for r in rows}
+        return {r.id: r.run_id for r in rows}, {(r.id, r.fencing_token) for r in rows}
 
     async def _after_failures(
         self, conn: AsyncConnection, failures: Sequence[_Ended], at: datetime, *, actor: str

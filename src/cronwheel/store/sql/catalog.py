@@ -500,7 +500,7 @@ class CatalogMixin(SqlCore):
         if tag is not None:
             stmt = stmt.where(self._json_has(jobs.c.tags, tag))
         if name_prefix:
-            stmt = stmt.where(jobs.c.name.startswith(name_prefix, autoescape=True))
+            stmt = stmt.where(self._starts_with(jobs.c.name, name_prefix))
         if before is not None:
             stmt = stmt.where(jobs.c.id < before)
         stmt = stmt.order_by(jobs.c.id.desc()).limit(limit + 1)

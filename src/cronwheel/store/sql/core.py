@@ -204,6 +204,10 @@ class SqlCore(Store):
         )
         return shard.in_(held.scalar_subquery())
 
+    def _starts_with(self, column: sa.ColumnElement[str], prefix: str) -> sa.ColumnElement[bool]:
+        """Case-sensitive prefix match."""
+        return column.startswith(prefix, autoescape=True)
+
     @abstractmethod
     def _insert_ignore(self, table: sa.Table, rows: list[dict[str, Any]]) -> sa.Executable:
         """INSERT of ``rows`` that skips rows whose key exists."""

@@ -39,7 +39,12 @@ class DispatchMixin(SqlCore):
         return [DueRun(id=r.id, shard=r.shard, fire_at=r.fire_at) for r in rows]
 
     async def runs_fire(
-        self, *, run_ids: Sequence[uuid.UUID], node_id: str, now: datetime | None = None
+        self,
+        *,
+        run_ids: Sequence[uuid.UUID],
+        node_id: str,
+        now: datetime | None = None,
+        lead: float = 0.0,
     ) -> list[FiredRun]:
         if not run_ids:
             return []
@@ -54,6 +59,7 @@ class DispatchMixin(SqlCore):
                     .where(
                         self._id_in(runs.c.id, list(run_ids)),
                         runs.c.state == RunState.SCHEDULED.value,
+                        runs.c.fire_at <= at + timedelta(seconds=lead),
                         held,
                     )
                     .values(state=RunState.DISPATCHED.value, dispatched_at=at)

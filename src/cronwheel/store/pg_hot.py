@@ -1,0 +1,257 @@
+"""PostgreSQL's hot paths, in raw asyncpg on the transaction's own connection.
+
+Each of these is one round trip per batch: the data-modifying CTEs move runs, write
+attempts and append events in a single statement. They implement exactly the contract of
+the generic versions in ``store/sql/``; the conformance suite runs both.
+
+Parameter conventions: ``$1`` is always the caller's ``now`` (NULL means the database
+clock, read once per statement with ``statement_timestamp()``); JSON goes in as text.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from cronwheel.domain.model import AttemptOutcome, FiredRun, LeasedAttempt, Worker
+from cronwheel.domain.states import RunState
+
+__all__ = ["complete_many", "fire", "heartbeat_many", "lease"]
+
+_NOW = "WITH t AS (SELECT COALESCE($1::timestamptz, statement_timestamp()) AS now)"
+
+_FIRE = f"""
+{_NOW},
+fired AS (
+    UPDATE runs SET state = 'DISPATCHED', dispatched_at = t.now
+    FROM t
+    WHERE runs.id = ANY($2::uuid[]) AND runs.state = 'SCHEDULED'
+      AND runs.fire_at <= t.now + make_interval(secs => $4)
+      AND runs.shard = ANY(ARRAY(SELECT shard FROM shard_leases
+                                 WHERE owner = $3 AND expires_at > (SELECT now FROM t)))
+    RETURNING runs.id, runs.tenant_id, runs.job_id, runs.pool, runs.fire_at, t.now AS now
+),
+ev AS (
+    INSERT INTO events (tenant_id, at, kind, job_id, run_id, from_state, to_state, actor, reason)
+    SELECT tenant_id, now, 'run.transition', job_id, id, 'SCHEDULED', 'DISPATCHED', $3,
+           CASE WHEN now - fire_at > interval '1 second' THEN
+               'dispatched ' || round(extract(epoch FROM now - fire_at)::numeric, 1)
+               || ' s after its due time (scheduler catching up)' END
+    FROM fired
+)
+SELECT id, tenant_id, pool, fire_at, now FROM fired
+"""
+
+
+async def fire(
+    conn: Any,
+    *,
+    now: datetime | None,
+    run_ids: Sequence[uuid.UUID],
+    node_id: str,
+    lead: float,
+) -> list[FiredRun]:
+    rows = await conn.fetch(_FIRE, now, list(run_ids), node_id, lead)
+    if rows:
+        await conn.execute(
+            "SELECT pg_notify('cw_runs_ready', p) FROM unnest($1::text[]) p",
+            sorted({r["pool"] for r in rows}),
+        )
+    return [
+        FiredRun(
+            id=r["id"],
+            tenant_id=r["tenant_id"],
+            pool=r["pool"],
+            fire_at=r["fire_at"],
+            dispatched_at=r["now"],
+        )
+        for r in rows
+    ]
+
+
+_LEASE = f"""
+{_NOW},
+picked AS (
+    SELECT id FROM runs
+    WHERE state = 'DISPATCHED' AND pool = $2
+      AND ($3::uuid IS NULL OR tenant_id = $3)
+      AND requires <@ $4::jsonb
+    ORDER BY priority, fire_at
+    LIMIT $5
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE runs r SET state = 'RUNNING', attempt = r.attempt + 1,
+                  started_at = COALESCE(r.started_at, t.now)
+FROM picked, t
+WHERE r.id = picked.id
+RETURNING r.id, r.tenant_id, r.job_id, r.attempt, r.task, r.webhook, r.payload, r.timeout,
+          r.heartbeat_timeout, r.due_at, r.priority, r.fire_at, t.now AS now,
+          nextval('fencing_tokens') AS token
+"""
+
+_ATTEMPT_COLUMNS = (
+    "id",
+    "tenant_id",
+    "run_id",
+    "number",
+    "worker_id",
+    "fencing_token",
+    "state",
+    "lease_expires_at",
+    "deadline",
+    "started_at",
+)
+_EVENT_COLUMNS = (
+    "tenant_id",
+    "at",
+    "kind",
+    "job_id",
+    "run_id",
+    "attempt_id",
+    "from_state",
+    "to_state",
+    "actor",
+    "data",
+)
+
+
+async def lease(
+    conn: Any, *, now: datetime | None, worker: Worker, max: int, new_id: Any
+) -> list[LeasedAttempt]:
+    rows = await conn.fetch(
+        _LEASE, now, worker.pool, worker.tenant_id, json.dumps(sorted(worker.capabilities)), max
+    )
+    if not rows:
+        return []
+    rows = sorted(rows, key=lambda r: (r["priority"], r["fire_at"]))
+    leased: list[LeasedAttempt] = []
+    attempt_rows: list[tuple[Any, ...]] = []
+    event_rows: list[tuple[Any, ...]] = []
+    actor = f"worker:{worker.id}"
+    for r in rows:
+        at: datetime = r["now"]
+        attempt_id = new_id()
+        lease_until = at + timedelta(seconds=r["heartbeat_timeout"])
+        deadline = at + timedelta(seconds=r["timeout"])
+        attempt_rows.append(
+            (
+                attempt_id,
+                r["tenant_id"],
+                r["id"],
+                r["attempt"],
+                worker.id,
+                r["token"],
+                "RUNNING",
+                lease_until,
+                deadline,
+                at,
+            )
+        )
+        event_rows.append(
+            (
+                r["tenant_id"],
+                at,
+                "run.transition",
+                r["job_id"],
+                r["id"],
+                attempt_id,
+                "DISPATCHED",
+                "RUNNING",
+                actor,
+                json.dumps({"attempt": r["attempt"], "fencing_token": r["token"]}),
+            )
+        )
+        leased.append(
+            LeasedAttempt(
+                attempt_id=attempt_id,
+                run_id=r["id"],
+                tenant_id=r["tenant_id"],
+                job_id=r["job_id"],
+                number=r["attempt"],
+                task=r["task"],
+                webhook=r["webhook"],
+                payload=r["payload"],
+                fencing_token=r["token"],
+                lease_expires_at=lease_until,
+                deadline=deadline,
+                due_at=r["due_at"],
+                heartbeat_timeout=r["heartbeat_timeout"],
+            )
+        )
+    await conn.copy_records_to_table("attempts", records=attempt_rows, columns=_ATTEMPT_COLUMNS)
+    await conn.copy_records_to_table("events", records=event_rows, columns=_EVENT_COLUMNS)
+    return leased
+
+
+_HEARTBEAT = f"""
+{_NOW}
+UPDATE attempts a
+SET lease_expires_at = t.now + make_interval(secs => r.heartbeat_timeout), heartbeat_at = t.now
+FROM t, runs r, unnest($2::uuid[], $3::bigint[]) AS v(id, token)
+WHERE a.id = v.id AND a.fencing_token = v.token AND a.state = 'RUNNING' AND r.id = a.run_id
+RETURNING a.id, a.fencing_token, a.lease_expires_at, r.cancel_requested, r.state
+"""
+
+
+async def heartbeat_many(
+    conn: Any, *, now: datetime | None, ids: Sequence[uuid.UUID], tokens: Sequence[int]
+) -> dict[tuple[uuid.UUID, int], AttemptOutcome]:
+    rows = await conn.fetch(_HEARTBEAT, now, list(ids), list(tokens))
+    return {
+        (r["id"], r["fencing_token"]): AttemptOutcome(
+            r["id"],
+            True,
+            lease_expires_at=r["lease_expires_at"],
+            cancel_requested=r["cancel_requested"],
+            run_state=RunState(r["state"]),
+        )
+        for r in rows
+    }
+
+
+_COMPLETE = f"""
+{_NOW},
+done AS (
+    UPDATE attempts a SET state = 'SUCCEEDED', finished_at = t.now, result = v.result
+    FROM t, unnest($2::uuid[], $3::bigint[], $4::jsonb[]) AS v(id, token, result)
+    WHERE a.id = v.id AND a.fencing_token = v.token AND a.state = 'RUNNING'
+    RETURNING a.id, a.fencing_token, a.run_id, v.result, t.now AS now
+),
+finished AS (
+    UPDATE runs SET state = CASE WHEN runs.cancel_requested THEN 'CANCELLED' ELSE 'SUCCESS' END,
+                    finished_at = done.now, result = done.result, reason = NULL
+    FROM done
+    WHERE runs.id = done.run_id AND runs.state = 'RUNNING'
+    RETURNING runs.id, runs.tenant_id, runs.job_id, runs.state, done.id AS attempt_id, done.now
+),
+ev AS (
+    INSERT INTO events (tenant_id, at, kind, job_id, run_id, attempt_id, from_state, to_state,
+                        reason)
+    SELECT tenant_id, now, 'run.transition', job_id, id, attempt_id, 'RUNNING', state,
+           CASE WHEN state = 'CANCELLED' THEN 'cancelled while running' END
+    FROM finished
+),
+jobs_done AS (
+    UPDATE jobs SET state = 'finished', next_due_at = NULL, updated_at = t.now
+    FROM t
+    WHERE jobs.id IN (SELECT job_id FROM finished) AND jobs.state = 'active'
+      AND jobs.kind IN ('at', 'delay', 'asap')
+)
+SELECT id, fencing_token FROM done
+"""
+
+
+async def complete_many(
+    conn: Any,
+    *,
+    now: datetime | None,
+    ids: Sequence[uuid.UUID],
+    tokens: Sequence[int],
+    results: Sequence[Any],
+) -> set[tuple[uuid.UUID, int]]:
+    encoded = [None if r is None else json.dumps(r) for r in results]
+    rows = await conn.fetch(_COMPLETE, now, list(ids), list(tokens), encoded)
+    return {(r["id"], r["fencing_token"]) for r in rows}
