@@ -1,0 +1,150 @@
+"""The FastAPI application: ``create_app(settings, store)``.
+
+The app does not own the store: the runtime opens and migrates it, hands it in, and
+closes it after the app has shut down. The app owns only what it starts itself (the
+shared wake-up subscription of lease long-polls), stopped by its lifespan.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from importlib.metadata import PackageNotFoundError, version
+
+from fastapi import FastAPI
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from cronwheel.api.auth import KeyCache
+from cronwheel.api.errors import error_response, install_error_handlers
+from cronwheel.api.metrics import MetricsMiddleware, RunsByStateRefresher
+from cronwheel.api.routers import health, jobs, runs, tenants, workers
+from cronwheel.api.routers.common import ApiState, ReadyNotifier
+from cronwheel.settings import Settings
+from cronwheel.store.base import Store
+
+__all__ = ["BodyLimitMiddleware", "create_app", "stop_long_polls"]
+
+_DESCRIPTION = """\
+cronwheel decides when a run is due and hands it to workers.
+
+Authenticate with `Authorization: Bearer <key>`. With the admin key, requests about a
+tenant's jobs and runs name the tenant in the `Cronwheel-Tenant` header.
+Errors are JSON: `{"error": {"code": ..., "message": ..., "field": ...}}`.
+"""
+
+_TAGS = [
+    {"name": "tenants", "description": "Tenants and their API keys (admin key)."},
+    {"name": "jobs", "description": "What should run, and when."},
+    {"name": "runs", "description": "Each due occurrence of a job and its history."},
+    {"name": "worker protocol", "description": "How workers lease and report runs."},
+    {"name": "operations", "description": "Probes and Prometheus metrics."},
+]
+
+
+def _version() -> str:
+    try:
+        return version("cronwheel")
+    except PackageNotFoundError:  # pragma: no cover - running from a bare checkout
+        return "0.0.0"
+
+
+class BodyLimitMiddleware:
+    """Refuses request bodies over ``max_bytes`` with 413 before anything parses them.
+
+    The job payload has its own, tighter limit (``max_payload_bytes``, checked on the
+    parsed payload); this one bounds the memory any single request can take.
+    """
+
+    def __init__(self, app: ASGIApp, *, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            await self._refuse(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client went away
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_bytes:
+                await self._refuse(scope, receive, send)
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
+        response = error_response(
+            413,
+            "payload_too_large",
+            f"the request body exceeds {self.max_bytes} bytes",
+        )
+        await response(scope, receive, send)
+
+
+async def stop_long_polls(app: FastAPI) -> None:
+    """Answer every waiting lease long-poll now (empty) and let no new one wait.
+
+    Call it before stopping the HTTP server: a server shutting down gracefully waits for
+    open requests, and a long-poll could otherwise hold it for ``lease_wait_max``.
+    """
+    state: ApiState = app.state.api
+    await state.notifier.close()
+
+
+def create_app(settings: Settings, store: Store) -> FastAPI:
+    """The REST API over an open, migrated ``store``."""
+    state = ApiState(
+        settings=settings,
+        store=store,
+        key_cache=KeyCache(store),
+        notifier=ReadyNotifier(store),
+        runs_by_state=RunsByStateRefresher(store),
+    )
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            await state.notifier.close()
+
+    app = FastAPI(
+        title="cronwheel",
+        version=_version(),
+        description=_DESCRIPTION,
+        openapi_tags=_TAGS,
+        lifespan=lifespan,
+    )
+    app.state.api = state
+    app.state.settings = settings
+    app.state.store = store
+    app.state.key_cache = state.key_cache
+
+    install_error_handlers(app)
+    # Room for a full payload plus the rest of a job, or a batch of worker reports.
+    app.add_middleware(BodyLimitMiddleware, max_bytes=max(1 << 20, 4 * settings.max_payload_bytes))
+    app.add_middleware(MetricsMiddleware)  # added last: outermost, so it sees every answer
+
+    for module in (tenants, jobs, runs, workers, health):
+        app.include_router(module.router)
+    return app

@@ -1,0 +1,162 @@
+"""Every error the API answers is JSON of one shape::
+
+    {"error": {"code": "invalid_request", "message": "...", "field": "schedule.at"}}
+
+- :class:`CronwheelError` (and subclasses): its ``status`` and ``to_dict()``.
+- Request validation (FastAPI / Pydantic): 422 ``invalid_request`` naming the first
+  offending field as a dotted path without the ``body`` / ``query`` prefix; malformed
+  JSON is 400 ``invalid_json``.
+- Starlette's HTTP errors (unknown route, wrong method): their status, a stable code.
+- Anything else: 500 ``internal_error``, logged with its traceback, never shown.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from cronwheel.domain.errors import AuthError, CronwheelError
+
+__all__ = [
+    "TenantRequiredError",
+    "error_response",
+    "install_error_handlers",
+    "validation_error_body",
+]
+
+log = logging.getLogger("cronwheel.api")
+
+_LOCATION_PREFIXES = frozenset({"body", "query", "path", "header", "cookie"})
+
+_HTTP_CODES = {
+    400: "bad_request",
+    404: "not_found",
+    405: "method_not_allowed",
+    406: "not_acceptable",
+    413: "payload_too_large",
+    415: "unsupported_media_type",
+}
+
+
+class TenantRequiredError(CronwheelError):
+    """The admin key acted on tenant resources without naming the tenant."""
+
+    status = 400
+    code = "tenant_required"
+
+
+def error_response(
+    status: int,
+    code: str,
+    message: str,
+    *,
+    field: str | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> JSONResponse:
+    body: dict[str, Any] = {"code": code, "message": message}
+    if field is not None:
+        body["field"] = field
+    return JSONResponse({"error": body}, status_code=status, headers=headers)
+
+
+def _field_of(loc: Sequence[Any]) -> str | None:
+    parts = [str(p) for p in loc]
+    if parts and parts[0] in _LOCATION_PREFIXES:
+        parts = parts[1:]
+    return ".".join(parts) or None
+
+
+def _message_of(error: dict[str, Any], field: str | None) -> str:
+    kind = error.get("type", "")
+    msg = str(error.get("msg", "invalid value"))
+    if kind == "extra_forbidden":
+        msg = "unknown field"
+    elif kind == "missing":
+        msg = "field required"
+    elif msg.startswith(("Value error, ", "Assertion failed, ")):
+        msg = msg.split(", ", 1)[1]
+    elif kind.startswith(("datetime_", "timezone_")):
+        msg += " (write an ISO-8601 instant with an offset, e.g. 2030-01-31T09:30:00Z)"
+    if field is None:
+        return msg
+    return f"{field}: {msg}"
+
+
+def validation_error_body(errors: Sequence[Any]) -> tuple[int, dict[str, Any]]:
+    """The status and JSON body for a list of Pydantic/FastAPI error dicts."""
+    if not errors:
+        return 422, {"error": {"code": "invalid_request", "message": "invalid request"}}
+    first = errors[0]
+    if first.get("type") == "json_invalid":
+        detail = first.get("ctx", {}).get("error", "malformed JSON")
+        return 400, {
+            "error": {
+                "code": "invalid_json",
+                "message": f"the request body is not valid JSON: {detail}",
+            }
+        }
+    loc = tuple(first.get("loc", ()))
+    if loc == ("body",) and first.get("type") == "missing":
+        return 422, {
+            "error": {"code": "invalid_request", "message": "a JSON request body is required"}
+        }
+    field = _field_of(loc)
+    body: dict[str, Any] = {"code": "invalid_request", "message": _message_of(first, field)}
+    if field is not None:
+        body["field"] = field
+    if len(errors) > 1:
+        body["details"] = {
+            "errors": [
+                {"field": _field_of(e.get("loc", ())), "message": _message_of(e, None)}
+                for e in errors
+            ]
+        }
+    return 422, {"error": body}
+
+
+async def _cronwheel_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, CronwheelError)
+    headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, AuthError) else None
+    return JSONResponse(exc.to_dict(), status_code=exc.status, headers=headers)
+
+
+async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    status, body = validation_error_body(exc.errors())
+    return JSONResponse(body, status_code=status)
+
+
+async def _http_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    code = _HTTP_CODES.get(exc.status_code, f"http_{exc.status_code}")
+    if exc.status_code == 404:
+        message = f"no such endpoint: {request.method} {request.url.path}"
+    elif exc.status_code == 405:
+        message = f"method {request.method} is not allowed on {request.url.path}"
+    else:
+        message = str(exc.detail)
+    return error_response(exc.status_code, code, message, headers=exc.headers)
+
+
+async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
+    log.error(
+        "unhandled error on %s %s",
+        request.method,
+        request.url.path,
+        exc_info=exc,
+        extra={"event": "api.unhandled_error"},
+    )
+    return error_response(500, "internal_error", "internal server error")
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(CronwheelError, _cronwheel_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(Exception, _unexpected_error)

@@ -1,0 +1,146 @@
+"""Prometheus metrics shared by the API and the scheduler.
+
+Every metric lives in :data:`REGISTRY`, a dedicated registry rather than the process
+default, so that creating several apps (tests, an embedded server) never registers a
+metric twice and nothing foreign leaks into ``/metrics``.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import generate_latest
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from cronwheel.domain.states import RunState
+from cronwheel.store.base import Store
+
+__all__ = [
+    "API_REQUESTS",
+    "API_REQUEST_DURATION",
+    "CONTENT_TYPE_LATEST",
+    "DISPATCH_LATENESS",
+    "LATENESS_BUCKETS",
+    "REGISTRY",
+    "RUNS_BY_STATE",
+    "START_LATENESS",
+    "MetricsMiddleware",
+    "RunsByStateRefresher",
+    "observe_start_lateness",
+    "render",
+]
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+# 1 ms … 60 s: the dispatch target is 500 ms, so the resolution is finest below it.
+LATENESS_BUCKETS: tuple[float, ...] = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+)
+
+DISPATCH_LATENESS = Histogram(
+    "cronwheel_dispatch_lateness_seconds",
+    "Time from a run's fire instant to its dispatch (observed by the scheduler).",
+    buckets=LATENESS_BUCKETS,
+    registry=REGISTRY,
+)
+START_LATENESS = Histogram(
+    "cronwheel_start_lateness_seconds",
+    "Time from a run's due instant to a worker leasing its first attempt.",
+    buckets=LATENESS_BUCKETS,
+    registry=REGISTRY,
+)
+RUNS_BY_STATE = Gauge(
+    "cronwheel_runs",
+    "Runs in the store by state (refreshed at scrape time).",
+    ["state"],
+    registry=REGISTRY,
+)
+API_REQUESTS = Counter(
+    "cronwheel_api_requests",
+    "API requests by route template, method and status.",
+    ["route", "method", "status"],
+    registry=REGISTRY,
+)
+API_REQUEST_DURATION = Histogram(
+    "cronwheel_api_request_duration_seconds",
+    "API request duration by route template (long-polls included).",
+    ["route"],
+    buckets=LATENESS_BUCKETS,
+    registry=REGISTRY,
+)
+
+
+def observe_start_lateness(*, due_at: datetime, started_at: datetime) -> None:
+    START_LATENESS.observe(max(0.0, (started_at - due_at).total_seconds()))
+
+
+class RunsByStateRefresher:
+    """Counting runs by state scans a large table: at most one count per ``max_age``
+    seconds, however often Prometheus (or several of them) scrape."""
+
+    def __init__(self, store: Store, *, max_age: float = 5.0) -> None:
+        self._store = store
+        self.max_age = max_age
+        self._refreshed_at: float | None = None
+
+    async def refresh(self) -> None:
+        now = time.monotonic()
+        if self._refreshed_at is not None and now - self._refreshed_at < self.max_age:
+            return
+        counts = await self._store.runs_count_by_state()
+        for state in RunState:
+            RUNS_BY_STATE.labels(state=state.value).set(counts.get(state.value, 0))
+        self._refreshed_at = now
+
+
+def render() -> bytes:
+    return generate_latest(REGISTRY)
+
+
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+
+
+class MetricsMiddleware:
+    """Counts every HTTP request by its route *template* (``/v1/jobs/{job_id}``), never
+    by its raw path, so label cardinality stays bounded."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = 500
+        started = time.perf_counter()
+
+        async def send_wrapper(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            route = scope.get("route")
+            template = getattr(route, "path", None) or "unmatched"
+            method = scope["method"] if scope["method"] in _METHODS else "OTHER"
+            API_REQUESTS.labels(route=template, method=method, status=str(status)).inc()
+            API_REQUEST_DURATION.labels(route=template).observe(time.perf_counter() - started)

@@ -1,0 +1,59 @@
+"""Probes and metrics: no API key, so load balancers and Prometheus can reach them."""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from cronwheel.api.errors import error_response
+from cronwheel.api.metrics import CONTENT_TYPE_LATEST, render
+from cronwheel.api.routers.common import api_state
+from cronwheel.api.schemas import ErrorResponse
+from cronwheel.domain.errors import CronwheelError
+
+__all__ = ["router"]
+
+log = logging.getLogger("cronwheel.api")
+
+router = APIRouter(tags=["operations"])
+
+
+@router.get("/healthz", summary="Liveness: the process answers (no database access)")
+async def healthz() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@router.get(
+    "/readyz",
+    summary="Readiness: the store answers",
+    responses={503: {"model": ErrorResponse, "description": "The store does not answer"}},
+)
+async def readyz(request: Request) -> JSONResponse:
+    try:
+        await api_state(request).store.ping()
+    except Exception as exc:
+        log.warning("store not ready: %s", exc, extra={"event": "api.not_ready"})
+        message = exc.message if isinstance(exc, CronwheelError) else "the store does not answer"
+        return error_response(503, "store_unavailable", message)
+    return JSONResponse({"status": "ready"})
+
+
+@router.get(
+    "/metrics",
+    summary="Prometheus metrics",
+    response_class=Response,
+    responses={200: {"content": {CONTENT_TYPE_LATEST: {}}, "description": "text format"}},
+)
+async def metrics(request: Request) -> Response:
+    try:
+        await api_state(request).runs_by_state.refresh()
+    except Exception:
+        # A scrape should still show everything else when the count fails.
+        log.warning(
+            "runs by state not refreshed",
+            exc_info=True,
+            extra={"event": "api.metrics_refresh_failed"},
+        )
+    return Response(render(), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,186 @@
+"""Runs: history with filters, one run with its attempts and events, cancel."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+
+from fastapi import APIRouter, Body, Depends, Query, Request
+from pydantic import AwareDatetime
+
+from cronwheel.api.auth import TenantScope, tenant_reader, tenant_writer
+from cronwheel.api.routers.common import api_state, parse_id
+from cronwheel.api.schemas import (
+    ERROR_RESPONSES,
+    AttemptOut,
+    CancelRequest,
+    ErrorResponse,
+    EventOut,
+    RunDetail,
+    RunList,
+    RunOut,
+)
+from cronwheel.domain.errors import ValidationError
+from cronwheel.domain.model import Attempt, Event, Run
+from cronwheel.domain.states import RunState
+from cronwheel.store.base import RunFilter
+
+__all__ = ["attempt_out", "event_out", "router", "run_fields", "run_out"]
+
+router = APIRouter(prefix="/v1/runs", tags=["runs"], responses=ERROR_RESPONSES)
+
+_EVENTS_PER_RUN = 500
+
+
+def _ms_between(start: datetime, end: datetime | None) -> float | None:
+    if end is None:
+        return None
+    return round((end - start).total_seconds() * 1000, 3)
+
+
+def run_fields(run: Run) -> dict[str, object]:
+    return {
+        "id": run.id,
+        "tenant_id": run.tenant_id,
+        "job_id": run.job_id,
+        "job_name": run.job_name,
+        "state": str(run.state),
+        "due_at": run.due_at,
+        "due_local": run.due_local,
+        "fire_at": run.fire_at,
+        "created_at": run.created_at,
+        "dispatched_at": run.dispatched_at,
+        "started_at": run.started_at,
+        "finished_at": run.finished_at,
+        # Lateness is measured from fire_at, the instant this try was meant to go out:
+        # for a first try it is the due instant, for a retry the end of its backoff.
+        "dispatch_lateness_ms": _ms_between(run.fire_at, run.dispatched_at),
+        "start_lateness_ms": _ms_between(run.fire_at, run.started_at),
+        "priority": run.priority,
+        "pool": run.pool,
+        "requires": run.requires,
+        "tags": run.tags,
+        "task": run.task,
+        "webhook": run.webhook,
+        "payload": run.payload,
+        "attempt": run.attempt,
+        "max_attempts": run.max_attempts,
+        "timeout": run.timeout,
+        "heartbeat_timeout": run.heartbeat_timeout,
+        "reason": run.reason,
+        "last_error": run.last_error,
+        "result": run.result,
+    }
+
+
+def run_out(run: Run) -> RunOut:
+    return RunOut.model_validate(run_fields(run))
+
+
+def attempt_out(attempt: Attempt) -> AttemptOut:
+    return AttemptOut(
+        id=attempt.id,
+        number=attempt.number,
+        state=str(attempt.state),
+        worker_id=attempt.worker_id,
+        fencing_token=attempt.fencing_token,
+        started_at=attempt.started_at,
+        heartbeat_at=attempt.heartbeat_at,
+        lease_expires_at=attempt.lease_expires_at,
+        deadline=attempt.deadline,
+        finished_at=attempt.finished_at,
+        error=attempt.error,
+        result=attempt.result,
+    )
+
+
+def event_out(event: Event) -> EventOut:
+    return EventOut(
+        id=event.id,
+        at=event.at,
+        kind=event.kind,
+        attempt_id=event.attempt_id,
+        from_state=event.from_state,
+        to_state=event.to_state,
+        actor=event.actor,
+        reason=event.reason,
+        data=event.data or {},
+    )
+
+
+def _states(values: list[str] | None) -> list[str] | None:
+    if not values:
+        return None
+    names = [v.strip().upper() for value in values for v in value.split(",") if v.strip()]
+    known = {s.value for s in RunState}
+    for name in names:
+        if name not in known:
+            raise ValidationError(
+                f"state: unknown run state {name!r}; one of {', '.join(sorted(known))}",
+                field="state",
+            )
+    return names or None
+
+
+@router.get("", summary="List runs")
+async def list_runs(
+    request: Request,
+    scope: TenantScope = Depends(tenant_reader),
+    job_id: uuid.UUID | None = Query(default=None),
+    state: list[str] | None = Query(
+        default=None, description="repeat the parameter or separate states by commas"
+    ),
+    since: AwareDatetime | None = Query(default=None, description="due at or after"),
+    until: AwareDatetime | None = Query(default=None, description="due before"),
+    tag: str | None = Query(default=None, max_length=100),
+    cursor: str | None = Query(default=None, max_length=500),
+    limit: int = Query(default=100, ge=1, le=500),
+) -> RunList:
+    """Newest first; pass ``next_cursor`` as ``cursor`` for the next page."""
+    if since is not None and until is not None and until <= since:
+        raise ValidationError("until: must be after 'since'", field="until")
+    run_filter = RunFilter(job_id=job_id, states=_states(state), since=since, until=until, tag=tag)
+    page = await api_state(request).store.runs_list(
+        scope.tenant_id, filter=run_filter, cursor=cursor, limit=limit
+    )
+    return RunList(items=[run_out(r) for r in page.items], next_cursor=page.next_cursor)
+
+
+@router.get("/{run_id}", summary="Read a run with its attempts and events")
+async def get_run(
+    run_id: str, request: Request, scope: TenantScope = Depends(tenant_reader)
+) -> RunDetail:
+    store = api_state(request).store
+    run = await store.runs_get(scope.tenant_id, parse_id(run_id, "run"))
+    attempts = await store.attempts_list(scope.tenant_id, run_id=run.id)
+    events = await store.events_list(scope.tenant_id, run_id=run.id, limit=_EVENTS_PER_RUN)
+    return RunDetail.model_validate(
+        {
+            **run_fields(run),
+            "attempts": [attempt_out(a) for a in attempts],
+            "events": [event_out(e) for e in events.items],
+            "events_next_cursor": events.next_cursor,
+        }
+    )
+
+
+@router.post(
+    "/{run_id}/cancel",
+    summary="Cancel a run",
+    responses={409: {"model": ErrorResponse, "description": "The run is already over"}},
+)
+async def cancel_run(
+    run_id: str,
+    request: Request,
+    body: CancelRequest | None = Body(default=None),
+    scope: TenantScope = Depends(tenant_writer),
+) -> RunOut:
+    """A run not yet leased is cancelled at once; a running one is asked to stop and
+    its worker learns it on its next heartbeat."""
+    run = await api_state(request).store.runs_cancel(
+        scope.tenant_id,
+        parse_id(run_id, "run"),
+        actor=scope.principal.actor,
+        reason=body.reason if body else None,
+    )
+    return run_out(run)

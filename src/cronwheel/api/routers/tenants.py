@@ -1,0 +1,115 @@
+"""Tenants and their API keys (admin only)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Query, Request, status
+
+from cronwheel.api.auth import Principal, generate_key, require_admin
+from cronwheel.api.routers.common import api_state, parse_id
+from cronwheel.api.schemas import (
+    ERROR_RESPONSES,
+    KeyCreate,
+    KeyCreated,
+    TenantCreate,
+    TenantCreated,
+    TenantList,
+    TenantOut,
+    TenantUpdate,
+)
+from cronwheel.domain.model import Tenant
+from cronwheel.domain.spec import TenantLimits
+
+__all__ = ["router"]
+
+router = APIRouter(prefix="/v1/tenants", tags=["tenants"], responses=ERROR_RESPONSES)
+
+
+def tenant_out(tenant: Tenant) -> TenantOut:
+    return TenantOut(
+        id=tenant.id, name=tenant.name, limits=tenant.limits, created_at=tenant.created_at
+    )
+
+
+@router.post("", status_code=status.HTTP_201_CREATED, summary="Create a tenant")
+async def create_tenant(
+    body: TenantCreate, request: Request, principal: Principal = Depends(require_admin)
+) -> TenantCreated:
+    """Creates the tenant and an operator key for it; the key is shown only here."""
+    store = api_state(request).store
+    limits = (body.limits or TenantLimits()).model_dump(mode="json")
+    tenant = await store.tenants_create(name=body.name, limits=limits, actor=principal.actor)
+    key, key_hash, prefix = generate_key()
+    record = await store.api_keys_create(
+        tenant.id, role="operator", key_hash=key_hash, prefix=prefix
+    )
+    return TenantCreated(
+        id=tenant.id,
+        name=tenant.name,
+        limits=tenant.limits,
+        created_at=tenant.created_at,
+        api_key=key,
+        key_id=record.id,
+        key_prefix=record.prefix,
+    )
+
+
+@router.get("", summary="List tenants")
+async def list_tenants(
+    request: Request,
+    cursor: str | None = Query(default=None, max_length=500),
+    limit: int = Query(default=100, ge=1, le=500),
+    principal: Principal = Depends(require_admin),
+) -> TenantList:
+    page = await api_state(request).store.tenants_list(cursor=cursor, limit=limit)
+    return TenantList(items=[tenant_out(t) for t in page.items], next_cursor=page.next_cursor)
+
+
+@router.get("/{tenant_id}", summary="Read a tenant")
+async def get_tenant(
+    tenant_id: str, request: Request, principal: Principal = Depends(require_admin)
+) -> TenantOut:
+    tenant = await api_state(request).store.tenants_get(parse_id(tenant_id, "tenant"))
+    return tenant_out(tenant)
+
+
+@router.patch("/{tenant_id}", summary="Change a tenant's limits")
+async def update_tenant(
+    tenant_id: str,
+    body: TenantUpdate,
+    request: Request,
+    principal: Principal = Depends(require_admin),
+) -> TenantOut:
+    """Only the limits named in the body change; the others keep their values."""
+    store = api_state(request).store
+    tid = parse_id(tenant_id, "tenant")
+    current = await store.tenants_get(tid)
+    known = {k: v for k, v in current.limits.items() if k in TenantLimits.model_fields}
+    merged = TenantLimits.model_validate({**known, **body.limits.model_dump(exclude_unset=True)})
+    tenant = await store.tenants_update(
+        tid, limits=merged.model_dump(mode="json"), actor=principal.actor
+    )
+    return tenant_out(tenant)
+
+
+@router.post("/{tenant_id}/keys", status_code=status.HTTP_201_CREATED, summary="Create an API key")
+async def create_key(
+    tenant_id: str,
+    body: KeyCreate,
+    request: Request,
+    principal: Principal = Depends(require_admin),
+) -> KeyCreated:
+    """A new key of ``role`` for the tenant; the key is shown only in this answer."""
+    store = api_state(request).store
+    tenant = await store.tenants_get(parse_id(tenant_id, "tenant"))
+    key, key_hash, prefix = generate_key()
+    record = await store.api_keys_create(
+        tenant.id, role=body.role, key_hash=key_hash, prefix=prefix
+    )
+    return KeyCreated(
+        id=record.id,
+        tenant_id=tenant.id,
+        role=record.role,
+        prefix=record.prefix,
+        api_key=key,
+        created_at=record.created_at,
+    )

@@ -1,0 +1,397 @@
+"""The worker protocol: register, lease (long-poll), heartbeat, complete, fail, release.
+
+Every call about an attempt carries its fencing token; a stale one (the lease was lost
+and the run handed to someone else) answers 409 ``stale_fencing_token`` and changes
+nothing. Tenant keys only reach their own tenant's workers and attempts: anything else
+is 404, exactly like an unknown id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections import defaultdict, deque
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import timedelta
+from typing import Any, TypeVar
+
+from fastapi import APIRouter, Depends, Request
+
+from cronwheel.api.auth import Principal, require_worker
+from cronwheel.api.metrics import observe_start_lateness
+from cronwheel.api.routers.common import ApiState, api_state, check_json_size, parse_id
+from cronwheel.api.schemas import (
+    ERROR_RESPONSES,
+    AttemptRef,
+    AttemptResultOut,
+    BatchOut,
+    BatchRequest,
+    CompleteRequest,
+    ErrorResponse,
+    FailRequest,
+    FencedRequest,
+    HeartbeatOut,
+    LeasedAttemptOut,
+    LeaseOut,
+    LeaseRequest,
+    OutcomeOut,
+    WorkerRegister,
+    WorkerRegistered,
+)
+from cronwheel.domain.errors import NotFoundError, StaleFencingTokenError, ValidationError
+from cronwheel.domain.model import AttemptOutcome, LeasedAttempt, Worker
+from cronwheel.store.base import CompleteItem, FailItem, HeartbeatItem
+
+__all__ = ["router"]
+
+router = APIRouter(tags=["worker protocol"], responses=ERROR_RESPONSES)
+
+_STALE: dict[int | str, dict[str, Any]] = {
+    409: {"model": ErrorResponse, "description": "Stale fencing token; nothing changed"}
+}
+
+Item = TypeVar("Item", HeartbeatItem, CompleteItem, FailItem)
+
+
+# -- registration and leasing ----------------------------------------------------------
+
+
+@router.post("/v1/workers", summary="Register a worker")
+async def register_worker(
+    body: WorkerRegister, request: Request, principal: Principal = Depends(require_worker)
+) -> WorkerRegistered:
+    """A worker key with a tenant registers a worker of that tenant; a key without one
+    (or the admin key) registers a worker that serves every tenant of its pool."""
+    state = api_state(request)
+    worker = await state.store.workers_register(
+        principal.tenant_id,
+        pool=body.pool,
+        capabilities=body.capabilities,
+        tags=body.tags,
+        capacity=body.capacity,
+        name=body.name,
+    )
+    state.workers.put(worker.id, worker)
+    return WorkerRegistered(
+        worker_id=worker.id,
+        tenant_id=worker.tenant_id,
+        heartbeat_interval=state.settings.heartbeat_interval,
+        lease_wait_max=state.settings.lease_wait_max,
+    )
+
+
+async def _own_worker(state: ApiState, principal: Principal, raw_id: str) -> Worker:
+    worker_id = parse_id(raw_id, "worker")
+    worker = state.workers.get(worker_id)
+    if worker is None:
+        worker = await state.store.workers_get(worker_id)
+        state.workers.put(worker_id, worker)
+    if not principal.is_admin and worker.tenant_id != principal.tenant_id:
+        raise NotFoundError(f"no worker {worker_id}")
+    return worker
+
+
+def _leased_out(item: LeasedAttempt) -> LeasedAttemptOut:
+    return LeasedAttemptOut(
+        attempt_id=item.attempt_id,
+        run_id=item.run_id,
+        job_id=item.job_id,
+        tenant_id=item.tenant_id,
+        attempt=item.number,
+        task=item.task,
+        webhook=item.webhook,
+        payload=item.payload,
+        fencing_token=item.fencing_token,
+        lease_expires_at=item.lease_expires_at,
+        deadline=item.deadline,
+        due_at=item.due_at,
+        heartbeat_timeout=item.heartbeat_timeout,
+    )
+
+
+def _record_leased(state: ApiState, leased: Sequence[LeasedAttempt]) -> None:
+    for item in leased:
+        state.attempt_tenants.put(item.attempt_id, item.tenant_id)
+        # Only first tries: a retry's due instant lies before its backoff, which would
+        # count the backoff as lateness.
+        if item.number == 1:
+            started_at = item.lease_expires_at - timedelta(seconds=item.heartbeat_timeout)
+            observe_start_lateness(due_at=item.due_at, started_at=started_at)
+
+
+@router.post("/v1/workers/{worker_id}/lease", summary="Lease runs (long-poll)")
+async def lease(
+    worker_id: str,
+    body: LeaseRequest,
+    request: Request,
+    principal: Principal = Depends(require_worker),
+) -> LeaseOut:
+    """Up to ``max`` runs the worker can execute, highest priority then oldest first.
+    When none is ready, waits up to ``wait`` seconds for one and answers as soon as it
+    is dispatched; an empty list means none came."""
+    state = api_state(request)
+    if body.wait > state.settings.lease_wait_max:
+        raise ValidationError(
+            f"wait: at most {state.settings.lease_wait_max:g} seconds", field="wait"
+        )
+    worker = await _own_worker(state, principal, worker_id)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + body.wait
+    while True:
+        # The ticket is taken before leasing so that a run dispatched in between wakes us.
+        ticket = state.notifier.ticket(worker.pool) if body.wait > 0 else None
+        leased = await state.store.attempts_lease(worker=worker, max=body.max)
+        remaining = deadline - loop.time()
+        if leased or ticket is None or remaining <= 0 or state.notifier.closed:
+            break
+        if await request.is_disconnected():
+            break
+        await state.notifier.wait(ticket, min(state.lease_poll_interval, remaining))
+    _record_leased(state, leased)
+    return LeaseOut(attempts=[_leased_out(a) for a in leased])
+
+
+# -- attempts --------------------------------------------------------------------------
+
+
+async def _visible(state: ApiState, principal: Principal, attempt_id: uuid.UUID) -> bool:
+    """Whether this principal may touch the attempt: a tenant key only its tenant's
+    (unknown ids are not visible), an admin or tenant-less worker key every tenant's."""
+    if principal.tenant_id is None:
+        return True
+    tenant_id = state.attempt_tenants.get(attempt_id)
+    if tenant_id is None:
+        try:
+            attempt = await state.store.attempts_get(attempt_id)
+        except NotFoundError:
+            return False
+        tenant_id = attempt.tenant_id
+        state.attempt_tenants.put(attempt_id, tenant_id)
+    return tenant_id == principal.tenant_id
+
+
+async def _apply(
+    state: ApiState,
+    principal: Principal,
+    items: Sequence[Item],
+    call: Callable[[Sequence[Item]], Awaitable[list[AttemptOutcome]]],
+) -> list[OutcomeOut]:
+    """Run one store batch over the items this principal may touch; the others answer
+    ``not_found`` without reaching the store. Outcomes keep the order of ``items``."""
+    if not items:
+        return []
+    allowed = [await _visible(state, principal, item.attempt_id) for item in items]
+    passed = [item for item, ok in zip(items, allowed, strict=True) if ok]
+    by_attempt: dict[uuid.UUID, deque[AttemptOutcome]] = defaultdict(deque)
+    for result in await call(passed) if passed else []:
+        by_attempt[result.attempt_id].append(result)
+    answers: list[OutcomeOut] = []
+    for item, ok in zip(items, allowed, strict=True):
+        queue = by_attempt.get(item.attempt_id)
+        outcome = queue.popleft() if ok and queue else None
+        if outcome is None or (not outcome.ok and not await _exists(state, item.attempt_id)):
+            answers.append(OutcomeOut(attempt_id=item.attempt_id, ok=False, error="not_found"))
+        else:
+            answers.append(_outcome_out(outcome))
+    return answers
+
+
+async def _exists(state: ApiState, attempt_id: uuid.UUID) -> bool:
+    """Tells an unknown attempt from a stale token (the store answers both as not ok).
+    Asked only about refused items, and known attempts are cached, so it costs a query
+    only for a refused id this node has never seen."""
+    if state.attempt_tenants.get(attempt_id) is not None:
+        return True
+    try:
+        attempt = await state.store.attempts_get(attempt_id)
+    except NotFoundError:
+        return False
+    state.attempt_tenants.put(attempt_id, attempt.tenant_id)
+    return True
+
+
+def _outcome_out(outcome: AttemptOutcome) -> OutcomeOut:
+    return OutcomeOut(
+        attempt_id=outcome.attempt_id,
+        ok=outcome.ok,
+        error=None if outcome.ok else (outcome.error_code or "stale_fencing_token"),
+        lease_expires_at=outcome.lease_expires_at,
+        cancel_requested=outcome.cancel_requested,
+        run_state=str(outcome.run_state) if outcome.run_state is not None else None,
+    )
+
+
+def _single(outcomes: list[OutcomeOut]) -> OutcomeOut:
+    """The one outcome of a single-item call, or its error."""
+    [outcome] = outcomes
+    if outcome.ok:
+        return outcome
+    if outcome.error == "not_found":
+        raise NotFoundError(f"no attempt {outcome.attempt_id}")
+    raise StaleFencingTokenError(
+        "stale fencing token: this attempt's lease is no longer yours; nothing was changed",
+        field="fencing_token",
+    )
+
+
+def _result_out(outcome: OutcomeOut) -> AttemptResultOut:
+    return AttemptResultOut(attempt_id=outcome.attempt_id, ok=True, run_state=outcome.run_state)
+
+
+@router.post("/v1/attempts/{attempt_id}/heartbeat", summary="Extend a lease", responses=_STALE)
+async def heartbeat(
+    attempt_id: str,
+    body: FencedRequest,
+    request: Request,
+    principal: Principal = Depends(require_worker),
+) -> HeartbeatOut:
+    """Extends the lease by the run's heartbeat timeout; ``cancel_requested`` asks the
+    worker to stop the run."""
+    state = api_state(request)
+    item = HeartbeatItem(
+        attempt_id=parse_id(attempt_id, "attempt"), fencing_token=body.fencing_token
+    )
+    outcome = _single(
+        await _apply(
+            state,
+            principal,
+            [item],
+            lambda items: state.store.attempts_heartbeat_many(items=items),
+        )
+    )
+    return HeartbeatOut(
+        attempt_id=outcome.attempt_id,
+        lease_expires_at=outcome.lease_expires_at,
+        cancel_requested=outcome.cancel_requested,
+    )
+
+
+@router.post("/v1/attempts/{attempt_id}/complete", summary="Complete an attempt", responses=_STALE)
+async def complete(
+    attempt_id: str,
+    body: CompleteRequest,
+    request: Request,
+    principal: Principal = Depends(require_worker),
+) -> AttemptResultOut:
+    state = api_state(request)
+    check_json_size(body.result, limit=state.settings.max_payload_bytes, field="result")
+    item = CompleteItem(
+        attempt_id=parse_id(attempt_id, "attempt"),
+        fencing_token=body.fencing_token,
+        result=body.result,
+    )
+    outcome = _single(
+        await _apply(
+            state,
+            principal,
+            [item],
+            lambda items: state.store.attempts_complete_many(items=items),
+        )
+    )
+    return _result_out(outcome)
+
+
+@router.post("/v1/attempts/{attempt_id}/fail", summary="Fail an attempt", responses=_STALE)
+async def fail(
+    attempt_id: str,
+    body: FailRequest,
+    request: Request,
+    principal: Principal = Depends(require_worker),
+) -> AttemptResultOut:
+    """The run is retried after its backoff while attempts remain and ``retryable``;
+    otherwise it ends DEAD_LETTER (retries exhausted) or FAILED (not retryable)."""
+    state = api_state(request)
+    item = FailItem(
+        attempt_id=parse_id(attempt_id, "attempt"),
+        fencing_token=body.fencing_token,
+        error=body.error,
+        retryable=body.retryable,
+    )
+    outcome = _single(
+        await _apply(
+            state,
+            principal,
+            [item],
+            lambda items: state.store.attempts_fail_many(items=items),
+        )
+    )
+    return _result_out(outcome)
+
+
+@router.post("/v1/attempts/{attempt_id}/release", summary="Hand an attempt back", responses=_STALE)
+async def release(
+    attempt_id: str,
+    body: FencedRequest,
+    request: Request,
+    principal: Principal = Depends(require_worker),
+) -> AttemptResultOut:
+    """For a worker shutting down: the run is ready again at once and the try is not
+    counted."""
+    state = api_state(request)
+    item = HeartbeatItem(
+        attempt_id=parse_id(attempt_id, "attempt"), fencing_token=body.fencing_token
+    )
+    outcome = _single(
+        await _apply(
+            state,
+            principal,
+            [item],
+            lambda items: state.store.attempts_release_many(items=items),
+        )
+    )
+    return _result_out(outcome)
+
+
+def _refs(items: Sequence[AttemptRef]) -> list[HeartbeatItem]:
+    return [HeartbeatItem(attempt_id=i.attempt_id, fencing_token=i.fencing_token) for i in items]
+
+
+@router.post("/v1/attempts/batch", summary="Heartbeat, complete, fail and release many")
+async def batch(
+    body: BatchRequest, request: Request, principal: Principal = Depends(require_worker)
+) -> BatchOut:
+    """One request, one store statement per kind. Each item has its own outcome; a stale
+    token fails only its item."""
+    state = api_state(request)
+    limit = state.settings.max_payload_bytes
+    for index, completion in enumerate(body.completions):
+        check_json_size(completion.result, limit=limit, field=f"completions.{index}.result")
+    store = state.store
+    heartbeats = await _apply(
+        state,
+        principal,
+        _refs(body.heartbeats),
+        lambda items: store.attempts_heartbeat_many(items=items),
+    )
+    completions = await _apply(
+        state,
+        principal,
+        [
+            CompleteItem(attempt_id=c.attempt_id, fencing_token=c.fencing_token, result=c.result)
+            for c in body.completions
+        ],
+        lambda items: store.attempts_complete_many(items=items),
+    )
+    failures = await _apply(
+        state,
+        principal,
+        [
+            FailItem(
+                attempt_id=f.attempt_id,
+                fencing_token=f.fencing_token,
+                error=f.error,
+                retryable=f.retryable,
+            )
+            for f in body.failures
+        ],
+        lambda items: store.attempts_fail_many(items=items),
+    )
+    releases = await _apply(
+        state,
+        principal,
+        _refs(body.releases),
+        lambda items: store.attempts_release_many(items=items),
+    )
+    return BatchOut(
+        heartbeats=heartbeats, completions=completions, failures=failures, releases=releases
+    )

@@ -1,0 +1,362 @@
+"""Request and response bodies of the REST API (the job itself is
+:class:`cronwheel.domain.spec.JobSpec`).
+
+Requests forbid unknown fields so a typo is an error. Every instant in a response is
+UTC with ``Z``; where a time zone applies the local form with its offset sits beside it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+from cronwheel.domain.spec import TenantLimits
+
+__all__ = [
+    "ERROR_RESPONSES",
+    "AttemptOut",
+    "AttemptRef",
+    "AttemptResultOut",
+    "BatchOut",
+    "BatchRequest",
+    "CancelRequest",
+    "CompleteItemIn",
+    "CompleteRequest",
+    "ErrorDetail",
+    "ErrorResponse",
+    "EventOut",
+    "FailItemIn",
+    "FailRequest",
+    "FencedRequest",
+    "HeartbeatOut",
+    "JobList",
+    "JobOut",
+    "KeyCreate",
+    "KeyCreated",
+    "LeaseOut",
+    "LeaseRequest",
+    "LeasedAttemptOut",
+    "OutcomeOut",
+    "RunDetail",
+    "RunList",
+    "RunOut",
+    "TenantCreate",
+    "TenantCreated",
+    "TenantList",
+    "TenantOut",
+    "TenantUpdate",
+    "UtcInstant",
+    "WorkerRegister",
+    "WorkerRegistered",
+]
+
+
+def _to_utc(value: datetime) -> datetime:
+    return value.astimezone(UTC)
+
+
+UtcInstant = Annotated[datetime, AfterValidator(_to_utc)]
+
+
+class _In(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+# -- errors ----------------------------------------------------------------------------
+
+
+class ErrorDetail(_Out):
+    code: str = Field(description="stable machine-readable code, e.g. `invalid_schedule`")
+    message: str = Field(description="what went wrong, for people")
+    field: str | None = Field(default=None, description="dotted path of the offending field")
+    details: dict[str, Any] | None = None
+
+
+class ErrorResponse(_Out):
+    error: ErrorDetail
+
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorResponse, "description": "Malformed request (bad JSON, no tenant)"},
+    401: {"model": ErrorResponse, "description": "Missing or invalid API key"},
+    403: {"model": ErrorResponse, "description": "The key's role does not allow this"},
+    404: {"model": ErrorResponse, "description": "Unknown id, or another tenant's"},
+    413: {"model": ErrorResponse, "description": "Request body or payload too large"},
+    422: {"model": ErrorResponse, "description": "Invalid input; `field` names it"},
+}
+
+
+# -- tenants ---------------------------------------------------------------------------
+
+
+class TenantCreate(_In):
+    name: str = Field(
+        min_length=1,
+        max_length=200,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+        description="unique; letters, digits, '.', '_' and '-'",
+    )
+    limits: TenantLimits | None = None
+
+
+class TenantUpdate(_In):
+    limits: TenantLimits = Field(description="only the fields given change")
+
+
+class TenantOut(_Out):
+    id: uuid.UUID
+    name: str
+    limits: dict[str, Any]
+    created_at: UtcInstant
+
+
+class TenantCreated(TenantOut):
+    api_key: str = Field(description="an operator key for the tenant; shown only once")
+    key_id: uuid.UUID
+    key_prefix: str
+
+
+class TenantList(_Out):
+    items: list[TenantOut]
+    next_cursor: str | None
+
+
+class KeyCreate(_In):
+    role: Literal["operator", "viewer", "worker"]
+
+
+class KeyCreated(_Out):
+    id: uuid.UUID
+    tenant_id: uuid.UUID
+    role: str
+    prefix: str
+    api_key: str = Field(description="the key; shown only once")
+    created_at: UtcInstant
+
+
+# -- jobs ------------------------------------------------------------------------------
+
+
+class JobOut(_Out):
+    id: uuid.UUID
+    tenant_id: uuid.UUID
+    name: str
+    state: str = Field(description="active | paused | cancelled | finished")
+    schedule: dict[str, Any]
+    task: str | None
+    webhook: dict[str, Any] | None
+    payload: dict[str, Any]
+    pool: str
+    requires: list[str]
+    tags: list[str]
+    priority: int
+    retry: dict[str, Any]
+    timeout: float
+    heartbeat_timeout: float
+    next_due_at: UtcInstant | None
+    version: int
+    created_at: UtcInstant
+    updated_at: UtcInstant
+    idempotency_key: str | None = None
+    first_run_id: uuid.UUID | None = Field(
+        default=None, description="the run created with the job (in the answer to its creation)"
+    )
+
+
+class JobList(_Out):
+    items: list[JobOut]
+    next_cursor: str | None
+
+
+class CancelRequest(_In):
+    reason: str | None = Field(default=None, max_length=1000)
+
+
+# -- runs ------------------------------------------------------------------------------
+
+
+class RunOut(_Out):
+    id: uuid.UUID
+    tenant_id: uuid.UUID
+    job_id: uuid.UUID
+    job_name: str | None
+    state: str = Field(description="SCHEDULED | DISPATCHED | RUNNING | SUCCESS | FAILED | …")
+    due_at: UtcInstant
+    due_local: str | None = Field(description="the due instant with its local offset")
+    fire_at: UtcInstant = Field(description="when the run is (or was) to be dispatched")
+    created_at: UtcInstant
+    dispatched_at: UtcInstant | None
+    started_at: UtcInstant | None
+    finished_at: UtcInstant | None
+    dispatch_lateness_ms: float | None = Field(description="dispatched_at - fire_at")
+    start_lateness_ms: float | None = Field(description="started_at - fire_at")
+    priority: int
+    pool: str
+    requires: list[str]
+    tags: list[str]
+    task: str | None
+    webhook: dict[str, Any] | None
+    payload: dict[str, Any]
+    attempt: int = Field(description="attempts made so far")
+    max_attempts: int
+    timeout: float
+    heartbeat_timeout: float
+    reason: str | None = Field(description="why the run was skipped, delayed or cancelled")
+    last_error: str | None
+    result: Any = None
+
+
+class AttemptOut(_Out):
+    id: uuid.UUID
+    number: int
+    state: str
+    worker_id: uuid.UUID | None
+    fencing_token: int
+    started_at: UtcInstant
+    heartbeat_at: UtcInstant | None
+    lease_expires_at: UtcInstant
+    deadline: UtcInstant
+    finished_at: UtcInstant | None
+    error: str | None
+    result: Any = None
+
+
+class EventOut(_Out):
+    id: int
+    at: UtcInstant
+    kind: str
+    attempt_id: uuid.UUID | None
+    from_state: str | None
+    to_state: str | None
+    actor: str | None
+    reason: str | None
+    data: dict[str, Any]
+
+
+class RunDetail(RunOut):
+    attempts: list[AttemptOut]
+    events: list[EventOut] = Field(description="the run's history, oldest first")
+    events_next_cursor: str | None = None
+
+
+class RunList(_Out):
+    items: list[RunOut]
+    next_cursor: str | None
+
+
+# -- worker protocol -------------------------------------------------------------------
+
+
+class WorkerRegister(_In):
+    pool: str = Field(default="default", min_length=1, max_length=100)
+    capabilities: list[Annotated[str, Field(min_length=1, max_length=100)]] = Field(
+        default_factory=list, max_length=100
+    )
+    tags: list[Annotated[str, Field(min_length=1, max_length=100)]] = Field(
+        default_factory=list, max_length=100
+    )
+    capacity: int = Field(default=1, ge=1, le=10_000)
+    name: str | None = Field(default=None, max_length=200)
+
+
+class WorkerRegistered(_Out):
+    worker_id: uuid.UUID
+    tenant_id: uuid.UUID | None = Field(description="None: serves every tenant")
+    heartbeat_interval: float = Field(description="seconds between heartbeats")
+    lease_wait_max: float = Field(description="the longest `wait` a lease accepts")
+
+
+class LeaseRequest(_In):
+    max: int = Field(default=1, ge=1, le=1000, description="most attempts to lease")
+    wait: float = Field(default=0.0, ge=0, description="seconds to long-poll when none is ready")
+
+
+class LeasedAttemptOut(_Out):
+    attempt_id: uuid.UUID
+    run_id: uuid.UUID
+    job_id: uuid.UUID
+    tenant_id: uuid.UUID
+    attempt: int = Field(description="the attempt number, 1 for the first try")
+    task: str | None
+    webhook: dict[str, Any] | None
+    payload: dict[str, Any]
+    fencing_token: int = Field(description="send with every call about this attempt")
+    lease_expires_at: UtcInstant
+    deadline: UtcInstant = Field(description="the attempt times out at this instant")
+    due_at: UtcInstant
+    heartbeat_timeout: float
+
+
+class LeaseOut(_Out):
+    attempts: list[LeasedAttemptOut]
+
+
+class FencedRequest(_In):
+    fencing_token: int
+
+
+class CompleteRequest(FencedRequest):
+    result: Any = None
+
+
+class FailRequest(FencedRequest):
+    error: str = Field(min_length=1, max_length=20_000)
+    retryable: bool = True
+
+
+class HeartbeatOut(_Out):
+    attempt_id: uuid.UUID
+    lease_expires_at: UtcInstant | None
+    cancel_requested: bool
+
+
+class AttemptResultOut(_Out):
+    attempt_id: uuid.UUID
+    ok: bool
+    run_state: str | None = Field(default=None, description="the run's state afterwards")
+
+
+class AttemptRef(_In):
+    attempt_id: uuid.UUID
+    fencing_token: int
+
+
+class CompleteItemIn(AttemptRef):
+    result: Any = None
+
+
+class FailItemIn(AttemptRef):
+    error: str = Field(min_length=1, max_length=20_000)
+    retryable: bool = True
+
+
+class BatchRequest(_In):
+    heartbeats: list[AttemptRef] = Field(default_factory=list, max_length=1000)
+    completions: list[CompleteItemIn] = Field(default_factory=list, max_length=1000)
+    failures: list[FailItemIn] = Field(default_factory=list, max_length=1000)
+    releases: list[AttemptRef] = Field(default_factory=list, max_length=1000)
+
+
+class OutcomeOut(_Out):
+    attempt_id: uuid.UUID
+    ok: bool
+    error: str | None = Field(
+        default=None, description="when not ok: `stale_fencing_token` or `not_found`"
+    )
+    lease_expires_at: UtcInstant | None = None
+    cancel_requested: bool = False
+    run_state: str | None = None
+
+
+class BatchOut(_Out):
+    heartbeats: list[OutcomeOut]
+    completions: list[OutcomeOut]
+    failures: list[OutcomeOut]
+    releases: list[OutcomeOut]

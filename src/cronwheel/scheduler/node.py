@@ -1,0 +1,272 @@
+"""A scheduler node: owns shards by lease, keeps their due window in memory, fires due
+runs in batches, and ends attempts whose lease or deadline passed.
+
+::
+
+    start ──▶ measure clock offset ──▶ acquire shard leases ──┐
+                                                              ▼
+          ┌──────────────────────────── run_once() ◀─── wake: timer | notification | stop
+          │  renew leases (every ttl/3) — lost shards leave the window
+          │  expire attempts (every expire_interval)
+          │  refill the window when its horizon comes near; poll for stragglers
+          │  fire what is due: one conditional UPDATE per batch
+          └──────────────────────────────▶ sleep until the next due run or chore
+    stop ──▶ release shard leases (a successor takes over at once)
+
+Every write that fires a run is conditioned, in SQL, on this node holding an unexpired
+lease on the run's shard, so a node that lost its lease (paused, partitioned) fires
+nothing even if its memory still says it should. Time is the database's: the node
+measures its offset from the database clock and fires by corrected time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+
+from cronwheel.api.metrics import DISPATCH_LATENESS
+from cronwheel.domain.model import DueRun
+from cronwheel.domain.sharding import NUM_SHARDS
+from cronwheel.scheduler.window import DueWindow
+from cronwheel.settings import Settings
+from cronwheel.store.base import CHANNEL_RUNS_NEW, Store, Subscription
+
+__all__ = ["Clock", "SchedulerNode"]
+
+log = logging.getLogger("cronwheel.scheduler")
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class Clock:
+    """Local time corrected by the measured offset from the database clock."""
+
+    def __init__(
+        self, local: Callable[[], datetime] = _utcnow, *, offset: timedelta | None = None
+    ) -> None:
+        """``offset`` fixes the correction (tests); otherwise it is measured."""
+        self.local = local
+        self.fixed = offset is not None
+        self.offset = offset or timedelta(0)
+        self.round_trip = timedelta(0)
+
+    def now(self) -> datetime:
+        return self.local() + self.offset
+
+    def store_now(self) -> datetime | None:
+        """What to pass as ``now`` to the store: None (the database clock, the authority)
+        unless this clock was injected with a fixed offset, as tests do to drive time."""
+        return self.now() if self.fixed else None
+
+    async def measure(self, store: Store, samples: int = 3) -> timedelta:
+        """The offset from the database clock, as a lower bound: the database read its
+        clock before our second reading, so ``db - t1`` never runs ahead of it. Firing
+        by this time is never early by the database's clock, and late by at most the
+        round trip of the best of ``samples`` readings. ``round_trip`` records it."""
+        if self.fixed:
+            return self.offset
+        best: tuple[timedelta, timedelta] | None = None
+        for _ in range(samples):
+            t0 = self.local()
+            db = await store.db_now()
+            t1 = self.local()
+            if best is None or t1 - t0 < best[0]:
+                best = (t1 - t0, db - t1)
+        assert best is not None
+        self.round_trip, self.offset = best
+        return self.offset
+
+
+def default_node_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+class SchedulerNode:
+    def __init__(
+        self,
+        store: Store,
+        settings: Settings,
+        *,
+        node_id: str | None = None,
+        clock: Clock | None = None,
+        poll_interval: float = 1.0,
+        fire_concurrency: int = 2,
+    ) -> None:
+        self.store = store
+        self.settings = settings
+        self.node_id = node_id or settings.node_id or default_node_id()
+        self.clock = clock or Clock()
+        self.window = DueWindow()
+        self.shards: dict[int, int] = {}  # shard -> epoch
+        self.poll_interval = poll_interval
+        self.fire_concurrency = fire_concurrency
+        self.fired_total = 0
+        self._window = timedelta(seconds=settings.window_seconds)
+        self._next_lease = datetime.min.replace(tzinfo=UTC)
+        self._next_expire = datetime.min.replace(tzinfo=UTC)
+        self._next_poll = datetime.min.replace(tzinfo=UTC)
+        self._next_clock = datetime.min.replace(tzinfo=UTC)
+        self._subscription: Subscription | None = None
+
+    # -- the loop ------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Run until ``stop`` is set, then give the shards back."""
+        self._subscription = self.store.subscribe(CHANNEL_RUNS_NEW)
+        stopping = asyncio.ensure_future(stop.wait())
+        log.info("scheduler started", extra={"event": "scheduler_started", "node": self.node_id})
+        try:
+            while not stop.is_set():
+                try:
+                    await self.run_once()
+                except Exception:
+                    log.exception("scheduler pass failed", extra={"event": "scheduler_error"})
+                    await asyncio.wait({stopping}, timeout=1.0)
+                    continue
+                waiting = asyncio.ensure_future(self._subscription.wait(self._sleep_for()))
+                await asyncio.wait({waiting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+                if waiting.done():
+                    self._absorb(waiting.result())
+                else:
+                    waiting.cancel()
+        finally:
+            stopping.cancel()
+            self._subscription.close()
+            await self._release()
+
+    async def run_once(self) -> int:
+        """One pass: chores that are due, then fire every due run. Returns runs fired."""
+        now = self.clock.now()
+        if now >= self._next_clock:
+            await self.clock.measure(self.store)
+            self._next_clock = now + timedelta(seconds=10)
+        if now >= self._next_lease:
+            await self._renew_leases()
+        if not self.shards:
+            return 0
+        if now >= self._next_expire:
+            await self._expire()
+            self._next_expire = now + timedelta(seconds=self.settings.expire_interval)
+        now = self.clock.now()
+        horizon = self.window.horizon
+        if horizon is None or now + self._window / 2 >= horizon:
+            await self._refill(now)
+        elif now >= self._next_poll:
+            await self._poll(now)
+        return await self._fire_due()
+
+    def _sleep_for(self) -> float:
+        now = self.clock.now()
+        wake = [self._next_lease, self._next_expire, self._next_poll]
+        if self.window.horizon is not None:
+            wake.append(self.window.horizon - self._window / 2)
+        nxt = self.window.next_fire_at()
+        if nxt is not None:
+            wake.append(nxt)
+        return max(0.0, min(w - now for w in wake).total_seconds())
+
+    # -- chores --------------------------------------------------------------------
+
+    async def _renew_leases(self) -> None:
+        ttl = self.settings.shard_lease_ttl
+        held = await self.store.shard_leases_acquire(
+            node_id=self.node_id, shards=range(NUM_SHARDS), ttl=ttl, now=self.clock.store_now()
+        )
+        lost = set(self.shards) - set(held)
+        gained = set(held) - set(self.shards)
+        if lost:
+            self.window.drop_shards(lost)
+            log.warning("shard leases lost", extra={"event": "shards_lost", "count": len(lost)})
+        if gained:
+            # New shards: their due runs are not in the window yet.
+            self.window.horizon = None
+            log.info("shard leases gained", extra={"event": "shards_gained", "count": len(gained)})
+        self.shards = held
+        self._next_lease = self.clock.now() + timedelta(seconds=ttl / 3)
+
+    async def _expire(self) -> None:
+        limit = 1000
+        while await self.store.attempts_expire(now=self.clock.store_now(), limit=limit) >= limit:
+            pass
+
+    async def _refill(self, now: datetime) -> None:
+        limit = 20_000
+        until = now + self._window
+        due = await self.store.runs_due_scan(shards=list(self.shards), until=until, limit=limit)
+        self.window.push(due)
+        # A truncated scan covers only up to its last row; refill again from there.
+        self.window.horizon = due[-1].fire_at if len(due) >= limit else until
+        self._next_poll = now + timedelta(seconds=self.poll_interval)
+
+    async def _poll(self, now: datetime) -> None:
+        """Catch runs whose notification never came (another process on SQLite, a dropped
+        LISTEN connection): everything due within the next poll interval."""
+        until = now + timedelta(seconds=self.poll_interval)
+        due = await self.store.runs_due_scan(shards=list(self.shards), until=until, limit=5_000)
+        self.window.push(due)
+        self._next_poll = now + timedelta(seconds=self.poll_interval)
+
+    def _absorb(self, payloads: list[str]) -> None:
+        """Notifications of runs created or retried: add those inside our window."""
+        horizon = self.window.horizon
+        if horizon is None:
+            return
+        fresh: list[DueRun] = []
+        for payload in payloads:
+            try:
+                shard_s, ms_s, id_s = payload.split(":")
+                shard = int(shard_s)
+                fire_at = datetime.fromtimestamp(int(ms_s) / 1000, UTC)
+                run_id = uuid.UUID(hex=id_s)
+            except ValueError:
+                self._next_poll = self.clock.now()  # unreadable: poll instead
+                continue
+            if shard in self.shards and fire_at < horizon:
+                fresh.append(DueRun(id=run_id, shard=shard, fire_at=fire_at))
+        self.window.push(fresh)
+
+    # -- firing --------------------------------------------------------------------
+
+    async def _fire_due(self) -> int:
+        due = self.window.pop_due(self.clock.now())
+        if not due:
+            return 0
+        size = self.settings.fire_batch_size
+        batches = [due[i : i + size] for i in range(0, len(due), size)]
+        gate = asyncio.Semaphore(self.fire_concurrency)
+
+        async def fire(batch: list[DueRun]) -> int:
+            async with gate:
+                fired = await self.store.runs_fire(
+                    run_ids=[r.id for r in batch],
+                    node_id=self.node_id,
+                    now=self.clock.store_now(),
+                )
+            for run in fired:
+                DISPATCH_LATENESS.observe(
+                    max(0.0, (run.dispatched_at - run.fire_at).total_seconds())
+                )
+            return len(fired)
+
+        counts = await asyncio.gather(*(fire(b) for b in batches))
+        total = sum(counts)
+        self.fired_total += total
+        return total
+
+    async def _release(self) -> None:
+        if not self.shards:
+            return
+        with contextlib.suppress(Exception):
+            await self.store.shard_leases_release(node_id=self.node_id, shards=list(self.shards))
+        log.info(
+            "shard leases released", extra={"event": "shards_released", "count": len(self.shards)}
+        )
+        self.shards = {}

@@ -1,0 +1,147 @@
+"""Probes, metrics, the OpenAPI document and answers for routes that do not exist."""
+
+from __future__ import annotations
+
+import uuid
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from cronwheel.api import create_app
+from cronwheel.settings import Settings
+from cronwheel.store import Store, create_store
+
+
+def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    out: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+async def test_healthz_and_readyz(api) -> None:
+    r = await api.client.get("/healthz")
+    assert r.status_code == 200 and r.json() == {"status": "ok"}
+    r = await api.client.get("/readyz")
+    assert r.status_code == 200 and r.json() == {"status": "ready"}
+
+
+async def test_readyz_is_503_when_the_store_is_down(settings: Settings, store_url: str) -> None:
+    down = create_store(store_url)  # never opened: it cannot answer
+    app = create_app(settings, down)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://cw") as client:
+        r = await client.get("/readyz")
+        assert r.status_code == 503, r.text
+        assert r.json()["error"]["code"] == "store_unavailable"
+        r = await client.get("/healthz")
+        assert r.status_code == 200  # alive all the same
+
+
+async def test_metrics(api, app, store: Store) -> None:
+    t = await api.tenant()
+    await api.job(t)
+    await api.job(t, schedule={"delay": 600})
+    await api.fire()
+    worker = await api.key(t, "worker")
+    wid = (await api.client.post("/v1/workers", json={}, headers=worker)).json()["worker_id"]
+
+    before = samples((await api.client.get("/metrics")).text)
+    start_count = before.get(("cronwheel_start_lateness_seconds_count", ()), 0.0)
+    r = await api.client.post(f"/v1/workers/{wid}/lease", json={"max": 5}, headers=worker)
+    assert len(r.json()["attempts"]) == 1
+    await api.client.get("/v1/jobs/not-an-id", headers=t.headers)
+
+    r = await api.client.get("/metrics")
+    assert r.status_code == 200
+    assert r.headers["content-type"].startswith("text/plain")
+    after = samples(r.text)
+    assert after[("cronwheel_start_lateness_seconds_count", ())] == start_count + 1
+    # Counted by route template, never by the raw path.
+    key = (
+        "cronwheel_api_requests_total",
+        (("method", "GET"), ("route", "/v1/jobs/{job_id}"), ("status", "404")),
+    )
+    assert after[key] == before.get(key, 0.0) + 1
+    assert not any("not-an-id" in str(labels) for _, labels in after)
+    assert ("cronwheel_dispatch_lateness_seconds_count", ()) in after
+
+    # Runs by state come from the store, counted at most once per few seconds.
+    def runs(scrape: dict[tuple[str, tuple[tuple[str, str], ...]], float], state: str) -> float:
+        return scrape[("cronwheel_runs", (("state", state),))]
+
+    assert (runs(before, "SCHEDULED"), runs(before, "DISPATCHED"), runs(before, "RUNNING")) == (
+        1,
+        1,
+        0,
+    )
+    assert runs(after, "RUNNING") == 0  # the cached count
+    app.state.api.runs_by_state.max_age = 0
+    fresh = samples((await api.client.get("/metrics")).text)
+    counts = await store.runs_count_by_state()
+    for state in ("SCHEDULED", "DISPATCHED", "RUNNING", "SUCCESS"):
+        assert runs(fresh, state) == counts.get(state, 0)
+    assert (runs(fresh, "DISPATCHED"), runs(fresh, "RUNNING")) == (0, 1)
+
+
+async def test_unknown_routes_are_json_404(api) -> None:
+    for method, path in (("GET", "/nope"), ("POST", "/v1/nothing"), ("GET", "/v1/jobs/x/y")):
+        r = await api.client.request(method, path)
+        assert r.status_code == 404, r.text
+        assert r.json()["error"]["code"] == "not_found"
+    r = await api.client.delete("/v1/jobs")
+    assert r.status_code == 405
+    assert r.json()["error"]["code"] == "method_not_allowed"
+
+
+async def test_openapi_documents_every_route(api) -> None:
+    r = await api.client.get("/openapi.json")
+    assert r.status_code == 200
+    doc = r.json()
+    paths = doc["paths"]
+    expected = {
+        ("post", "/v1/tenants"),
+        ("get", "/v1/tenants"),
+        ("get", "/v1/tenants/{tenant_id}"),
+        ("patch", "/v1/tenants/{tenant_id}"),
+        ("post", "/v1/tenants/{tenant_id}/keys"),
+        ("post", "/v1/jobs"),
+        ("get", "/v1/jobs"),
+        ("get", "/v1/jobs/{job_id}"),
+        ("post", "/v1/jobs/{job_id}/cancel"),
+        ("get", "/v1/runs"),
+        ("get", "/v1/runs/{run_id}"),
+        ("post", "/v1/runs/{run_id}/cancel"),
+        ("post", "/v1/workers"),
+        ("post", "/v1/workers/{worker_id}/lease"),
+        ("post", "/v1/attempts/{attempt_id}/heartbeat"),
+        ("post", "/v1/attempts/{attempt_id}/complete"),
+        ("post", "/v1/attempts/{attempt_id}/fail"),
+        ("post", "/v1/attempts/{attempt_id}/release"),
+        ("post", "/v1/attempts/batch"),
+        ("get", "/healthz"),
+        ("get", "/readyz"),
+        ("get", "/metrics"),
+    }
+    documented = {(m, p) for p, ops in paths.items() for m in ops}
+    assert expected <= documented
+    for method, path in expected:
+        op = paths[path][method]
+        assert op.get("summary"), (method, path)
+        if path.startswith("/v1/"):
+            ref = op["responses"]["422"]["content"]["application/json"]["schema"]["$ref"]
+            assert ref.endswith("/ErrorResponse")
+            assert op.get("security"), (method, path)
+    assert "HTTPBearer" in doc["components"]["securitySchemes"]
+    params = {p["name"] for p in paths["/v1/jobs"]["post"]["parameters"]}
+    assert {"Idempotency-Key", "Cronwheel-Tenant"} <= params
+    assert "JobSpec" in doc["components"]["schemas"]
+
+
+async def test_admin_routes_reject_tenant_keys_even_for_unknown_ids(api) -> None:
+    t = await api.tenant()
+    r = await api.client.patch(
+        f"/v1/tenants/{uuid.uuid4()}", json={"limits": {}}, headers=t.headers
+    )
+    assert r.status_code == 403

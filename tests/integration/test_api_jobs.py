@@ -1,0 +1,431 @@
+"""Jobs: creation for each one-off schedule, idempotency, listing, cancel, and every
+kind of bad input — each answered with a clear error and nothing written."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import httpx
+import pytest
+
+from cronwheel.settings import Settings
+from cronwheel.store import Store
+
+OVERSIZE = object()  # replaced by a payload just over the configured limit
+
+
+def error_of(r: httpx.Response) -> dict[str, Any]:
+    body = r.json()
+    assert set(body) == {"error"}, body
+    err: dict[str, Any] = body["error"]
+    assert isinstance(err["message"], str) and err["message"]
+    return err
+
+
+def iso(value: datetime) -> str:
+    return value.isoformat()
+
+
+def parse(value: str) -> datetime:
+    assert value.endswith("Z"), value
+    return datetime.fromisoformat(value)
+
+
+async def test_create_at_job(api, store: Store) -> None:
+    t = await api.tenant()
+    now = await store.db_now()
+    at = (now + timedelta(hours=2)).replace(microsecond=0)
+    at_local = at.astimezone(ZoneInfo("Asia/Kolkata"))
+    r = await api.client.post(
+        "/v1/jobs",
+        json={
+            "name": "report",
+            "schedule": {"at": iso(at_local)},
+            "task": "reports.build",
+            "payload": {"region": "eu"},
+            "tags": ["reports", "eu"],
+            "priority": 1,
+            "retry": {"max_attempts": 4},
+        },
+        headers=t.headers,
+    )
+    assert r.status_code == 201, r.text
+    job = r.json()
+    assert job["state"] == "active" and job["name"] == "report"
+    assert job["task"] == "reports.build" and job["webhook"] is None
+    assert job["payload"] == {"region": "eu"}
+    assert job["tags"] == ["reports", "eu"] and job["priority"] == 1
+    assert job["retry"]["max_attempts"] == 4 and job["pool"] == "default"
+    assert parse(job["next_due_at"]) == at
+    assert job["first_run_id"]
+
+    run = await store.runs_get(uuid.UUID(t.id), uuid.UUID(job["first_run_id"]))
+    assert run.state == "SCHEDULED" and run.due_at == at
+    assert run.due_local == at_local.isoformat()  # the instant as written, with its offset
+    assert run.max_attempts == 4
+
+
+async def test_create_delay_job_is_due_after_the_delay(api, store: Store) -> None:
+    t = await api.tenant()
+    before = await store.db_now()
+    job = await api.job(t, schedule={"delay": 3600})
+    after = await store.db_now()
+    due = parse(job["next_due_at"])
+    assert before + timedelta(seconds=3600) <= due <= after + timedelta(seconds=3600)
+
+
+async def test_create_asap_job_fires_now(api, store: Store) -> None:
+    t = await api.tenant()
+    job = await api.job(t, schedule={"asap": True})
+    fired = await api.fire()
+    assert [f.id for f in fired] == [uuid.UUID(job["first_run_id"])]
+
+
+async def test_create_webhook_job(api) -> None:
+    t = await api.tenant()
+    r = await api.client.post(
+        "/v1/jobs",
+        json={
+            "name": "hook",
+            "schedule": {"delay": 60},
+            "webhook": {"url": "https://example.com/hook", "headers": {"X-A": "1"}},
+        },
+        headers=t.headers,
+    )
+    assert r.status_code == 201, r.text
+    job = r.json()
+    assert job["task"] is None
+    assert job["webhook"]["url"] == "https://example.com/hook"
+    assert job["webhook"]["method"] == "POST"
+
+
+async def test_idempotency_key_replays_the_same_job(api, store: Store) -> None:
+    t = await api.tenant()
+    body = {"name": "once", "schedule": {"delay": 30}, "task": "t"}
+    headers = {**t.headers, "Idempotency-Key": "req-1"}
+    first = await api.client.post("/v1/jobs", json=body, headers=headers)
+    assert first.status_code == 201, first.text
+    again = await api.client.post("/v1/jobs", json=body, headers=headers)
+    assert again.status_code == 200, again.text
+    assert again.json()["id"] == first.json()["id"]
+    assert again.json()["first_run_id"] == first.json()["first_run_id"]
+    assert again.json()["idempotency_key"] == "req-1"
+    jobs = await store.jobs_list(uuid.UUID(t.id))
+    assert len(jobs.items) == 1
+
+    # Another tenant may use the same key for its own job.
+    other = await api.tenant()
+    r = await api.client.post(
+        "/v1/jobs", json=body, headers={**other.headers, "Idempotency-Key": "req-1"}
+    )
+    assert r.status_code == 201 and r.json()["id"] != first.json()["id"]
+
+
+async def test_idempotency_key_with_another_body_conflicts(api) -> None:
+    t = await api.tenant()
+    headers = {**t.headers, "Idempotency-Key": "req-2"}
+    r = await api.client.post(
+        "/v1/jobs", json={"name": "a", "schedule": {"delay": 30}, "task": "t"}, headers=headers
+    )
+    assert r.status_code == 201
+    before = await api.snapshot(t)
+    r = await api.client.post(
+        "/v1/jobs", json={"name": "b", "schedule": {"delay": 30}, "task": "t"}, headers=headers
+    )
+    assert r.status_code == 409, r.text
+    assert error_of(r)["code"] == "idempotency_conflict"
+    assert await api.snapshot(t) == before
+
+
+async def test_list_jobs_with_cursor_pagination_and_filters(api) -> None:
+    t = await api.tenant()
+    made = []
+    for i in range(5):
+        job = await api.job(
+            t, name=f"{'etl' if i % 2 else 'bill'}-{i}", tags=["odd" if i % 2 else "even"]
+        )
+        made.append(job["id"])
+    seen: list[str] = []
+    cursor: str | None = None
+    pages = 0
+    while True:
+        params: dict[str, Any] = {"limit": 2}
+        if cursor:
+            params["cursor"] = cursor
+        r = await api.client.get("/v1/jobs", params=params, headers=t.headers)
+        assert r.status_code == 200, r.text
+        page = r.json()
+        assert len(page["items"]) <= 2
+        seen += [j["id"] for j in page["items"]]
+        pages += 1
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert pages == 3
+    assert seen == list(reversed(made))  # newest first, each exactly once
+
+    r = await api.client.get("/v1/jobs", params={"tag": "odd"}, headers=t.headers)
+    assert sorted(j["name"] for j in r.json()["items"]) == ["etl-1", "etl-3"]
+    r = await api.client.get("/v1/jobs", params={"name_prefix": "bill"}, headers=t.headers)
+    assert sorted(j["name"] for j in r.json()["items"]) == ["bill-0", "bill-2", "bill-4"]
+    r = await api.client.get("/v1/jobs", params={"state": "cancelled"}, headers=t.headers)
+    assert r.json()["items"] == []
+
+    for params, field in [
+        ({"state": "bogus"}, "state"),
+        ({"limit": 0}, "limit"),
+        ({"limit": 501}, "limit"),
+        ({"cursor": "garbage"}, "cursor"),
+    ]:
+        r = await api.client.get("/v1/jobs", params=params, headers=t.headers)
+        assert r.status_code == 422, (params, r.text)
+        assert error_of(r)["field"] == field
+
+
+async def test_cancel_job(api, store: Store) -> None:
+    t = await api.tenant()
+    job = await api.job(t, schedule={"delay": 600})
+    r = await api.client.post(
+        f"/v1/jobs/{job['id']}/cancel", json={"reason": "not needed"}, headers=t.headers
+    )
+    assert r.status_code == 200, r.text
+    assert r.json()["state"] == "cancelled"
+    run = await store.runs_get(uuid.UUID(t.id), uuid.UUID(job["first_run_id"]))
+    assert run.state == "CANCELLED"
+
+    # Cancelling again is a conflict and changes nothing.
+    before = await api.snapshot(t)
+    r = await api.client.post(f"/v1/jobs/{job['id']}/cancel", headers=t.headers)
+    assert r.status_code == 409, r.text
+    assert error_of(r)["code"] == "illegal_transition"
+    assert await api.snapshot(t) == before
+
+
+async def test_cancel_without_body(api) -> None:
+    t = await api.tenant()
+    job = await api.job(t, schedule={"delay": 600})
+    r = await api.client.post(f"/v1/jobs/{job['id']}/cancel", headers=t.headers)
+    assert r.status_code == 200, r.text
+    assert r.json()["state"] == "cancelled"
+
+
+async def test_get_job_other_tenant_and_malformed_ids_are_404(api) -> None:
+    a = await api.tenant()
+    b = await api.tenant()
+    job = await api.job(a)
+    r = await api.client.get(f"/v1/jobs/{job['id']}", headers=a.headers)
+    assert r.status_code == 200 and r.json()["id"] == job["id"]
+    before = await api.snapshot(a)
+    for path in (
+        f"/v1/jobs/{job['id']}",
+        f"/v1/jobs/{uuid.uuid4()}",
+        "/v1/jobs/not-a-uuid",
+        "/v1/jobs/12345",
+    ):
+        r = await api.client.get(path, headers=b.headers)
+        assert r.status_code == 404, (path, r.text)
+        assert error_of(r)["code"] == "not_found"
+        r = await api.client.post(path + "/cancel", headers=b.headers)
+        assert r.status_code == 404, (path, r.text)
+    assert await api.snapshot(a) == before
+    r = await api.client.get("/v1/jobs", headers=b.headers)
+    assert r.json()["items"] == []
+
+
+async def test_roles_on_jobs(api) -> None:
+    t = await api.tenant()
+    job = await api.job(t)
+    viewer = await api.key(t, "viewer")
+    worker = await api.key(t, "worker")
+    before = await api.snapshot(t)
+
+    r = await api.client.get(f"/v1/jobs/{job['id']}", headers=viewer)
+    assert r.status_code == 200
+    r = await api.client.post(
+        "/v1/jobs", json={"name": "v", "schedule": {"asap": True}, "task": "t"}, headers=viewer
+    )
+    assert r.status_code == 403 and error_of(r)["code"] == "forbidden"
+    r = await api.client.post(f"/v1/jobs/{job['id']}/cancel", headers=viewer)
+    assert r.status_code == 403
+
+    for method, path in (("GET", "/v1/jobs"), ("GET", f"/v1/jobs/{job['id']}")):
+        r = await api.client.request(method, path, headers=worker)
+        assert r.status_code == 403, r.text
+        assert error_of(r)["code"] == "forbidden"
+    r = await api.client.post(
+        "/v1/jobs", json={"name": "w", "schedule": {"asap": True}, "task": "t"}, headers=worker
+    )
+    assert r.status_code == 403
+    assert await api.snapshot(t) == before
+
+
+# -- bad input: a clear 4xx and nothing written ------------------------------------------
+
+FAR_FUTURE = "2999-01-01T00:00:00Z"
+
+
+def _bad_bodies() -> list[tuple[str, dict[str, Any], int, str, str | None]]:
+    """(case, body, status, code, field)"""
+    return [
+        (
+            "malformed timestamp",
+            {"schedule": {"at": "tomorrow at noon"}},
+            422,
+            "invalid_request",
+            "schedule.at",
+        ),
+        (
+            "naive timestamp",
+            {"schedule": {"at": "2030-01-01T10:00:00"}},
+            422,
+            "invalid_request",
+            "schedule.at",
+        ),
+        (
+            "beyond the horizon",
+            {"schedule": {"at": FAR_FUTURE}},
+            422,
+            "invalid_schedule",
+            "schedule.at",
+        ),
+        (
+            "far in the past",
+            {"schedule": {"at": "2001-01-01T00:00:00Z"}},
+            422,
+            "invalid_schedule",
+            "schedule.at",
+        ),
+        (
+            "delay beyond the horizon",
+            {"schedule": {"delay": 10 * 366 * 86400}},
+            422,
+            "invalid_schedule",
+            "schedule.delay",
+        ),
+        ("negative delay", {"schedule": {"delay": -5}}, 422, "invalid_request", "schedule.delay"),
+        (
+            "two schedule kinds",
+            {"schedule": {"delay": 5, "asap": True}},
+            422,
+            "invalid_request",
+            "schedule",
+        ),
+        ("unknown field", {"colour": "blue"}, 422, "invalid_request", "colour"),
+        (
+            "unknown schedule field",
+            {"schedule": {"asap": True, "when": 1}},
+            422,
+            "invalid_request",
+            "schedule.when",
+        ),
+        ("cron schedule", {"schedule": {"cron": "0 * * * *"}}, 422, "invalid_schedule", "schedule"),
+        ("interval schedule", {"schedule": {"interval": 60}}, 422, "invalid_schedule", "schedule"),
+        ("no task nor webhook", {"task": None}, 422, "invalid_request", None),
+        ("priority out of range", {"priority": 9}, 422, "invalid_request", "priority"),
+        ("empty name", {"name": ""}, 422, "invalid_request", "name"),
+        ("wrong type", {"tags": "a,b"}, 422, "invalid_request", "tags"),
+        (
+            "bad webhook url",
+            {"task": None, "webhook": {"url": "not a url"}},
+            422,
+            "invalid_request",
+            "webhook.url",
+        ),
+        ("oversize payload", {"payload": OVERSIZE}, 413, "payload_too_large", "payload"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("case", "fields", "status", "code", "field"),
+    _bad_bodies(),
+    ids=[c[0] for c in _bad_bodies()],
+)
+async def test_bad_job_input(
+    api,
+    settings: Settings,
+    case: str,
+    fields: dict[str, Any],
+    status: int,
+    code: str,
+    field: str | None,
+) -> None:
+    t = await api.tenant()
+    before = await api.snapshot(t)
+    body: dict[str, Any] = {"name": "bad", "schedule": {"asap": True}, "task": "t"}
+    body.update(fields)
+    if body.get("payload") is OVERSIZE:
+        body["payload"] = {"blob": "x" * settings.max_payload_bytes}
+    body = {k: v for k, v in body.items() if v is not None}
+    r = await api.client.post("/v1/jobs", json=body, headers=t.headers)
+    assert r.status_code == status, r.text
+    err = error_of(r)
+    assert err["code"] == code, err
+    assert err.get("field") == field, err
+    if field is not None and code == "invalid_request":
+        assert err["message"].startswith(field + ":"), err
+    assert await api.snapshot(t) == before
+
+
+async def test_malformed_json_and_missing_body(api) -> None:
+    t = await api.tenant()
+    before = await api.snapshot(t)
+    r = await api.client.post(
+        "/v1/jobs",
+        content=b'{"name": "x", "schedule": ',
+        headers={**t.headers, "Content-Type": "application/json"},
+    )
+    assert r.status_code == 400, r.text
+    assert error_of(r)["code"] == "invalid_json"
+    r = await api.client.post("/v1/jobs", headers=t.headers)
+    assert r.status_code == 422, r.text
+    assert error_of(r)["code"] == "invalid_request"
+    r = await api.client.post("/v1/jobs", json=[1, 2], headers=t.headers)
+    assert r.status_code == 422, r.text
+    assert await api.snapshot(t) == before
+
+
+async def test_oversize_request_body_is_413_before_parsing(api) -> None:
+    t = await api.tenant()
+    before = await api.snapshot(t)
+    huge = b'{"name": "x", "payload": {"b": "' + b"x" * (2 << 20) + b'"}}'
+    r = await api.client.post(
+        "/v1/jobs", content=huge, headers={**t.headers, "Content-Type": "application/json"}
+    )
+    assert r.status_code == 413, r.text
+    assert error_of(r)["code"] == "payload_too_large"
+
+    async def chunks():  # no Content-Length: counted as it streams
+        for _ in range(40):
+            yield b"x" * 65536
+
+    r = await api.client.post(
+        "/v1/jobs", content=chunks(), headers={**t.headers, "Content-Type": "application/json"}
+    )
+    assert r.status_code == 413, r.text
+    assert await api.snapshot(t) == before
+
+
+async def test_bad_idempotency_key(api) -> None:
+    t = await api.tenant()
+    before = await api.snapshot(t)
+    r = await api.client.post(
+        "/v1/jobs",
+        json={"name": "x", "schedule": {"asap": True}, "task": "t"},
+        headers={**t.headers, "Idempotency-Key": "k" * 201},
+    )
+    assert r.status_code == 422, r.text
+    assert error_of(r)["field"] == "Idempotency-Key"
+    assert await api.snapshot(t) == before
+
+
+async def test_at_within_the_past_grace_is_accepted_and_due_now(api, store: Store) -> None:
+    t = await api.tenant()
+    now = await store.db_now()
+    at = (now - timedelta(seconds=30)).astimezone(UTC)
+    job = await api.job(t, schedule={"at": at.isoformat()})
+    assert parse(job["next_due_at"]) == at
+    fired = await api.fire()
+    assert [str(f.id) for f in fired] == [job["first_run_id"]]

@@ -1,0 +1,141 @@
+"""The scheduler node against a real store, with an injectable clock."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from cronwheel.domain.model import NewJob
+from cronwheel.domain.spec import JobSpec
+from cronwheel.scheduler import Clock, SchedulerNode
+from cronwheel.settings import Settings
+from cronwheel.store import HeartbeatItem, Store
+
+T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
+
+
+class FakeTime:
+    """A local clock the test moves by hand."""
+
+    def __init__(self, start: datetime) -> None:
+        self.value = start
+
+    def __call__(self) -> datetime:
+        return self.value
+
+
+async def _jobs(store: Store, dues: list[datetime], **spec: object) -> list[object]:
+    tenant = await store.tenants_create(name=f"t{len(dues)}", limits={}, now=T0)
+    base = {"name": "j", "schedule": {"asap": True}, "task": "noop"} | spec
+    made = await store.jobs_create_many(
+        tenant.id,
+        jobs=[NewJob(spec=JobSpec.model_validate(base), first_due_at=d) for d in dues],
+        now=T0,
+    )
+    return [run for _, run, _ in made]
+
+
+def _node(store: Store, time: Callable[[], datetime], **kw: object) -> SchedulerNode:
+    settings = Settings(window_seconds=30, shard_lease_ttl=10)
+    node = SchedulerNode(
+        store, settings, node_id="node-a", clock=Clock(time, offset=timedelta(0)), **kw
+    )  # type: ignore[arg-type]
+    return node
+
+
+async def _states(store: Store, tenant_runs: list[object]) -> list[str]:
+    out = []
+    for run in tenant_runs:
+        r = await store.runs_get(run.tenant_id, run.id)  # type: ignore[attr-defined]
+        out.append(r.state.value)
+    return out
+
+
+async def test_fires_due_runs_and_leaves_future_ones(store: Store) -> None:
+    runs = await _jobs(store, [T0 + timedelta(seconds=s) for s in (0, 1, 5, 3600)])
+    time = FakeTime(T0)
+    node = _node(store, time)
+    assert await node.run_once() == 1
+    time.value = T0 + timedelta(seconds=2)
+    assert await node.run_once() == 1
+    assert await _states(store, runs) == ["DISPATCHED", "DISPATCHED", "SCHEDULED", "SCHEDULED"]
+    # The hour-away run is not held in memory: only the 5 s one is in the window.
+    assert len(node.window) == 1
+    time.value = T0 + timedelta(seconds=6)
+    assert await node.run_once() == 1
+    assert await _states(store, runs) == ["DISPATCHED", "DISPATCHED", "DISPATCHED", "SCHEDULED"]
+
+
+async def test_run_fires_asap_job_created_while_running(store: Store) -> None:
+    node = SchedulerNode(store, Settings(window_seconds=30), node_id="node-live")
+    stop = asyncio.Event()
+    task = asyncio.create_task(node.run(stop))
+    try:
+        await _wait_for(lambda: bool(node.shards))
+        now = await store.db_now()
+        runs = await _jobs(store, [now])
+        run = runs[0]
+        await _wait_until_state(store, run, "DISPATCHED")
+        fired = await store.runs_get(run.tenant_id, run.id)  # type: ignore[attr-defined]
+        assert fired.dispatched_at is not None
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
+    # Stopping gives the shards back.
+    assert all(row["owner"] is None for row in await store.shard_leases_list())
+
+
+async def test_node_without_lease_fires_nothing(store: Store) -> None:
+    runs = await _jobs(store, [T0])
+    time = FakeTime(T0)
+    other = await store.shard_leases_acquire(
+        node_id="someone-else", shards=range(256), ttl=600, now=T0
+    )
+    assert len(other) == 256
+    node = _node(store, time)
+    assert await node.run_once() == 0
+    assert node.shards == {}
+    assert await _states(store, runs) == ["SCHEDULED"]
+
+
+async def test_expired_lease_is_retried(store: Store) -> None:
+    runs = await _jobs(store, [T0], heartbeat_timeout=5)
+    time = FakeTime(T0)
+    node = _node(store, time)
+    await node.run_once()
+    worker = await store.workers_register(
+        None, pool="default", capabilities=[], tags=[], capacity=1, now=T0
+    )
+    leased = await store.attempts_lease(worker=worker, max=1, now=T0)
+    assert len(leased) == 1
+    late = T0 + timedelta(seconds=30)
+    assert await store.attempts_expire(now=late) == 1
+    run = await store.runs_get(runs[0].tenant_id, runs[0].id)  # type: ignore[attr-defined]
+    assert run.state.value == "SCHEDULED"
+    assert "lease expired" in (run.reason or "")
+    refused = await store.attempts_heartbeat_many(
+        items=[HeartbeatItem(leased[0].attempt_id, leased[0].fencing_token)], now=late
+    )
+    assert not refused[0].ok
+
+
+async def _wait_for(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        if asyncio.get_running_loop().time() > deadline:
+            pytest.fail("condition not met in time")
+        await asyncio.sleep(0.01)
+
+
+async def _wait_until_state(store: Store, run: object, state: str, timeout: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        r = await store.runs_get(run.tenant_id, run.id)  # type: ignore[attr-defined]
+        if r.state.value == state:
+            return
+        if asyncio.get_running_loop().time() > deadline:
+            pytest.fail(f"run stayed {r.state.value}, expected {state}")
+        await asyncio.sleep(0.02)
