@@ -284,10 +284,10 @@ class Store(ABC):
     ) -> list[FiredRun]:
         """Move SCHEDULED runs to DISPATCHED in one conditional UPDATE: only runs still
         SCHEDULED, due by ``now + lead`` seconds, and whose shard ``node_id`` holds an
-        unexpired lease on at ``now``. ``lead`` absorbs the small error of a node's
-        estimate of the database clock (the node itself fires only what its corrected
-        clock says is due). Sets ``dispatched_at``; appends one event per run. Returns
-        what moved."""
+        unexpired lease on at ``now``. ``lead`` > 0 hands runs out that many seconds
+        ahead of their instant; the default 0 never dispatches a run early by the
+        database's clock. Sets ``dispatched_at``; appends one event per run. Returns what
+        moved."""
 
     @abstractmethod
     async def shard_leases_acquire(
@@ -333,21 +333,39 @@ class Store(ABC):
 
     @abstractmethod
     async def attempts_heartbeat_many(
-        self, *, items: Sequence[HeartbeatItem], now: datetime | None = None
+        self,
+        *,
+        items: Sequence[HeartbeatItem],
+        tenant_id: uuid.UUID | None = None,
+        now: datetime | None = None,
     ) -> list[AttemptOutcome]:
-        """Extend each live attempt's lease by its run's heartbeat timeout. A stale or
-        unknown token gives ``ok=False`` for that item and changes nothing for it."""
+        """Extend each live attempt's lease by its run's heartbeat timeout.
+
+        Conventions of every ``attempts_*_many``: one outcome per item, in order. An item
+        is applied only when its (attempt id, fencing token) pair is the attempt's live
+        lease and, with ``tenant_id``, the attempt is that tenant's; otherwise it gets
+        ``ok=False`` with ``error_code`` ``stale_fencing_token`` (the attempt exists) or
+        ``not_found`` (unknown, or another tenant's), and nothing changes for it. An ok
+        outcome carries the run's state afterwards."""
 
     @abstractmethod
     async def attempts_complete_many(
-        self, *, items: Sequence[CompleteItem], now: datetime | None = None
+        self,
+        *,
+        items: Sequence[CompleteItem],
+        tenant_id: uuid.UUID | None = None,
+        now: datetime | None = None,
     ) -> list[AttemptOutcome]:
         """Finish attempts successfully: their runs become SUCCESS (or CANCELLED when a
         cancel was requested); one-off jobs become finished."""
 
     @abstractmethod
     async def attempts_fail_many(
-        self, *, items: Sequence[FailItem], now: datetime | None = None
+        self,
+        *,
+        items: Sequence[FailItem],
+        tenant_id: uuid.UUID | None = None,
+        now: datetime | None = None,
     ) -> list[AttemptOutcome]:
         """Fail attempts: the run is retried after its backoff while attempts remain and
         the error is retryable, else it becomes DEAD_LETTER (retries exhausted) or
@@ -355,7 +373,11 @@ class Store(ABC):
 
     @abstractmethod
     async def attempts_release_many(
-        self, *, items: Sequence[HeartbeatItem], now: datetime | None = None
+        self,
+        *,
+        items: Sequence[HeartbeatItem],
+        tenant_id: uuid.UUID | None = None,
+        now: datetime | None = None,
     ) -> list[AttemptOutcome]:
         """A worker shutting down hands attempts back: each run returns to DISPATCHED at
         once and the try is not counted."""

@@ -192,14 +192,20 @@ UPDATE attempts a
 SET lease_expires_at = t.now + make_interval(secs => r.heartbeat_timeout), heartbeat_at = t.now
 FROM t, runs r, unnest($2::uuid[], $3::bigint[]) AS v(id, token)
 WHERE a.id = v.id AND a.fencing_token = v.token AND a.state = 'RUNNING' AND r.id = a.run_id
+  AND ($4::uuid IS NULL OR a.tenant_id = $4)
 RETURNING a.id, a.fencing_token, a.lease_expires_at, r.cancel_requested, r.state
 """
 
 
 async def heartbeat_many(
-    conn: Any, *, now: datetime | None, ids: Sequence[uuid.UUID], tokens: Sequence[int]
+    conn: Any,
+    *,
+    now: datetime | None,
+    ids: Sequence[uuid.UUID],
+    tokens: Sequence[int],
+    tenant_id: uuid.UUID | None,
 ) -> dict[tuple[uuid.UUID, int], AttemptOutcome]:
-    rows = await conn.fetch(_HEARTBEAT, now, list(ids), list(tokens))
+    rows = await conn.fetch(_HEARTBEAT, now, list(ids), list(tokens), tenant_id)
     return {
         (r["id"], r["fencing_token"]): AttemptOutcome(
             r["id"],
@@ -218,6 +224,7 @@ done AS (
     UPDATE attempts a SET state = 'SUCCEEDED', finished_at = t.now, result = v.result
     FROM t, unnest($2::uuid[], $3::bigint[], $4::jsonb[]) AS v(id, token, result)
     WHERE a.id = v.id AND a.fencing_token = v.token AND a.state = 'RUNNING'
+      AND ($5::uuid IS NULL OR a.tenant_id = $5)
     RETURNING a.id, a.fencing_token, a.run_id, v.result, t.now AS now
 ),
 finished AS (
@@ -240,7 +247,8 @@ jobs_done AS (
     WHERE jobs.id IN (SELECT job_id FROM finished) AND jobs.state = 'active'
       AND jobs.kind IN ('at', 'delay', 'asap')
 )
-SELECT id, fencing_token FROM done
+SELECT done.id, done.fencing_token, finished.state
+FROM done LEFT JOIN finished ON finished.attempt_id = done.id
 """
 
 
@@ -251,7 +259,13 @@ async def complete_many(
     ids: Sequence[uuid.UUID],
     tokens: Sequence[int],
     results: Sequence[Any],
-) -> set[tuple[uuid.UUID, int]]:
+    tenant_id: uuid.UUID | None,
+) -> dict[tuple[uuid.UUID, int], AttemptOutcome]:
     encoded = [None if r is None else json.dumps(r) for r in results]
-    rows = await conn.fetch(_COMPLETE, now, list(ids), list(tokens), encoded)
-    return {(r["id"], r["fencing_token"]) for r in rows}
+    rows = await conn.fetch(_COMPLETE, now, list(ids), list(tokens), encoded, tenant_id)
+    return {
+        (r["id"], r["fencing_token"]): AttemptOutcome(
+            r["id"], True, run_state=RunState(r["state"]) if r["state"] else None
+        )
+        for r in rows
+    }

@@ -76,7 +76,11 @@ class PostgresStore(SqlStore):
             )
 
     async def attempts_heartbeat_many(
-        self, *, items: Sequence[HeartbeatItem], now: datetime | None = None
+        self,
+        *,
+        items: Sequence[HeartbeatItem],
+        tenant_id: uuid.UUID | None = None,
+        now: datetime | None = None,
     ) -> list[AttemptOutcome]:
         if not items:
             return []
@@ -86,11 +90,16 @@ class PostgresStore(SqlStore):
                 now=now,
                 ids=[i.attempt_id for i in items],
                 tokens=[i.fencing_token for i in items],
+                tenant_id=tenant_id,
             )
-        return self._outcomes(items, ok)
+            return await self._resolve(conn, items, ok, tenant_id)
 
     async def attempts_complete_many(
-        self, *, items: Sequence[CompleteItem], now: datetime | None = None
+        self,
+        *,
+        items: Sequence[CompleteItem],
+        tenant_id: uuid.UUID | None = None,
+        now: datetime | None = None,
     ) -> list[AttemptOutcome]:
         if not items:
             return []
@@ -101,8 +110,9 @@ class PostgresStore(SqlStore):
                 ids=[i.attempt_id for i in items],
                 tokens=[i.fencing_token for i in items],
                 results=[i.result for i in items],
+                tenant_id=tenant_id,
             )
-        return self._outcomes(items, {k: AttemptOutcome(k[0], True) for k in done})
+            return await self._resolve(conn, items, done, tenant_id)
 
     def _make_engine(self) -> AsyncEngine:
         return create_async_engine(

@@ -180,9 +180,6 @@ class ApiState:
     notifier: ReadyNotifier
     runs_by_state: RunsByStateRefresher
     workers: BoundedCache[uuid.UUID, Worker] = field(default_factory=lambda: BoundedCache(10_000))
-    attempt_tenants: BoundedCache[uuid.UUID, uuid.UUID] = field(
-        default_factory=lambda: BoundedCache(200_000)
-    )
     # Long-polls re-poll the store this often even without a notification.
     lease_poll_interval: float = 1.0
 

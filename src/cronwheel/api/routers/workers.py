@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections import defaultdict, deque
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -111,7 +110,6 @@ def _leased_out(item: LeasedAttempt) -> LeasedAttemptOut:
 
 def _record_leased(state: ApiState, leased: Sequence[LeasedAttempt]) -> None:
     for item in leased:
-        state.attempt_tenants.put(item.attempt_id, item.tenant_id)
         # Only first tries: a retry's due instant lies before its backoff, which would
         # count the backoff as lateness.
         if item.number == 1:
@@ -154,60 +152,17 @@ async def lease(
 # -- attempts --------------------------------------------------------------------------
 
 
-async def _visible(state: ApiState, principal: Principal, attempt_id: uuid.UUID) -> bool:
-    """Whether this principal may touch the attempt: a tenant key only its tenant's
-    (unknown ids are not visible), an admin or tenant-less worker key every tenant's."""
-    if principal.tenant_id is None:
-        return True
-    tenant_id = state.attempt_tenants.get(attempt_id)
-    if tenant_id is None:
-        try:
-            attempt = await state.store.attempts_get(attempt_id)
-        except NotFoundError:
-            return False
-        tenant_id = attempt.tenant_id
-        state.attempt_tenants.put(attempt_id, tenant_id)
-    return tenant_id == principal.tenant_id
-
-
 async def _apply(
-    state: ApiState,
     principal: Principal,
     items: Sequence[Item],
-    call: Callable[[Sequence[Item]], Awaitable[list[AttemptOutcome]]],
+    call: Callable[[Sequence[Item], uuid.UUID | None], Awaitable[list[AttemptOutcome]]],
 ) -> list[OutcomeOut]:
-    """Run one store batch over the items this principal may touch; the others answer
-    ``not_found`` without reaching the store. Outcomes keep the order of ``items``."""
+    """One store batch over the items, scoped to the principal's tenant by the store
+    itself (another tenant's attempts answer ``not_found``). Outcomes keep the order of
+    ``items``."""
     if not items:
         return []
-    allowed = [await _visible(state, principal, item.attempt_id) for item in items]
-    passed = [item for item, ok in zip(items, allowed, strict=True) if ok]
-    by_attempt: dict[uuid.UUID, deque[AttemptOutcome]] = defaultdict(deque)
-    for result in await call(passed) if passed else []:
-        by_attempt[result.attempt_id].append(result)
-    answers: list[OutcomeOut] = []
-    for item, ok in zip(items, allowed, strict=True):
-        queue = by_attempt.get(item.attempt_id)
-        outcome = queue.popleft() if ok and queue else None
-        if outcome is None or (not outcome.ok and not await _exists(state, item.attempt_id)):
-            answers.append(OutcomeOut(attempt_id=item.attempt_id, ok=False, error="not_found"))
-        else:
-            answers.append(_outcome_out(outcome))
-    return answers
-
-
-async def _exists(state: ApiState, attempt_id: uuid.UUID) -> bool:
-    """Tells an unknown attempt from a stale token (the store answers both as not ok).
-    Asked only about refused items, and known attempts are cached, so it costs a query
-    only for a refused id this node has never seen."""
-    if state.attempt_tenants.get(attempt_id) is not None:
-        return True
-    try:
-        attempt = await state.store.attempts_get(attempt_id)
-    except NotFoundError:
-        return False
-    state.attempt_tenants.put(attempt_id, attempt.tenant_id)
-    return True
+    return [_outcome_out(o) for o in await call(items, principal.tenant_id)]
 
 
 def _outcome_out(outcome: AttemptOutcome) -> OutcomeOut:
@@ -253,10 +208,11 @@ async def heartbeat(
     )
     outcome = _single(
         await _apply(
-            state,
             principal,
             [item],
-            lambda items: state.store.attempts_heartbeat_many(items=items),
+            lambda items, tenant: state.store.attempts_heartbeat_many(
+                items=items, tenant_id=tenant
+            ),
         )
     )
     return HeartbeatOut(
@@ -282,10 +238,9 @@ async def complete(
     )
     outcome = _single(
         await _apply(
-            state,
             principal,
             [item],
-            lambda items: state.store.attempts_complete_many(items=items),
+            lambda items, tenant: state.store.attempts_complete_many(items=items, tenant_id=tenant),
         )
     )
     return _result_out(outcome)
@@ -309,10 +264,9 @@ async def fail(
     )
     outcome = _single(
         await _apply(
-            state,
             principal,
             [item],
-            lambda items: state.store.attempts_fail_many(items=items),
+            lambda items, tenant: state.store.attempts_fail_many(items=items, tenant_id=tenant),
         )
     )
     return _result_out(outcome)
@@ -333,10 +287,9 @@ async def release(
     )
     outcome = _single(
         await _apply(
-            state,
             principal,
             [item],
-            lambda items: state.store.attempts_release_many(items=items),
+            lambda items, tenant: state.store.attempts_release_many(items=items, tenant_id=tenant),
         )
     )
     return _result_out(outcome)
@@ -358,22 +311,19 @@ async def batch(
         check_json_size(completion.result, limit=limit, field=f"completions.{index}.result")
     store = state.store
     heartbeats = await _apply(
-        state,
         principal,
         _refs(body.heartbeats),
-        lambda items: store.attempts_heartbeat_many(items=items),
+        lambda items, tenant: store.attempts_heartbeat_many(items=items, tenant_id=tenant),
     )
     completions = await _apply(
-        state,
         principal,
         [
             CompleteItem(attempt_id=c.attempt_id, fencing_token=c.fencing_token, result=c.result)
             for c in body.completions
         ],
-        lambda items: store.attempts_complete_many(items=items),
+        lambda items, tenant: store.attempts_complete_many(items=items, tenant_id=tenant),
     )
     failures = await _apply(
-        state,
         principal,
         [
             FailItem(
@@ -384,13 +334,12 @@ async def batch(
             )
             for f in body.failures
         ],
-        lambda items: store.attempts_fail_many(items=items),
+        lambda items, tenant: store.attempts_fail_many(items=items, tenant_id=tenant),
     )
     releases = await _apply(
-        state,
         principal,
         _refs(body.releases),
-        lambda items: store.attempts_release_many(items=items),
+        lambda items, tenant: store.attempts_release_many(items=items, tenant_id=tenant),
     )
     return BatchOut(
         heartbeats=heartbeats, completions=completions, failures=failures, releases=releases

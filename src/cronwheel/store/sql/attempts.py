@@ -213,30 +213,54 @@ class AttemptsMixin(SqlCore):
     # -- heartbeats and results ----------------------------------------------------
 
     def _live(
-        self, items: Sequence[HeartbeatItem | CompleteItem | FailItem]
+        self,
+        items: Sequence[HeartbeatItem | CompleteItem | FailItem],
+        tenant_id: uuid.UUID | None,
     ) -> sa.ColumnElement[bool]:
-        """The attempts of ``items`` still live under exactly the (id, token) given."""
+        """The attempts of ``items`` still live under exactly the (id, token) given (and,
+        for a tenant's worker, that tenant's)."""
         pairs = [(i.attempt_id, i.fencing_token) for i in items]
-        return sa.and_(
+        live = sa.and_(
             sa.tuple_(attempts.c.id, attempts.c.fencing_token).in_(pairs),
             attempts.c.state == AttemptState.RUNNING.value,
         )
+        return live if tenant_id is None else sa.and_(live, attempts.c.tenant_id == tenant_id)
 
-    @staticmethod
-    def _outcomes(
+    async def _resolve(
+        self,
+        conn: AsyncConnection,
         items: Sequence[HeartbeatItem | CompleteItem | FailItem],
         ok: dict[tuple[uuid.UUID, int], AttemptOutcome],
+        tenant_id: uuid.UUID | None,
     ) -> list[AttemptOutcome]:
-        """One outcome per item, in order; ``ok`` is keyed by (attempt id, live token), so
-        an item naming a live attempt with a wrong token is refused on its own."""
+        """One outcome per item, in order. ``ok`` is keyed by (attempt id, live token), so
+        an item naming a live attempt with a wrong token is refused on its own. A refused
+        item is ``not_found`` when no such attempt is visible (unknown, or another
+        tenant's), else ``stale_fencing_token``: one query, and only when something was
+        refused."""
+        refused = [i.attempt_id for i in items if (i.attempt_id, i.fencing_token) not in ok]
+        known: set[uuid.UUID] = set()
+        if refused:
+            stmt = sa.select(attempts.c.id).where(self._id_in(attempts.c.id, refused))
+            if tenant_id is not None:
+                stmt = stmt.where(attempts.c.tenant_id == tenant_id)
+            known = {r.id for r in await conn.execute(stmt)}
         return [
             ok.get((i.attempt_id, i.fencing_token))
-            or AttemptOutcome(i.attempt_id, False, "stale_fencing_token")
+            or AttemptOutcome(
+                i.attempt_id,
+                False,
+                "stale_fencing_token" if i.attempt_id in known else "not_found",
+            )
             for i in items
         ]
 
     async def attempts_heartbeat_many(
-        self, *, items: Sequence[HeartbeatItem], now: datetime | None = None
+        self,
+        *,
+        items: Sequence[HeartbeatItem],
+        tenant_id: uuid.UUID | None = None,
+        now: datetime | None = None,
     ) -> list[AttemptOutcome]:
         if not items:
             return []
@@ -252,7 +276,7 @@ class AttemptsMixin(SqlCore):
                         runs.c.state,
                     )
                     .join(runs, runs.c.id == attempts.c.run_id)
-                    .where(self._live(items))
+                    .where(self._live(items, tenant_id))
                 )
             ).all()
             ok: dict[tuple[uuid.UUID, int], AttemptOutcome] = {}
@@ -281,18 +305,24 @@ class AttemptsMixin(SqlCore):
                             cancel_requested=bool(r.cancel_requested),
                             run_state=RunState(r.state),
                         )
-        return self._outcomes(items, ok)
+            return await self._resolve(conn, items, ok, tenant_id)
 
     async def attempts_complete_many(
-        self, *, items: Sequence[CompleteItem], now: datetime | None = None
+        self,
+        *,
+        items: Sequence[CompleteItem],
+        tenant_id: uuid.UUID | None = None,
+        now: datetime | None = None,
     ) -> list[AttemptOutcome]:
         if not items:
             return []
         async with self._write() as conn:
             at = await self._now(conn, now)
-            ended, keys = await self._end_attempts(conn, items, AttemptState.SUCCEEDED, at)
+            ended, keys = await self._end_attempts(
+                conn, items, AttemptState.SUCCEEDED, at, tenant_id
+            )
             if not ended:
-                return self._outcomes(items, {})
+                return await self._resolve(conn, items, {}, tenant_id)
             run_ids = list(ended.values())
             done = (
                 await conn.execute(
@@ -337,16 +367,26 @@ class AttemptsMixin(SqlCore):
                 ],
             )
             await self._finish_one_off_jobs(conn, [r.job_id for r in done], at)
-        return self._outcomes(items, {k: AttemptOutcome(k[0], True) for k in keys})
+            state_of = {r.id: RunState(r.state) for r in done}
+            return await self._resolve(
+                conn,
+                items,
+                {k: AttemptOutcome(k[0], True, run_state=state_of.get(ended[k[0]])) for k in keys},
+                tenant_id,
+            )
 
     async def attempts_fail_many(
-        self, *, items: Sequence[FailItem], now: datetime | None = None
+        self,
+        *,
+        items: Sequence[FailItem],
+        tenant_id: uuid.UUID | None = None,
+        now: datetime | None = None,
     ) -> list[AttemptOutcome]:
         if not items:
             return []
         async with self._write() as conn:
             at = await self._now(conn, now)
-            ended, keys = await self._end_attempts(conn, items, AttemptState.FAILED, at)
+            ended, keys = await self._end_attempts(conn, items, AttemptState.FAILED, at, tenant_id)
             failures = [
                 _Ended(
                     i.attempt_id,
@@ -361,17 +401,28 @@ class AttemptsMixin(SqlCore):
             await self._update_each(
                 conn, attempts, [{"id": f.attempt_id, "error": f.error} for f in failures]
             )
-            await self._after_failures(conn, failures, at, actor="worker")
-        return self._outcomes(items, {k: AttemptOutcome(k[0], True) for k in keys})
+            state_of = await self._after_failures(conn, failures, at, actor="worker")
+            return await self._resolve(
+                conn,
+                items,
+                {k: AttemptOutcome(k[0], True, run_state=state_of.get(ended[k[0]])) for k in keys},
+                tenant_id,
+            )
 
     async def attempts_release_many(
-        self, *, items: Sequence[HeartbeatItem], now: datetime | None = None
+        self,
+        *,
+        items: Sequence[HeartbeatItem],
+        tenant_id: uuid.UUID | None = None,
+        now: datetime | None = None,
     ) -> list[AttemptOutcome]:
         if not items:
             return []
         async with self._write() as conn:
             at = await self._now(conn, now)
-            ended, keys = await self._end_attempts(conn, items, AttemptState.RELEASED, at)
+            ended, keys = await self._end_attempts(
+                conn, items, AttemptState.RELEASED, at, tenant_id
+            )
             if ended:
                 back = (
                     await conn.execute(
@@ -404,7 +455,8 @@ class AttemptsMixin(SqlCore):
                 )
                 if back:
                     await self._notify(conn, CHANNEL_RUNS_READY, sorted({r.pool for r in back}))
-        return self._outcomes(items, {k: AttemptOutcome(k[0], True) for k in keys})
+            released = {k: AttemptOutcome(k[0], True, run_state=RunState.DISPATCHED) for k in keys}
+            return await self._resolve(conn, items, released, tenant_id)
 
     async def attempts_expire(self, *, now: datetime | None = None, limit: int = 1000) -> int:
         async with self._write() as conn:
@@ -475,13 +527,14 @@ class AttemptsMixin(SqlCore):
         items: Sequence[HeartbeatItem | CompleteItem | FailItem],
         state: AttemptState,
         at: datetime,
+        tenant_id: uuid.UUID | None,
     ) -> tuple[dict[uuid.UUID, uuid.UUID], set[tuple[uuid.UUID, int]]]:
         """End the live attempts among ``items``; returns ``{attempt_id: run_id}`` and the
         (attempt id, token) pairs that ended."""
         rows = (
             await conn.execute(
                 attempts.update()
-                .where(self._live(items))
+                .where(self._live(items, tenant_id))
                 .values(state=state.value, finished_at=at)
                 .returning(attempts.c.id, attempts.c.run_id, attempts.c.fencing_token)
             )
@@ -490,10 +543,11 @@ class AttemptsMixin(SqlCore):
 
     async def _after_failures(
         self, conn: AsyncConnection, failures: Sequence[_Ended], at: datetime, *, actor: str
-    ) -> None:
-        """Retry, dead-letter or fail the runs of attempts that ended without success."""
+    ) -> dict[uuid.UUID, RunState]:
+        """Retry, dead-letter or fail the runs of attempts that ended without success.
+        Returns each run's new state."""
         if not failures:
-            return
+            return {}
         by_run = {f.run_id: f for f in failures}
         rows = (
             await conn.execute(
@@ -571,6 +625,7 @@ class AttemptsMixin(SqlCore):
         await self._finish_one_off_jobs(conn, finished_jobs, at)
         if notices:
             await self._notify(conn, CHANNEL_RUNS_NEW, notices)
+        return {u["id"]: RunState(u["state"]) for u in updates}
 
     async def _finish_one_off_jobs(
         self, conn: AsyncConnection, job_ids: Sequence[uuid.UUID], at: datetime
