@@ -11,6 +11,7 @@ from typing import Any, Generic, TypeVar
 from cronwheel.domain.states import AttemptState, JobState, RunState
 
 __all__ = [
+    "ROLES",
     "ApiKey",
     "Attempt",
     "AttemptOutcome",

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 from typing import Any
 
@@ -20,8 +21,14 @@ def backoff_delay(
     multiplier = float(policy.get("multiplier", 2.0))
     cap = float(policy.get("max_delay", 300.0))
     exponent = max(0, failed_attempt - 1)
-    # Cap the exponent before computing so huge attempt counts cannot overflow.
-    base = cap if exponent > 1000 else min(cap, initial * multiplier**exponent)
+    # Compare in log space first: initial * multiplier**exponent overflows a float long
+    # before the attempt limits do (25.0**221), and the cap is reached far earlier.
+    if initial <= 0 or cap <= 0:
+        base = 0.0
+    elif math.log(initial) + exponent * math.log(multiplier) >= math.log(cap):
+        base = cap
+    else:
+        base = min(cap, initial * multiplier**exponent)
     jitter = policy.get("jitter", "full")
     if jitter == "full":
         return draw(0.0, base)

@@ -31,6 +31,7 @@ __all__ = [
     "TenantLimits",
     "WebhookSpec",
     "schedule_kind",
+    "utc_iso",
 ]
 
 

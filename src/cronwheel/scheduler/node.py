@@ -37,7 +37,7 @@ from cronwheel.scheduler.window import DueWindow
 from cronwheel.settings import Settings
 from cronwheel.store.base import CHANNEL_RUNS_NEW, Store, Subscription
 
-__all__ = ["Clock", "SchedulerNode"]
+__all__ = ["Clock", "SchedulerNode", "default_node_id"]
 
 log = logging.getLogger("cronwheel.scheduler")
 

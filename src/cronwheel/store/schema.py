@@ -20,9 +20,12 @@ from cronwheel.domain.states import TERMINAL_STATES, AttemptState, RunState
 __all__ = [
     "FENCING_SEQUENCE",
     "NUM_SHARDS",
+    "Json",
     "UtcDateTime",
+    "Uuid",
     "api_keys",
     "attempts",
+    "counters",
     "events",
     "jobs",
     "metadata",

@@ -46,7 +46,12 @@ from cronwheel.store.sql.core import (
     tenant_from,
 )
 
-__all__ = ["CatalogMixin"]
+__all__ = [
+    "ANNOUNCE_HORIZON",
+    "ONE_OFF_KINDS",
+    "CatalogMixin",
+    "announce",
+]
 
 ONE_OFF_KINDS = ("at", "delay", "asap")
 # Runs due this soon are announced to the schedulers at once (their window is shorter).

@@ -22,9 +22,10 @@ from cronwheel.domain.errors import NotFoundError, StoreUnavailableError
 from cronwheel.domain.model import Attempt, Event, Job, Run, Tenant, Worker
 from cronwheel.domain.states import AttemptState, JobState, RunState
 from cronwheel.store.base import Store, Subscription
-from cronwheel.store.schema import events, runs, shard_leases
+from cronwheel.store.schema import events, shard_leases
 
 __all__ = [
+    "MIGRATIONS_DIR",
     "LocalSubscription",
     "SqlCore",
     "attempt_from",
@@ -292,9 +293,6 @@ def job_from(row: Row[Any]) -> Job:
         updated_at=row.updated_at,
         idempotency_key=row.idempotency_key,
     )
-
-
-RUN_COLUMNS = [c for c in runs.c if c.name != "cancel_requested"]
 
 
 def run_from(row: Row[Any]) -> Run:

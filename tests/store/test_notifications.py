@@ -1,0 +1,58 @@
+"""Wake-up notifications: hints sent when runs become due soon or ready to lease."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from cronwheel.store import CHANNEL_RUNS_NEW, CHANNEL_RUNS_READY, Store, Subscription
+
+from .helpers import T0, create_job, fire, make_tenant
+
+
+async def _until_heard(sub: Subscription, act: Callable[[], Awaitable[object]]) -> list[str]:
+    """Repeat ``act`` until ``sub`` hears something. On PostgreSQL the LISTEN connection
+    comes up in the background, and a notification sent before it is rightly lost:
+    notifications are hints, never needed for correctness."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 15
+    while loop.time() < deadline:
+        await act()
+        payloads = await sub.wait(0.5)
+        if payloads:
+            return payloads
+    pytest.fail("no notification arrived before the deadline")
+
+
+async def test_runs_due_soon_are_announced(store: Store) -> None:
+    tenant = await make_tenant(store)
+    announced: dict[str, str] = {}
+
+    async def create() -> None:
+        _job, run = await create_job(store, tenant.id, due_at=T0, now=T0)
+        epoch_ms = int(run.fire_at.timestamp() * 1000)
+        announced[f"{run.shard}:{epoch_ms}:{run.id.hex}"] = run.id.hex
+
+    sub = store.subscribe(CHANNEL_RUNS_NEW)
+    try:
+        payloads = await _until_heard(sub, create)
+    finally:
+        sub.close()
+    assert set(payloads) <= set(announced)
+
+
+async def test_fired_runs_announce_their_pool(store: Store) -> None:
+    tenant = await make_tenant(store)
+
+    async def create_and_fire() -> None:
+        _job, run = await create_job(store, tenant.id, pool="reports")
+        assert len(await fire(store, [run])) == 1
+
+    sub = store.subscribe(CHANNEL_RUNS_READY)
+    try:
+        payloads = await _until_heard(sub, create_and_fire)
+    finally:
+        sub.close()
+    assert set(payloads) == {"reports"}

@@ -1,0 +1,67 @@
+"""The run state machine: exactly the transitions in its table are allowed."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from cronwheel.domain.errors import ConflictError, IllegalTransitionError
+from cronwheel.domain.states import (
+    ACTIVE_STATES,
+    TERMINAL_STATES,
+    TRANSITIONS,
+    RunState,
+    check_transition,
+    sources_of,
+)
+
+ALLOWED = sorted((s, t) for s, targets in TRANSITIONS.items() for t in targets)
+FORBIDDEN = sorted(
+    (s, t) for s, t in itertools.product(RunState, RunState) if t not in TRANSITIONS[s]
+)
+
+
+def test_every_state_has_a_row() -> None:
+    assert set(TRANSITIONS) == set(RunState)
+    assert set(RunState) == TERMINAL_STATES | ACTIVE_STATES
+    assert not TERMINAL_STATES & ACTIVE_STATES
+
+
+@pytest.mark.parametrize(("source", "target"), ALLOWED)
+def test_allowed_transition_passes(source: RunState, target: RunState) -> None:
+    check_transition(source, target)
+
+
+@pytest.mark.parametrize(("source", "target"), FORBIDDEN)
+def test_forbidden_transition_raises(source: RunState, target: RunState) -> None:
+    with pytest.raises(IllegalTransitionError) as caught:
+        check_transition(source, target)
+    error = caught.value
+    assert isinstance(error, ConflictError)
+    assert (error.status, error.code) == (409, "illegal_transition")
+    assert error.details == {"source": source.value, "target": target.value}
+    assert source.value in error.message
+    assert target.value in error.message
+
+
+def test_lifecycle_of_the_requirements() -> None:
+    """SCHEDULED -> DISPATCHED -> RUNNING -> SUCCESS | FAILED, or CANCELLED, with
+    DEAD_LETTER after the retry limit and SKIPPED with a reason."""
+    path = [RunState.SCHEDULED, RunState.DISPATCHED, RunState.RUNNING, RunState.SUCCESS]
+    for source, target in itertools.pairwise(path):
+        check_transition(source, target)
+    for end in (RunState.FAILED, RunState.DEAD_LETTER, RunState.CANCELLED):
+        check_transition(RunState.RUNNING, end)
+    check_transition(RunState.SCHEDULED, RunState.SKIPPED)
+    # Nothing leaves SUCCESS or SKIPPED; nothing but a retry leaves the other terminals.
+    assert TRANSITIONS[RunState.SUCCESS] == TRANSITIONS[RunState.SKIPPED] == frozenset()
+    for terminal in TERMINAL_STATES - {RunState.SUCCESS, RunState.SKIPPED}:
+        assert TRANSITIONS[terminal] == {RunState.SCHEDULED}
+    # No state moves to itself.
+    assert all(state not in TRANSITIONS[state] for state in RunState)
+
+
+@pytest.mark.parametrize("target", list(RunState))
+def test_sources_of_inverts_the_table(target: RunState) -> None:
+    assert sources_of(target) == {s for s in RunState if target in TRANSITIONS[s]}
