@@ -429,3 +429,35 @@ async def test_at_within_the_past_grace_is_accepted_and_due_now(api, store: Stor
     assert parse(job["next_due_at"]) == at
     fired = await api.fire()
     assert [str(f.id) for f in fired] == [job["first_run_id"]]
+
+
+async def test_create_jobs_in_a_batch(api, store: Store) -> None:
+    t = await api.tenant()
+    now = await store.db_now()
+    jobs = [
+        {"name": f"b{i}", "schedule": {"at": iso(now + timedelta(minutes=i + 1))}, "task": "t"}
+        for i in range(3)
+    ]
+    r = await api.client.post("/v1/jobs/batch", json={"jobs": jobs}, headers=t.headers)
+    assert r.status_code == 201, r.text
+    items = r.json()["items"]
+    assert [j["name"] for j in items] == ["b0", "b1", "b2"]
+    for i, job in enumerate(items):
+        run = await store.runs_get(uuid.UUID(t.id), uuid.UUID(job["first_run_id"]))
+        assert run.due_at == (now + timedelta(minutes=i + 1))
+
+
+async def test_a_bad_job_in_a_batch_writes_nothing(api, store: Store) -> None:
+    t = await api.tenant()
+    before = await api.snapshot(t)
+    now = await store.db_now()
+    good = {"name": "ok", "schedule": {"delay": 60}, "task": "t"}
+    past = {"name": "late", "schedule": {"at": iso(now - timedelta(days=2))}, "task": "t"}
+    r = await api.client.post("/v1/jobs/batch", json={"jobs": [good, past]}, headers=t.headers)
+    assert r.status_code == 422, r.text
+    assert error_of(r)["field"] == "jobs.1.schedule.at"
+    r = await api.client.post("/v1/jobs/batch", json={"jobs": []}, headers=t.headers)
+    assert r.status_code == 422 and error_of(r)["field"] == "jobs"
+    r = await api.client.post("/v1/jobs/batch", json={"jobs": [good] * 1001}, headers=t.headers)
+    assert r.status_code == 422 and error_of(r)["field"] == "jobs"
+    assert await api.snapshot(t) == before

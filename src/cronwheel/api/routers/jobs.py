@@ -2,25 +2,28 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from fastapi import APIRouter, Body, Depends, Header, Query, Request, Response, status
+from pydantic import BaseModel, ConfigDict, Field
 
 from cronwheel.api.auth import TenantScope, tenant_reader, tenant_writer
 from cronwheel.api.routers.common import api_state, check_json_size, parse_id
 from cronwheel.api.schemas import ERROR_RESPONSES, CancelRequest, ErrorResponse, JobList, JobOut
-from cronwheel.domain.errors import InvalidScheduleError, ValidationError
+from cronwheel.domain.errors import CronwheelError, InvalidScheduleError, ValidationError
 from cronwheel.domain.model import Job, NewJob
 from cronwheel.domain.spec import AtSchedule, JobSpec
 from cronwheel.domain.states import JobState
+from cronwheel.settings import Settings
 from cronwheel.timing import first_due
 
-__all__ = ["job_out", "router"]
+__all__ = ["JobBatch", "job_out", "router"]
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=ERROR_RESPONSES)
 
 _IDEMPOTENCY_KEY_MAX = 200
+BATCH_MAX = 1000
 
 
 def job_out(job: Job, *, first_run_id: Any = None) -> JobOut:
@@ -83,7 +86,26 @@ async def create_job(
     """Validates the job, computes when its first run is due (on the database clock) and
     stores both in one transaction."""
     state = api_state(request)
-    settings = state.settings
+    now = await state.store.db_now()
+    new = _new_job(
+        state.settings, spec, now, actor=scope.principal.actor, idempotency_key=idempotency_key
+    )
+    [(job, run, created)] = await state.store.jobs_create_many(scope.tenant_id, jobs=[new])
+    if not created:
+        response.status_code = status.HTTP_200_OK
+    return job_out(job, first_run_id=run.id if run is not None else None)
+
+
+def _new_job(
+    settings: Settings,
+    spec: JobSpec,
+    now: datetime,
+    *,
+    actor: str,
+    idempotency_key: str | None = None,
+) -> NewJob:
+    """Validate what the models cannot (payload size, schedule against the clock) and
+    resolve the first due instant."""
     check_json_size(spec.payload, limit=settings.max_payload_bytes, field="payload")
     if spec.is_recurring:
         # The scheduler does not yet materialise the next occurrence of a recurring job:
@@ -92,7 +114,6 @@ async def create_job(
             "recurring schedules (cron, interval) are not available in this version",
             field="schedule",
         )
-    now = await state.store.db_now()
     due = first_due(
         spec.schedule,
         now,
@@ -100,17 +121,44 @@ async def create_job(
         past_grace=timedelta(seconds=settings.past_grace_seconds),
     )
     due_local = spec.schedule.at.isoformat() if isinstance(spec.schedule, AtSchedule) else None
-    new = NewJob(
+    return NewJob(
         spec=spec,
         first_due_at=due,
         idempotency_key=idempotency_key,
-        actor=scope.principal.actor,
+        actor=actor,
         due_local=due_local,
     )
-    [(job, run, created)] = await state.store.jobs_create_many(scope.tenant_id, jobs=[new])
-    if not created:
-        response.status_code = status.HTTP_200_OK
-    return job_out(job, first_run_id=run.id if run is not None else None)
+
+
+class JobBatch(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    jobs: list[JobSpec] = Field(min_length=1, max_length=BATCH_MAX)
+
+
+@router.post("/batch", status_code=status.HTTP_201_CREATED, summary="Create many jobs")
+async def create_jobs(
+    request: Request,
+    body: JobBatch,
+    scope: TenantScope = Depends(tenant_writer),
+) -> JobList:
+    """Creates up to 1,000 jobs in one transaction: all of them, or none when any is
+    invalid (the error's field names it, e.g. ``jobs.3.schedule.at``). Answers the jobs
+    in the order given."""
+    state = api_state(request)
+    now = await state.store.db_now()
+    new: list[NewJob] = []
+    for index, spec in enumerate(body.jobs):
+        try:
+            new.append(_new_job(state.settings, spec, now, actor=scope.principal.actor))
+        except CronwheelError as exc:
+            exc.field = f"jobs.{index}.{exc.field}" if exc.field else f"jobs.{index}"
+            raise
+    made = await state.store.jobs_create_many(scope.tenant_id, jobs=new)
+    return JobList(
+        items=[job_out(job, first_run_id=run.id if run else None) for job, run, _ in made],
+        next_cursor=None,
+    )
 
 
 @router.get("", summary="List jobs")
