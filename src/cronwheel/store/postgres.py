@@ -35,6 +35,9 @@ async def _raw(conn: AsyncConnection) -> Any:
 
 log = logging.getLogger("cronwheel.store.postgres")
 
+# Any constant: the advisory lock that serialises migrations.
+_MIGRATION_LOCK = 0x63776D67  # "cwmg"
+
 # A NOTIFY payload must stay under 8000 bytes.
 _NOTIFY_CHUNK = 7000
 
@@ -162,6 +165,10 @@ class PostgresStore(SqlStore):
 
     def _on_notify(self, _conn: Any, _pid: int, channel: str, payload: str) -> None:
         self._deliver(channel, payload.split("\n") if payload else [""])
+
+    async def _migration_lock(self, conn: AsyncConnection) -> None:
+        # An api and a scheduler starting at once would both create alembic_version.
+        await conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": _MIGRATION_LOCK})
 
     async def _db_now(self, conn: AsyncConnection) -> datetime:
         value = (await conn.execute(sa.text("SELECT clock_timestamp()"))).scalar_one()

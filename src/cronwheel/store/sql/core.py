@@ -107,7 +107,8 @@ class SqlCore(Store):
         config = Config()
         config.set_main_option("script_location", str(MIGRATIONS_DIR))
         try:
-            async with self.engine.begin() as conn:
+            async with self._begin_write() as conn:
+                await self._migration_lock(conn)
 
                 def upgrade(sync_conn: sa.Connection) -> None:
                     config.attributes["connection"] = sync_conn
@@ -117,6 +118,10 @@ class SqlCore(Store):
         finally:
             if opened_here:
                 await self.close()
+
+    async def _migration_lock(self, conn: AsyncConnection) -> None:
+        """Serialise migrations of processes starting together (SQLite: the write
+        transaction already does)."""
 
     async def ping(self) -> None:
         try:
