@@ -1,0 +1,7 @@
+"""``python -m cronwheel`` runs the CLI."""
+
+from __future__ import annotations
+
+from cronwheel.cli import main
+
+main()

@@ -1,0 +1,360 @@
+"""``cronwheel``: run the server, its parts, a worker or the demo; talk to the API.
+
+Exit codes: 0 success, 1 an error (printed in red on stderr), 2 a usage error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+
+from cronwheel.cli_common import (
+    DEFAULT_URL,
+    UrlOpt,
+    console,
+    err,
+    fail,
+    handle_errors,
+    setup_logging,
+)
+from cronwheel.cli_resources import jobs_app, runs_app, tenants_app
+from cronwheel.runtime import Runtime, StartupError
+from cronwheel.settings import Settings
+
+__all__ = [
+    "DataDirOpt",
+    "DatabaseUrlOpt",
+    "HostOpt",
+    "LogLevelOpt",
+    "PortOpt",
+    "api",
+    "app",
+    "db_app",
+    "db_upgrade",
+    "demo",
+    "main",
+    "scheduler",
+    "server",
+    "worker",
+]
+
+app = typer.Typer(
+    name="cronwheel",
+    help="cronwheel: a multi-tenant distributed job scheduler.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+db_app = typer.Typer(help="The database: migrations.", no_args_is_help=True)
+app.add_typer(jobs_app, name="jobs")
+app.add_typer(runs_app, name="runs")
+app.add_typer(tenants_app, name="tenants")
+app.add_typer(db_app, name="db")
+
+HostOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--host", envvar=None, show_default=False, help="Listen address [default: 127.0.0.1]."
+    ),
+]
+PortOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--port",
+        min=0,
+        max=65535,
+        show_default=False,
+        help="Listen port (0: any free one) [default: 8000].",
+    ),
+]
+DataDirOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--data-dir",
+        show_default=False,
+        file_okay=False,
+        help="Where the SQLite database and the admin key live [default: ~/.cronwheel].",
+    ),
+]
+DatabaseUrlOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--database-url",
+        show_default=False,
+        help="postgresql://… or sqlite:///… [default: SQLite in the data directory].",
+    ),
+]
+LogLevelOpt = Annotated[str, typer.Option("--log-level", help="debug | info | warning | error")]
+
+
+def _settings(**flags: object) -> Settings:
+    """Environment (CRONWHEEL_*) first, flags over it; a bad value is a clear error."""
+    with handle_errors():
+        return Settings.load(**flags)
+    raise AssertionError("unreachable")  # handle_errors exits on every error
+
+
+def _redacted(url: str) -> str:
+    """A database URL fit to print: no password."""
+    if "@" not in url or "://" not in url:
+        return url
+    scheme, rest = url.split("://", 1)
+    credentials, host = rest.rsplit("@", 1)
+    user = credentials.split(":", 1)[0]
+    return f"{scheme}://{user}:***@{host}" if ":" in credentials else url
+
+
+def _serve(runtime: Runtime, what: str) -> None:
+    """Run a runtime in the foreground with a status line; Ctrl-C / SIGTERM stop it."""
+
+    async def announce(rt: Runtime, stop: asyncio.Event) -> None:
+        where = rt.url or _redacted(rt.settings.resolved_database_url)
+        console.print(
+            f"[bold green]cronwheel {what}[/] ready on [bold]{escape(where)}[/] "
+            f"(pid {os.getpid()}; Ctrl-C to stop)",
+            highlight=False,
+        )
+        if rt.admin is not None:
+            if rt.admin.created:
+                console.print(
+                    f"admin key (shown once, kept in {rt.admin.path}): [bold]{rt.admin.key}[/]",
+                    highlight=False,
+                )
+            elif rt.admin.path is not None:
+                console.print(f"admin key: in {rt.admin.path}", highlight=False)
+            else:
+                console.print("admin key: from CRONWHEEL_ADMIN_KEY", highlight=False)
+        await stop.wait()
+
+    runtime.extras.insert(0, announce)
+    try:
+        runtime.run()
+    except StartupError as exc:
+        fail(str(exc))
+    except KeyboardInterrupt:  # a signal before the handlers were installed
+        raise typer.Exit(130) from None
+    except Exception as exc:
+        logging.getLogger("cronwheel").exception(
+            "runtime.failed", extra={"event": "runtime.failed"}
+        )
+        fail(f"cronwheel {what} failed: {type(exc).__name__}: {exc}")
+    console.print(f"cronwheel {what} stopped", highlight=False)
+
+
+@app.command()
+def server(
+    host: HostOpt = None,
+    port: PortOpt = None,
+    data_dir: DataDirOpt = None,
+    database_url: DatabaseUrlOpt = None,
+    log_level: LogLevelOpt = "info",
+) -> None:
+    """The API and a scheduler node in one process (SQLite by default): the
+    single-machine cronwheel. Creates the data directory, migrates the database and,
+    unless CRONWHEEL_ADMIN_KEY is set, makes an admin key and prints it once."""
+    setup_logging(log_level)
+    settings = _settings(host=host, port=port, data_dir=data_dir, database_url=database_url)
+    _serve(Runtime(settings), "server")
+
+
+@app.command()
+def api(
+    host: HostOpt = None,
+    port: PortOpt = None,
+    data_dir: DataDirOpt = None,
+    database_url: DatabaseUrlOpt = None,
+    log_level: LogLevelOpt = "info",
+) -> None:
+    """The API only (run scheduler nodes separately)."""
+    setup_logging(log_level)
+    settings = _settings(host=host, port=port, data_dir=data_dir, database_url=database_url)
+    _serve(Runtime(settings, scheduler=False), "api")
+
+
+@app.command()
+def scheduler(
+    node_id: Annotated[
+        str | None,
+        typer.Option("--node-id", show_default=False, help="This node's name [default: host:pid]."),
+    ] = None,
+    data_dir: DataDirOpt = None,
+    database_url: DatabaseUrlOpt = None,
+    log_level: LogLevelOpt = "info",
+) -> None:
+    """A scheduler node only: owns shards, fires due runs, expires lost leases."""
+    setup_logging(log_level)
+    settings = _settings(data_dir=data_dir, database_url=database_url, node_id=node_id)
+    _serve(Runtime(settings, api=False, node_id=node_id or settings.node_id), "scheduler")
+
+
+@db_app.command("upgrade")
+def db_upgrade(
+    database_url: DatabaseUrlOpt = None,
+    data_dir: DataDirOpt = None,
+) -> None:
+    """Apply every pending migration."""
+    settings = _settings(database_url=database_url, data_dir=data_dir)
+    url = settings.resolved_database_url
+
+    async def upgrade() -> None:
+        from cronwheel.store import create_store
+
+        if not settings.database_url:
+            settings.data_dir.mkdir(parents=True, exist_ok=True)
+        store = create_store(url)
+        try:
+            await store.migrate()
+        finally:
+            await store.close()
+
+    with err.status(f"migrating {escape(_redacted(url))} …"):
+        try:
+            asyncio.run(upgrade())
+        except Exception as exc:
+            fail(f"cannot migrate {_redacted(url)}: {type(exc).__name__}: {exc}")
+    console.print(f"[green]up to date:[/] {escape(_redacted(url))}", highlight=False)
+
+
+@app.command()
+def demo(
+    host: HostOpt = None,
+    port: PortOpt = None,
+    data_dir: DataDirOpt = None,
+    log_level: LogLevelOpt = "info",
+) -> None:
+    """The server plus a demo tenant, a worker and a stream of demo jobs (some fail once
+    and succeed on retry), all in this process. Prints the keys to explore with
+    `cronwheel jobs list` / `cronwheel runs list`."""
+    from cronwheel.demo import Demo
+
+    setup_logging(log_level)
+    settings = _settings(host=host, port=port, data_dir=data_dir)
+
+    def announce(line: str) -> None:
+        console.print(f"[cyan]demo[/] {escape(line)}", highlight=False)
+
+    runtime = Runtime(settings, extras=[Demo(announce=announce)])
+    _serve(runtime, "demo")
+
+
+@app.command()
+def worker(
+    modules: Annotated[
+        list[str],
+        typer.Option("--import", help="A module to import for its handlers (repeatable)."),
+    ],
+    url: UrlOpt = DEFAULT_URL,
+    api_key: Annotated[
+        str | None,
+        typer.Option(
+            "--api-key",
+            envvar="CRONWHEEL_API_KEY",
+            show_default=False,
+            help="A worker key (of a tenant, or without one to serve every tenant).",
+        ),
+    ] = None,
+    pool: Annotated[str, typer.Option("--pool", help="The pool to serve.")] = "default",
+    capability: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--capability", help="A capability this worker has (repeatable).", show_default=False
+        ),
+    ] = None,
+    tag: Annotated[
+        list[str] | None,
+        typer.Option("--tag", help="An execution tag (repeatable).", show_default=False),
+    ] = None,
+    concurrency: Annotated[
+        int, typer.Option("--concurrency", min=1, max=10_000, help="Handlers running at once.")
+    ] = 10,
+    name: Annotated[
+        str | None,
+        typer.Option("--name", show_default=False, help="A name shown in the dashboard."),
+    ] = None,
+    grace_period: Annotated[
+        float,
+        typer.Option("--grace-period", min=0, help="Seconds running handlers get on shutdown."),
+    ] = 30.0,
+    log_level: LogLevelOpt = "info",
+) -> None:
+    """Run a Python worker.
+
+    The imported modules register handlers on the global registry:
+
+        from cronwheel.worker import task
+
+        @task("billing.charge")
+        async def charge(ctx, payload): ...
+
+    (a module-level `worker = Worker(...)` with `@worker.task` handlers works too: its
+    handlers are taken, its connection settings are not — this command's are.)
+    Sync handlers run in a thread pool, async ones on the event loop. SIGTERM / Ctrl-C
+    stop leasing and let running handlers finish for --grace-period seconds; a second
+    signal hands their runs back at once.
+    """
+    from cronwheel.worker import Worker, registry
+
+    setup_logging(log_level)
+    if not api_key:
+        fail("no API key: pass --api-key or set CRONWHEEL_API_KEY (a worker key)", code=2)
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # as `python -m` would: local modules import
+    found = []
+    for module_name in modules:
+        try:
+            module = importlib.import_module(module_name)
+        except Exception as exc:
+            fail(f"--import {module_name}: {type(exc).__name__}: {exc}")
+        found.append(module)
+    try:
+        w = Worker(
+            url,
+            api_key=api_key,
+            pool=pool,
+            capabilities=capability or [],
+            tags=tag or [],
+            concurrency=concurrency,
+            name=name,
+            grace_period=grace_period,
+        )
+        w.include(registry)
+        for module in found:
+            module_worker = getattr(module, "worker", None)
+            if isinstance(module_worker, Worker):
+                w.include(module_worker.registry)
+    except ValueError as exc:
+        fail(str(exc), code=2)
+    if not len(w.registry):
+        fail(
+            f"no handlers: {', '.join(modules)} registered none (use "
+            '@cronwheel.worker.task("name"))'
+        )
+    console.print(
+        f"[bold green]cronwheel worker[/] pool [bold]{escape(pool)}[/] → "
+        f"{escape(url)}; tasks: {escape(', '.join(w.registry.names()))} "
+        f"(concurrency {concurrency}; Ctrl-C to stop)",
+        highlight=False,
+    )
+    with handle_errors():
+        w.run()
+    console.print(
+        f"worker stopped: {w.stats.succeeded} succeeded, {w.stats.failed} failed, "
+        f"{w.stats.released} released",
+        highlight=False,
+    )
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

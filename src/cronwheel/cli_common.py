@@ -1,0 +1,173 @@
+"""What every ``cronwheel`` command shares: the consoles, error reporting, the
+connection options and the JSON / table output."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from datetime import datetime
+from typing import Annotated, Any, NoReturn
+
+import typer
+from pydantic import ValidationError as PydanticValidationError
+from pydantic_core import to_jsonable_python
+from rich.console import Console
+from rich.logging import RichHandler
+from rich.markup import escape
+from rich.table import Table
+
+from cronwheel.client import ApiError, Client
+from cronwheel.domain.errors import CronwheelError
+
+__all__ = [
+    "DEFAULT_URL",
+    "ApiKeyOpt",
+    "JsonOpt",
+    "TenantOpt",
+    "UrlOpt",
+    "client_for",
+    "console",
+    "err",
+    "fail",
+    "handle_errors",
+    "key_values",
+    "print_json",
+    "setup_logging",
+    "short_time",
+    "table",
+]
+
+console = Console(soft_wrap=True)  # keys and ids must stay on one line to be copied
+err = Console(stderr=True, soft_wrap=True)
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+
+UrlOpt = Annotated[
+    str, typer.Option("--url", envvar="CRONWHEEL_URL", help="The cronwheel API.", show_default=True)
+]
+ApiKeyOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--api-key",
+        envvar="CRONWHEEL_API_KEY",
+        show_default=False,
+        help="An API key (operator or viewer; the admin key needs --tenant).",
+    ),
+]
+TenantOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--tenant",
+        envvar="CRONWHEEL_TENANT",
+        show_default=False,
+        help="The tenant id an admin key acts for.",
+    ),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
+
+
+def fail(message: str, *, code: int = 1) -> NoReturn:
+    """A red message on stderr and a non-zero exit."""
+    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
+    raise typer.Exit(code)
+
+
+def _validation_message(exc: PydanticValidationError) -> str:
+    parts = []
+    for error in exc.errors():
+        where = ".".join(str(p) for p in error["loc"])
+        parts.append(f"{where}: {error['msg']}" if where else str(error["msg"]))
+    return "; ".join(parts)
+
+
+@contextmanager
+def handle_errors() -> Iterator[None]:
+    """Turn the errors a user can cause into a clear message and exit code 1."""
+    try:
+        yield
+    except ApiError as exc:
+        hint = ""
+        if exc.status == 401:
+            hint = " — check --api-key / CRONWHEEL_API_KEY"
+        elif exc.status == 0:
+            hint = " — is the server running? check --url / CRONWHEEL_URL"
+        where = f" (field {exc.field})" if exc.field else ""
+        fail(f"{exc.message}{where} [{exc.code}]{hint}")
+    except PydanticValidationError as exc:
+        fail(f"invalid configuration: {_validation_message(exc)}")
+    except CronwheelError as exc:
+        fail(exc.message)
+    except (ValueError, OSError) as exc:
+        fail(str(exc))
+
+
+def client_for(url: str, api_key: str | None, tenant: str | None) -> Client:
+    if not api_key:
+        fail("no API key: pass --api-key or set CRONWHEEL_API_KEY", code=2)
+    try:
+        return Client(url, api_key=api_key, tenant=tenant)
+    except ValueError as exc:
+        fail(f"--url: {exc}", code=2)
+
+
+def print_json(value: Any) -> None:
+    console.print_json(json.dumps(to_jsonable_python(value)), highlight=False)
+
+
+def short_time(value: Any) -> str:
+    """An API instant as ``YYYY-MM-DD HH:MM:SS.mmmZ`` (full precision stays in --json)."""
+    if not value:
+        return ""
+    try:
+        instant = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    except ValueError:
+        return str(value)
+    return instant.strftime("%Y-%m-%d %H:%M:%S.") + f"{instant.microsecond // 1000:03d}Z"
+
+
+def table(
+    title: str | None,
+    columns: Sequence[str],
+    rows: Sequence[Sequence[Any]],
+    *,
+    caption: str | None = None,
+) -> Table:
+    out = Table(title=title, caption=caption, header_style="bold", expand=False)
+    for name in columns:
+        # ids must stay whole to be copied: fold rather than truncate
+        out.add_column(name, overflow="fold")
+    for row in rows:
+        out.add_row(*("" if v is None else escape(str(v)) for v in row))
+    return out
+
+
+def key_values(title: str, values: Mapping[str, Any]) -> Table:
+    out = Table(title=title, show_header=False, expand=False)
+    out.add_column("field", style="bold")
+    out.add_column("value", overflow="fold")
+    for key, value in values.items():
+        if value is None or value == [] or value == {}:
+            continue
+        shown = json.dumps(value) if isinstance(value, dict | list) else str(value)
+        out.add_row(key, escape(shown))
+    return out
+
+
+def setup_logging(level: str) -> None:
+    numeric = logging.getLevelName(level.upper())
+    if not isinstance(numeric, int):
+        fail(f"--log-level: unknown level {level!r}", code=2)
+    handler = RichHandler(
+        console=err,
+        show_path=False,
+        rich_tracebacks=False,
+        markup=False,
+        log_time_format="%H:%M:%S",
+    )
+    logging.basicConfig(level=numeric, handlers=[handler], format="%(message)s", force=True)
+    if numeric > logging.DEBUG:
+        # Migrations narrate every step at INFO; that is debugging detail here.
+        logging.getLogger("alembic").setLevel(logging.WARNING)
+        logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request

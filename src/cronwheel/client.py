@@ -1,0 +1,719 @@
+"""The Python client of the cronwheel HTTP API.
+
+``Client`` (blocking) and ``AsyncClient`` share ``_BaseClient``: everything that needs
+no I/O — building requests, the tenant header, turning error responses into
+:class:`ApiError` — lives there once, and each resource method is a one-line call of
+its transport. Responses are the API's JSON objects (dicts) as documented in the
+OpenAPI schema; lists come back as :class:`~cronwheel.domain.model.Page`.
+
+::
+
+    from cronwheel import Client
+
+    with Client("http://localhost:8000", api_key=KEY) as client:
+        job = client.jobs.create(name="hello", schedule={"delay": 5}, task="hello")
+        for run in client.runs.iter(job_id=job["id"]):
+            print(run["state"])
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from types import TracebackType
+from typing import Any, Self, cast
+from urllib.parse import quote
+
+import httpx
+from pydantic_core import to_jsonable_python
+
+from cronwheel.domain.errors import CronwheelError
+from cronwheel.domain.model import Page
+
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "TENANT_HEADER",
+    "ApiConnectionError",
+    "ApiError",
+    "AsyncClient",
+    "AsyncJobs",
+    "AsyncRuns",
+    "AsyncTenants",
+    "Call",
+    "Client",
+    "Id",
+    "Jobs",
+    "Json",
+    "Runs",
+    "Tenants",
+    "error_from_response",
+]
+
+DEFAULT_TIMEOUT = 30.0
+TENANT_HEADER = "Cronwheel-Tenant"
+_ERROR_TEXT_LIMIT = 300
+
+Json = dict[str, Any]
+Id = str | uuid.UUID
+
+
+class ApiError(CronwheelError):
+    """An error answer of the API: its HTTP ``status`` and its stable ``code``."""
+
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        field: str | None = None,
+        details: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__(message, field=field, **dict(details or {}))
+        self.status = status
+        self.code = code
+
+    def __str__(self) -> str:
+        where = f" (field {self.field})" if self.field else ""
+        return f"{self.message}{where} [{self.status} {self.code}]"
+
+    def __repr__(self) -> str:
+        return (
+            f"ApiError(status={self.status}, code={self.code!r}, "
+            f"message={self.message!r}, field={self.field!r})"
+        )
+
+
+class ApiConnectionError(ApiError, ConnectionError):
+    """The server could not be reached or did not answer in time (``status`` 0)."""
+
+    def __init__(self, message: str, *, code: str = "connection_error") -> None:
+        super().__init__(0, code, message)
+
+
+def error_from_response(response: httpx.Response) -> ApiError:
+    """The :class:`ApiError` an error response stands for, whatever produced it: the
+    API's JSON error, a framework's validation answer, or a proxy's HTML page."""
+    status = response.status_code
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict):
+        error = body.get("error")
+        if isinstance(error, dict) and "message" in error:
+            details = error.get("details")
+            return ApiError(
+                status,
+                str(error.get("code") or f"http_{status}"),
+                str(error["message"]),
+                None if error.get("field") is None else str(error["field"]),
+                details if isinstance(details, dict) else None,
+            )
+        detail = body.get("detail")
+        if isinstance(detail, list) and detail and isinstance(detail[0], dict):
+            first = detail[0]
+            loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path")]
+            return ApiError(
+                status,
+                "invalid_request",
+                str(first.get("msg", "invalid request")),
+                ".".join(loc) or None,
+            )
+        if isinstance(detail, str):
+            return ApiError(status, f"http_{status}", detail)
+    text = " ".join(response.text.split())[:_ERROR_TEXT_LIMIT]
+    reason = response.reason_phrase or "error"
+    return ApiError(status, f"http_{status}", f"{reason}: {text}" if text else reason)
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One API request, built without I/O so both clients send it the same way."""
+
+    method: str
+    path: str
+    params: dict[str, str] = field(default_factory=dict)
+    json: Any = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+def _seg(value: Id) -> str:
+    """An id as one path segment: nothing in it can climb to another route."""
+    return quote(str(value), safe="")
+
+
+def _params(**values: Any) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for key, value in values.items():
+        if value is None:
+            continue
+        if isinstance(value, datetime):
+            out[key] = value.isoformat()
+        elif isinstance(value, list | tuple | set | frozenset):
+            out[key] = ",".join(str(v) for v in value)
+        else:
+            out[key] = str(value)
+    return out
+
+
+def _body(value: Any) -> Any:
+    """Pydantic models, datetimes and UUIDs as JSON values."""
+    return to_jsonable_python(value, by_alias=True, exclude_none=True)
+
+
+def _page(data: Any) -> Page[Json]:
+    if not isinstance(data, dict) or not isinstance(data.get("items"), list):
+        raise ApiError(200, "bad_response", "the server answered a list without 'items'")
+    return Page(items=list(data["items"]), next_cursor=data.get("next_cursor"))
+
+
+# -- the calls, shared by both clients ----------------------------------------------
+
+
+class _Calls:
+    """Every request the resources make, as :class:`Call` values."""
+
+    @staticmethod
+    def tenants_create(name: str, limits: Mapping[str, Any] | None) -> Call:
+        body: Json = {"name": name}
+        if limits is not None:
+            body["limits"] = _body(limits)
+        return Call("POST", "/v1/tenants", json=body)
+
+    @staticmethod
+    def tenants_get(tenant_id: Id) -> Call:
+        return Call("GET", f"/v1/tenants/{_seg(tenant_id)}")
+
+    @staticmethod
+    def tenants_list(cursor: str | None, limit: int | None) -> Call:
+        return Call("GET", "/v1/tenants", params=_params(cursor=cursor, limit=limit))
+
+    @staticmethod
+    def tenants_update(tenant_id: Id, limits: Mapping[str, Any]) -> Call:
+        return Call("PATCH", f"/v1/tenants/{_seg(tenant_id)}", json={"limits": _body(limits)})
+
+    @staticmethod
+    def tenants_create_key(tenant_id: Id, role: str) -> Call:
+        return Call("POST", f"/v1/tenants/{_seg(tenant_id)}/keys", json={"role": role})
+
+    @staticmethod
+    def jobs_create(
+        name: str,
+        schedule: Any,
+        task: str | None,
+        idempotency_key: str | None,
+        fields: Mapping[str, Any],
+    ) -> Call:
+        body: Json = {"name": name, "schedule": _body(schedule)}
+        if task is not None:
+            body["task"] = task
+        body.update({k: _body(v) for k, v in fields.items() if v is not None})
+        headers = {} if idempotency_key is None else {"Idempotency-Key": idempotency_key}
+        return Call("POST", "/v1/jobs", json=body, headers=headers)
+
+    @staticmethod
+    def jobs_get(job_id: Id) -> Call:
+        return Call("GET", f"/v1/jobs/{_seg(job_id)}")
+
+    @staticmethod
+    def jobs_list(
+        state: str | None,
+        tag: str | None,
+        name_prefix: str | None,
+        cursor: str | None,
+        limit: int | None,
+    ) -> Call:
+        params = _params(state=state, tag=tag, name_prefix=name_prefix, cursor=cursor, limit=limit)
+        return Call("GET", "/v1/jobs", params=params)
+
+    @staticmethod
+    def jobs_cancel(job_id: Id, reason: str | None) -> Call:
+        body = {} if reason is None else {"reason": reason}
+        return Call("POST", f"/v1/jobs/{_seg(job_id)}/cancel", json=body)
+
+    @staticmethod
+    def runs_get(run_id: Id) -> Call:
+        return Call("GET", f"/v1/runs/{_seg(run_id)}")
+
+    @staticmethod
+    def runs_list(
+        job_id: Id | None,
+        state: str | Sequence[str] | None,
+        since: datetime | None,
+        until: datetime | None,
+        tag: str | None,
+        cursor: str | None,
+        limit: int | None,
+    ) -> Call:
+        params = _params(
+            job_id=job_id,
+            state=state,
+            since=since,
+            until=until,
+            tag=tag,
+            cursor=cursor,
+            limit=limit,
+        )
+        return Call("GET", "/v1/runs", params=params)
+
+    @staticmethod
+    def runs_cancel(run_id: Id, reason: str | None) -> Call:
+        body = {} if reason is None else {"reason": reason}
+        return Call("POST", f"/v1/runs/{_seg(run_id)}/cancel", json=body)
+
+
+class _BaseClient:
+    """What both clients share: the base URL, the credentials, request building and
+    error parsing. No I/O happens here."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        api_key: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        tenant: Id | None = None,
+    ) -> None:
+        self.url = self._validate_url(url)
+        self.api_key = api_key
+        self.timeout = timeout
+        self.tenant = None if tenant is None else str(tenant)
+
+    @staticmethod
+    def _validate_url(url: str) -> str:
+        """The base URL without its trailing slash; ValueError unless it is http(s)."""
+        try:
+            parsed = httpx.URL(url)
+        except httpx.InvalidURL as exc:
+            raise ValueError(f"not a valid URL: {url!r} ({exc})") from exc
+        if parsed.scheme not in ("http", "https") or not parsed.host:
+            raise ValueError(f"not an http(s) URL: {url!r} (expected http://host:port)")
+        return str(parsed).rstrip("/")
+
+    def _default_headers(self) -> dict[str, str]:
+        headers = {"Accept": "application/json", "User-Agent": "cronwheel-python"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        return headers
+
+    def _headers_for(self, call: Call) -> dict[str, str]:
+        headers = dict(call.headers)
+        if self.tenant is not None:
+            headers[TENANT_HEADER] = self.tenant
+        return headers
+
+    def _transport_error(self, exc: httpx.TransportError, call: Call) -> ApiConnectionError:
+        if isinstance(exc, httpx.TimeoutException):
+            return ApiConnectionError(
+                f"{call.method} {self.url}{call.path} timed out after {self.timeout:g} s",
+                code="timeout",
+            )
+        return ApiConnectionError(f"cannot reach {self.url}: {exc or type(exc).__name__}")
+
+    @staticmethod
+    def _parse(response: httpx.Response) -> Any:
+        if response.is_error:
+            raise error_from_response(response)
+        if response.status_code == 204 or not response.content:
+            return None
+        try:
+            return response.json()
+        except ValueError as exc:
+            raise ApiError(
+                response.status_code, "bad_response", "the server answered something not JSON"
+            ) from exc
+
+
+# -- blocking ------------------------------------------------------------------------
+
+
+class Client(_BaseClient):
+    """A blocking client. ``tenant`` names the tenant an admin key acts for (the
+    ``Cronwheel-Tenant`` header); tenant keys need no such thing."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        api_key: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        tenant: Id | None = None,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        super().__init__(url, api_key=api_key, timeout=timeout, tenant=tenant)
+        self._http = httpx.Client(
+            base_url=self.url,
+            headers=self._default_headers(),
+            timeout=timeout,
+            transport=transport,
+        )
+        self._owns_http = True
+        self.tenants = Tenants(self)
+        self.jobs = Jobs(self)
+        self.runs = Runs(self)
+
+    def with_tenant(self, tenant: Id | None) -> Client:
+        """A view of this client acting for ``tenant``, sharing its connections."""
+        other = object.__new__(Client)
+        other.__dict__.update(self.__dict__)
+        other.tenant = None if tenant is None else str(tenant)
+        other._owns_http = False
+        other.tenants, other.jobs, other.runs = Tenants(other), Jobs(other), Runs(other)
+        return other
+
+    def send(self, call: Call) -> Any:
+        try:
+            response = self._http.request(
+                call.method,
+                call.path,
+                params=call.params or None,
+                json=call.json,
+                headers=self._headers_for(call),
+            )
+        except httpx.TransportError as exc:
+            raise self._transport_error(exc, call) from exc
+        return self._parse(response)
+
+    def get(self, path: str, **params: Any) -> Any:
+        """A GET of any API path (for what the resources do not cover yet)."""
+        return self.send(Call("GET", path, params=_params(**params)))
+
+    def close(self) -> None:
+        if self._owns_http:
+            self._http.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class _Resource:
+    def __init__(self, client: Client) -> None:
+        self._client = client
+
+    def _one(self, call: Call) -> Json:
+        return cast(Json, self._client.send(call))
+
+    def _page(self, call: Call) -> Page[Json]:
+        return _page(self._client.send(call))
+
+
+class Tenants(_Resource):
+    def create(self, name: str, *, limits: Mapping[str, Any] | None = None) -> Json:
+        """A new tenant; the answer holds its first operator ``api_key`` (shown once)."""
+        return self._one(_Calls.tenants_create(name, limits))
+
+    def get(self, tenant_id: Id) -> Json:
+        return self._one(_Calls.tenants_get(tenant_id))
+
+    def list(self, *, cursor: str | None = None, limit: int | None = None) -> Page[Json]:
+        return self._page(_Calls.tenants_list(cursor, limit))
+
+    def update(self, tenant_id: Id, *, limits: Mapping[str, Any]) -> Json:
+        return self._one(_Calls.tenants_update(tenant_id, limits))
+
+    def create_key(self, tenant_id: Id, *, role: str = "operator") -> Json:
+        return self._one(_Calls.tenants_create_key(tenant_id, role))
+
+
+class Jobs(_Resource):
+    def create(
+        self,
+        *,
+        name: str,
+        schedule: Any,
+        task: str | None = None,
+        idempotency_key: str | None = None,
+        **fields: Any,
+    ) -> Json:
+        """Create a job. ``fields`` are the other fields of a job (payload, pool,
+        requires, tags, priority, retry, timeout, heartbeat_timeout, webhook)."""
+        return self._one(_Calls.jobs_create(name, schedule, task, idempotency_key, fields))
+
+    def get(self, job_id: Id) -> Json:
+        return self._one(_Calls.jobs_get(job_id))
+
+    def list(
+        self,
+        *,
+        state: str | None = None,
+        tag: str | None = None,
+        name_prefix: str | None = None,
+        cursor: str | None = None,
+        limit: int | None = None,
+    ) -> Page[Json]:
+        return self._page(_Calls.jobs_list(state, tag, name_prefix, cursor, limit))
+
+    def iter(
+        self,
+        *,
+        state: str | None = None,
+        tag: str | None = None,
+        name_prefix: str | None = None,
+        page_size: int | None = None,
+    ) -> Iterator[Json]:
+        """Every matching job, newest first, fetching pages as it goes."""
+        cursor: str | None = None
+        while True:
+            page = self.list(
+                state=state, tag=tag, name_prefix=name_prefix, cursor=cursor, limit=page_size
+            )
+            yield from page.items
+            if not page.next_cursor:
+                return
+            cursor = page.next_cursor
+
+    def cancel(self, job_id: Id, *, reason: str | None = None) -> Json:
+        return self._one(_Calls.jobs_cancel(job_id, reason))
+
+
+class Runs(_Resource):
+    def get(self, run_id: Id) -> Json:
+        """One run with its ``attempts`` and ``events``."""
+        return self._one(_Calls.runs_get(run_id))
+
+    def list(
+        self,
+        *,
+        job_id: Id | None = None,
+        state: str | Sequence[str] | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        tag: str | None = None,
+        cursor: str | None = None,
+        limit: int | None = None,
+    ) -> Page[Json]:
+        return self._page(_Calls.runs_list(job_id, state, since, until, tag, cursor, limit))
+
+    def iter(
+        self,
+        *,
+        job_id: Id | None = None,
+        state: str | Sequence[str] | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        tag: str | None = None,
+        page_size: int | None = None,
+    ) -> Iterator[Json]:
+        cursor: str | None = None
+        while True:
+            page = self.list(
+                job_id=job_id,
+                state=state,
+                since=since,
+                until=until,
+                tag=tag,
+                cursor=cursor,
+                limit=page_size,
+            )
+            yield from page.items
+            if not page.next_cursor:
+                return
+            cursor = page.next_cursor
+
+    def cancel(self, run_id: Id, *, reason: str | None = None) -> Json:
+        return self._one(_Calls.runs_cancel(run_id, reason))
+
+
+# -- async ---------------------------------------------------------------------------
+
+
+class AsyncClient(_BaseClient):
+    """The asyncio twin of :class:`Client`: the same resources, awaited."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        api_key: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        tenant: Id | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        super().__init__(url, api_key=api_key, timeout=timeout, tenant=tenant)
+        self._http = httpx.AsyncClient(
+            base_url=self.url,
+            headers=self._default_headers(),
+            timeout=timeout,
+            transport=transport,
+        )
+        self._owns_http = True
+        self.tenants = AsyncTenants(self)
+        self.jobs = AsyncJobs(self)
+        self.runs = AsyncRuns(self)
+
+    def with_tenant(self, tenant: Id | None) -> AsyncClient:
+        other = object.__new__(AsyncClient)
+        other.__dict__.update(self.__dict__)
+        other.tenant = None if tenant is None else str(tenant)
+        other._owns_http = False
+        other.tenants = AsyncTenants(other)
+        other.jobs, other.runs = AsyncJobs(other), AsyncRuns(other)
+        return other
+
+    async def send(self, call: Call, *, read_timeout: float | None = None) -> Any:
+        """Send ``call``; ``read_timeout`` overrides the client's (long polls need more)."""
+        try:
+            response = await self._http.request(
+                call.method,
+                call.path,
+                params=call.params or None,
+                json=call.json,
+                headers=self._headers_for(call),
+                timeout=self.timeout if read_timeout is None else read_timeout,
+            )
+        except httpx.TransportError as exc:
+            raise self._transport_error(exc, call) from exc
+        return self._parse(response)
+
+    async def get(self, path: str, **params: Any) -> Any:
+        return await self.send(Call("GET", path, params=_params(**params)))
+
+    async def aclose(self) -> None:
+        if self._owns_http:
+            await self._http.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+
+class _AsyncResource:
+    def __init__(self, client: AsyncClient) -> None:
+        self._client = client
+
+    async def _one(self, call: Call) -> Json:
+        return cast(Json, await self._client.send(call))
+
+    async def _page(self, call: Call) -> Page[Json]:
+        return _page(await self._client.send(call))
+
+
+class AsyncTenants(_AsyncResource):
+    async def create(self, name: str, *, limits: Mapping[str, Any] | None = None) -> Json:
+        return await self._one(_Calls.tenants_create(name, limits))
+
+    async def get(self, tenant_id: Id) -> Json:
+        return await self._one(_Calls.tenants_get(tenant_id))
+
+    async def list(self, *, cursor: str | None = None, limit: int | None = None) -> Page[Json]:
+        return await self._page(_Calls.tenants_list(cursor, limit))
+
+    async def update(self, tenant_id: Id, *, limits: Mapping[str, Any]) -> Json:
+        return await self._one(_Calls.tenants_update(tenant_id, limits))
+
+    async def create_key(self, tenant_id: Id, *, role: str = "operator") -> Json:
+        return await self._one(_Calls.tenants_create_key(tenant_id, role))
+
+
+class AsyncJobs(_AsyncResource):
+    async def create(
+        self,
+        *,
+        name: str,
+        schedule: Any,
+        task: str | None = None,
+        idempotency_key: str | None = None,
+        **fields: Any,
+    ) -> Json:
+        return await self._one(_Calls.jobs_create(name, schedule, task, idempotency_key, fields))
+
+    async def get(self, job_id: Id) -> Json:
+        return await self._one(_Calls.jobs_get(job_id))
+
+    async def list(
+        self,
+        *,
+        state: str | None = None,
+        tag: str | None = None,
+        name_prefix: str | None = None,
+        cursor: str | None = None,
+        limit: int | None = None,
+    ) -> Page[Json]:
+        return await self._page(_Calls.jobs_list(state, tag, name_prefix, cursor, limit))
+
+    async def iter(
+        self,
+        *,
+        state: str | None = None,
+        tag: str | None = None,
+        name_prefix: str | None = None,
+        page_size: int | None = None,
+    ) -> AsyncIterator[Json]:
+        cursor: str | None = None
+        while True:
+            page = await self.list(
+                state=state, tag=tag, name_prefix=name_prefix, cursor=cursor, limit=page_size
+            )
+            for item in page.items:
+                yield item
+            if not page.next_cursor:
+                return
+            cursor = page.next_cursor
+
+    async def cancel(self, job_id: Id, *, reason: str | None = None) -> Json:
+        return await self._one(_Calls.jobs_cancel(job_id, reason))
+
+
+class AsyncRuns(_AsyncResource):
+    async def get(self, run_id: Id) -> Json:
+        return await self._one(_Calls.runs_get(run_id))
+
+    async def list(
+        self,
+        *,
+        job_id: Id | None = None,
+        state: str | Sequence[str] | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        tag: str | None = None,
+        cursor: str | None = None,
+        limit: int | None = None,
+    ) -> Page[Json]:
+        return await self._page(_Calls.runs_list(job_id, state, since, until, tag, cursor, limit))
+
+    async def iter(
+        self,
+        *,
+        job_id: Id | None = None,
+        state: str | Sequence[str] | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        tag: str | None = None,
+        page_size: int | None = None,
+    ) -> AsyncIterator[Json]:
+        cursor: str | None = None
+        while True:
+            page = await self.list(
+                job_id=job_id,
+                state=state,
+                since=since,
+                until=until,
+                tag=tag,
+                cursor=cursor,
+                limit=page_size,
+            )
+            for item in page.items:
+                yield item
+            if not page.next_cursor:
+                return
+            cursor = page.next_cursor
+
+    async def cancel(self, run_id: Id, *, reason: str | None = None) -> Json:
+        return await self._one(_Calls.runs_cancel(run_id, reason))

@@ -1,0 +1,379 @@
+"""cronwheel in one process: the store, the HTTP API (uvicorn) and a scheduler node on
+one event loop — what ``cronwheel server``, ``api``, ``scheduler`` and ``demo`` run.
+
+::
+
+    prepare():  settings ─▶ data dir ─▶ open store ─▶ migrate ─▶ admin key
+    serve(stop):
+        api ─────────┐
+        scheduler ───┼── run until ``stop`` is set or one of them fails
+        extras ──────┘   (extras — the demo — stop first, then the API, then the
+                          scheduler, then the store closes)
+
+uvicorn runs programmatically and never installs signal handlers of its own: the
+caller owns the signals (``run()`` maps SIGTERM/SIGINT to ``stop``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import threading
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+
+from cronwheel.settings import Settings
+from cronwheel.store import Store, create_store
+
+__all__ = [
+    "ADMIN_KEY_FILE",
+    "AdminKey",
+    "BackgroundRuntime",
+    "Extra",
+    "Runtime",
+    "StartupError",
+    "ensure_admin_key",
+    "serving",
+]
+
+log = logging.getLogger("cronwheel.runtime")
+
+ADMIN_KEY_FILE = "admin.key"
+_STOP_TIMEOUT = 15.0
+
+Extra = Callable[["Runtime", asyncio.Event], Coroutine[Any, Any, None]]
+"""Something else to run in the process once it is ready (the demo), until stop."""
+
+
+class StartupError(RuntimeError):
+    """The process cannot start: a port in use, a database out of reach, …"""
+
+
+@dataclass(frozen=True, slots=True)
+class AdminKey:
+    key: str
+    created: bool  # True when generated just now: the only time it is shown
+    path: Path | None  # where it is kept (None when it came from the environment)
+
+
+def ensure_admin_key(settings: Settings) -> AdminKey:
+    """The admin key: ``settings.admin_key``, else the one kept in the data directory,
+    else a new one written there readable by the owner only."""
+    if settings.admin_key:
+        return AdminKey(settings.admin_key, created=False, path=None)
+    path = settings.data_dir / ADMIN_KEY_FILE
+    with contextlib.suppress(FileNotFoundError):
+        key = path.read_text(encoding="utf-8").strip()
+        if key:
+            return AdminKey(key, created=False, path=path)
+    from cronwheel.api.auth import generate_key
+
+    key = generate_key()[0]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(key + "\n")
+    os.chmod(path, 0o600)  # O_CREAT's mode does not apply to a file that existed
+    return AdminKey(key, created=True, path=path)
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal handling: the runtime decides when to stop."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """Bind before starting uvicorn, so a port in use is a clear error and port 0
+    gives the actual port."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise StartupError(f"cannot resolve host {host!r}: {exc}") from exc
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        raise StartupError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+    return sock
+
+
+def _url_of(sock: socket.socket, host: str) -> str:
+    port = sock.getsockname()[1]
+    shown = "127.0.0.1" if host in ("0.0.0.0", "") else ("[::1]" if host == "::" else host)
+    if ":" in shown and not shown.startswith("["):
+        shown = f"[{shown}]"
+    return f"http://{shown}:{port}"
+
+
+def _uvicorn_config(app: Any) -> uvicorn.Config:
+    return uvicorn.Config(
+        app,
+        log_config=None,
+        access_log=False,
+        lifespan="on",
+        timeout_graceful_shutdown=5,
+        proxy_headers=False,
+        server_header=False,
+    )
+
+
+@contextlib.asynccontextmanager
+async def serving(app: Any, *, host: str = "127.0.0.1", port: int = 0) -> AsyncIterator[str]:
+    """Serve an ASGI app with uvicorn on the running loop for the duration of the block;
+    yields its URL (``port=0``: a free port)."""
+    sock = _bind(host, port)
+    server = _Server(_uvicorn_config(app))
+    task = asyncio.create_task(Runtime._serve_api(server, sock), name="cronwheel-serving")
+    try:
+        await Runtime._wait_started(server, task)
+        yield _url_of(sock, host)
+    finally:
+        server.should_exit = True
+        await task
+
+
+class Runtime:
+    """One cronwheel process. Call :meth:`prepare`, then :meth:`serve`."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        api: bool = True,
+        scheduler: bool = True,
+        node_id: str | None = None,
+        extras: list[Extra] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.with_api = api
+        self.with_scheduler = scheduler
+        self.node_id = node_id
+        self.extras = list(extras or [])
+        self.admin: AdminKey | None = None
+        self.url: str | None = None
+        self.ready = asyncio.Event()
+        self._store: Store | None = None
+
+    @property
+    def store(self) -> Store:
+        if self._store is None:
+            raise RuntimeError("the runtime is not prepared")
+        return self._store
+
+    async def prepare(self) -> None:
+        """Data directory, store (opened and migrated) and, for the API, the admin key."""
+        settings = self.settings
+        if not settings.database_url:
+            try:
+                settings.data_dir.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise StartupError(
+                    f"cannot create data directory {settings.data_dir}: {exc.strerror or exc}"
+                ) from exc
+        store = create_store(settings.resolved_database_url)
+        try:
+            await store.open()
+            await store.migrate()
+        except Exception as exc:
+            await store.close()
+            raise StartupError(f"cannot open the database: {exc}") from exc
+        self._store = store
+        if self.with_api:
+            self.admin = ensure_admin_key(settings)
+            self.settings = settings.model_copy(update={"admin_key": self.admin.key})
+
+    async def serve(self, stop: asyncio.Event) -> None:
+        """Run until ``stop`` is set (or a component fails), then shut down in order."""
+        store = self.store
+        core: list[asyncio.Task[Any]] = []
+        extras: list[asyncio.Task[Any]] = []
+        server: _Server | None = None
+        scheduler_stop = asyncio.Event()
+        try:
+            if self.with_api:
+                server, sock = self._make_api(store)
+                core.append(
+                    asyncio.create_task(self._serve_api(server, sock), name="cronwheel-api")
+                )
+                await self._wait_started(server, core[-1])
+            if self.with_scheduler:
+                from cronwheel.scheduler.node import SchedulerNode
+
+                node = SchedulerNode(store, self.settings, node_id=self.node_id)
+                core.append(
+                    asyncio.create_task(node.run(scheduler_stop), name="cronwheel-scheduler")
+                )
+            self.ready.set()
+            shown: dict[str, str] = {}
+            if self.url is not None:
+                shown["api"] = self.url
+            if self.with_scheduler:
+                shown["scheduler"] = self.node_id or "on"
+            log.info(
+                "runtime.ready %s",
+                " ".join(f"{k}={v}" for k, v in shown.items()),
+                extra={"event": "runtime.ready", **shown},
+            )
+            extras = [
+                asyncio.create_task(extra(self, stop), name="cronwheel-extra")
+                for extra in self.extras
+            ]
+            stopper = asyncio.create_task(stop.wait())
+            done, _ = await asyncio.wait(
+                {stopper, *core, *extras}, return_when=asyncio.FIRST_COMPLETED
+            )
+            stopper.cancel()
+            errors = [t.exception() for t in done if t is not stopper and not t.cancelled()]
+            stop.set()
+            await self._stop_all(extras, server, core, scheduler_stop)
+            for error in errors:
+                if error is not None:
+                    raise error
+        finally:
+            for task in (*extras, *core):
+                task.cancel()
+            await store.close()
+            log.info("runtime.stopped", extra={"event": "runtime.stopped"})
+
+    def _make_api(self, store: Store) -> tuple[_Server, socket.socket]:
+        from cronwheel.api.app import create_app
+
+        sock = _bind(self.settings.host, self.settings.port)
+        self.url = _url_of(sock, self.settings.host)
+        return _Server(_uvicorn_config(create_app(self.settings, store))), sock
+
+    @staticmethod
+    async def _serve_api(server: _Server, sock: socket.socket) -> None:
+        try:
+            await server.serve(sockets=[sock])
+        except SystemExit as exc:  # uvicorn exits on a failed start-up
+            raise StartupError("the HTTP server failed to start (see the log above)") from exc
+        finally:
+            sock.close()
+
+    @staticmethod
+    async def _wait_started(server: _Server, task: asyncio.Task[Any]) -> None:
+        while not server.started:
+            if task.done():
+                task.result()
+                raise StartupError("the HTTP server stopped while starting")
+            await asyncio.sleep(0.01)
+
+    async def _stop_all(
+        self,
+        extras: list[asyncio.Task[Any]],
+        server: _Server | None,
+        core: list[asyncio.Task[Any]],
+        scheduler_stop: asyncio.Event,
+    ) -> None:
+        # Extras (the demo's worker) talk to the API: let them finish first.
+        if extras:
+            await asyncio.wait(extras, timeout=_STOP_TIMEOUT)
+        if server is not None:
+            server.should_exit = True
+        scheduler_stop.set()
+        if core:
+            _, pending = await asyncio.wait(core, timeout=_STOP_TIMEOUT)
+            for task in pending:
+                log.warning(
+                    "component did not stop in time: %s",
+                    task.get_name(),
+                    extra={"event": "runtime.stop_timeout", "component": task.get_name()},
+                )
+
+    def run(self) -> None:
+        """Prepare and serve until SIGTERM or SIGINT (blocking)."""
+        asyncio.run(self._main())
+
+    async def _main(self) -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        installed = []
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, stop.set)
+                installed.append(sig)
+        try:
+            await self.prepare()
+            await self.serve(stop)
+        finally:
+            for sig in installed:
+                loop.remove_signal_handler(sig)
+
+
+class BackgroundRuntime:
+    """A :class:`Runtime` on its own thread and event loop: for embedding cronwheel in
+    a blocking program (a notebook, a test of blocking code)."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._started = threading.Event()
+        self._error: BaseException | None = None
+
+    @property
+    def url(self) -> str:
+        if self.runtime.url is None:
+            raise RuntimeError("the runtime serves no API")
+        return self.runtime.url
+
+    def start(self, timeout: float = 60.0) -> BackgroundRuntime:
+        self._thread = threading.Thread(target=self._target, name="cronwheel-runtime", daemon=True)
+        self._thread.start()
+        if not self._started.wait(timeout):
+            raise StartupError(f"the runtime did not start within {timeout:g} s")
+        if self._error is not None:
+            raise self._error
+        return self
+
+    def _target(self) -> None:
+        async def main() -> None:
+            self._loop = asyncio.get_running_loop()
+            self._stop = asyncio.Event()
+            waiter = asyncio.create_task(self.runtime.ready.wait())
+            try:
+                await self.runtime.prepare()
+                serving = asyncio.create_task(self.runtime.serve(self._stop))
+                await asyncio.wait({waiter, serving}, return_when=asyncio.FIRST_COMPLETED)
+                self._started.set()
+                await serving
+            finally:
+                waiter.cancel()
+
+        try:
+            asyncio.run(main())
+        except BaseException as exc:
+            self._error = exc
+        finally:
+            self._started.set()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        if self._loop is not None and self._stop is not None and not self._loop.is_closed():
+            with contextlib.suppress(RuntimeError):
+                self._loop.call_soon_threadsafe(self._stop.set)
+        if self._thread is not None:
+            self._thread.join(timeout)
+        if self._error is not None and not isinstance(self._error, asyncio.CancelledError):
+            raise self._error
+
+    def __enter__(self) -> BackgroundRuntime:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,545 @@
+"""The worker's async core: one session of a :class:`~cronwheel.worker.Worker`.
+
+Three loops share the attempts the worker holds::
+
+    lease loop ──lease(max = free slots)──▶ held attempts ──handler tasks──▶ outbox
+        ▲  long-poll, one request                 │                          │
+        └────────── a slot frees up ◀─────────────┘          flusher: one batch request
+                                                             per ~10 ms (at once when big)
+    heartbeater: ONE batch request per interval for every held attempt; learns of
+    cancel requests and of lost leases
+
+An attempt stays *held* from its lease until the server has acknowledged its outcome,
+so a completion delayed by a network error keeps its lease alive meanwhile.
+
+Shutdown (stop set): leasing ends at once; running handlers get the grace period to
+finish; the ones still running are cancelled (async) or abandoned (sync) and their
+attempts *released* — handed back without counting as a try; everything is flushed.
+Network errors never end a session: each loop logs, backs off and tries again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import functools
+import inspect
+import logging
+import time
+import traceback
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
+
+from pydantic_core import PydanticSerializationError, to_jsonable_python
+
+from cronwheel.client import ApiError
+from cronwheel.worker.outbox import (
+    FATAL_STATUSES,
+    Backoff,
+    Outbox,
+    WorkerStats,
+    log_event,
+    wait_event,
+)
+from cronwheel.worker.protocol import Completion, Failure, Lease, TokenRef, WorkerProtocol
+from cronwheel.worker.tasks import (
+    TASK_LOGGER,
+    Handler,
+    NonRetryableError,
+    RunLogAdapter,
+    TaskContext,
+    TaskRegistry,
+)
+
+__all__ = ["Engine", "EngineConfig"]
+
+log = logging.getLogger("cronwheel.worker")
+T = TypeVar("T")
+
+_ERROR_LIMIT = 8000
+_IDLE_POLL_SECONDS = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    pool: str
+    capabilities: tuple[str, ...]
+    tags: tuple[str, ...]
+    concurrency: int
+    name: str | None
+    grace_period: float
+    lease_wait: float
+    flush_delay: float
+    flush_size: int
+    heartbeat_interval: float | None
+    backoff_max: float
+
+
+_CancelReason = Literal["cancel_requested", "lease_lost", "shutdown"]
+
+
+@dataclass(slots=True, eq=False)
+class _Held:
+    lease: Lease
+    ctx: TaskContext
+    task: asyncio.Task[None] | None = None
+    is_async: bool = False
+    finished: bool = False  # the handler returned, raised or was cancelled
+    reported: bool = False  # an outcome (or release) is queued or sent
+    cancel_reason: _CancelReason | None = None
+
+    @property
+    def ref(self) -> TokenRef:
+        return TokenRef(self.lease.attempt_id, self.lease.fencing_token)
+
+
+class _Stopped(Exception):
+    """Internal: a wait was interrupted by the stop signal."""
+
+
+class Engine:
+    def __init__(
+        self,
+        config: EngineConfig,
+        registry: TaskRegistry,
+        protocol: WorkerProtocol,
+        stats: WorkerStats,
+        *,
+        stop: asyncio.Event,
+        force: asyncio.Event,
+        drain: bool,
+    ) -> None:
+        self.config = config
+        self.registry = registry
+        self.protocol = protocol
+        self.stats = stats
+        self.stop = stop
+        self.force = force
+        self.drain = drain
+        self.worker_id: str | None = None
+        self.heartbeat_interval = config.heartbeat_interval or 10.0
+        self.lease_wait = config.lease_wait
+        self.held: dict[str, _Held] = {}
+        self.running = 0
+        self._slot_free = asyncio.Event()
+        self._held_changed = asyncio.Event()
+        self.outbox = Outbox(
+            protocol,
+            stats,
+            flush_delay=config.flush_delay,
+            flush_size=config.flush_size,
+            backoff_max=config.backoff_max,
+            on_settled=self._settled,
+        )
+        self._executor = ThreadPoolExecutor(
+            max_workers=config.concurrency, thread_name_prefix="cronwheel-task"
+        )
+        self._task_log = logging.getLogger(TASK_LOGGER)
+
+    # -- the session -----------------------------------------------------------------
+
+    async def run(self) -> None:
+        try:
+            if not await self._register():
+                return
+            background = [
+                asyncio.create_task(self.outbox.run(), name="cronwheel-flush"),
+                asyncio.create_task(self._heartbeat_loop(), name="cronwheel-heartbeat"),
+            ]
+            try:
+                await self._lease_loop()
+                await self._wind_down()
+            finally:
+                # Holding the lock, the flusher is never cut off mid-request (which would
+                # leave its items neither sent nor queued).
+                async with self.outbox.lock:
+                    for task in background:
+                        task.cancel()
+                    await asyncio.gather(*background, return_exceptions=True)
+                await self.outbox.close()
+        finally:
+            for held in self.held.values():  # only left when the session itself is cancelled
+                if held.task is not None and not held.task.done():
+                    held.task.cancel()
+            self._executor.shutdown(wait=False, cancel_futures=True)
+        log_event(
+            logging.INFO,
+            "worker.stopped",
+            worker_id=self.worker_id,
+            succeeded=self.stats.succeeded,
+            failed=self.stats.failed,
+            released=self.stats.released,
+        )
+
+    async def _register(self) -> bool:
+        backoff = Backoff(self.config.backoff_max)
+        cfg = self.config
+        while not self.stop.is_set():
+            try:
+                reg = await self.protocol.register(
+                    pool=cfg.pool,
+                    capabilities=cfg.capabilities,
+                    tags=cfg.tags,
+                    capacity=cfg.concurrency,
+                    name=cfg.name,
+                )
+            except ApiError as exc:
+                if exc.status in FATAL_STATUSES or exc.status in (400, 404, 422):
+                    raise  # a wrong key, URL or setting: retrying cannot help
+                delay = backoff.next_delay()
+                log_event(
+                    logging.WARNING,
+                    "worker.register_failed",
+                    error=str(exc),
+                    retry_in=f"{delay:.2f}",
+                )
+                with contextlib.suppress(_Stopped):
+                    await self._sleep(delay)
+                continue
+            self.worker_id = reg.worker_id
+            if cfg.heartbeat_interval is None:
+                self.heartbeat_interval = reg.heartbeat_interval
+            if reg.lease_wait_max is not None:
+                self.lease_wait = min(cfg.lease_wait, reg.lease_wait_max)
+            log_event(
+                logging.INFO,
+                "worker.registered",
+                worker_id=reg.worker_id,
+                pool=cfg.pool,
+                concurrency=cfg.concurrency,
+                tasks=",".join(self.registry.names()),
+            )
+            return True
+        return False
+
+    async def _sleep(self, seconds: float) -> None:
+        """Sleep, but raise :class:`_Stopped` as soon as stop is set."""
+        await wait_event(self.stop, seconds)
+        if self.stop.is_set():
+            raise _Stopped
+
+    async def _until_stopped(self, aw: Awaitable[T]) -> T:
+        """Await ``aw`` unless stop comes first (then cancel it and raise _Stopped)."""
+        work = asyncio.ensure_future(aw)
+        stopper = asyncio.create_task(self.stop.wait())
+        try:
+            await asyncio.wait({work, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopper.cancel()
+        if work.done():
+            return work.result()  # a lease that raced the stop is still honoured
+        work.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await work
+        raise _Stopped
+
+    # -- leasing ---------------------------------------------------------------------
+
+    async def _lease_loop(self) -> None:
+        backoff = Backoff(self.config.backoff_max)
+        assert self.worker_id is not None
+        while not self.stop.is_set():
+            self._slot_free.clear()
+            free = self.config.concurrency - self.running
+            if free <= 0:
+                await self._wait_slot()
+                continue
+            wait = 0.0 if self.drain else self.lease_wait
+            try:
+                leases = await self._until_stopped(
+                    self.protocol.lease(self.worker_id, max=free, wait=wait)
+                )
+            except _Stopped:
+                return
+            except ApiError as exc:
+                if exc.status in FATAL_STATUSES:
+                    log_event(logging.ERROR, "worker.unauthorized", error=str(exc))
+                # 404: the server forgot this worker (a reset database): register again.
+                if exc.status == 404 and exc.code == "not_found" and not await self._register():
+                    return
+                delay = backoff.next_delay()
+                log_event(
+                    logging.WARNING, "worker.lease_failed", error=str(exc), retry_in=f"{delay:.2f}"
+                )
+                try:
+                    await self._sleep(delay)
+                except _Stopped:
+                    return
+                continue
+            backoff.reset()
+            for lease in leases:
+                self._start(lease)
+            if not leases and self.drain:
+                if self.running == 0:
+                    return
+                await self._wait_slot()
+            elif not leases and wait == 0:
+                # A server that allows no long-poll: poll now and then, not in a tight loop.
+                try:
+                    await self._sleep(_IDLE_POLL_SECONDS)
+                except _Stopped:
+                    return
+
+    async def _wait_slot(self) -> None:
+        stopper = asyncio.create_task(self.stop.wait())
+        slot = asyncio.create_task(self._slot_free.wait())
+        try:
+            await asyncio.wait({stopper, slot}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopper.cancel()
+            slot.cancel()
+
+    def _start(self, lease: Lease) -> None:
+        self.stats.leased += 1
+        adapter = RunLogAdapter(
+            self._task_log,
+            {
+                "run_id": lease.run_id,
+                "attempt_id": lease.attempt_id,
+                "attempt": lease.attempt,
+                "task": lease.task,
+            },
+        )
+        ctx = TaskContext(
+            run_id=lease.run_id,
+            attempt_id=lease.attempt_id,
+            job_id=lease.job_id,
+            attempt=lease.attempt,
+            fencing_token=lease.fencing_token,
+            task=lease.task or "",
+            deadline=lease.deadline,
+            due_at=lease.due_at,
+            log=adapter,
+        )
+        handler = self.registry.get(lease.task) if lease.task else None
+        held = _Held(lease=lease, ctx=ctx, is_async=handler is not None and _is_async(handler))
+        self.held[lease.attempt_id] = held
+        self.running += 1
+        held.task = asyncio.create_task(
+            self._execute(held, handler), name=f"cronwheel-run-{lease.run_id}"
+        )
+        self._held_changed.set()
+
+    # -- executing -------------------------------------------------------------------
+
+    async def _execute(self, held: _Held, handler: Handler | None) -> None:
+        lease, ctx = held.lease, held.ctx
+        outcome: Completion | Failure | None = None
+        started = time.monotonic()
+        try:
+            if handler is None:
+                what = f"task {lease.task!r}" if lease.task else "a webhook run"
+                outcome = self._failure(
+                    held,
+                    f"no handler for {what} on this worker "
+                    f"(it has: {', '.join(self.registry.names()) or 'none'})",
+                    retryable=False,
+                )
+            else:
+                result = await self._call(held, handler)
+                outcome = self._completion(held, result)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if held.cancel_reason is None or task is None:
+                raise  # the session itself is being torn down
+            task.uncancel()
+            if held.cancel_reason == "cancel_requested":
+                # The store ends a run whose cancel was requested as CANCELLED, whatever
+                # its attempt reports; a failure keeps the attempt's record truthful.
+                outcome = self._failure(
+                    held, "cancelled on request: the handler was stopped", retryable=False
+                )
+        except TimeoutError as exc:
+            if isinstance(exc, _DeadlineExceeded):
+                outcome = self._failure(held, f"deadline exceeded after {exc.seconds:.1f} s")
+            else:
+                outcome = self._failure(held, _format_error(exc))
+        except NonRetryableError as exc:
+            outcome = self._failure(held, _format_error(exc), retryable=False)
+        except Exception as exc:
+            outcome = self._failure(held, _format_error(exc))
+        finally:
+            held.finished = True
+            self.running -= 1
+            self._slot_free.set()
+        took = time.monotonic() - started
+        if outcome is None or held.reported:
+            return
+        held.reported = True
+        self.outbox.add(outcome)
+        if isinstance(outcome, Completion):
+            ctx.log.debug("succeeded in %.3f s", took, extra={"event": "task.succeeded"})
+        else:
+            ctx.log.warning(
+                "failed in %.3f s: %s",
+                took,
+                outcome.error.splitlines()[0],
+                extra={"event": "task.failed", "retryable": outcome.retryable},
+            )
+
+    async def _call(self, held: _Held, handler: Handler) -> Any:
+        ctx, payload = held.ctx, held.lease.payload
+        if held.is_async:
+            budget = held.lease.run_seconds_left
+            try:
+                async with asyncio.timeout(budget) as scope:
+                    return await handler(ctx, payload)
+            except TimeoutError:
+                if scope.expired():
+                    raise _DeadlineExceeded(budget) from None
+                raise
+        loop = asyncio.get_running_loop()
+        call = functools.partial(contextvars.copy_context().run, handler, ctx, payload)
+        result = await loop.run_in_executor(self._executor, call)
+        if inspect.isawaitable(result):
+            result = await result
+        return result
+
+    def _completion(self, held: _Held, result: Any) -> Completion | Failure:
+        try:
+            value = to_jsonable_python(result)
+        except PydanticSerializationError as exc:
+            return self._failure(
+                held, f"the handler's result is not JSON-serialisable: {exc}", retryable=False
+            )
+        return Completion(held.lease.attempt_id, held.lease.fencing_token, value)
+
+    @staticmethod
+    def _failure(held: _Held, error: str, *, retryable: bool = True) -> Failure:
+        return Failure(
+            held.lease.attempt_id, held.lease.fencing_token, error[-_ERROR_LIMIT:], retryable
+        )
+
+    def _settled(self, attempt_id: str) -> None:
+        self.held.pop(attempt_id, None)
+        self._held_changed.set()
+
+    # -- heartbeats ------------------------------------------------------------------
+
+    def _heartbeat_period(self) -> float:
+        period = self.heartbeat_interval
+        for held in self.held.values():
+            period = min(period, held.lease.heartbeat_timeout / 3)
+        return max(period, 0.05)
+
+    async def _heartbeat_loop(self) -> None:
+        last = time.monotonic()
+        while True:
+            self._held_changed.clear()
+            due = last + self._heartbeat_period()
+            if not self.held:
+                await self._held_changed.wait()
+                last = time.monotonic()  # a fresh lease needs no beat yet
+                continue
+            delay = due - time.monotonic()
+            if delay > 0:
+                await wait_event(self._held_changed, delay)
+                continue
+            last = time.monotonic()
+            try:
+                await self._beat()
+            except Exception:  # a bug must not let every lease expire
+                log.exception("worker.heartbeat_error", extra={"event": "worker.heartbeat_error"})
+
+    async def _beat(self) -> None:
+        refs = [h.ref for h in self.held.values()]
+        try:
+            out = await self.protocol.batch(heartbeats=refs)
+        except ApiError as exc:
+            log_event(logging.WARNING, "worker.heartbeat_failed", error=str(exc), held=len(refs))
+            return
+        for outcome in out.heartbeats:
+            held = self.held.get(outcome.attempt_id)
+            if held is None:
+                continue
+            if not outcome.ok:
+                self._lose(held, outcome.error)
+            elif outcome.cancel_requested and not held.ctx.cancel_requested:
+                held.ctx.request_cancel()
+                held.ctx.log.info("cancel requested", extra={"event": "task.cancel_requested"})
+                self._cancel(held, "cancel_requested")
+
+    def _lose(self, held: _Held, error: str | None) -> None:
+        """The server no longer counts this attempt as ours: stop it, report nothing."""
+        self.stats.lost += 1
+        held.ctx.lease_lost = True
+        held.ctx.request_cancel()
+        held.reported = True
+        self.held.pop(held.lease.attempt_id, None)
+        held.ctx.log.warning(
+            "lease lost (%s): abandoning the attempt", error, extra={"event": "task.lease_lost"}
+        )
+        self._cancel(held, "lease_lost")
+
+    @staticmethod
+    def _cancel(held: _Held, reason: _CancelReason) -> None:
+        if held.is_async and not held.finished and held.task is not None:
+            held.cancel_reason = reason
+            held.task.cancel()
+
+    # -- shutdown --------------------------------------------------------------------
+
+    async def _wind_down(self) -> None:
+        if self.running:
+            log_event(
+                logging.INFO,
+                "worker.draining",
+                running=self.running,
+                grace=self.config.grace_period,
+            )
+            await self._wait_handlers(self.config.grace_period)
+        leftovers = [h for h in self.held.values() if not h.finished and not h.reported]
+        if not leftovers:
+            return
+        for held in leftovers:
+            held.reported = True  # a late result from an abandoned thread is dropped
+            self.outbox.add(held.ref)
+            held.ctx.request_cancel()  # a sync handler that checks it can stop now
+            self._cancel(held, "shutdown")
+        log_event(
+            logging.WARNING,
+            "worker.releasing",
+            count=len(leftovers),
+            note="handlers still running after the grace period",
+        )
+        tasks = [h.task for h in leftovers if h.is_async and h.task is not None]
+        if tasks:
+            await asyncio.wait(tasks, timeout=1.0)
+
+    async def _wait_handlers(self, grace: float) -> None:
+        end = time.monotonic() + grace
+        while self.running and not self.force.is_set():
+            left = end - time.monotonic()
+            if left <= 0:
+                return
+            self._slot_free.clear()
+            waiters = {
+                asyncio.create_task(self._slot_free.wait()),
+                asyncio.create_task(self.force.wait()),
+            }
+            try:
+                await asyncio.wait(waiters, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in waiters:
+                    w.cancel()
+
+
+class _DeadlineExceeded(TimeoutError):
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"deadline exceeded after {seconds:.1f} s")
+        self.seconds = seconds
+
+
+def _is_async(handler: Callable[..., Any]) -> bool:
+    return inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
+        getattr(handler, "__call__", None)  # noqa: B004 - an object with async __call__
+    )
+
+
+def _format_error(exc: BaseException) -> str:
+    head = f"{type(exc).__name__}: {exc}"
+    tb = "".join(traceback.format_exception(exc))
+    return f"{head}\n\n{tb}"

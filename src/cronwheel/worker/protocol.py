@@ -1,0 +1,250 @@
+"""The HTTP worker protocol, as typed calls: register, lease (long-poll) and the batch
+endpoint that carries heartbeats, completions, failures and releases together.
+
+Any worker written in Python — the SDK's :class:`~cronwheel.worker.Worker`, the
+built-in webhook worker — speaks the protocol through :class:`WorkerProtocol`, so the
+wire format is written down in one place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, TypeVar
+from urllib.parse import quote
+
+from cronwheel.client import ApiError, AsyncClient, Call
+
+__all__ = [
+    "BatchOutcomes",
+    "Completion",
+    "Failure",
+    "Lease",
+    "Outcome",
+    "Registration",
+    "TokenRef",
+    "WorkerProtocol",
+]
+
+T = TypeVar("T")
+
+# The server may hold a lease request open for ``wait`` seconds; the HTTP read
+# timeout must outlast it, with room for a slow answer after the wait.
+_LONG_POLL_MARGIN = 15.0
+
+
+@dataclass(frozen=True, slots=True)
+class Registration:
+    worker_id: str
+    heartbeat_interval: float
+    lease_wait_max: float | None = None  # the longest long-poll the server accepts
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """One attempt the server handed to this worker."""
+
+    attempt_id: str
+    run_id: str
+    job_id: str
+    attempt: int
+    task: str | None
+    webhook: dict[str, Any] | None
+    payload: dict[str, Any]
+    fencing_token: int
+    lease_expires_at: datetime
+    deadline: datetime
+    due_at: datetime | None
+    heartbeat_timeout: float
+    tenant_id: str | None = None
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Lease:
+        def instant(key: str) -> datetime:
+            return datetime.fromisoformat(str(data[key]).replace("Z", "+00:00"))
+
+        return cls(
+            attempt_id=str(data["attempt_id"]),
+            run_id=str(data["run_id"]),
+            job_id=str(data.get("job_id", "")),
+            attempt=int(data.get("attempt", 1)),
+            task=data.get("task"),
+            webhook=data.get("webhook"),
+            payload=dict(data.get("payload") or {}),
+            fencing_token=int(data["fencing_token"]),
+            lease_expires_at=instant("lease_expires_at"),
+            deadline=instant("deadline"),
+            due_at=instant("due_at") if data.get("due_at") else None,
+            heartbeat_timeout=float(data.get("heartbeat_timeout", 30.0)),
+            tenant_id=None if data.get("tenant_id") is None else str(data["tenant_id"]),
+        )
+
+    @property
+    def run_seconds_left(self) -> float:
+        """Seconds from the lease to the deadline, measured on the server's clock alone
+        (the lease's expiry is the server's now plus the heartbeat timeout), so a
+        worker whose clock drifts still enforces the right budget."""
+        leased_at = self.lease_expires_at.timestamp() - self.heartbeat_timeout
+        return max(0.0, self.deadline.timestamp() - leased_at)
+
+
+@dataclass(frozen=True, slots=True)
+class TokenRef:
+    attempt_id: str
+    fencing_token: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"attempt_id": self.attempt_id, "fencing_token": self.fencing_token}
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    attempt_id: str
+    fencing_token: int
+    result: Any = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "attempt_id": self.attempt_id,
+            "fencing_token": self.fencing_token,
+            "result": self.result,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    attempt_id: str
+    fencing_token: int
+    error: str
+    retryable: bool = True
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "attempt_id": self.attempt_id,
+            "fencing_token": self.fencing_token,
+            "error": self.error,
+            "retryable": self.retryable,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """The server's answer for one item of a batch."""
+
+    attempt_id: str
+    ok: bool
+    error: str | None = None
+    lease_expires_at: datetime | None = None
+    cancel_requested: bool = False
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Outcome:
+        error = data.get("error")
+        if isinstance(error, dict):
+            error = error.get("code") or error.get("message")
+        expires = data.get("lease_expires_at")
+        return cls(
+            attempt_id=str(data["attempt_id"]),
+            ok=bool(data.get("ok")),
+            error=None if error is None else str(error),
+            lease_expires_at=(
+                datetime.fromisoformat(str(expires).replace("Z", "+00:00")) if expires else None
+            ),
+            cancel_requested=bool(data.get("cancel_requested", False)),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class BatchOutcomes:
+    heartbeats: list[Outcome] = field(default_factory=list)
+    completions: list[Outcome] = field(default_factory=list)
+    failures: list[Outcome] = field(default_factory=list)
+    releases: list[Outcome] = field(default_factory=list)
+
+
+def _outcomes(data: dict[str, Any], key: str) -> list[Outcome]:
+    return [Outcome.from_json(item) for item in data.get(key) or []]
+
+
+def _parsed(what: str, parse: Callable[[], T]) -> T:
+    """Parse an answer; a malformed one is an :class:`ApiError` like any other, so the
+    worker's loops treat it as a failed request instead of dying on it."""
+    try:
+        return parse()
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ApiError(200, "bad_response", f"malformed {what} answer: {exc!r}") from exc
+
+
+class WorkerProtocol:
+    """The worker endpoints of one server, over an :class:`AsyncClient`."""
+
+    def __init__(self, client: AsyncClient) -> None:
+        self.client = client
+
+    async def register(
+        self,
+        *,
+        pool: str,
+        capabilities: Sequence[str],
+        tags: Sequence[str],
+        capacity: int,
+        name: str | None = None,
+    ) -> Registration:
+        body: dict[str, Any] = {
+            "pool": pool,
+            "capabilities": list(capabilities),
+            "tags": list(tags),
+            "capacity": capacity,
+        }
+        if name is not None:
+            body["name"] = name
+        data = await self.client.send(Call("POST", "/v1/workers", json=body))
+        return _parsed(
+            "register",
+            lambda: Registration(
+                worker_id=str(data["worker_id"]),
+                heartbeat_interval=float(data.get("heartbeat_interval", 10.0)),
+                lease_wait_max=(
+                    None if data.get("lease_wait_max") is None else float(data["lease_wait_max"])
+                ),
+            ),
+        )
+
+    async def lease(self, worker_id: str, *, max: int, wait: float) -> list[Lease]:
+        """Up to ``max`` attempts; the server answers as soon as it has any, or after
+        ``wait`` seconds with none."""
+        call = Call(
+            "POST",
+            f"/v1/workers/{quote(worker_id, safe='')}/lease",
+            json={"max": max, "wait": wait},
+        )
+        data = await self.client.send(call, read_timeout=wait + _LONG_POLL_MARGIN)
+        return _parsed("lease", lambda: [Lease.from_json(i) for i in data.get("attempts") or []])
+
+    async def batch(
+        self,
+        *,
+        heartbeats: Sequence[TokenRef] = (),
+        completions: Sequence[Completion] = (),
+        failures: Sequence[Failure] = (),
+        releases: Sequence[TokenRef] = (),
+    ) -> BatchOutcomes:
+        """One request for everything a worker has to report; answers per item, in
+        the order given."""
+        body = {
+            "heartbeats": [h.to_json() for h in heartbeats],
+            "completions": [c.to_json() for c in completions],
+            "failures": [f.to_json() for f in failures],
+            "releases": [r.to_json() for r in releases],
+        }
+        data = await self.client.send(Call("POST", "/v1/attempts/batch", json=body))
+        return _parsed(
+            "batch",
+            lambda: BatchOutcomes(
+                heartbeats=_outcomes(data, "heartbeats"),
+                completions=_outcomes(data, "completions"),
+                failures=_outcomes(data, "failures"),
+                releases=_outcomes(data, "releases"),
+            ),
+        )

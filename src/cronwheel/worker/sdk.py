@@ -1,0 +1,174 @@
+"""The Python worker SDK: register handlers, then run.
+
+::
+
+    from cronwheel.worker import Worker, NonRetryableError
+
+    worker = Worker("http://localhost:8000", api_key=WORKER_KEY, pool="default")
+
+    @worker.task("billing.charge")
+    async def charge(ctx, payload):
+        ctx.log.info("charging %s", payload["customer"])
+        await billing.charge(payload, idempotency_key=ctx.idempotency_key)
+
+    worker.run()   # until SIGTERM / SIGINT; a second signal skips the grace period
+
+The worker leases as many runs as it has free slots in one long-poll, runs async
+handlers on its event loop and sync ones in a thread pool, sends one heartbeat
+request per interval for everything it holds, and reports outcomes in batches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from collections.abc import Callable, Sequence
+
+import httpx
+
+from cronwheel.client import DEFAULT_TIMEOUT, AsyncClient
+from cronwheel.worker.engine import Engine, EngineConfig
+from cronwheel.worker.outbox import WorkerStats
+from cronwheel.worker.protocol import WorkerProtocol
+from cronwheel.worker.tasks import H, TaskRegistry
+
+__all__ = ["Worker"]
+
+
+class Worker:
+    """A worker of one pool.
+
+    ``concurrency`` bounds the handlers running at once (and the runs leased at once).
+    ``grace_period`` is how long shutdown waits for running handlers before handing
+    their runs back. ``lease_wait`` is the long-poll duration; ``heartbeat_interval``
+    overrides the server's suggestion (it is also kept under a third of each run's
+    heartbeat timeout). ``flush_delay``/``flush_size`` shape the outcome batches.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        api_key: str,
+        pool: str = "default",
+        capabilities: Sequence[str] = (),
+        tags: Sequence[str] = (),
+        concurrency: int = 10,
+        name: str | None = None,
+        grace_period: float = 30.0,
+        lease_wait: float = 20.0,
+        heartbeat_interval: float | None = None,
+        flush_delay: float = 0.01,
+        flush_size: int = 100,
+        backoff_max: float = 30.0,
+        timeout: float = DEFAULT_TIMEOUT,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        if grace_period < 0 or lease_wait < 0 or flush_delay < 0:
+            raise ValueError("grace_period, lease_wait and flush_delay cannot be negative")
+        if heartbeat_interval is not None and heartbeat_interval <= 0:
+            raise ValueError("heartbeat_interval must be positive")
+        if flush_size < 1:
+            raise ValueError("flush_size must be at least 1")
+        if not api_key:
+            raise ValueError("a worker needs an api_key (a key with the worker role)")
+        self.url = url
+        self.api_key = api_key
+        self.timeout = timeout
+        self.config = EngineConfig(
+            pool=pool,
+            capabilities=tuple(capabilities),
+            tags=tuple(tags),
+            concurrency=concurrency,
+            name=name,
+            grace_period=grace_period,
+            lease_wait=lease_wait,
+            flush_delay=flush_delay,
+            flush_size=flush_size,
+            heartbeat_interval=heartbeat_interval,
+            backoff_max=backoff_max,
+        )
+        self.registry = TaskRegistry()
+        self.stats = WorkerStats()
+        self.worker_id: str | None = None
+        self._transport = transport
+        self._engine: Engine | None = None
+        # Client is built lazily so that a bad URL fails here, not in the event loop.
+        AsyncClient._validate_url(url)
+
+    # -- handlers --------------------------------------------------------------------
+
+    def task(self, name: str) -> Callable[[H], H]:
+        """Decorator registering a handler ``(ctx, payload)`` for task ``name``."""
+        return self.registry.task(name)
+
+    def include(self, registry: TaskRegistry) -> None:
+        """Add every handler of ``registry`` (e.g. the global ``cronwheel.worker.registry``)."""
+        self.registry.include(registry)
+
+    # -- running ---------------------------------------------------------------------
+
+    @property
+    def running(self) -> int:
+        """Handlers running right now."""
+        return 0 if self._engine is None else self._engine.running
+
+    @property
+    def held(self) -> int:
+        """Attempts leased and not yet acknowledged by the server."""
+        return 0 if self._engine is None else len(self._engine.held)
+
+    async def run_async(
+        self,
+        stop: asyncio.Event | None = None,
+        *,
+        drain: bool = False,
+        force: asyncio.Event | None = None,
+    ) -> None:
+        """Work until ``stop`` is set — or, with ``drain=True``, until no run is left to
+        lease and every outcome is reported. ``force`` cuts the grace period short."""
+        stop = stop or asyncio.Event()
+        force = force or asyncio.Event()
+        async with AsyncClient(
+            self.url, api_key=self.api_key, timeout=self.timeout, transport=self._transport
+        ) as client:
+            engine = Engine(
+                self.config,
+                self.registry,
+                WorkerProtocol(client),
+                self.stats,
+                stop=stop,
+                force=force,
+                drain=drain,
+            )
+            self._engine = engine
+            try:
+                await engine.run()
+            finally:
+                self.worker_id = engine.worker_id
+
+    def run(self) -> None:
+        """Work until SIGTERM or SIGINT (blocking). The first signal starts a graceful
+        shutdown; a second one releases what is still running at once."""
+        asyncio.run(self._run_with_signals())
+
+    async def _run_with_signals(self) -> None:
+        stop, force = asyncio.Event(), asyncio.Event()
+        loop = asyncio.get_running_loop()
+
+        def on_signal() -> None:
+            (force if stop.is_set() else stop).set()
+
+        installed = []
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, on_signal)
+                installed.append(sig)
+        try:
+            await self.run_async(stop, force=force)
+        finally:
+            for sig in installed:
+                loop.remove_signal_handler(sig)

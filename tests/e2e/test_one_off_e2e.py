@@ -1,0 +1,118 @@
+"""Real processes end to end: ``cronwheel api`` and ``cronwheel scheduler`` on PostgreSQL,
+a separate ``cronwheel worker``; 1,000 one-off jobs through the HTTP API, each reaching
+SUCCESS exactly once with its events in order."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections import defaultdict
+from datetime import timedelta
+from pathlib import Path
+
+import httpx
+import pytest
+
+from cronwheel.store import Store, create_store
+from cronwheel.testing import Cluster
+
+pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
+
+HERE = Path(__file__).resolve().parent
+JOBS = 1000
+
+
+async def _create_jobs(cluster: Cluster, key: str, store: Store) -> list[str]:
+    now = await store.db_now()
+    headers = {"Authorization": f"Bearer {key}"}
+    gate = asyncio.Semaphore(16)
+    ids: list[str] = []
+
+    async with httpx.AsyncClient(base_url=cluster.url, headers=headers, timeout=30) as client:
+
+        async def create(n: int) -> None:
+            due = now + timedelta(seconds=4 + (n % 40) / 10)  # spread over 4 s
+            body = {
+                "name": f"e2e-{n}",
+                "schedule": {"at": due.isoformat()},
+                "task": "e2e.echo",
+                "payload": {"n": n},
+                "pool": "e2e",
+            }
+            async with gate:
+                r = await client.post("/v1/jobs", json=body)
+            assert r.status_code == 201, r.text
+            ids.append(r.json()["id"])
+
+        await asyncio.gather(*(create(n) for n in range(JOBS)))
+    return ids
+
+
+async def _wait_all_finished(cluster: Cluster, store: Store, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        cluster.check_alive()
+        counts = await store.runs_count_by_state()
+        if counts["SUCCESS"] + counts["FAILED"] + counts["DEAD_LETTER"] >= JOBS:
+            return
+        if time.monotonic() > deadline:
+            pytest.fail(f"runs did not finish in {timeout} s: {counts}")
+        await asyncio.sleep(0.2)
+
+
+async def test_thousand_one_off_jobs_run_exactly_once(pg_url: str, tmp_path: Path) -> None:
+    cluster = Cluster(database_url=pg_url, workdir=tmp_path, python_path=[HERE])
+    store = create_store(pg_url)
+    await store.open()
+    try:
+        cluster.start("api", "api", "--port", str(cluster.port))
+        cluster.start("scheduler", "scheduler", "--node-id", "e2e-node")
+        await cluster.wait_ready()
+        tenant_id, operator_key, worker_key = await cluster.tenant("e2e")
+        cluster.start_workers(1, worker_key, pool="e2e", module="e2e_tasks", concurrency=100)
+        job_ids = await _create_jobs(cluster, operator_key, store)
+        assert len(set(job_ids)) == JOBS
+        await _wait_all_finished(cluster, store)
+
+        tenant = uuid.UUID(tenant_id)
+        runs = []
+        cursor = None
+        while True:
+            page = await store.runs_list(tenant, cursor=cursor, limit=500)
+            runs += page.items
+            if page.next_cursor is None:
+                break
+            cursor = page.next_cursor
+        assert len(runs) == JOBS
+        assert {str(r.job_id) for r in runs} == set(job_ids)
+        assert all(r.state.value == "SUCCESS" for r in runs)
+        assert all(r.attempt == 1 for r in runs)
+        assert all(r.result == {"echo": r.payload["n"]} for r in runs)
+        early = min((r.dispatched_at - r.due_at).total_seconds() for r in runs if r.dispatched_at)
+        assert early >= 0, f"dispatched {-early:.3f} s early"
+
+        transitions: dict[uuid.UUID, list[tuple[str | None, str | None]]] = defaultdict(list)
+        cursor = None
+        while True:
+            events = await store.events_list(tenant, cursor=cursor, limit=5000)
+            for e in events.items:
+                if e.kind == "run.transition" and e.run_id is not None:
+                    transitions[e.run_id].append((e.from_state, e.to_state))
+            if events.next_cursor is None:
+                break
+            cursor = events.next_cursor
+        expected = [
+            (None, "SCHEDULED"),
+            ("SCHEDULED", "DISPATCHED"),
+            ("DISPATCHED", "RUNNING"),
+            ("RUNNING", "SUCCESS"),
+        ]
+        wrong = {run_id: t for run_id, t in transitions.items() if t != expected}
+        assert not wrong, (
+            f"{len(wrong)} runs with other histories, e.g. {next(iter(wrong.items()))}"
+        )
+        assert set(transitions) == {r.id for r in runs}
+    finally:
+        cluster.stop()
+        await store.close()

@@ -1,0 +1,199 @@
+"""AsyncClient against the real app over the real store (both backends), in-process
+through httpx's ASGI transport."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from asgi_lifespan import LifespanManager
+from fastapi import FastAPI
+
+from cronwheel import ApiError, AsyncClient
+from cronwheel.api import create_app
+from cronwheel.settings import Settings
+from cronwheel.store import Store
+
+ADMIN_KEY = "client-test-admin-key"
+BASE = "http://cronwheel.test"
+
+
+@pytest.fixture
+async def app(store: Store, tmp_path: Path) -> AsyncIterator[FastAPI]:
+    application = create_app(Settings(data_dir=tmp_path, admin_key=ADMIN_KEY), store)
+    async with LifespanManager(application):
+        yield application
+
+
+def _client(app: FastAPI, key: str | None, **kwargs: Any) -> AsyncClient:
+    return AsyncClient(BASE, api_key=key, transport=httpx.ASGITransport(app=app), **kwargs)
+
+
+@pytest.fixture
+async def admin(app: FastAPI) -> AsyncIterator[AsyncClient]:
+    async with _client(app, ADMIN_KEY) as client:
+        yield client
+
+
+@pytest.fixture
+async def tenant(admin: AsyncClient) -> dict[str, Any]:
+    return await admin.tenants.create(f"team-{uuid.uuid4().hex[:6]}")
+
+
+@pytest.fixture
+async def operator(app: FastAPI, tenant: dict[str, Any]) -> AsyncIterator[AsyncClient]:
+    async with _client(app, tenant["api_key"]) as client:
+        yield client
+
+
+async def test_job_round_trip(operator: AsyncClient) -> None:
+    job = await operator.jobs.create(
+        name="hello",
+        schedule={"delay": 60},
+        task="hello",
+        payload={"n": 1},
+        tags=["t1"],
+        priority=1,
+        retry={"max_attempts": 5},
+    )
+    assert job["state"] == "active" and job["task"] == "hello" and job["priority"] == 1
+    assert job["payload"] == {"n": 1} and job["retry"]["max_attempts"] == 5
+    assert await operator.jobs.get(job["id"]) == {**job, "first_run_id": None}
+
+    page = await operator.jobs.list(tag="t1")
+    assert [j["id"] for j in page.items] == [job["id"]] and page.next_cursor is None
+
+    runs = await operator.runs.list(job_id=job["id"])
+    [run] = runs.items
+    assert run["id"] == job["first_run_id"] and run["state"] == "SCHEDULED"
+    detail = await operator.runs.get(run["id"])
+    assert detail["attempts"] == [] and detail["events"][0]["to_state"] == "SCHEDULED"
+
+
+async def test_datetimes_and_models_are_sent_as_json(operator: AsyncClient) -> None:
+    at = (datetime.now(UTC) + timedelta(hours=2)).replace(microsecond=0)
+    job = await operator.jobs.create(name="at", schedule={"at": at}, task="t")
+    assert datetime.fromisoformat(job["next_due_at"].replace("Z", "+00:00")) == at
+    page = await operator.runs.list(since=at - timedelta(seconds=1), until=at + timedelta(1))
+    assert [r["job_id"] for r in page.items] == [job["id"]]
+
+
+async def test_idempotency_key_returns_the_same_job(operator: AsyncClient) -> None:
+    first = await operator.jobs.create(
+        name="once", schedule={"asap": True}, task="t", idempotency_key="k-1"
+    )
+    again = await operator.jobs.create(
+        name="once", schedule={"asap": True}, task="t", idempotency_key="k-1"
+    )
+    assert again["id"] == first["id"]
+    with pytest.raises(ApiError) as info:
+        await operator.jobs.create(
+            name="other", schedule={"asap": True}, task="t", idempotency_key="k-1"
+        )
+    assert (info.value.status, info.value.code) == (409, "idempotency_conflict")
+    assert len((await operator.jobs.list()).items) == 1
+
+
+async def test_iter_walks_every_page(operator: AsyncClient) -> None:
+    made = [
+        (await operator.jobs.create(name=f"j{i}", schedule={"delay": 600}, task="t"))["id"]
+        for i in range(5)
+    ]
+    seen = [j["id"] async for j in operator.jobs.iter(page_size=2)]
+    assert seen == made[::-1]
+    runs = [r["job_id"] async for r in operator.runs.iter(page_size=2)]
+    assert sorted(runs) == sorted(made)
+
+
+async def test_cancel_then_cancel_again_is_a_conflict(operator: AsyncClient) -> None:
+    job = await operator.jobs.create(name="c", schedule={"delay": 600}, task="t")
+    cancelled = await operator.jobs.cancel(job["id"], reason="not needed")
+    assert cancelled["state"] == "cancelled"
+    run = await operator.runs.get(job["first_run_id"])
+    assert run["state"] == "CANCELLED"
+    assert any(e.get("reason") == "not needed" for e in run["events"])
+    with pytest.raises(ApiError) as info:
+        await operator.jobs.cancel(job["id"])
+    assert (info.value.status, info.value.code) == (409, "illegal_transition")
+
+
+async def test_run_cancel(operator: AsyncClient) -> None:
+    job = await operator.jobs.create(name="c", schedule={"delay": 600}, task="t")
+    run = await operator.runs.cancel(job["first_run_id"], reason="skip it")
+    assert run["state"] == "CANCELLED"
+
+
+async def test_validation_errors_name_the_field(operator: AsyncClient) -> None:
+    with pytest.raises(ApiError) as info:
+        await operator.jobs.create(name="bad", schedule={"delay": 5}, task="t", priority=9)
+    assert info.value.status == 422 and info.value.field == "priority"
+    with pytest.raises(ApiError) as info:
+        await operator.jobs.create(name="bad", schedule={"delay": 5, "asap": True}, task="t")
+    assert info.value.status == 422 and (info.value.field or "").startswith("schedule")
+    assert (await operator.jobs.list()).items == []
+
+
+async def test_bad_or_missing_key_is_unauthorized(app: FastAPI) -> None:
+    for key in ("cw_not-a-real-key", None):
+        async with _client(app, key) as client:
+            with pytest.raises(ApiError) as info:
+                await client.jobs.list()
+            assert (info.value.status, info.value.code) == (401, "unauthorized")
+
+
+async def test_another_tenants_ids_are_not_found(
+    app: FastAPI, admin: AsyncClient, operator: AsyncClient
+) -> None:
+    job = await operator.jobs.create(name="mine", schedule={"delay": 600}, task="t")
+    other = await admin.tenants.create("other-team")
+    async with _client(app, other["api_key"]) as stranger:
+        for call in (
+            stranger.jobs.get(job["id"]),
+            stranger.jobs.cancel(job["id"]),
+            stranger.runs.get(job["first_run_id"]),
+        ):
+            with pytest.raises(ApiError) as info:
+                await call
+            assert (info.value.status, info.value.code) == (404, "not_found")
+    assert (await operator.jobs.get(job["id"]))["state"] == "active"
+
+
+async def test_admin_acts_for_a_tenant_named_by_header(
+    app: FastAPI, admin: AsyncClient, tenant: dict[str, Any], operator: AsyncClient
+) -> None:
+    job = await operator.jobs.create(name="seen-by-admin", schedule={"delay": 600}, task="t")
+    with pytest.raises(ApiError) as info:
+        await admin.jobs.list()
+    assert info.value.code == "tenant_required" and info.value.field == "Cronwheel-Tenant"
+
+    scoped = admin.with_tenant(tenant["id"])
+    assert [j["id"] for j in (await scoped.jobs.list()).items] == [job["id"]]
+    await scoped.aclose()  # a view: the shared connection pool stays open
+    assert (await admin.tenants.get(tenant["id"]))["name"] == tenant["name"]
+
+    async with _client(app, ADMIN_KEY, tenant=uuid.UUID(tenant["id"])) as direct:
+        assert (await direct.jobs.get(job["id"]))["name"] == "seen-by-admin"
+
+
+async def test_tenant_resource(app: FastAPI, admin: AsyncClient, tenant: dict[str, Any]) -> None:
+    updated = await admin.tenants.update(tenant["id"], limits={"max_concurrent_runs": 7})
+    assert updated["limits"]["max_concurrent_runs"] == 7
+    assert tenant["id"] in [t["id"] for t in (await admin.tenants.list()).items]
+
+    viewer = await admin.tenants.create_key(tenant["id"], role="viewer")
+    assert viewer["role"] == "viewer" and viewer["api_key"].startswith("cw_")
+    async with _client(app, viewer["api_key"]) as client:
+        assert (await client.jobs.list()).items == []
+        with pytest.raises(ApiError) as info:
+            await client.jobs.create(name="x", schedule={"asap": True}, task="t")
+        assert (info.value.status, info.value.code) == (403, "forbidden")
+
+    async with _client(app, tenant["api_key"]) as operator:
+        with pytest.raises(ApiError) as info:
+            await operator.tenants.list()
+        assert info.value.status == 403
