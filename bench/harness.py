@@ -4,6 +4,7 @@ JSON plus a table. Benchmarks run the product as users do: the CLI and the HTTP 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -11,6 +12,7 @@ import statistics
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +56,37 @@ async def fresh_database(backend: str, workdir: Path) -> AsyncIterator[str]:
         conn = await asyncpg.connect(PG_ADMIN)
         await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         await conn.close()
+
+
+def profile(cluster: Cluster, name: str, *, seconds: float, start_at: datetime) -> Any:
+    """Record ``seconds`` of py-spy samples of process ``name`` from ``start_at`` on;
+    returns a task whose result is the path of the collapsed stacks (flamegraph.pl input)."""
+
+    async def record() -> str:
+        delay = (start_at - datetime.now(UTC)).total_seconds() - 0.5
+        await asyncio.sleep(max(0.0, delay))
+        out = Path.cwd() / f"profile-{name}.txt"
+        proc = await asyncio.create_subprocess_exec(
+            "py-spy",
+            "record",
+            "--pid",
+            str(cluster.procs[name].pid),
+            "--duration",
+            str(int(seconds)),
+            "--rate",
+            "200",
+            "--output",
+            str(out),
+            "--nonblocking",
+            "--format",
+            "raw",
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
+        await proc.wait()
+        return str(out)
+
+    return asyncio.ensure_future(record())
 
 
 @contextlib.contextmanager

@@ -26,6 +26,7 @@ from harness import (
     fresh_database,
     open_store,
     percentiles,
+    profile,
     report,
     workdir,
 )
@@ -113,6 +114,15 @@ async def main() -> None:
         help="seconds between creating the runs and their instant",
     )
     parser.add_argument("--timeout", type=float, default=300)
+    parser.add_argument(
+        "--profile",
+        action="append",
+        default=[],
+        metavar="PROCESS",
+        help="record a py-spy profile of this process (api, scheduler-0, "
+        "server, worker-0, …) during the spike; repeatable",
+    )
+    parser.add_argument("--profile-seconds", type=float, default=8.0)
     args = parser.parse_args()
 
     with workdir() as wd:
@@ -147,7 +157,13 @@ async def run_spike(cluster: Cluster, args: argparse.Namespace) -> None:
                 f"creating the runs took {created_in:.1f} s, past the instant; raise --lead"
             )
         console.print(f"created {args.runs} runs in {created_in:.1f} s; due at {due.isoformat()}")
+        profilers = [
+            profile(cluster, name, seconds=args.profile_seconds, start_at=due)
+            for name in args.profile
+        ]
         await wait_done(store, args.runs, args.timeout)
+        for p in profilers:
+            console.print(f"profile: {await p}")
         cluster.check_alive()
         runs, dispatches = await collect(store, uuid.UUID(tenant_id))
     finally:
