@@ -49,6 +49,7 @@ __all__ = [
     "TenantOut",
     "TenantUpdate",
     "UtcInstant",
+    "WorkerDeregistered",
     "WorkerRegister",
     "WorkerRegistered",
 ]
@@ -271,6 +272,13 @@ class WorkerRegistered(_Out):
     tenant_id: uuid.UUID | None = Field(description="None: serves every tenant")
     heartbeat_interval: float = Field(description="seconds between heartbeats")
     lease_wait_max: float = Field(description="the longest `wait` a lease accepts")
+
+
+class WorkerDeregistered(_Out):
+    worker_id: uuid.UUID
+    released: int = Field(
+        description="attempts the worker still held, handed back: their runs are ready again"
+    )
 
 
 class LeaseRequest(_In):

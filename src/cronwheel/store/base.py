@@ -383,6 +383,22 @@ class Store(ABC):
         once and the try is not counted."""
 
     @abstractmethod
+    async def attempts_release_by_worker(
+        self,
+        *,
+        worker_id: uuid.UUID,
+        tenant_id: uuid.UUID | None = None,
+        now: datetime | None = None,
+    ) -> list[AttemptOutcome]:
+        """A worker deregistering hands back every attempt it still holds, including
+        any it was leased but never received (a lease answer lost when it stopped
+        mid-long-poll): each of its RUNNING attempts (with ``tenant_id``, only that
+        tenant's) is released as by :meth:`attempts_release_many` — the run returns to
+        DISPATCHED at once, the try is not counted — and the event records
+        ``released: worker deregistered``. Returns one ok outcome per released attempt
+        (empty for an unknown worker or one holding nothing)."""
+
+    @abstractmethod
     async def attempts_expire(self, *, now: datetime | None = None, limit: int = 1000) -> int:
         """End attempts whose lease expired (LOST) or whose deadline passed (TIMED_OUT)
         and retry or dead-letter their runs. Returns how many were ended."""

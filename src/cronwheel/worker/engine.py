@@ -14,7 +14,9 @@ so a completion delayed by a network error keeps its lease alive meanwhile.
 
 Shutdown (stop set): leasing ends at once; running handlers get the grace period to
 finish; the ones still running are cancelled (async) or abandoned (sync) and their
-attempts *released* — handed back without counting as a try; everything is flushed.
+attempts *released* — handed back without counting as a try; everything is flushed;
+last, the worker deregisters, so the server releases any run it leased to us that we
+never received (a long-poll answer cut off by the stop).
 Network errors never end a session: each loop logs, backs off and tries again.
 """
 
@@ -61,6 +63,8 @@ T = TypeVar("T")
 
 _ERROR_LIMIT = 8000
 _IDLE_POLL_SECONDS = 1.0
+# Deregistering must never hold up a shutdown: past this, leases expire on their own.
+_DEREGISTER_SECONDS = 3.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +164,7 @@ class Engine:
                         task.cancel()
                     await asyncio.gather(*background, return_exceptions=True)
                 await self.outbox.close()
+            await self._deregister()
         finally:
             for held in self.held.values():  # only left when the session itself is cancelled
                 if held.task is not None and not held.task.done():
@@ -214,6 +219,29 @@ class Engine:
             )
             return True
         return False
+
+    async def _deregister(self) -> None:
+        """The last step of a graceful shutdown, best effort: the server releases
+        whatever it still counts as ours — above all a run leased by a long-poll that
+        was cut off as we stopped, which we never received. Without this it would stay
+        RUNNING until its heartbeat timeout and count as a failed try."""
+        if self.worker_id is None:
+            return
+        try:
+            async with asyncio.timeout(_DEREGISTER_SECONDS):
+                released = await self.protocol.deregister(
+                    self.worker_id, timeout=_DEREGISTER_SECONDS
+                )
+        except Exception as exc:  # best effort: nothing here may break the shutdown
+            log_event(
+                logging.WARNING,
+                "worker.deregister_failed",
+                worker_id=self.worker_id,
+                error=str(exc) or type(exc).__name__,
+                note="runs leased but never received are retried when their leases expire",
+            )
+            return
+        log_event(logging.INFO, "worker.deregistered", worker_id=self.worker_id, released=released)
 
     async def _sleep(self, seconds: float) -> None:
         """Sleep, but raise :class:`_Stopped` as soon as stop is set."""

@@ -1,5 +1,6 @@
-"""The HTTP worker protocol, as typed calls: register, lease (long-poll) and the batch
-endpoint that carries heartbeats, completions, failures and releases together.
+"""The HTTP worker protocol, as typed calls: register, lease (long-poll), the batch
+endpoint that carries heartbeats, completions, failures and releases together, and
+deregister.
 
 Any worker written in Python — the SDK's :class:`~cronwheel.worker.Worker`, the
 built-in webhook worker — speaks the protocol through :class:`WorkerProtocol`, so the
@@ -221,6 +222,13 @@ class WorkerProtocol:
         )
         data = await self.client.send(call, read_timeout=wait + _LONG_POLL_MARGIN)
         return _parsed("lease", lambda: [Lease.from_json(i) for i in data.get("attempts") or []])
+
+    async def deregister(self, worker_id: str, *, timeout: float) -> int:
+        """Tell the server this worker is gone: it releases every attempt still counted
+        as the worker's. Returns how many there were."""
+        call = Call("DELETE", f"/v1/workers/{quote(worker_id, safe='')}")
+        data = await self.client.send(call, read_timeout=timeout)
+        return _parsed("deregister", lambda: int(data["released"]))
 
     async def batch(
         self,

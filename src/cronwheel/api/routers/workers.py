@@ -1,4 +1,5 @@
-"""The worker protocol: register, lease (long-poll), heartbeat, complete, fail, release.
+"""The worker protocol: register, lease (long-poll), heartbeat, complete, fail, release,
+deregister.
 
 Every call about an attempt carries its fencing token; a stale one (the lease was lost
 and the run handed to someone else) answers 409 ``stale_fencing_token`` and changes
@@ -9,6 +10,7 @@ is 404, exactly like an unknown id.
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
@@ -34,6 +36,7 @@ from cronwheel.api.schemas import (
     LeaseOut,
     LeaseRequest,
     OutcomeOut,
+    WorkerDeregistered,
     WorkerRegister,
     WorkerRegistered,
 )
@@ -44,6 +47,7 @@ from cronwheel.store.base import CompleteItem, FailItem, HeartbeatItem
 __all__ = ["router"]
 
 router = APIRouter(tags=["worker protocol"], responses=ERROR_RESPONSES)
+log = logging.getLogger("cronwheel.api")
 
 _STALE: dict[int | str, dict[str, Any]] = {
     409: {"model": ErrorResponse, "description": "Stale fencing token; nothing changed"}
@@ -145,8 +149,57 @@ async def lease(
         if await request.is_disconnected():
             break
         await state.notifier.wait(ticket, min(state.lease_poll_interval, remaining))
+        # A worker that stopped while we waited would never receive what we lease now.
+        if await request.is_disconnected():
+            break
+    if leased and await request.is_disconnected():
+        # The answer cannot be delivered: hand the runs back at once rather than leave
+        # them RUNNING until their leases expire, each lost try counted.
+        await state.store.attempts_release_many(
+            items=[HeartbeatItem(a.attempt_id, a.fencing_token) for a in leased],
+            tenant_id=worker.tenant_id,
+        )
+        log.info(
+            "lease answer undeliverable: client gone; attempts released",
+            extra={"event": "api.lease_undeliverable", "worker_id": str(worker.id)},
+        )
+        leased = []
     _record_leased(state, leased)
     return LeaseOut(attempts=[_leased_out(a) for a in leased])
+
+
+@router.delete(
+    "/v1/workers/{worker_id}",
+    summary="Deregister a worker",
+    response_description="The worker and how many attempts it still held were released",
+)
+async def deregister_worker(
+    worker_id: str, request: Request, principal: Principal = Depends(require_worker)
+) -> WorkerDeregistered:
+    """The last call of a worker's graceful shutdown. Every attempt the server still
+    counts as the worker's is released: its run is ready again at once and the try is
+    not counted. That includes runs leased to it that it never received, such as the
+    answer to a long-poll cut off as it stopped, which would otherwise stay RUNNING
+    until their heartbeat timeout and then count as a failed try. ``released`` is how
+    many there were (0 when the worker had reported everything). A tenant's worker key
+    reaches only that tenant's workers: another tenant's worker id answers 404."""
+    state = api_state(request)
+    worker = await _own_worker(state, principal, worker_id)
+    # The worker's own tenant scopes the release: every attempt of a tenant's worker is
+    # that tenant's, and a worker serving every tenant may hold attempts of any.
+    released = await state.store.attempts_release_by_worker(
+        worker_id=worker.id, tenant_id=worker.tenant_id
+    )
+    if released:
+        log.info(
+            "worker deregistered holding attempts; released",
+            extra={
+                "event": "api.worker_deregistered",
+                "worker_id": str(worker.id),
+                "released": len(released),
+            },
+        )
+    return WorkerDeregistered(worker_id=worker.id, released=len(released))
 
 
 # -- attempts --------------------------------------------------------------------------

@@ -18,11 +18,9 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from cronwheel.domain.errors import ValidationError
-from cronwheel.domain.model import AttemptOutcome, LeasedAttempt, Worker
+from cronwheel.domain.model import AttemptOutcome
 from cronwheel.domain.retry import backoff_delay
 from cronwheel.domain.states import AttemptState, JobState, RunState
-from cronwheel.ids import new_id
 from cronwheel.store.base import (
     CHANNEL_RUNS_NEW,
     CHANNEL_RUNS_READY,
@@ -30,9 +28,9 @@ from cronwheel.store.base import (
     FailItem,
     HeartbeatItem,
 )
-from cronwheel.store.schema import attempts, jobs, runs, workers
+from cronwheel.store.schema import attempts, jobs, runs
 from cronwheel.store.sql.catalog import ANNOUNCE_HORIZON, ONE_OFF_KINDS, announce
-from cronwheel.store.sql.core import SqlCore, event_row, worker_from
+from cronwheel.store.sql.core import SqlCore, event_row
 
 __all__ = ["AttemptsMixin"]
 
@@ -50,165 +48,6 @@ class _Ended:
 
 class AttemptsMixin(SqlCore):
     _rng = random.Random()
-
-    # -- workers -------------------------------------------------------------------
-
-    async def workers_register(
-        self,
-        tenant_id: uuid.UUID | None,
-        *,
-        pool: str,
-        capabilities: Sequence[str],
-        tags: Sequence[str],
-        capacity: int,
-        name: str | None = None,
-        now: datetime | None = None,
-    ) -> Worker:
-        if capacity < 1:
-            raise ValidationError("capacity must be at least 1", field="capacity")
-        async with self._write() as conn:
-            at = await self._now(conn, now)
-            row = (
-                await conn.execute(
-                    workers.insert()
-                    .values(
-                        id=new_id(),
-                        tenant_id=tenant_id,
-                        name=name,
-                        pool=pool,
-                        capabilities=sorted(set(capabilities)),
-                        tags=sorted(set(tags)),
-                        capacity=capacity,
-                        registered_at=at,
-                        last_seen_at=at,
-                    )
-                    .returning(*workers.c)
-                )
-            ).one()
-        return worker_from(row)
-
-    async def workers_get(self, worker_id: uuid.UUID) -> Worker:
-        async with self._read() as conn:
-            row = (await conn.execute(workers.select().where(workers.c.id == worker_id))).first()
-        if row is None:
-            raise self._not_found("worker", worker_id)
-        return worker_from(row)
-
-    # -- leasing -------------------------------------------------------------------
-
-    async def attempts_lease(
-        self, *, worker: Worker, max: int, now: datetime | None = None
-    ) -> list[LeasedAttempt]:
-        if max < 1:
-            return []
-        async with self._write() as conn:
-            at = await self._now(conn, now)
-            pick = (
-                sa.select(runs.c.id)
-                .where(
-                    runs.c.state == RunState.DISPATCHED.value,
-                    runs.c.pool == worker.pool,
-                    self._json_subset(runs.c.requires, worker.capabilities),
-                )
-                .order_by(runs.c.priority, runs.c.fire_at)
-                .limit(max)
-                .with_for_update(skip_locked=True)
-            )
-            if worker.tenant_id is not None:
-                pick = pick.where(runs.c.tenant_id == worker.tenant_id)
-            rows = (
-                await conn.execute(
-                    runs.update()
-                    .where(
-                        runs.c.id.in_(pick.scalar_subquery()),
-                        runs.c.state == RunState.DISPATCHED.value,
-                    )
-                    .values(
-                        state=RunState.RUNNING.value,
-                        attempt=runs.c.attempt + 1,
-                        started_at=sa.func.coalesce(runs.c.started_at, at),
-                    )
-                    .returning(
-                        runs.c.id,
-                        runs.c.tenant_id,
-                        runs.c.job_id,
-                        runs.c.attempt,
-                        runs.c.task,
-                        runs.c.webhook,
-                        runs.c.payload,
-                        runs.c.timeout,
-                        runs.c.heartbeat_timeout,
-                        runs.c.due_at,
-                        runs.c.priority,
-                        runs.c.fire_at,
-                    )
-                )
-            ).all()
-            if not rows:
-                await conn.execute(
-                    workers.update().where(workers.c.id == worker.id).values(last_seen_at=at)
-                )
-                return []
-            rows = sorted(rows, key=lambda r: (r.priority, r.fire_at))
-            tokens = await self._fencing_tokens(conn, len(rows))
-            leased: list[LeasedAttempt] = []
-            attempt_rows: list[dict[str, Any]] = []
-            event_rows: list[dict[str, Any]] = []
-            for r, token in zip(rows, tokens, strict=True):
-                attempt_id = new_id()
-                lease = at + timedelta(seconds=r.heartbeat_timeout)
-                deadline = at + timedelta(seconds=r.timeout)
-                attempt_rows.append(
-                    {
-                        "id": attempt_id,
-                        "tenant_id": r.tenant_id,
-                        "run_id": r.id,
-                        "number": r.attempt,
-                        "worker_id": worker.id,
-                        "fencing_token": token,
-                        "state": AttemptState.RUNNING.value,
-                        "lease_expires_at": lease,
-                        "deadline": deadline,
-                        "started_at": at,
-                    }
-                )
-                event_rows.append(
-                    event_row(
-                        at=at,
-                        kind="run.transition",
-                        tenant_id=r.tenant_id,
-                        job_id=r.job_id,
-                        run_id=r.id,
-                        attempt_id=attempt_id,
-                        from_state=RunState.DISPATCHED.value,
-                        to_state=RunState.RUNNING.value,
-                        actor=f"worker:{worker.id}",
-                        data={"attempt": r.attempt, "fencing_token": token},
-                    )
-                )
-                leased.append(
-                    LeasedAttempt(
-                        attempt_id=attempt_id,
-                        run_id=r.id,
-                        tenant_id=r.tenant_id,
-                        job_id=r.job_id,
-                        number=r.attempt,
-                        task=r.task,
-                        webhook=r.webhook,
-                        payload=r.payload,
-                        fencing_token=token,
-                        lease_expires_at=lease,
-                        deadline=deadline,
-                        due_at=r.due_at,
-                        heartbeat_timeout=r.heartbeat_timeout,
-                    )
-                )
-            await conn.execute(attempts.insert(), attempt_rows)
-            await self._insert_events(conn, event_rows)
-            await conn.execute(
-                workers.update().where(workers.c.id == worker.id).values(last_seen_at=at)
-            )
-        return leased
 
     # -- heartbeats and results ----------------------------------------------------
 
@@ -420,43 +259,85 @@ class AttemptsMixin(SqlCore):
             return []
         async with self._write() as conn:
             at = await self._now(conn, now)
-            ended, keys = await self._end_attempts(
-                conn, items, AttemptState.RELEASED, at, tenant_id
+            return await self._release(
+                conn, items, tenant_id, at, reason="released by a worker shutting down"
             )
-            if ended:
-                back = (
-                    await conn.execute(
-                        runs.update()
-                        .where(
-                            self._id_in(runs.c.id, list(ended.values())),
-                            runs.c.state == RunState.RUNNING.value,
-                        )
-                        .values(state=RunState.DISPATCHED.value, attempt=runs.c.attempt - 1)
-                        .returning(runs.c.id, runs.c.tenant_id, runs.c.job_id, runs.c.pool)
+
+    async def attempts_release_by_worker(
+        self,
+        *,
+        worker_id: uuid.UUID,
+        tenant_id: uuid.UUID | None = None,
+        now: datetime | None = None,
+    ) -> list[AttemptOutcome]:
+        async with self._write() as conn:
+            at = await self._now(conn, now)
+            held = sa.select(attempts.c.id, attempts.c.fencing_token).where(
+                attempts.c.worker_id == worker_id,
+                attempts.c.state == AttemptState.RUNNING.value,
+            )
+            if tenant_id is not None:
+                held = held.where(attempts.c.tenant_id == tenant_id)
+            items = [HeartbeatItem(r.id, r.fencing_token) for r in await conn.execute(held)]
+            if not items:
+                return []
+            outcomes = await self._release(
+                conn,
+                items,
+                tenant_id,
+                at,
+                reason="released: worker deregistered",
+                actor=f"worker:{worker_id}",
+            )
+        # An attempt that ended between the SELECT and the release is not this call's.
+        return [o for o in outcomes if o.ok]
+
+    async def _release(
+        self,
+        conn: AsyncConnection,
+        items: Sequence[HeartbeatItem],
+        tenant_id: uuid.UUID | None,
+        at: datetime,
+        *,
+        reason: str,
+        actor: str | None = None,
+    ) -> list[AttemptOutcome]:
+        ended, keys = await self._end_attempts(conn, items, AttemptState.RELEASED, at, tenant_id)
+        if ended:
+            back = (
+                await conn.execute(
+                    runs.update()
+                    .where(
+                        self._id_in(runs.c.id, list(ended.values())),
+                        runs.c.state == RunState.RUNNING.value,
                     )
-                ).all()
-                attempt_of = {run_id: attempt_id for attempt_id, run_id in ended.items()}
-                await self._insert_events(
-                    conn,
-                    [
-                        event_row(
-                            at=at,
-                            kind="run.transition",
-                            tenant_id=r.tenant_id,
-                            job_id=r.job_id,
-                            run_id=r.id,
-                            attempt_id=attempt_of[r.id],
-                            from_state=RunState.RUNNING.value,
-                            to_state=RunState.DISPATCHED.value,
-                            reason="released by a worker shutting down",
-                        )
-                        for r in back
-                    ],
+                    .values(state=RunState.DISPATCHED.value, attempt=runs.c.attempt - 1)
+                    .returning(runs.c.id, runs.c.tenant_id, runs.c.job_id, runs.c.pool)
                 )
-                if back:
-                    await self._notify(conn, CHANNEL_RUNS_READY, sorted({r.pool for r in back}))
-            released = {k: AttemptOutcome(k[0], True, run_state=RunState.DISPATCHED) for k in keys}
-            return await self._resolve(conn, items, released, tenant_id)
+            ).all()
+            attempt_of = {run_id: attempt_id for attempt_id, run_id in ended.items()}
+            await self._insert_events(
+                conn,
+                [
+                    event_row(
+                        at=at,
+                        kind="run.transition",
+                        tenant_id=r.tenant_id,
+                        job_id=r.job_id,
+                        run_id=r.id,
+                        attempt_id=attempt_of[r.id],
+                        from_state=RunState.RUNNING.value,
+                        to_state=RunState.DISPATCHED.value,
+                        actor=actor,
+                        reason=reason,
+                    )
+                    for r in back
+                ],
+            )
+            if back:
+                await self._notify(conn, CHANNEL_RUNS_READY, sorted({r.pool for r in back}))
+        released = {k: AttemptOutcome(k[0], True, run_state=RunState.DISPATCHED) for k in keys}
+        return await self._resolve(conn, items, released, tenant_id)
 
     async def attempts_expire(self, *, now: datetime | None = None, limit: int = 1000) -> int:
         async with self._write() as conn:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import secrets
 import uuid
 from collections.abc import Sequence
 from datetime import datetime, timedelta
@@ -18,32 +17,30 @@ from cronwheel.domain.errors import (
     ConflictError,
     IdempotencyConflictError,
     IllegalTransitionError,
-    ValidationError,
 )
 from cronwheel.domain.model import (
-    ApiKey,
     Attempt,
     Event,
     Job,
     NewJob,
     Page,
     Run,
-    Tenant,
 )
 from cronwheel.domain.sharding import shard_of
 from cronwheel.domain.spec import schedule_kind
 from cronwheel.domain.states import ACTIVE_STATES, JobState, RunState
 from cronwheel.ids import new_id
 from cronwheel.store.base import CHANNEL_RUNS_NEW, RunFilter
-from cronwheel.store.schema import api_keys, attempts, events, jobs, runs, tenants
+from cronwheel.store.schema import attempts, events, jobs, runs, tenants
 from cronwheel.store.sql.core import (
     SqlCore,
     attempt_from,
     event_from,
     event_row,
+    int_cursor,
     job_from,
     run_from,
-    tenant_from,
+    uuid_cursor,
 )
 
 __all__ = [
@@ -58,23 +55,6 @@ ONE_OFF_KINDS = ("at", "delay", "asap")
 ANNOUNCE_HORIZON = timedelta(seconds=120)
 
 
-def _uuid_cursor(cursor: str | None) -> uuid.UUID | None:
-    if cursor is None:
-        return None
-    try:
-        return uuid.UUID(cursor)
-    except ValueError:
-        raise ValidationError("malformed cursor", field="cursor") from None
-
-
-def _int_cursor(cursor: str | None) -> int | None:
-    if cursor is None:
-        return None
-    if not cursor.isdigit():
-        raise ValidationError("malformed cursor", field="cursor")
-    return int(cursor)
-
-
 def _request_hash(spec: Any) -> str:
     body = json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(body.encode()).hexdigest()
@@ -86,193 +66,6 @@ def announce(run_id: uuid.UUID, shard: int, fire_at: datetime) -> str:
 
 
 class CatalogMixin(SqlCore):
-    # -- tenants -------------------------------------------------------------------
-
-    async def tenants_create(
-        self,
-        *,
-        name: str,
-        limits: dict[str, Any],
-        actor: str | None = None,
-        now: datetime | None = None,
-    ) -> Tenant:
-        try:
-            async with self._write() as conn:
-                at = await self._now(conn, now)
-                row = (
-                    await conn.execute(
-                        tenants.insert()
-                        .values(
-                            id=new_id(),
-                            name=name,
-                            limits=limits,
-                            created_at=at,
-                            webhook_secret=secrets.token_urlsafe(32),
-                        )
-                        .returning(*tenants.c)
-                    )
-                ).one()
-                await self._insert_events(
-                    conn,
-                    [
-                        event_row(
-                            at=at,
-                            kind="tenant.created",
-                            tenant_id=row.id,
-                            actor=actor,
-                            data={"name": name},
-                        )
-                    ],
-                )
-        except IntegrityError:
-            raise ConflictError(f"a tenant named {name!r} exists", field="name") from None
-        return tenant_from(row)
-
-    async def tenants_get(self, tenant_id: uuid.UUID) -> Tenant:
-        async with self._read() as conn:
-            row = (await conn.execute(tenants.select().where(tenants.c.id == tenant_id))).first()
-        if row is None:
-            raise self._not_found("tenant", tenant_id)
-        return tenant_from(row)
-
-    async def tenants_get_by_name(self, *, name: str) -> Tenant:
-        async with self._read() as conn:
-            row = (await conn.execute(tenants.select().where(tenants.c.name == name))).first()
-        if row is None:
-            raise self._not_found("tenant", name)
-        return tenant_from(row)
-
-    async def tenants_list(self, *, cursor: str | None = None, limit: int = 100) -> Page[Tenant]:
-        after = _uuid_cursor(cursor)
-        stmt = tenants.select().order_by(tenants.c.id).limit(limit + 1)
-        if after is not None:
-            stmt = stmt.where(tenants.c.id > after)
-        async with self._read() as conn:
-            rows = (await conn.execute(stmt)).all()
-        items = [tenant_from(r) for r in rows[:limit]]
-        return Page(items, str(items[-1].id) if len(rows) > limit else None)
-
-    async def tenants_update(
-        self,
-        tenant_id: uuid.UUID,
-        *,
-        limits: dict[str, Any],
-        actor: str | None = None,
-        now: datetime | None = None,
-    ) -> Tenant:
-        async with self._write() as conn:
-            at = await self._now(conn, now)
-            row = (
-                await conn.execute(
-                    tenants.update()
-                    .where(tenants.c.id == tenant_id)
-                    .values(limits=limits)
-                    .returning(*tenants.c)
-                )
-            ).first()
-            if row is None:
-                raise self._not_found("tenant", tenant_id)
-            await self._insert_events(
-                conn,
-                [
-                    event_row(
-                        at=at,
-                        kind="tenant.updated",
-                        tenant_id=tenant_id,
-                        actor=actor,
-                        data={"limits": limits},
-                    )
-                ],
-            )
-        return tenant_from(row)
-
-    async def tenants_webhook_secret(self, tenant_id: uuid.UUID) -> str:
-        async with self._read() as conn:
-            secret = (
-                await conn.execute(
-                    sa.select(tenants.c.webhook_secret).where(tenants.c.id == tenant_id)
-                )
-            ).scalar()
-        if secret is None:
-            raise self._not_found("tenant", tenant_id)
-        return str(secret)
-
-    # -- keys ----------------------------------------------------------------------
-
-    async def api_keys_create(
-        self,
-        tenant_id: uuid.UUID | None,
-        *,
-        role: str,
-        key_hash: str,
-        prefix: str,
-        now: datetime | None = None,
-    ) -> ApiKey:
-        if role not in ("admin", "operator", "viewer", "worker"):
-            raise ValidationError(f"unknown role {role!r}", field="role")
-        if tenant_id is None and role not in ("admin", "worker"):
-            raise ValidationError(f"a {role} key needs a tenant", field="role")
-        async with self._write() as conn:
-            at = await self._now(conn, now)
-            if tenant_id is not None:
-                exists = (
-                    await conn.execute(sa.select(tenants.c.id).where(tenants.c.id == tenant_id))
-                ).first()
-                if exists is None:
-                    raise self._not_found("tenant", tenant_id)
-            row = (
-                await conn.execute(
-                    api_keys.insert()
-                    .values(
-                        id=new_id(),
-                        tenant_id=tenant_id,
-                        role=role,
-                        key_hash=key_hash,
-                        prefix=prefix,
-                        created_at=at,
-                    )
-                    .returning(*api_keys.c)
-                )
-            ).one()
-            await self._insert_events(
-                conn,
-                [
-                    event_row(
-                        at=at,
-                        kind="api_key.created",
-                        tenant_id=tenant_id,
-                        data={"key_id": str(row.id), "role": role, "prefix": prefix},
-                    )
-                ],
-            )
-        return ApiKey(
-            id=row.id,
-            tenant_id=row.tenant_id,
-            role=row.role,
-            prefix=row.prefix,
-            created_at=row.created_at,
-        )
-
-    async def api_keys_get_by_hash(self, *, key_hash: str) -> ApiKey | None:
-        async with self._read() as conn:
-            row = (
-                await conn.execute(
-                    api_keys.select().where(
-                        api_keys.c.key_hash == key_hash, api_keys.c.revoked_at.is_(None)
-                    )
-                )
-            ).first()
-        if row is None:
-            return None
-        return ApiKey(
-            id=row.id,
-            tenant_id=row.tenant_id,
-            role=row.role,
-            prefix=row.prefix,
-            created_at=row.created_at,
-            revoked_at=row.revoked_at,
-        )
-
     # -- jobs ----------------------------------------------------------------------
 
     async def jobs_create_many(
@@ -498,7 +291,7 @@ class CatalogMixin(SqlCore):
         cursor: str | None = None,
         limit: int = 100,
     ) -> Page[Job]:
-        before = _uuid_cursor(cursor)
+        before = uuid_cursor(cursor)
         stmt = jobs.select().where(jobs.c.tenant_id == tenant_id)
         if state is not None:
             stmt = stmt.where(jobs.c.state == state)
@@ -653,7 +446,7 @@ class CatalogMixin(SqlCore):
         cursor: str | None = None,
         limit: int = 100,
     ) -> Page[Run]:
-        before = _uuid_cursor(cursor)
+        before = uuid_cursor(cursor)
         f = filter or RunFilter()
         stmt = sa.select(*runs.c).where(runs.c.tenant_id == tenant_id)
         if f.job_id is not None:
@@ -750,7 +543,7 @@ class CatalogMixin(SqlCore):
         cursor: str | None = None,
         limit: int = 100,
     ) -> Page[Event]:
-        after = _int_cursor(cursor)
+        after = int_cursor(cursor)
         stmt = events.select()
         if tenant_id is not None:
             stmt = stmt.where(events.c.tenant_id == tenant_id)

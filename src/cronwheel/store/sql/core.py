@@ -18,7 +18,7 @@ from sqlalchemy.engine import Row
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from cronwheel.domain.errors import NotFoundError, StoreUnavailableError
+from cronwheel.domain.errors import NotFoundError, StoreUnavailableError, ValidationError
 from cronwheel.domain.model import Attempt, Event, Job, Run, Tenant, Worker
 from cronwheel.domain.states import AttemptState, JobState, RunState
 from cronwheel.store.base import Store, Subscription
@@ -31,9 +31,11 @@ __all__ = [
     "attempt_from",
     "event_from",
     "event_row",
+    "int_cursor",
     "job_from",
     "run_from",
     "tenant_from",
+    "uuid_cursor",
     "worker_from",
 ]
 
@@ -274,6 +276,26 @@ def event_row(
         "reason": reason,
         "data": data,
     }
+
+
+# -- cursors -------------------------------------------------------------------
+
+
+def uuid_cursor(cursor: str | None) -> uuid.UUID | None:
+    if cursor is None:
+        return None
+    try:
+        return uuid.UUID(cursor)
+    except ValueError:
+        raise ValidationError("malformed cursor", field="cursor") from None
+
+
+def int_cursor(cursor: str | None) -> int | None:
+    if cursor is None:
+        return None
+    if not cursor.isdigit():
+        raise ValidationError("malformed cursor", field="cursor")
+    return int(cursor)
 
 
 # -- rows to records ---------------------------------------------------------------
