@@ -115,6 +115,7 @@ class Run:
     result: Any = None
     last_error: str | None = None
     job_name: str | None = None
+    origin: str = "once"  # once | schedule | trigger | backfill | replay
 
 
 @dataclass(frozen=True, slots=True)

@@ -135,6 +135,9 @@ runs = sa.Table(
     sa.Column("tenant_id", Uuid, nullable=False),
     sa.Column("job_id", Uuid, sa.ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
     sa.Column("job_name", sa.String(200), nullable=False),
+    # once | schedule | trigger | backfill | replay: only "schedule" runs materialise the
+    # job's next occurrence and are subject to its catch-up and overlap policies.
+    sa.Column("origin", sa.String(10), nullable=False, server_default="once"),
     sa.Column("shard", sa.SmallInteger, nullable=False),
     sa.Column("state", sa.String(20), nullable=False),
     sa.Column("due_at", UtcDateTime, nullable=False),
@@ -164,6 +167,9 @@ runs = sa.Table(
     sa.CheckConstraint(_in("state", RunState), name="state"),
     sa.CheckConstraint(f"(finished_at IS NOT NULL) = ({_TERMINAL})", name="finished_iff_terminal"),
     sa.CheckConstraint("shard >= 0 AND shard < 256", name="shard"),
+    sa.CheckConstraint(
+        "origin IN ('once', 'schedule', 'trigger', 'backfill', 'replay')", name="origin"
+    ),
     sa.CheckConstraint("priority >= 0 AND priority <= 3", name="priority"),
     # The scheduler's due window: an index range scan per shard.
     sa.Index(

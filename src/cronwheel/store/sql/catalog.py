@@ -39,6 +39,7 @@ from cronwheel.store.sql.core import (
     event_row,
     int_cursor,
     job_from,
+    new_run_row,
     run_from,
     uuid_cursor,
 )
@@ -168,7 +169,7 @@ class CatalogMixin(SqlCore):
                 run_id = new_id()
                 shard = shard_of(tenant_id, job_id)
                 run_rows.append(
-                    self._new_run_row(
+                    new_run_row(
                         run_id=run_id,
                         tenant_id=tenant_id,
                         job_id=job_id,
@@ -178,6 +179,7 @@ class CatalogMixin(SqlCore):
                         due_local=nj.due_local,
                         shard=shard,
                         at=at,
+                        origin="schedule" if spec.is_recurring else "once",
                     )
                 )
                 event_rows.append(
@@ -230,45 +232,6 @@ class CatalogMixin(SqlCore):
                 job_id = item[0]
                 result.append((job_map[job_id], run_map.get(job_id), True))
         return result
-
-    @staticmethod
-    def _new_run_row(
-        *,
-        run_id: uuid.UUID,
-        tenant_id: uuid.UUID,
-        job_id: uuid.UUID,
-        name: str,
-        template: dict[str, Any],
-        due_at: datetime,
-        due_local: str | None,
-        shard: int,
-        at: datetime,
-    ) -> dict[str, Any]:
-        retry = template["retry"]
-        return {
-            "id": run_id,
-            "tenant_id": tenant_id,
-            "job_id": job_id,
-            "job_name": name,
-            "shard": shard,
-            "state": RunState.SCHEDULED.value,
-            "due_at": due_at,
-            "due_local": due_local,
-            "fire_at": due_at,
-            "priority": template["priority"],
-            "pool": template["pool"],
-            "requires": template["requires"],
-            "tags": template["tags"],
-            "task": template.get("task"),
-            "webhook": template.get("webhook"),
-            "payload": template["payload"],
-            "attempt": 0,
-            "max_attempts": retry["max_attempts"],
-            "retry": retry,
-            "timeout": template["timeout"],
-            "heartbeat_timeout": template["heartbeat_timeout"],
-            "created_at": at,
-        }
 
     async def jobs_get(self, tenant_id: uuid.UUID, job_id: uuid.UUID) -> Job:
         async with self._read() as conn:

@@ -33,6 +33,7 @@ __all__ = [
     "event_row",
     "int_cursor",
     "job_from",
+    "new_run_row",
     "run_from",
     "tenant_from",
     "uuid_cursor",
@@ -278,6 +279,53 @@ def event_row(
     }
 
 
+# -- rows ----------------------------------------------------------------------
+
+
+def new_run_row(
+    *,
+    run_id: uuid.UUID,
+    tenant_id: uuid.UUID,
+    job_id: uuid.UUID,
+    name: str,
+    template: dict[str, Any],
+    due_at: datetime,
+    due_local: str | None,
+    shard: int,
+    at: datetime,
+    origin: str = "once",
+    fire_at: datetime | None = None,
+    state: RunState = RunState.SCHEDULED,
+) -> dict[str, Any]:
+    """A new run's row, its template copied from the job's (so leasing needs no join)."""
+    retry = template["retry"]
+    return {
+        "id": run_id,
+        "tenant_id": tenant_id,
+        "job_id": job_id,
+        "job_name": name,
+        "shard": shard,
+        "state": state.value,
+        "origin": origin,
+        "due_at": due_at,
+        "due_local": due_local,
+        "fire_at": fire_at or due_at,
+        "priority": template["priority"],
+        "pool": template["pool"],
+        "requires": template["requires"],
+        "tags": template["tags"],
+        "task": template.get("task"),
+        "webhook": template.get("webhook"),
+        "payload": template["payload"],
+        "attempt": 0,
+        "max_attempts": retry["max_attempts"],
+        "retry": retry,
+        "timeout": template["timeout"],
+        "heartbeat_timeout": template["heartbeat_timeout"],
+        "created_at": at,
+    }
+
+
 # -- cursors -------------------------------------------------------------------
 
 
@@ -353,6 +401,7 @@ def run_from(row: Row[Any]) -> Run:
         finished_at=m["finished_at"],
         result=m["result"],
         last_error=m["last_error"],
+        origin=m["origin"],
     )
 
 
