@@ -30,6 +30,7 @@ fired AS (
     FROM t
     WHERE runs.id = ANY($2::uuid[]) AND runs.state = 'SCHEDULED'
       AND runs.fire_at <= t.now + make_interval(secs => $4)
+      AND (runs.origin <> 'schedule' OR runs.attempt > 0)
       AND runs.shard = ANY(ARRAY(SELECT shard FROM shard_leases
                                  WHERE owner = $3 AND expires_at > (SELECT now FROM t)))
     RETURNING runs.id, runs.tenant_id, runs.job_id, runs.pool, runs.fire_at, t.now AS now

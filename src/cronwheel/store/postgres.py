@@ -53,20 +53,18 @@ class PostgresStore(SqlStore):
 
     # -- hot paths: one round trip per batch (see pg_hot) ----------------------------
 
-    async def runs_fire(
+    async def _fire_plain(
         self,
-        *,
+        conn: AsyncConnection,
         run_ids: Sequence[uuid.UUID],
+        *,
         node_id: str,
-        now: datetime | None = None,
-        lead: float = 0.0,
+        at: datetime,
+        lead: float,
     ) -> list[FiredRun]:
-        if not run_ids:
-            return []
-        async with self._write() as conn:
-            return await pg_hot.fire(
-                await _raw(conn), now=now, run_ids=run_ids, node_id=node_id, lead=lead
-            )
+        return await pg_hot.fire(
+            await _raw(conn), now=at, run_ids=run_ids, node_id=node_id, lead=lead
+        )
 
     async def attempts_lease(
         self, *, worker: Worker, max: int, now: datetime | None = None
@@ -219,7 +217,7 @@ class PostgresStore(SqlStore):
         # The CAST keeps the subquery a scalar (array) expression: ANY((SELECT …)).
         return shard == sa.any_(sa.cast(held, postgresql.ARRAY(sa.SmallInteger)))
 
-    def _insert_ignore(self, table: sa.Table, rows: list[dict[str, Any]]) -> sa.Executable:
+    def _insert_ignore(self, table: sa.Table, rows: list[dict[str, Any]]) -> Any:
         return postgresql.insert(table).values(rows).on_conflict_do_nothing()
 
     async def _fencing_tokens(self, conn: AsyncConnection, count: int) -> list[int]:

@@ -98,7 +98,7 @@ class SqliteStore(SqlStore):
         # SQLite's LIKE ignores case.
         return sa.func.substr(column, 1, len(prefix)) == prefix
 
-    def _insert_ignore(self, table: sa.Table, rows: list[dict[str, Any]]) -> sa.Executable:
+    def _insert_ignore(self, table: sa.Table, rows: list[dict[str, Any]]) -> Any:
         return sqlite.insert(table).values(rows).on_conflict_do_nothing()
 
     async def _fencing_tokens(self, conn: AsyncConnection, count: int) -> list[int]:

@@ -326,68 +326,6 @@ class CatalogMixin(SqlCore):
             await self._insert_events(conn, events_out)
         return job_from(row)
 
-    async def _cancel_runs(
-        self,
-        conn: AsyncConnection,
-        tenant_id: uuid.UUID,
-        where: sa.ColumnElement[bool],
-        *,
-        at: datetime,
-        actor: str | None,
-        reason: str,
-    ) -> list[dict[str, Any]]:
-        """Cancel the selected runs not yet started, and ask running ones to stop."""
-        out: list[dict[str, Any]] = []
-        for source in (RunState.SCHEDULED, RunState.DISPATCHED):
-            cancelled = (
-                await conn.execute(
-                    runs.update()
-                    .where(runs.c.tenant_id == tenant_id, where, runs.c.state == source.value)
-                    .values(state=RunState.CANCELLED.value, finished_at=at, reason=reason)
-                    .returning(runs.c.id, runs.c.job_id)
-                )
-            ).all()
-            out += [
-                event_row(
-                    at=at,
-                    kind="run.transition",
-                    tenant_id=tenant_id,
-                    job_id=r.job_id,
-                    run_id=r.id,
-                    from_state=source.value,
-                    to_state=RunState.CANCELLED.value,
-                    actor=actor,
-                    reason=reason,
-                )
-                for r in cancelled
-            ]
-        requested = (
-            await conn.execute(
-                runs.update()
-                .where(
-                    runs.c.tenant_id == tenant_id,
-                    where,
-                    runs.c.state == RunState.RUNNING.value,
-                    runs.c.cancel_requested.is_(sa.false()),
-                )
-                .values(cancel_requested=True)
-                .returning(runs.c.id, runs.c.job_id)
-            )
-        ).all()
-        out += [
-            event_row(
-                at=at,
-                kind="run.cancel_requested",
-                tenant_id=tenant_id,
-                job_id=r.job_id,
-                run_id=r.id,
-                actor=actor,
-                reason=reason,
-            )
-            for r in requested
-        ]
-        return out
-
     # -- runs ----------------------------------------------------------------------
 
     async def runs_get(self, tenant_id: uuid.UUID, run_id: uuid.UUID) -> Run:

@@ -22,7 +22,7 @@ from cronwheel.domain.errors import NotFoundError, StoreUnavailableError, Valida
 from cronwheel.domain.model import Attempt, Event, Job, Run, Tenant, Worker
 from cronwheel.domain.states import AttemptState, JobState, RunState
 from cronwheel.store.base import Store, Subscription
-from cronwheel.store.schema import events, shard_leases
+from cronwheel.store.schema import events, runs, shard_leases
 
 __all__ = [
     "MIGRATIONS_DIR",
@@ -218,7 +218,7 @@ class SqlCore(Store):
         return column.startswith(prefix, autoescape=True)
 
     @abstractmethod
-    def _insert_ignore(self, table: sa.Table, rows: list[dict[str, Any]]) -> sa.Executable:
+    def _insert_ignore(self, table: sa.Table, rows: list[dict[str, Any]]) -> Any:
         """INSERT of ``rows`` that skips rows whose key exists."""
 
     @abstractmethod
@@ -244,6 +244,68 @@ class SqlCore(Store):
             .values({c: sa.bindparam(f"b_{c}") for c in columns})
         )
         await conn.execute(stmt, [{f"b_{k}": v for k, v in row.items()} for row in rows])
+
+    async def _cancel_runs(
+        self,
+        conn: AsyncConnection,
+        tenant_id: uuid.UUID,
+        where: sa.ColumnElement[bool],
+        *,
+        at: datetime,
+        actor: str | None,
+        reason: str,
+    ) -> list[dict[str, Any]]:
+        """Cancel the selected runs not yet started, and ask running ones to stop."""
+        out: list[dict[str, Any]] = []
+        for source in (RunState.SCHEDULED, RunState.DISPATCHED):
+            cancelled = (
+                await conn.execute(
+                    runs.update()
+                    .where(runs.c.tenant_id == tenant_id, where, runs.c.state == source.value)
+                    .values(state=RunState.CANCELLED.value, finished_at=at, reason=reason)
+                    .returning(runs.c.id, runs.c.job_id)
+                )
+            ).all()
+            out += [
+                event_row(
+                    at=at,
+                    kind="run.transition",
+                    tenant_id=tenant_id,
+                    job_id=r.job_id,
+                    run_id=r.id,
+                    from_state=source.value,
+                    to_state=RunState.CANCELLED.value,
+                    actor=actor,
+                    reason=reason,
+                )
+                for r in cancelled
+            ]
+        requested = (
+            await conn.execute(
+                runs.update()
+                .where(
+                    runs.c.tenant_id == tenant_id,
+                    where,
+                    runs.c.state == RunState.RUNNING.value,
+                    runs.c.cancel_requested.is_(sa.false()),
+                )
+                .values(cancel_requested=True)
+                .returning(runs.c.id, runs.c.job_id)
+            )
+        ).all()
+        out += [
+            event_row(
+                at=at,
+                kind="run.cancel_requested",
+                tenant_id=tenant_id,
+                job_id=r.job_id,
+                run_id=r.id,
+                actor=actor,
+                reason=reason,
+            )
+            for r in requested
+        ]
+        return out
 
     @staticmethod
     def _not_found(kind: str, ident: Any) -> NotFoundError:

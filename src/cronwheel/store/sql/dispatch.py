@@ -8,17 +8,18 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from cronwheel.domain.model import DueRun, FiredRun
 from cronwheel.domain.states import RunState
 from cronwheel.store.base import CHANNEL_RUNS_READY
 from cronwheel.store.schema import events, runs, shard_leases
-from cronwheel.store.sql.core import SqlCore
+from cronwheel.store.sql.firing import FiringMixin
 
 __all__ = ["DispatchMixin"]
 
 
-class DispatchMixin(SqlCore):
+class DispatchMixin(FiringMixin):
     async def runs_due_scan(
         self, *, shards: Sequence[int], until: datetime, limit: int = 10_000
     ) -> list[DueRun]:
@@ -50,50 +51,93 @@ class DispatchMixin(SqlCore):
             return []
         async with self._write() as conn:
             at = await self._now(conn, now)
-            # The epoch fence: only the live owner of a run's shard may fire it. A node
-            # that lost its lease (paused, partitioned) matches nothing here.
-            held = self._shard_held(runs.c.shard, node_id=node_id, at=at)
-            rows = (
-                await conn.execute(
-                    runs.update()
-                    .where(
-                        self._id_in(runs.c.id, list(run_ids)),
-                        runs.c.state == RunState.SCHEDULED.value,
-                        runs.c.fire_at <= at + timedelta(seconds=lead),
-                        held,
+            fired = await self._fire_plain(conn, run_ids, node_id=node_id, at=at, lead=lead)
+            if len(fired) < len(run_ids):
+                # The rest: first tries of recurring jobs' scheduled runs (their policies
+                # apply), or runs no longer firable (cancelled, not ours, not yet due).
+                candidates = (
+                    await conn.execute(
+                        sa.select(
+                            runs.c.id,
+                            runs.c.tenant_id,
+                            runs.c.job_id,
+                            runs.c.job_name,
+                            runs.c.shard,
+                            runs.c.due_at,
+                            runs.c.fire_at,
+                            runs.c.pool,
+                        )
+                        .where(
+                            self._id_in(runs.c.id, list(run_ids)),
+                            runs.c.state == RunState.SCHEDULED.value,
+                            runs.c.origin == "schedule",
+                            runs.c.attempt == 0,
+                            runs.c.fire_at <= at + timedelta(seconds=lead),
+                            self._shard_held(runs.c.shard, node_id=node_id, at=at),
+                        )
+                        .with_for_update()
                     )
-                    .values(state=RunState.DISPATCHED.value, dispatched_at=at)
-                    .returning(
-                        runs.c.id,
-                        runs.c.tenant_id,
-                        runs.c.job_id,
-                        runs.c.pool,
-                        runs.c.fire_at,
-                        runs.c.dispatched_at,
-                    )
+                ).all()
+                if candidates:
+                    fired += await self._fire_scheduled(conn, candidates, at=at, node_id=node_id)
+        return fired
+
+    async def _fire_plain(
+        self,
+        conn: AsyncConnection,
+        run_ids: Sequence[uuid.UUID],
+        *,
+        node_id: str,
+        at: datetime,
+        lead: float,
+    ) -> list[FiredRun]:
+        """Dispatch the runs of ``run_ids`` that need no policy (one-off runs, retries,
+        triggered, replayed and backfilled ones): one UPDATE, one INSERT of events."""
+        # The epoch fence: only the live owner of a run's shard may fire it. A node that
+        # lost its lease (paused, partitioned) matches nothing here.
+        held = self._shard_held(runs.c.shard, node_id=node_id, at=at)
+        rows = (
+            await conn.execute(
+                runs.update()
+                .where(
+                    self._id_in(runs.c.id, list(run_ids)),
+                    runs.c.state == RunState.SCHEDULED.value,
+                    runs.c.fire_at <= at + timedelta(seconds=lead),
+                    sa.or_(runs.c.origin != "schedule", runs.c.attempt > 0),
+                    held,
                 )
-            ).all()
-            if rows:
-                await conn.execute(
-                    events.insert(),
-                    [
-                        {
-                            "tenant_id": r.tenant_id,
-                            "at": at,
-                            "kind": "run.transition",
-                            "job_id": r.job_id,
-                            "run_id": r.id,
-                            "attempt_id": None,
-                            "from_state": RunState.SCHEDULED.value,
-                            "to_state": RunState.DISPATCHED.value,
-                            "actor": node_id,
-                            "reason": _lateness_reason(r.fire_at, at),
-                            "data": None,
-                        }
-                        for r in rows
-                    ],
+                .values(state=RunState.DISPATCHED.value, dispatched_at=at)
+                .returning(
+                    runs.c.id,
+                    runs.c.tenant_id,
+                    runs.c.job_id,
+                    runs.c.pool,
+                    runs.c.fire_at,
+                    runs.c.dispatched_at,
                 )
-                await self._notify(conn, CHANNEL_RUNS_READY, sorted({r.pool for r in rows}))
+            )
+        ).all()
+        if rows:
+            await conn.execute(
+                events.insert(),
+                [
+                    {
+                        "tenant_id": r.tenant_id,
+                        "at": at,
+                        "kind": "run.transition",
+                        "job_id": r.job_id,
+                        "run_id": r.id,
+                        "attempt_id": None,
+                        "from_state": RunState.SCHEDULED.value,
+                        "to_state": RunState.DISPATCHED.value,
+                        "actor": node_id,
+                        "reason": _lateness_reason(r.fire_at, at),
+                        "data": None,
+                    }
+                    for r in rows
+                ],
+            )
+            await self._notify(conn, CHANNEL_RUNS_READY, sorted({r.pool for r in rows}))
         return [
             FiredRun(
                 id=r.id,

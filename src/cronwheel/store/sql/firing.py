@@ -1,0 +1,304 @@
+"""Firing the scheduled runs of recurring jobs, inside the firing transaction.
+
+A recurring job keeps exactly one run ahead of it. When that run fires, the same
+transaction applies the job's overlap and catch-up policies (``timing.catchup``) and
+creates the next occurrence, so a crash can neither lose nor double one: the new row is
+written with the fired one, and ``UNIQUE(tenant_id, job_id, due_at)`` makes writing it
+twice a no-op. Everything is batched: a few statements per batch, whatever its size.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import defaultdict
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from cronwheel.domain.model import FiredRun
+from cronwheel.domain.spec import CronSchedule, IntervalSchedule
+from cronwheel.domain.states import JobState, RunState
+from cronwheel.ids import new_id
+from cronwheel.store.base import CHANNEL_RUNS_NEW, CHANNEL_RUNS_READY
+from cronwheel.store.schema import jobs, runs
+from cronwheel.store.sql.core import SqlCore, event_row, new_run_row
+from cronwheel.timing.catchup import FirePlan, plan_fire
+
+__all__ = ["WAIT_RETRY", "FiringMixin"]
+
+# A run queued behind a running one (overlap=queue_one) looks again this often.
+WAIT_RETRY = timedelta(seconds=1)
+
+_ACTIVE = (RunState.DISPATCHED.value, RunState.RUNNING.value)
+
+
+def _spec(schedule: dict[str, Any]) -> CronSchedule | IntervalSchedule:
+    if "cron" in schedule:
+        return CronSchedule.model_validate(schedule)
+    return IntervalSchedule.model_validate(schedule)
+
+
+class FiringMixin(SqlCore):
+    async def _fire_scheduled(
+        self, conn: AsyncConnection, candidates: Sequence[Any], *, at: datetime, node_id: str
+    ) -> list[FiredRun]:
+        """Fire ``candidates`` — SCHEDULED first tries of recurring jobs, already checked
+        due and on a shard ``node_id`` holds — by their jobs' policies."""
+        job_ids = list({r.job_id for r in candidates})
+        job_rows: dict[uuid.UUID, Any] = {
+            j.id: j
+            for j in await conn.execute(
+                sa.select(jobs.c.id, jobs.c.state, jobs.c.schedule, jobs.c.template).where(
+                    self._id_in(jobs.c.id, job_ids)
+                )
+            )
+        }
+        guarded = [j for j in job_ids if job_rows[j].schedule.get("overlap", "allow") != "allow"]
+        busy, waiting = await self._overlap_state(conn, candidates, guarded)
+
+        plans: dict[uuid.UUID, FirePlan] = {}
+        for run in sorted(candidates, key=lambda r: r.due_at):
+            job = job_rows[run.job_id]
+            if job.state != JobState.ACTIVE.value:
+                continue  # paused or cancelled since: its runs are handled there
+            plans[run.id] = plan_fire(
+                _spec(job.schedule),
+                due_at=run.due_at,
+                now=at,
+                busy=bool(busy.get(run.job_id, set()) - {run.id}),
+                waiting=bool(waiting.get(run.job_id, set()) - {run.id}),
+            )
+        by_id = {r.id: r for r in candidates}
+        fired = await self._apply_fates(conn, plans, by_id, at=at, node_id=node_id)
+        await self._create_planned(conn, plans, by_id, job_rows, at=at, node_id=node_id)
+        await self._cancel_previous(conn, plans, by_id, busy, at=at, node_id=node_id)
+        return fired
+
+    async def _overlap_state(
+        self, conn: AsyncConnection, candidates: Sequence[Any], guarded: list[uuid.UUID]
+    ) -> tuple[dict[uuid.UUID, set[uuid.UUID]], dict[uuid.UUID, set[uuid.UUID]]]:
+        """Per guarded job: its runs DISPATCHED or RUNNING, and its runs waiting behind
+        them (SCHEDULED, already due, that fired once and were told to wait)."""
+        busy: dict[uuid.UUID, set[uuid.UUID]] = defaultdict(set)
+        waiting: dict[uuid.UUID, set[uuid.UUID]] = defaultdict(set)
+        if not guarded:
+            return busy, waiting
+        tenants = list({r.tenant_id for r in candidates})
+        rows = await conn.execute(
+            sa.select(runs.c.id, runs.c.job_id, runs.c.state, runs.c.reason).where(
+                self._id_in(runs.c.tenant_id, tenants),
+                self._id_in(runs.c.job_id, guarded),
+                sa.or_(
+                    runs.c.state.in_(_ACTIVE),
+                    sa.and_(
+                        runs.c.state == RunState.SCHEDULED.value,
+                        runs.c.reason.startswith("queued behind"),
+                    ),
+                ),
+            )
+        )
+        for r in rows:
+            (busy if r.state in _ACTIVE else waiting)[r.job_id].add(r.id)
+        return busy, waiting
+
+    async def _apply_fates(
+        self,
+        conn: AsyncConnection,
+        plans: dict[uuid.UUID, FirePlan],
+        by_id: dict[uuid.UUID, Any],
+        *,
+        at: datetime,
+        node_id: str,
+    ) -> list[FiredRun]:
+        dispatch = [i for i, p in plans.items() if p.fate == "DISPATCHED"]
+        skip = [i for i, p in plans.items() if p.fate == "SKIPPED"]
+        wait = [i for i, p in plans.items() if p.fate == "WAIT"]
+        events: list[dict[str, Any]] = []
+        if dispatch:
+            await conn.execute(
+                runs.update()
+                .where(self._id_in(runs.c.id, dispatch))
+                .values(state=RunState.DISPATCHED.value, dispatched_at=at)
+            )
+            await self._update_each(
+                conn,
+                runs,
+                [{"id": i, "reason": plans[i].reason} for i in dispatch if plans[i].reason],
+            )
+        if skip:
+            await conn.execute(
+                runs.update()
+                .where(self._id_in(runs.c.id, skip))
+                .values(state=RunState.SKIPPED.value, finished_at=at)
+            )
+            await self._update_each(
+                conn, runs, [{"id": i, "reason": plans[i].reason} for i in skip]
+            )
+        if wait:
+            await self._update_each(
+                conn,
+                runs,
+                [{"id": i, "reason": plans[i].reason, "fire_at": at + WAIT_RETRY} for i in wait],
+            )
+        for ids, target in ((dispatch, RunState.DISPATCHED), (skip, RunState.SKIPPED)):
+            events += [
+                event_row(
+                    at=at,
+                    kind="run.transition",
+                    tenant_id=by_id[i].tenant_id,
+                    job_id=by_id[i].job_id,
+                    run_id=i,
+                    from_state=RunState.SCHEDULED.value,
+                    to_state=target.value,
+                    actor=node_id,
+                    reason=plans[i].reason,
+                )
+                for i in ids
+            ]
+        await self._insert_events(conn, events)
+        if dispatch:
+            await self._notify(conn, CHANNEL_RUNS_READY, sorted({by_id[i].pool for i in dispatch}))
+        return [
+            FiredRun(
+                id=i,
+                tenant_id=by_id[i].tenant_id,
+                pool=by_id[i].pool,
+                fire_at=by_id[i].fire_at,
+                dispatched_at=at,
+            )
+            for i in dispatch
+        ]
+
+    async def _create_planned(
+        self,
+        conn: AsyncConnection,
+        plans: dict[uuid.UUID, FirePlan],
+        by_id: dict[uuid.UUID, Any],
+        job_rows: dict[uuid.UUID, Any],
+        *,
+        at: datetime,
+        node_id: str,
+    ) -> None:
+        """Write the next occurrences and the replayed or skipped ones; each at most once."""
+        rows: list[dict[str, Any]] = []
+        next_due: dict[uuid.UUID, datetime | None] = {}
+        for run_id, plan in plans.items():
+            run = by_id[run_id]
+            job = job_rows[run.job_id]
+            cron = "cron" in job.schedule
+            if plan.fate != "WAIT":
+                next_due[run.job_id] = plan.next_due_at
+            for p in plan.created:
+                state = RunState(p.state)
+                rows.append(
+                    new_run_row(
+                        run_id=new_id(),
+                        tenant_id=run.tenant_id,
+                        job_id=run.job_id,
+                        name=run.job_name,
+                        template=job.template,
+                        due_at=p.due_at,
+                        due_local=p.due_local if cron else None,
+                        shard=run.shard,
+                        at=at,
+                        origin=p.origin,
+                        state=state,
+                    )
+                    | {
+                        "reason": p.reason,
+                        "dispatched_at": at if state is RunState.DISPATCHED else None,
+                        "finished_at": at if state is RunState.SKIPPED else None,
+                    }
+                )
+        if rows:
+            created = await conn.execute(
+                self._insert_ignore(runs, rows).returning(
+                    runs.c.id,
+                    runs.c.tenant_id,
+                    runs.c.job_id,
+                    runs.c.state,
+                    runs.c.reason,
+                    runs.c.shard,
+                    runs.c.fire_at,
+                    runs.c.pool,
+                )
+            )
+            events: list[dict[str, Any]] = []
+            notices: list[str] = []
+            ready: set[str] = set()
+            for r in created:
+                events.append(
+                    event_row(
+                        at=at,
+                        kind="run.transition",
+                        tenant_id=r.tenant_id,
+                        job_id=r.job_id,
+                        run_id=r.id,
+                        to_state=RunState.SCHEDULED.value,
+                        actor=node_id,
+                        reason="next occurrence",
+                    )
+                )
+                if r.state != RunState.SCHEDULED.value:
+                    events.append(
+                        event_row(
+                            at=at,
+                            kind="run.transition",
+                            tenant_id=r.tenant_id,
+                            job_id=r.job_id,
+                            run_id=r.id,
+                            from_state=RunState.SCHEDULED.value,
+                            to_state=r.state,
+                            actor=node_id,
+                            reason=r.reason,
+                        )
+                    )
+                if r.state == RunState.DISPATCHED.value:
+                    ready.add(r.pool)
+                if r.state == RunState.SCHEDULED.value and r.fire_at < at + timedelta(minutes=2):
+                    notices.append(f"{r.shard}:{int(r.fire_at.timestamp() * 1000)}:{r.id.hex}")
+            await self._insert_events(conn, events)
+            if notices:
+                await self._notify(conn, CHANNEL_RUNS_NEW, notices)
+            if ready:
+                await self._notify(conn, CHANNEL_RUNS_READY, sorted(ready))
+        await self._update_each(
+            conn,
+            jobs,
+            [
+                {"id": job_id, "next_due_at": due, "updated_at": at}
+                for job_id, due in next_due.items()
+            ],
+        )
+
+    async def _cancel_previous(
+        self,
+        conn: AsyncConnection,
+        plans: dict[uuid.UUID, FirePlan],
+        by_id: dict[uuid.UUID, Any],
+        busy: dict[uuid.UUID, set[uuid.UUID]],
+        *,
+        at: datetime,
+        node_id: str,
+    ) -> None:
+        """overlap=cancel_previous: the runs still going are cancelled (cooperatively
+        when running) in favour of the one that fired."""
+        by_tenant: dict[uuid.UUID, list[uuid.UUID]] = defaultdict(list)
+        for run_id, plan in plans.items():
+            if plan.cancel_previous:
+                run = by_id[run_id]
+                by_tenant[run.tenant_id] += sorted(busy.get(run.job_id, set()) - {run_id})
+        for tenant_id, ids in by_tenant.items():
+            if ids:
+                events = await self._cancel_runs(
+                    conn,
+                    tenant_id,
+                    self._id_in(runs.c.id, ids),
+                    at=at,
+                    actor=node_id,
+                    reason="a newer run started (overlap=cancel_previous)",
+                )
+                await self._insert_events(conn, events)
