@@ -35,8 +35,8 @@ __all__ = ["MAX_CATCH_UP", "MISFIRE_GRACE", "FirePlan", "Planned", "plan_fire", 
 MISFIRE_GRACE = timedelta(seconds=60)
 MAX_CATCH_UP = 1000  # occurrences examined after downtime; older ones are coalesced
 
-Recurring = CronSchedule | IntervalSchedule
-RunFate = Literal["SCHEDULED", "DISPATCHED", "SKIPPED"]
+_Recurring = CronSchedule | IntervalSchedule
+_RunFate = Literal["SCHEDULED", "DISPATCHED", "SKIPPED"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +45,7 @@ class Planned:
 
     due_at: datetime
     due_local: str | None
-    state: RunFate
+    state: _RunFate
     origin: Literal["schedule", "replay"]
     reason: str | None = None
 
@@ -71,7 +71,7 @@ def skipped_instant(occurrence: Occurrence, timezone: str) -> datetime:
 
 
 def plan_fire(
-    schedule: Recurring,
+    schedule: _Recurring,
     *,
     due_at: datetime,
     now: datetime,
@@ -170,7 +170,7 @@ def plan_fire(
 _MICRO = timedelta(microseconds=1)
 
 
-def _with_next(plan: FirePlan, schedule: Recurring, after: datetime, now: datetime) -> FirePlan:
+def _with_next(plan: FirePlan, schedule: _Recurring, after: datetime, now: datetime) -> FirePlan:
     """Add the next occurrence strictly after ``after``, and the wall times skipped on
     the way to it."""
     created = list(plan.created)
