@@ -231,6 +231,69 @@ class Store(ABC):
         CANCELLED; RUNNING runs get ``cancel_requested``. Cancelling a finished or
         cancelled job raises :class:`IllegalTransitionError`."""
 
+    @abstractmethod
+    async def jobs_pause(
+        self,
+        tenant_id: uuid.UUID,
+        job_id: uuid.UUID,
+        *,
+        actor: str | None = None,
+        reason: str | None = None,
+        now: datetime | None = None,
+    ) -> Job:
+        """Pause an active job: it fires nothing until resumed. Its SCHEDULED runs stay
+        (their fire time is parked, their due instant kept) and its DISPATCHED runs go
+        back to SCHEDULED, so the pause takes effect before any run starts; RUNNING runs
+        finish. Pausing a job that is not active raises :class:`IllegalTransitionError`."""
+
+    @abstractmethod
+    async def jobs_resume(
+        self,
+        tenant_id: uuid.UUID,
+        job_id: uuid.UUID,
+        *,
+        actor: str | None = None,
+        reason: str | None = None,
+        now: datetime | None = None,
+    ) -> Job:
+        """Resume a paused job: its parked runs become due again at their due instant, so
+        the scheduler fires them at once if that instant has passed and the job's
+        catch-up policy decides what happens to what was missed."""
+
+    @abstractmethod
+    async def jobs_trigger(
+        self,
+        tenant_id: uuid.UUID,
+        job_id: uuid.UUID,
+        *,
+        actor: str | None = None,
+        payload: dict[str, Any] | None = None,
+        now: datetime | None = None,
+    ) -> Run:
+        """A run of the job now, outside its schedule (origin ``trigger``), with
+        ``payload`` merged over the job's. Allowed for active, paused and finished jobs
+        (a finished one-off job can run again); a cancelled job raises
+        :class:`IllegalTransitionError`."""
+
+    @abstractmethod
+    async def jobs_backfill(
+        self,
+        tenant_id: uuid.UUID,
+        job_id: uuid.UUID,
+        *,
+        start: datetime,
+        end: datetime,
+        actor: str | None = None,
+        rate: float = 10.0,
+        limit: int = 10_000,
+        now: datetime | None = None,
+    ) -> list[Run]:
+        """Runs for the recurring job's occurrences in ``[start, end)`` (which must lie in
+        the past), origin ``backfill``, idempotent: an occurrence that already has a run
+        gets no second one. Throttled: their fire times are spread ``rate`` per second
+        from now. More than ``limit`` occurrences raise :class:`ValidationError`.
+        Returns the runs created."""
+
     # -- runs ----------------------------------------------------------------------
 
     @abstractmethod

@@ -23,6 +23,7 @@ from cronwheel.store import pg_hot
 from cronwheel.store.base import CHANNEL_RUNS_NEW, CHANNEL_RUNS_READY, CompleteItem, HeartbeatItem
 from cronwheel.store.schema import shard_leases
 from cronwheel.store.sql import SqlStore
+from cronwheel.store.sql.firing import Planned
 
 __all__ = ["PostgresStore"]
 
@@ -114,6 +115,24 @@ class PostgresStore(SqlStore):
                 tenant_id=tenant_id,
             )
             return await self._resolve(conn, items, done, tenant_id)
+
+    async def _insert_planned(
+        self,
+        conn: AsyncConnection,
+        planned: list[Planned],
+        by_id: dict[uuid.UUID, Any],
+        job_rows: dict[uuid.UUID, Any],
+        *,
+        at: datetime,
+        node_id: str,
+    ) -> list[Any]:
+        return await pg_hot.insert_planned(
+            await _raw(conn), at=at, planned=planned, node_id=node_id
+        )
+
+    async def _insert_events(self, conn: AsyncConnection, rows: list[dict[str, Any]]) -> None:
+        if rows:
+            await pg_hot.copy_events(await _raw(conn), rows)
 
     def _make_engine(self) -> AsyncEngine:
         return create_async_engine(
@@ -218,7 +237,8 @@ class PostgresStore(SqlStore):
         return shard == sa.any_(sa.cast(held, postgresql.ARRAY(sa.SmallInteger)))
 
     def _insert_ignore(self, table: sa.Table, rows: list[dict[str, Any]]) -> Any:
-        return postgresql.insert(table).values(rows).on_conflict_do_nothing()
+        stmt = postgresql.insert(table)
+        return (stmt.values(rows) if rows else stmt).on_conflict_do_nothing()
 
     async def _fencing_tokens(self, conn: AsyncConnection, count: int) -> list[int]:
         rows = await conn.execute(

@@ -99,7 +99,8 @@ class SqliteStore(SqlStore):
         return sa.func.substr(column, 1, len(prefix)) == prefix
 
     def _insert_ignore(self, table: sa.Table, rows: list[dict[str, Any]]) -> Any:
-        return sqlite.insert(table).values(rows).on_conflict_do_nothing()
+        stmt = sqlite.insert(table)
+        return (stmt.values(rows) if rows else stmt).on_conflict_do_nothing()
 
     async def _fencing_tokens(self, conn: AsyncConnection, count: int) -> list[int]:
         top = (

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from cronwheel.store.sql.attempts import AttemptsMixin
 from cronwheel.store.sql.catalog import CatalogMixin
+from cronwheel.store.sql.control import ControlMixin
 from cronwheel.store.sql.dispatch import DispatchMixin
 from cronwheel.store.sql.leasing import LeasingMixin
 from cronwheel.store.sql.tenancy import TenancyMixin
@@ -11,5 +12,7 @@ from cronwheel.store.sql.tenancy import TenancyMixin
 __all__ = ["SqlStore"]
 
 
-class SqlStore(TenancyMixin, CatalogMixin, DispatchMixin, LeasingMixin, AttemptsMixin):
+class SqlStore(
+    TenancyMixin, CatalogMixin, ControlMixin, DispatchMixin, LeasingMixin, AttemptsMixin
+):
     """Implements every method of ``Store``; dialect subclasses fill in the hooks."""

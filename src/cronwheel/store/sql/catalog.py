@@ -39,6 +39,7 @@ from cronwheel.store.sql.core import (
     event_row,
     int_cursor,
     job_from,
+    jobs_select,
     new_run_row,
     run_from,
     uuid_cursor,
@@ -237,7 +238,7 @@ class CatalogMixin(SqlCore):
         async with self._read() as conn:
             row = (
                 await conn.execute(
-                    jobs.select().where(jobs.c.tenant_id == tenant_id, jobs.c.id == job_id)
+                    jobs_select().where(jobs.c.tenant_id == tenant_id, jobs.c.id == job_id)
                 )
             ).first()
         if row is None:
@@ -255,7 +256,7 @@ class CatalogMixin(SqlCore):
         limit: int = 100,
     ) -> Page[Job]:
         before = uuid_cursor(cursor)
-        stmt = jobs.select().where(jobs.c.tenant_id == tenant_id)
+        stmt = jobs_select().where(jobs.c.tenant_id == tenant_id)
         if state is not None:
             stmt = stmt.where(jobs.c.state == state)
         if tag is not None:

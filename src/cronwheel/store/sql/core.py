@@ -22,7 +22,7 @@ from cronwheel.domain.errors import NotFoundError, StoreUnavailableError, Valida
 from cronwheel.domain.model import Attempt, Event, Job, Run, Tenant, Worker
 from cronwheel.domain.states import AttemptState, JobState, RunState
 from cronwheel.store.base import Store, Subscription
-from cronwheel.store.schema import events, runs, shard_leases
+from cronwheel.store.schema import UtcDateTime, events, jobs, runs, shard_leases
 
 __all__ = [
     "MIGRATIONS_DIR",
@@ -33,6 +33,7 @@ __all__ = [
     "event_row",
     "int_cursor",
     "job_from",
+    "jobs_select",
     "new_run_row",
     "run_from",
     "tenant_from",
@@ -217,9 +218,28 @@ class SqlCore(Store):
         """Case-sensitive prefix match."""
         return column.startswith(prefix, autoescape=True)
 
+    async def _insert_ignoring(
+        self,
+        conn: AsyncConnection,
+        table: sa.Table,
+        rows: list[dict[str, Any]],
+        returning: Sequence[sa.ColumnElement[Any]] = (),
+    ) -> list[Any]:
+        """INSERT ``rows``, skipping those whose key exists; returns ``returning`` of the
+        rows inserted. Executed as one executemany (SQLAlchemy's "insertmanyvalues"):
+        the statement is compiled once, whatever the number of rows."""
+        if not rows:
+            return []
+        stmt = self._insert_ignore(table, [])
+        if returning:
+            return list((await conn.execute(stmt.returning(*returning), rows)).all())
+        await conn.execute(stmt, rows)
+        return []
+
     @abstractmethod
     def _insert_ignore(self, table: sa.Table, rows: list[dict[str, Any]]) -> Any:
-        """INSERT of ``rows`` that skips rows whose key exists."""
+        """INSERT of ``rows`` that skips rows whose key exists (no rows: a statement to
+        execute with many parameter sets)."""
 
     @abstractmethod
     async def _fencing_tokens(self, conn: AsyncConnection, count: int) -> list[int]:
@@ -406,6 +426,24 @@ def int_cursor(cursor: str | None) -> int | None:
     if not cursor.isdigit():
         raise ValidationError("malformed cursor", field="cursor")
     return int(cursor)
+
+
+def jobs_select() -> sa.Select[Any]:
+    """SELECT of jobs whose ``next_due_at`` is read from the job's own pending runs (the
+    scheduled one of a recurring job, the one of a one-off job), so firing never has to
+    write the job row."""
+    pending = (
+        sa.select(sa.func.min(runs.c.due_at))
+        .where(
+            runs.c.tenant_id == jobs.c.tenant_id,
+            runs.c.job_id == jobs.c.id,
+            runs.c.state == RunState.SCHEDULED.value,
+            runs.c.origin.in_(("once", "schedule")),
+        )
+        .scalar_subquery()
+    )
+    columns = [c for c in jobs.c if c.name != "next_due_at"]
+    return sa.select(*columns, sa.type_coerce(pending, UtcDateTime).label("next_due_at"))
 
 
 # -- rows to records ---------------------------------------------------------------

@@ -9,9 +9,11 @@ twice a no-op. Everything is batched: a few statements per batch, whatever its s
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -35,10 +37,30 @@ WAIT_RETRY = timedelta(seconds=1)
 _ACTIVE = (RunState.DISPATCHED.value, RunState.RUNNING.value)
 
 
+@dataclass(frozen=True, slots=True)
+class Planned:
+    """A run to create beside a fired one, its template taken from the job."""
+
+    source: uuid.UUID  # the fired run it comes from (tenant, job, shard)
+    id: uuid.UUID
+    due_at: datetime
+    due_local: str | None
+    state: str
+    origin: str
+    reason: str | None
+
+
 def _spec(schedule: dict[str, Any]) -> CronSchedule | IntervalSchedule:
-    if "cron" in schedule:
-        return CronSchedule.model_validate(schedule)
-    return IntervalSchedule.model_validate(schedule)
+    return _parsed(tuple(sorted(schedule.items())))
+
+
+@functools.lru_cache(maxsize=4096)
+def _parsed(items: tuple[tuple[str, Any], ...]) -> CronSchedule | IntervalSchedule:
+    """Jobs share schedules: validate each distinct one once."""
+    data = dict(items)
+    if "cron" in data:
+        return CronSchedule.model_validate(data)
+    return IntervalSchedule.model_validate(data)
 
 
 class FiringMixin(SqlCore):
@@ -51,7 +73,7 @@ class FiringMixin(SqlCore):
         job_rows: dict[uuid.UUID, Any] = {
             j.id: j
             for j in await conn.execute(
-                sa.select(jobs.c.id, jobs.c.state, jobs.c.schedule, jobs.c.template).where(
+                sa.select(jobs.c.id, jobs.c.state, jobs.c.schedule).where(
                     self._id_in(jobs.c.id, job_ids)
                 )
             )
@@ -183,53 +205,112 @@ class FiringMixin(SqlCore):
         node_id: str,
     ) -> None:
         """Write the next occurrences and the replayed or skipped ones; each at most once."""
-        rows: list[dict[str, Any]] = []
-        next_due: dict[uuid.UUID, datetime | None] = {}
+        planned: list[Planned] = []
         for run_id, plan in plans.items():
             run = by_id[run_id]
-            job = job_rows[run.job_id]
-            cron = "cron" in job.schedule
-            if plan.fate != "WAIT":
-                next_due[run.job_id] = plan.next_due_at
+            cron = "cron" in job_rows[run.job_id].schedule
             for p in plan.created:
-                state = RunState(p.state)
-                rows.append(
-                    new_run_row(
-                        run_id=new_id(),
-                        tenant_id=run.tenant_id,
-                        job_id=run.job_id,
-                        name=run.job_name,
-                        template=job.template,
+                planned.append(
+                    Planned(
+                        source=run_id,
+                        id=new_id(),
                         due_at=p.due_at,
                         due_local=p.due_local if cron else None,
-                        shard=run.shard,
-                        at=at,
+                        state=p.state,
                         origin=p.origin,
-                        state=state,
+                        reason=p.reason,
                     )
-                    | {
-                        "reason": p.reason,
-                        "dispatched_at": at if state is RunState.DISPATCHED else None,
-                        "finished_at": at if state is RunState.SKIPPED else None,
-                    }
                 )
-        if rows:
-            created = await conn.execute(
-                self._insert_ignore(runs, rows).returning(
-                    runs.c.id,
-                    runs.c.tenant_id,
-                    runs.c.job_id,
-                    runs.c.state,
-                    runs.c.reason,
-                    runs.c.shard,
-                    runs.c.fire_at,
-                    runs.c.pool,
+        created = await self._insert_planned(conn, planned, by_id, job_rows, at=at, node_id=node_id)
+        notices: list[str] = []
+        ready: set[str] = set()
+        for r in created:
+            if r.state == RunState.DISPATCHED.value:
+                ready.add(r.pool)
+            if r.state == RunState.SCHEDULED.value and r.fire_at < at + timedelta(minutes=2):
+                notices.append(f"{r.shard}:{int(r.fire_at.timestamp() * 1000)}:{r.id.hex}")
+        if notices:
+            await self._notify(conn, CHANNEL_RUNS_NEW, notices)
+        if ready:
+            await self._notify(conn, CHANNEL_RUNS_READY, sorted(ready))
+
+    async def _insert_planned(
+        self,
+        conn: AsyncConnection,
+        planned: list[Planned],
+        by_id: dict[uuid.UUID, Any],
+        job_rows: dict[uuid.UUID, Any],
+        *,
+        at: datetime,
+        node_id: str,
+    ) -> list[Any]:
+        """Insert the planned runs that do not exist yet, with their events; returns the
+        inserted rows (id, tenant_id, job_id, state, reason, shard, fire_at, pool)."""
+        job_ids = list({by_id[p.source].job_id for p in planned})
+        templates = (
+            {
+                j.id: j.template
+                for j in await conn.execute(
+                    sa.select(jobs.c.id, jobs.c.template).where(self._id_in(jobs.c.id, job_ids))
+                )
+            }
+            if planned
+            else {}
+        )
+        rows: list[dict[str, Any]] = []
+        for p in planned:
+            run = by_id[p.source]
+            state = RunState(p.state)
+            rows.append(
+                new_run_row(
+                    run_id=p.id,
+                    tenant_id=run.tenant_id,
+                    job_id=run.job_id,
+                    name=run.job_name,
+                    template=templates[run.job_id],
+                    due_at=p.due_at,
+                    due_local=p.due_local,
+                    shard=run.shard,
+                    at=at,
+                    origin=p.origin,
+                    state=state,
+                )
+                | {
+                    "reason": p.reason,
+                    "dispatched_at": at if state is RunState.DISPATCHED else None,
+                    "finished_at": at if state is RunState.SKIPPED else None,
+                }
+            )
+        created = await self._insert_ignoring(
+            conn,
+            runs,
+            rows,
+            (
+                runs.c.id,
+                runs.c.tenant_id,
+                runs.c.job_id,
+                runs.c.state,
+                runs.c.reason,
+                runs.c.shard,
+                runs.c.fire_at,
+                runs.c.pool,
+            ),
+        )
+        events: list[dict[str, Any]] = []
+        for r in created:
+            events.append(
+                event_row(
+                    at=at,
+                    kind="run.transition",
+                    tenant_id=r.tenant_id,
+                    job_id=r.job_id,
+                    run_id=r.id,
+                    to_state=RunState.SCHEDULED.value,
+                    actor=node_id,
+                    reason="next occurrence",
                 )
             )
-            events: list[dict[str, Any]] = []
-            notices: list[str] = []
-            ready: set[str] = set()
-            for r in created:
+            if r.state != RunState.SCHEDULED.value:
                 events.append(
                     event_row(
                         at=at,
@@ -237,42 +318,14 @@ class FiringMixin(SqlCore):
                         tenant_id=r.tenant_id,
                         job_id=r.job_id,
                         run_id=r.id,
-                        to_state=RunState.SCHEDULED.value,
+                        from_state=RunState.SCHEDULED.value,
+                        to_state=r.state,
                         actor=node_id,
-                        reason="next occurrence",
+                        reason=r.reason,
                     )
                 )
-                if r.state != RunState.SCHEDULED.value:
-                    events.append(
-                        event_row(
-                            at=at,
-                            kind="run.transition",
-                            tenant_id=r.tenant_id,
-                            job_id=r.job_id,
-                            run_id=r.id,
-                            from_state=RunState.SCHEDULED.value,
-                            to_state=r.state,
-                            actor=node_id,
-                            reason=r.reason,
-                        )
-                    )
-                if r.state == RunState.DISPATCHED.value:
-                    ready.add(r.pool)
-                if r.state == RunState.SCHEDULED.value and r.fire_at < at + timedelta(minutes=2):
-                    notices.append(f"{r.shard}:{int(r.fire_at.timestamp() * 1000)}:{r.id.hex}")
-            await self._insert_events(conn, events)
-            if notices:
-                await self._notify(conn, CHANNEL_RUNS_NEW, notices)
-            if ready:
-                await self._notify(conn, CHANNEL_RUNS_READY, sorted(ready))
-        await self._update_each(
-            conn,
-            jobs,
-            [
-                {"id": job_id, "next_due_at": due, "updated_at": at}
-                for job_id, due in next_due.items()
-            ],
-        )
+        await self._insert_events(conn, events)
+        return created
 
     async def _cancel_previous(
         self,
