@@ -29,7 +29,7 @@ from cronwheel.store.schema import jobs, runs
 from cronwheel.store.sql.core import SqlCore, event_row, new_run_row
 from cronwheel.timing.catchup import FirePlan, plan_fire
 
-__all__ = ["WAIT_RETRY", "FiringMixin"]
+__all__ = ["WAIT_RETRY", "FiringMixin", "Planned"]
 
 # A run queued behind a running one (overlap=queue_one) looks again this often.
 WAIT_RETRY = timedelta(seconds=1)
