@@ -242,9 +242,11 @@ class Store(ABC):
         now: datetime | None = None,
     ) -> Job:
         """Pause an active job: it fires nothing until resumed. Its SCHEDULED runs stay
-        (their fire time is parked, their due instant kept) and its DISPATCHED runs go
-        back to SCHEDULED, so the pause takes effect before any run starts; RUNNING runs
-        finish. Pausing a job that is not active raises :class:`IllegalTransitionError`."""
+        (their fire time is parked at ``PARKED_FIRE_AT``, their due instant kept, reason
+        "job paused") and its DISPATCHED runs go back to SCHEDULED, parked alike, so the
+        pause takes effect before any run starts; RUNNING runs finish. The job's version
+        increases. Pausing a job that is not active raises
+        :class:`IllegalTransitionError`."""
 
     @abstractmethod
     async def jobs_resume(
@@ -256,9 +258,11 @@ class Store(ABC):
         reason: str | None = None,
         now: datetime | None = None,
     ) -> Job:
-        """Resume a paused job: its parked runs become due again at their due instant, so
-        the scheduler fires them at once if that instant has passed and the job's
-        catch-up policy decides what happens to what was missed."""
+        """Resume a paused job: its parked runs become due again at their due instant
+        (reason "resumed after pause"), so the scheduler fires them at once if that
+        instant has passed and the job's catch-up policy decides what happens to what
+        was missed; runs due soon are announced on :data:`CHANNEL_RUNS_NEW`. Resuming a
+        job that is not paused raises :class:`IllegalTransitionError`."""
 
     @abstractmethod
     async def jobs_trigger(
@@ -270,10 +274,12 @@ class Store(ABC):
         payload: dict[str, Any] | None = None,
         now: datetime | None = None,
     ) -> Run:
-        """A run of the job now, outside its schedule (origin ``trigger``), with
-        ``payload`` merged over the job's. Allowed for active, paused and finished jobs
-        (a finished one-off job can run again); a cancelled job raises
-        :class:`IllegalTransitionError`."""
+        """A run of the job due now, outside its schedule (origin ``trigger``), with
+        ``payload`` merged over the job's. Allowed for active, paused (the run is not
+        parked: it is an explicit request) and finished jobs (a finished one-off job can
+        run again); a cancelled job raises :class:`IllegalTransitionError`. Should
+        another run of the job be due at the same microsecond, the run takes the next
+        free one."""
 
     @abstractmethod
     async def jobs_backfill(
@@ -288,11 +294,16 @@ class Store(ABC):
         limit: int = 10_000,
         now: datetime | None = None,
     ) -> list[Run]:
-        """Runs for the recurring job's occurrences in ``[start, end)`` (which must lie in
-        the past), origin ``backfill``, idempotent: an occurrence that already has a run
-        gets no second one. Throttled: their fire times are spread ``rate`` per second
-        from now. More than ``limit`` occurrences raise :class:`ValidationError`.
-        Returns the runs created."""
+        """Runs for the recurring job's occurrences in ``[start, end)``, as its DST
+        policies make them, origin ``backfill``, idempotent: an occurrence that already
+        has a run gets no second one. Throttled: their fire times are spread ``rate`` per
+        second from now (never parked, even for a paused job). Returns the runs created,
+        by due instant.
+
+        :class:`ValidationError` names the field: ``from`` / ``to`` unless
+        ``start < end <= now``; ``schedule`` for a one-off job; ``to`` when the range
+        holds more than ``limit`` occurrences. A cancelled job raises
+        :class:`IllegalTransitionError`."""
 
     # -- runs ----------------------------------------------------------------------
 

@@ -121,7 +121,6 @@ class PostgresStore(SqlStore):
         conn: AsyncConnection,
         planned: list[Planned],
         by_id: dict[uuid.UUID, Any],
-        job_rows: dict[uuid.UUID, Any],
         *,
         at: datetime,
         node_id: str,

@@ -87,9 +87,7 @@ class ControlMixin(SqlCore):
     ) -> Job:
         async with self._write() as conn:
             at = await self._now(conn, now)
-            job = await self._job_move(
-                conn, tenant_id, job_id, JobState.ACTIVE, JobState.PAUSED, at
-            )
+            await self._job_move(conn, tenant_id, job_id, JobState.ACTIVE, JobState.PAUSED, at)
             out = [
                 event_row(
                     at=at,
@@ -138,7 +136,7 @@ class ControlMixin(SqlCore):
                     for r in moved
                 ]
             await self._insert_events(conn, out)
-        return job
+            return await self._job_read(conn, tenant_id, job_id)
 
     async def jobs_resume(
         self,

@@ -13,7 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from cronwheel.domain.model import DueRun, FiredRun
 from cronwheel.domain.states import RunState
 from cronwheel.store.base import CHANNEL_RUNS_READY
-from cronwheel.store.schema import events, runs, shard_leases
+from cronwheel.store.schema import events, jobs, runs, shard_leases
 from cronwheel.store.sql.firing import FiringMixin
 
 __all__ = ["DispatchMixin"]
@@ -66,7 +66,10 @@ class DispatchMixin(FiringMixin):
                             runs.c.due_at,
                             runs.c.fire_at,
                             runs.c.pool,
+                            jobs.c.state.label("job_state"),
+                            jobs.c.schedule,
                         )
+                        .join(jobs, jobs.c.id == runs.c.job_id)
                         .where(
                             self._id_in(runs.c.id, list(run_ids)),
                             runs.c.state == RunState.SCHEDULED.value,
@@ -75,7 +78,7 @@ class DispatchMixin(FiringMixin):
                             runs.c.fire_at <= at + timedelta(seconds=lead),
                             self._shard_held(runs.c.shard, node_id=node_id, at=at),
                         )
-                        .with_for_update()
+                        .with_for_update(of=runs)
                     )
                 ).all()
                 if candidates:

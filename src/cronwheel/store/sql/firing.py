@@ -69,25 +69,16 @@ class FiringMixin(SqlCore):
     ) -> list[FiredRun]:
         """Fire ``candidates`` — SCHEDULED first tries of recurring jobs, already checked
         due and on a shard ``node_id`` holds — by their jobs' policies."""
-        job_ids = list({r.job_id for r in candidates})
-        job_rows: dict[uuid.UUID, Any] = {
-            j.id: j
-            for j in await conn.execute(
-                sa.select(jobs.c.id, jobs.c.state, jobs.c.schedule).where(
-                    self._id_in(jobs.c.id, job_ids)
-                )
-            )
-        }
-        guarded = [j for j in job_ids if job_rows[j].schedule.get("overlap", "allow") != "allow"]
+        schedules = {r.job_id: r.schedule for r in candidates}
+        guarded = [j for j, s in schedules.items() if s.get("overlap", "allow") != "allow"]
         busy, waiting = await self._overlap_state(conn, candidates, guarded)
 
         plans: dict[uuid.UUID, FirePlan] = {}
         for run in sorted(candidates, key=lambda r: r.due_at):
-            job = job_rows[run.job_id]
-            if job.state != JobState.ACTIVE.value:
+            if run.job_state != JobState.ACTIVE.value:
                 continue  # paused or cancelled since: its runs are handled there
             plans[run.id] = plan_fire(
-                _spec(job.schedule),
+                _spec(run.schedule),
                 due_at=run.due_at,
                 now=at,
                 busy=bool(busy.get(run.job_id, set()) - {run.id}),
@@ -95,7 +86,7 @@ class FiringMixin(SqlCore):
             )
         by_id = {r.id: r for r in candidates}
         fired = await self._apply_fates(conn, plans, by_id, at=at, node_id=node_id)
-        await self._create_planned(conn, plans, by_id, job_rows, at=at, node_id=node_id)
+        await self._create_planned(conn, plans, by_id, at=at, node_id=node_id)
         await self._cancel_previous(conn, plans, by_id, busy, at=at, node_id=node_id)
         return fired
 
@@ -199,7 +190,6 @@ class FiringMixin(SqlCore):
         conn: AsyncConnection,
         plans: dict[uuid.UUID, FirePlan],
         by_id: dict[uuid.UUID, Any],
-        job_rows: dict[uuid.UUID, Any],
         *,
         at: datetime,
         node_id: str,
@@ -208,7 +198,7 @@ class FiringMixin(SqlCore):
         planned: list[Planned] = []
         for run_id, plan in plans.items():
             run = by_id[run_id]
-            cron = "cron" in job_rows[run.job_id].schedule
+            cron = "cron" in run.schedule
             for p in plan.created:
                 planned.append(
                     Planned(
@@ -221,7 +211,7 @@ class FiringMixin(SqlCore):
                         reason=p.reason,
                     )
                 )
-        created = await self._insert_planned(conn, planned, by_id, job_rows, at=at, node_id=node_id)
+        created = await self._insert_planned(conn, planned, by_id, at=at, node_id=node_id)
         notices: list[str] = []
         ready: set[str] = set()
         for r in created:
@@ -239,7 +229,6 @@ class FiringMixin(SqlCore):
         conn: AsyncConnection,
         planned: list[Planned],
         by_id: dict[uuid.UUID, Any],
-        job_rows: dict[uuid.UUID, Any],
         *,
         at: datetime,
         node_id: str,
