@@ -151,3 +151,33 @@ async def test_overlap_skip_skips_while_the_previous_run_is_going(store: Store) 
     runs = await _runs(store, first)
     assert [r.state.value for r in runs] == ["RUNNING", "SKIPPED", "SCHEDULED"]
     assert "overlap=skip" in (runs[1].reason or "")
+
+
+async def test_coalesce_after_a_long_outage_dispatches_one_run(store: Store) -> None:
+    t0 = datetime(2031, 3, 4, 0, 0, tzinfo=UTC)
+    first = await _job(store, t0, {"cron": "* * * * *", "catch_up": "coalesce"})
+    late = t0 + timedelta(hours=36)
+    await _fire(store, first, late)
+    runs = await _runs(store, first)
+    assert [r.state.value for r in runs] == ["DISPATCHED", "SCHEDULED"]
+    assert "stands for 2161 missed occurrences" in (runs[0].reason or "")
+    assert runs[1].due_at == late + timedelta(minutes=1)
+
+
+async def test_dst_gap_during_an_outage_is_recorded(store: Store) -> None:
+    start = datetime(2031, 3, 7, 12, 0, tzinfo=UTC)
+    schedule = {
+        "cron": "30 2 * * *",
+        "timezone": "America/New_York",
+        "on_nonexistent": "skip",
+        "catch_up": "skip",
+    }
+    first = await _job(store, start, schedule)  # due 2031-03-08 02:30 EST
+    await _fire(store, first, datetime(2031, 3, 10, 12, 0, tzinfo=UTC))  # down over the 9th
+    runs = await _runs(store, first)
+    assert [(r.state.value, r.due_local) for r in runs] == [
+        ("SKIPPED", "2031-03-08T02:30:00-05:00"),
+        ("SKIPPED", "2031-03-09T02:30:00"),  # the wall time that did not exist
+        ("SKIPPED", "2031-03-10T02:30:00-04:00"),
+        ("SCHEDULED", "2031-03-11T02:30:00-04:00"),
+    ]

@@ -20,9 +20,9 @@ them distinct, ordered, and the same every time they are computed.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from itertools import islice
 from typing import Literal
 from zoneinfo import ZoneInfo
 
@@ -33,7 +33,8 @@ from cronwheel.timing.engine import Occurrence
 __all__ = ["MAX_CATCH_UP", "MISFIRE_GRACE", "FirePlan", "Planned", "plan_fire", "skipped_instant"]
 
 MISFIRE_GRACE = timedelta(seconds=60)
-MAX_CATCH_UP = 1000  # occurrences examined after downtime; older ones are coalesced
+MAX_CATCH_UP = 1000  # missed occurrences handled one by one; older ones are counted
+MAX_COUNTED = 100_000  # beyond this, a very long outage is reported as "N+"
 
 _Recurring = CronSchedule | IntervalSchedule
 _RunFate = Literal["SCHEDULED", "DISPATCHED", "SKIPPED"]
@@ -111,19 +112,24 @@ def plan_fire(
         plan = FirePlan("DISPATCHED", cancel_previous=busy and overlap == "cancel_previous")
         return _with_next(plan, schedule, due_at, now)
 
-    # Missed: this run and every occurrence since, up to now.
-    missed = list(
-        islice(
-            (
-                o
-                for o in iter_occurrences(
-                    schedule, due_at + _MICRO, now + _MICRO, include_skipped=True
-                )
-                if o.kind != "skipped"
-            ),
-            MAX_CATCH_UP,
-        )
-    )
+    # Missed: this run and every occurrence since, up to now. The most recent
+    # MAX_CATCH_UP are handled one by one; older ones are counted in the reason.
+    zone = schedule.timezone if isinstance(schedule, CronSchedule) else "UTC"
+    recent: deque[Occurrence] = deque(maxlen=MAX_CATCH_UP)
+    total = 0
+    for o in iter_occurrences(schedule, due_at + _MICRO, now + _MICRO, include_skipped=True):
+        if o.kind == "skipped":  # a wall time a DST gap removed: recorded, never run
+            created.append(
+                Planned(skipped_instant(o, zone), o.local, "SKIPPED", "schedule", o.reason)
+            )
+            continue
+        recent.append(o)
+        total += 1
+        if total >= MAX_COUNTED:
+            break
+    missed = list(recent)
+    older = total - len(missed)
+    more = "" if older <= 0 else f"; {older}{'+' if total >= MAX_COUNTED else ''} older not listed"
     window = timedelta(seconds=schedule.catch_up_window)
     policy = schedule.catch_up
     late_s = f"{late.total_seconds():.0f} s"
@@ -131,12 +137,12 @@ def plan_fire(
     if policy == "skip":
         reason = f"missed by {late_s} (catch_up=skip)"
         created += [Planned(o.utc, o.local, "SKIPPED", "schedule", reason) for o in missed]
-        plan = FirePlan("SKIPPED", reason, created=created)
+        plan = FirePlan("SKIPPED", reason + more, created=created)
     elif policy == "coalesce":
-        count = len(missed) + 1
+        count = total + 1
         reason = (
-            f"late by {late_s}: stands for {count} missed occurrence"
-            f"{'s' if count != 1 else ''} (catch_up=coalesce)"
+            f"late by {late_s}: stands for {count}{'+' if total >= MAX_COUNTED else ''} "
+            f"missed occurrence{'s' if count != 1 else ''} (catch_up=coalesce)"
         )
         plan = FirePlan("DISPATCHED", reason, cancel_previous=cancel, created=created)
     else:
@@ -157,14 +163,14 @@ def plan_fire(
         if late <= window:
             plan = FirePlan(
                 "DISPATCHED",
-                f"replayed {late_s} late (catch_up=replay)",
+                f"replayed {late_s} late (catch_up=replay){more}",
                 cancel_previous=cancel,
                 created=created,
             )
         else:
-            plan = FirePlan("SKIPPED", outside, created=created)
-    last = missed[-1].utc if missed else due_at
-    return _with_next(plan, schedule, last, now)
+            plan = FirePlan("SKIPPED", outside + more, created=created)
+    # Everything up to now is accounted for: the next occurrence is the first after it.
+    return _with_next(plan, schedule, now, now)
 
 
 _MICRO = timedelta(microseconds=1)
