@@ -181,3 +181,28 @@ async def test_dst_gap_during_an_outage_is_recorded(store: Store) -> None:
         ("SKIPPED", "2031-03-10T02:30:00-04:00"),
         ("SCHEDULED", "2031-03-11T02:30:00-04:00"),
     ]
+
+
+async def test_a_run_created_while_its_job_was_being_cancelled_is_settled(store: Store) -> None:
+    """Firing and cancelling at once can leave the freshly created next occurrence behind
+    (the cancel never saw it). When it comes due it is cancelled, not fired, and never
+    comes back."""
+    import sqlalchemy as sa
+
+    from cronwheel.store.schema import jobs
+
+    t0 = datetime(2031, 5, 1, 12, 0, tzinfo=UTC)
+    first = await _job(store, t0, {"cron": "*/5 * * * *"})
+    await _fire(store, first, t0)
+    # The race's outcome: the job is cancelled, its next run still SCHEDULED.
+    async with store.engine.begin() as conn:  # type: ignore[attr-defined]
+        await conn.execute(
+            sa.update(jobs).where(jobs.c.id == first.job_id).values(state="cancelled")
+        )
+    nxt = (await _runs(store, first))[1]
+    assert await _fire(store, nxt, nxt.due_at) == []
+    runs = await _runs(store, first)
+    assert [r.state.value for r in runs] == ["DISPATCHED", "CANCELLED"]
+    assert runs[1].reason == "job cancelled"
+    due = await store.runs_due_scan(shards=[first.shard], until=nxt.due_at + timedelta(days=1))
+    assert due == []

@@ -36,7 +36,10 @@ _FIRE = f"""
 fired AS (
     UPDATE runs SET state = 'DISPATCHED', dispatched_at = t.now
     FROM t
-    WHERE runs.id = ANY($2::uuid[]) AND runs.state = 'SCHEDULED'
+    -- SKIP LOCKED: a run a cancel or pause holds is left for the next poll rather
+    -- than waited for (waiting on rows in no fixed order could deadlock).
+    WHERE runs.id IN (SELECT id FROM runs WHERE id = ANY($2::uuid[]) FOR UPDATE SKIP LOCKED)
+      AND runs.state = 'SCHEDULED'
       AND runs.fire_at <= t.now + make_interval(secs => $4)
       AND (runs.origin <> 'schedule' OR runs.attempt > 0)
       AND runs.shard = ANY(ARRAY(SELECT shard FROM shard_leases

@@ -15,6 +15,7 @@ from typing import Any
 import asyncpg
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from cronwheel.domain.model import AttemptOutcome, FiredRun, LeasedAttempt, Worker
@@ -35,6 +36,14 @@ async def _raw(conn: AsyncConnection) -> Any:
 
 
 log = logging.getLogger("cronwheel.store.postgres")
+
+_TRANSIENT = (
+    asyncpg.DeadlockDetectedError,
+    asyncpg.SerializationError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.InterfaceError,
+    ConnectionError,
+)
 
 # Any constant: the advisory lock that serialises migrations.
 _MIGRATION_LOCK = 0x63776D67  # "cwmg"
@@ -181,6 +190,12 @@ class PostgresStore(SqlStore):
 
     def _on_notify(self, _conn: Any, _pid: int, channel: str, payload: str) -> None:
         self._deliver(channel, payload.split("\n") if payload else [""])
+
+    def _transient(self, exc: BaseException) -> bool:
+        # The hot paths speak asyncpg directly, so its errors arrive untranslated.
+        cause = exc.orig if isinstance(exc, DBAPIError) else exc
+        cause = getattr(cause, "__cause__", None) or cause
+        return super()._transient(exc) or isinstance(cause, _TRANSIENT)
 
     async def _migration_lock(self, conn: AsyncConnection) -> None:
         # An api and a scheduler starting at once would both create alembic_version.

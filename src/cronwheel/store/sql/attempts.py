@@ -441,9 +441,10 @@ class AttemptsMixin(SqlCore):
                     runs.c.retry,
                     runs.c.cancel_requested,
                     runs.c.shard,
-                ).where(
-                    self._id_in(runs.c.id, list(by_run)), runs.c.state == RunState.RUNNING.value
                 )
+                .where(self._id_in(runs.c.id, list(by_run)), runs.c.state == RunState.RUNNING.value)
+                .order_by(runs.c.id)
+                .with_for_update()  # a cancel must not slip between this read and the write
             )
         ).all()
         updates: list[dict[str, Any]] = []

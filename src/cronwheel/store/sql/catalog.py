@@ -282,6 +282,7 @@ class CatalogMixin(SqlCore):
     ) -> Job:
         async with self._write() as conn:
             at = await self._now(conn, now)
+            await self._lock_live_runs(conn, tenant_id, runs.c.job_id == job_id)
             row = (
                 await conn.execute(
                     jobs.update()
@@ -380,6 +381,7 @@ class CatalogMixin(SqlCore):
     ) -> Run:
         async with self._write() as conn:
             at = await self._now(conn, now)
+            await self._lock_live_runs(conn, tenant_id, runs.c.id == run_id)
             current = (
                 await conn.execute(
                     sa.select(runs.c.state).where(

@@ -44,7 +44,14 @@ from cronwheel.ids import new_id
 from cronwheel.store.base import CHANNEL_RUNS_NEW
 from cronwheel.store.schema import jobs, runs
 from cronwheel.store.sql.catalog import ANNOUNCE_HORIZON, announce
-from cronwheel.store.sql.core import SqlCore, event_row, job_from, new_run_row, run_from
+from cronwheel.store.sql.core import (
+    SqlCore,
+    event_row,
+    job_from,
+    jobs_select,
+    new_run_row,
+    run_from,
+)
 from cronwheel.timing import due_local, iter_occurrences
 
 __all__ = ["PARKED_FIRE_AT", "ControlMixin", "stored_schedule"]
@@ -149,9 +156,7 @@ class ControlMixin(SqlCore):
     ) -> Job:
         async with self._write() as conn:
             at = await self._now(conn, now)
-            job = await self._job_move(
-                conn, tenant_id, job_id, JobState.PAUSED, JobState.ACTIVE, at
-            )
+            await self._job_move(conn, tenant_id, job_id, JobState.PAUSED, JobState.ACTIVE, at)
             released = (
                 await conn.execute(
                     runs.update()
@@ -197,7 +202,7 @@ class ControlMixin(SqlCore):
             ]
             if notices:
                 await self._notify(conn, CHANNEL_RUNS_NEW, notices)
-        return job
+            return await self._job_read(conn, tenant_id, job_id)
 
     async def jobs_trigger(
         self,
@@ -384,7 +389,7 @@ class ControlMixin(SqlCore):
         source: JobState,
         target: JobState,
         at: datetime,
-    ) -> Job:
+    ) -> None:
         """Move the job from ``source`` to ``target`` in one conditional UPDATE, or raise
         (NotFoundError, or IllegalTransitionError naming its state)."""
         row = (
@@ -396,7 +401,7 @@ class ControlMixin(SqlCore):
                     jobs.c.state == source.value,
                 )
                 .values(state=target.value, updated_at=at, version=jobs.c.version + 1)
-                .returning(*jobs.c)
+                .returning(jobs.c.id)
             )
         ).first()
         if row is None:
@@ -407,6 +412,17 @@ class ControlMixin(SqlCore):
                 source=current.state.value,
                 target=target.value,
             )
+
+    async def _job_read(
+        self, conn: AsyncConnection, tenant_id: uuid.UUID, job_id: uuid.UUID
+    ) -> Job:
+        """The job as ``jobs_get`` answers it (``next_due_at`` from its pending runs),
+        read after this transaction's changes."""
+        row = (
+            await conn.execute(
+                jobs_select().where(jobs.c.tenant_id == tenant_id, jobs.c.id == job_id)
+            )
+        ).one()
         return job_from(row)
 
     async def _job_for_update(

@@ -160,8 +160,10 @@ class SqlCore(Store):
                     yield conn
                 finally:
                     conn.info.pop("cw_pending", None)
-        except OperationalError as exc:
-            raise StoreUnavailableError(f"the database failed: {exc.orig}") from exc
+        except Exception as exc:
+            if self._transient(exc):
+                raise StoreUnavailableError(f"the database failed, try again: {exc}") from exc
+            raise
         for channel, payloads in pending:
             self._deliver(channel, payloads)
 
@@ -173,8 +175,15 @@ class SqlCore(Store):
         try:
             async with self.engine.connect() as conn:
                 yield conn
-        except OperationalError as exc:
-            raise StoreUnavailableError(f"the database failed: {exc.orig}") from exc
+        except Exception as exc:
+            if self._transient(exc):
+                raise StoreUnavailableError(f"the database failed, try again: {exc}") from exc
+            raise
+
+    def _transient(self, exc: BaseException) -> bool:
+        """A failure worth retrying (lost connection, lock conflict): the caller gets
+        :class:`StoreUnavailableError` (503), never a bare driver error."""
+        return isinstance(exc, OperationalError | OSError)
 
     # -- notifications -------------------------------------------------------------
 
@@ -264,6 +273,26 @@ class SqlCore(Store):
             .values({c: sa.bindparam(f"b_{c}") for c in columns})
         )
         await conn.execute(stmt, [{f"b_{k}": v for k, v in row.items()} for row in rows])
+
+    async def _lock_live_runs(
+        self, conn: AsyncConnection, tenant_id: uuid.UUID, where: sa.ColumnElement[bool]
+    ) -> None:
+        """Lock the selected runs that are not finished, in id order, before touching
+        their job: every path that changes runs and their job (results, expiry, cancel,
+        pause) then takes run locks before the job's, so they cannot deadlock, and a
+        retry committed meanwhile cannot slip past a cancel."""
+        await conn.execute(
+            sa.select(runs.c.id)
+            .where(
+                runs.c.tenant_id == tenant_id,
+                where,
+                runs.c.state.in_(
+                    [RunState.SCHEDULED.value, RunState.DISPATCHED.value, RunState.RUNNING.value]
+                ),
+            )
+            .order_by(runs.c.id)
+            .with_for_update()
+        )
 
     async def _cancel_runs(
         self,

@@ -78,7 +78,7 @@ class DispatchMixin(FiringMixin):
                             runs.c.fire_at <= at + timedelta(seconds=lead),
                             self._shard_held(runs.c.shard, node_id=node_id, at=at),
                         )
-                        .with_for_update(of=runs)
+                        .with_for_update(of=runs, skip_locked=True)
                     )
                 ).all()
                 if candidates:

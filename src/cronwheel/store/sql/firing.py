@@ -26,6 +26,7 @@ from cronwheel.domain.states import JobState, RunState
 from cronwheel.ids import new_id
 from cronwheel.store.base import CHANNEL_RUNS_NEW, CHANNEL_RUNS_READY
 from cronwheel.store.schema import jobs, runs
+from cronwheel.store.sql.control import PARKED_FIRE_AT
 from cronwheel.store.sql.core import SqlCore, event_row, new_run_row
 from cronwheel.timing.catchup import FirePlan, plan_fire
 
@@ -74,9 +75,13 @@ class FiringMixin(SqlCore):
         busy, waiting = await self._overlap_state(conn, candidates, guarded)
 
         plans: dict[uuid.UUID, FirePlan] = {}
+        stray: dict[uuid.UUID, str] = {}
         for run in sorted(candidates, key=lambda r: r.due_at):
             if run.job_state != JobState.ACTIVE.value:
-                continue  # paused or cancelled since: its runs are handled there
+                # Paused or cancelled while this run was being created beside a fired
+                # one: settle it now, or it would come back at every poll.
+                stray[run.id] = run.job_state
+                continue
             plans[run.id] = plan_fire(
                 _spec(run.schedule),
                 due_at=run.due_at,
@@ -85,10 +90,54 @@ class FiringMixin(SqlCore):
                 waiting=bool(waiting.get(run.job_id, set()) - {run.id}),
             )
         by_id = {r.id: r for r in candidates}
+        await self._settle_strays(conn, stray, by_id, at=at, node_id=node_id)
         fired = await self._apply_fates(conn, plans, by_id, at=at, node_id=node_id)
         await self._create_planned(conn, plans, by_id, at=at, node_id=node_id)
         await self._cancel_previous(conn, plans, by_id, busy, at=at, node_id=node_id)
         return fired
+
+    async def _settle_strays(
+        self,
+        conn: AsyncConnection,
+        stray: dict[uuid.UUID, str],
+        by_id: dict[uuid.UUID, Any],
+        *,
+        at: datetime,
+        node_id: str,
+    ) -> None:
+        """Runs of jobs no longer active: parked when the job is paused, cancelled
+        otherwise."""
+        parked = [i for i, state in stray.items() if state == JobState.PAUSED.value]
+        ended = [i for i, state in stray.items() if state != JobState.PAUSED.value]
+        if parked:
+            await conn.execute(
+                runs.update()
+                .where(self._id_in(runs.c.id, parked))
+                .values(fire_at=PARKED_FIRE_AT, reason="job paused")
+            )
+        if ended:
+            await conn.execute(
+                runs.update()
+                .where(self._id_in(runs.c.id, ended))
+                .values(state=RunState.CANCELLED.value, finished_at=at, reason="job cancelled")
+            )
+            await self._insert_events(
+                conn,
+                [
+                    event_row(
+                        at=at,
+                        kind="run.transition",
+                        tenant_id=by_id[i].tenant_id,
+                        job_id=by_id[i].job_id,
+                        run_id=i,
+                        from_state=RunState.SCHEDULED.value,
+                        to_state=RunState.CANCELLED.value,
+                        actor=node_id,
+                        reason="job cancelled",
+                    )
+                    for i in ended
+                ],
+            )
 
     async def _overlap_state(
         self, conn: AsyncConnection, candidates: Sequence[Any], guarded: list[uuid.UUID]
