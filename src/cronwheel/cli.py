@@ -26,6 +26,7 @@ from cronwheel.cli_common import (
     setup_logging,
 )
 from cronwheel.cli_resources import jobs_app, runs_app, tenants_app
+from cronwheel.cli_schedule import schedule_app
 from cronwheel.runtime import Runtime, StartupError
 from cronwheel.settings import Settings
 
@@ -57,6 +58,7 @@ db_app = typer.Typer(help="The database: migrations.", no_args_is_help=True)
 app.add_typer(jobs_app, name="jobs")
 app.add_typer(runs_app, name="runs")
 app.add_typer(tenants_app, name="tenants")
+app.add_typer(schedule_app, name="schedule")
 app.add_typer(db_app, name="db")
 
 HostOpt = Annotated[

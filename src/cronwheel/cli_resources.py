@@ -1,5 +1,5 @@
 """``cronwheel jobs …``, ``cronwheel runs …`` and ``cronwheel tenants …``: the API
-from the command line."""
+from the command line (the control of recurring jobs is in ``cli_schedule``)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,15 @@ from cronwheel.cli_common import (
     short_time,
     table,
 )
+from cronwheel.cli_schedule import (
+    Ambiguous,
+    CatchUp,
+    Nonexistent,
+    Overlap,
+    parse_instant,
+    parse_json_object,
+    register_job_controls,
+)
 
 __all__ = [
     "jobs_app",
@@ -40,46 +49,22 @@ __all__ = [
     "tenants_list",
 ]
 
-jobs_app = typer.Typer(help="Create, list and cancel jobs.", no_args_is_help=True)
+jobs_app = typer.Typer(
+    help="Create, list, preview and control jobs (cancel, pause, resume, trigger, backfill).",
+    no_args_is_help=True,
+)
 runs_app = typer.Typer(
     help="Run history: list runs, show one with its attempts and events.", no_args_is_help=True
 )
 tenants_app = typer.Typer(help="Tenants and their keys (admin key).", no_args_is_help=True)
 
 
-def _instant(value: str | None) -> datetime | None:
-    if value is None:
-        return None
-    try:
-        instant = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
-    except ValueError:
-        raise typer.BadParameter(
-            f"{value!r} is not an ISO-8601 instant (e.g. 2030-01-31T09:00:00+01:00 or "
-            "2030-01-31T08:00:00Z)",
-            param_hint="'--at'",
-        ) from None
-    if instant.tzinfo is None:
-        raise typer.BadParameter(
-            f"{value!r} has no UTC offset: add one (e.g. +01:00) or Z for UTC",
-            param_hint="'--at'",
-        )
-    return instant
+def _instant(value: str | None, option: str = "--at") -> datetime | None:
+    return None if value is None else parse_instant(value, option)
 
 
 def _payload(value: str | None) -> dict[str, Any]:
-    if value is None:
-        return {}
-    try:
-        payload = json.loads(value)
-    except json.JSONDecodeError as exc:
-        raise typer.BadParameter(
-            f"not valid JSON: {exc.msg} (at char {exc.pos})", param_hint="'--payload'"
-        ) from None
-    if not isinstance(payload, dict):
-        raise typer.BadParameter(
-            'must be a JSON object, e.g. \'{"region": "us"}\'', param_hint="'--payload'"
-        )
-    return payload
+    return {} if value is None else parse_json_object(value, "--payload")
 
 
 def _schedule_text(schedule: dict[str, Any]) -> str:
@@ -97,6 +82,68 @@ def _schedule_text(schedule: dict[str, Any]) -> str:
 
 
 # -- jobs ----------------------------------------------------------------------------
+
+_OPTION_NAMES = {
+    "timezone": "--tz",
+    "on_ambiguous": "--on-ambiguous",
+    "on_nonexistent": "--on-nonexistent",
+    "start": "--start",
+    "catch_up": "--catch-up",
+    "overlap": "--overlap",
+}
+
+
+def _schedule(
+    *,
+    at: str | None,
+    delay: float | None,
+    asap: bool,
+    cron: str | None,
+    every: float | None,
+    cron_options: dict[str, Any],
+    every_options: dict[str, Any],
+    recurring_options: dict[str, Any],
+) -> dict[str, Any]:
+    """The schedule the flags describe; a usage error when they do not fit together."""
+    chosen = [
+        flag
+        for flag, given in (
+            ("--at", at is not None),
+            ("--delay", delay is not None),
+            ("--asap", asap),
+            ("--cron", cron is not None),
+            ("--every", every is not None),
+        )
+        if given
+    ]
+    if len(chosen) != 1:
+        raise typer.BadParameter(
+            "give exactly one of --at, --delay, --asap, --cron, --every"
+            + (f" (got {', '.join(chosen)})" if chosen else ""),
+            param_hint="the schedule",
+        )
+    allowed: dict[str, Any] = {}
+    if cron is not None:
+        allowed = {**cron_options, **recurring_options}
+    elif every is not None:
+        allowed = {**every_options, **recurring_options}
+    for options in (cron_options, every_options, recurring_options):
+        for key, value in options.items():
+            if value is not None and key not in allowed:
+                raise typer.BadParameter(
+                    f"{_OPTION_NAMES[key]} does not apply to {chosen[0]}",
+                    param_hint=f"'{_OPTION_NAMES[key]}'",
+                )
+    extra = {k: v for k, v in allowed.items() if v is not None}
+    if at is not None:
+        return {"at": _instant(at)}
+    if delay is not None:
+        return {"delay": delay}
+    if cron is not None:
+        return {"cron": cron, **extra}
+    if every is not None:
+        return {"interval": every, **extra}
+    return {"asap": True}
 
 
 @jobs_app.command("create")
@@ -116,6 +163,67 @@ def jobs_create(
         ),
     ] = None,
     asap: Annotated[bool, typer.Option("--asap", help="Run once, as soon as possible.")] = False,
+    cron: Annotated[
+        str | None,
+        typer.Option(
+            "--cron",
+            help="Recurring: a cron expression (5 fields, 6 with seconds, or @hourly …).",
+            show_default=False,
+        ),
+    ] = None,
+    tz: Annotated[
+        str | None,
+        typer.Option(
+            "--tz", help="The IANA time zone of --cron [default: UTC].", show_default=False
+        ),
+    ] = None,
+    on_ambiguous: Annotated[
+        Ambiguous | None,
+        typer.Option(
+            "--on-ambiguous",
+            help="--cron: a wall time that occurs twice fires once or at both [first].",
+            show_default=False,
+        ),
+    ] = None,
+    on_nonexistent: Annotated[
+        Nonexistent | None,
+        typer.Option(
+            "--on-nonexistent",
+            help="--cron: a wall time skipped by DST fires after the gap or not [shift].",
+            show_default=False,
+        ),
+    ] = None,
+    every: Annotated[
+        float | None,
+        typer.Option(
+            "--every",
+            min=0.001,
+            show_default=False,
+            help="Recurring: every this many seconds of elapsed time.",
+        ),
+    ] = None,
+    start: Annotated[
+        str | None,
+        typer.Option(
+            "--start", help="--every: counted from this instant [the epoch].", show_default=False
+        ),
+    ] = None,
+    catch_up: Annotated[
+        CatchUp | None,
+        typer.Option(
+            "--catch-up",
+            help="Recurring: what becomes of occurrences missed while down [coalesce].",
+            show_default=False,
+        ),
+    ] = None,
+    overlap: Annotated[
+        Overlap | None,
+        typer.Option(
+            "--overlap",
+            help="Recurring: a run due while the previous one still runs [allow].",
+            show_default=False,
+        ),
+    ] = None,
     payload: Annotated[
         str | None,
         typer.Option("--payload", help="A JSON object handed to the handler.", show_default=False),
@@ -154,29 +262,22 @@ def jobs_create(
     tenant: TenantOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Create a one-off job: exactly one of --at, --delay, --asap."""
-    chosen = [
-        flag
-        for flag, given in (
-            ("--at", at is not None),
-            ("--delay", delay is not None),
-            ("--asap", asap),
-        )
-        if given
-    ]
-    if len(chosen) != 1:
-        raise typer.BadParameter(
-            "give exactly one of --at, --delay, --asap"
-            + (f" (got {', '.join(chosen)})" if chosen else ""),
-            param_hint="the schedule",
-        )
-    schedule: dict[str, Any]
-    if at is not None:
-        schedule = {"at": _instant(at)}
-    elif delay is not None:
-        schedule = {"delay": delay}
-    else:
-        schedule = {"asap": True}
+    """Create a job: one-off (--at, --delay, --asap) or recurring (--cron with --tz,
+    or --every); exactly one of them."""
+    schedule = _schedule(
+        at=at,
+        delay=delay,
+        asap=asap,
+        cron=cron,
+        every=every,
+        cron_options={
+            "timezone": tz,
+            "on_ambiguous": on_ambiguous,
+            "on_nonexistent": on_nonexistent,
+        },
+        every_options={"start": _instant(start, "--start")},
+        recurring_options={"catch_up": catch_up, "overlap": overlap},
+    )
     fields: dict[str, Any] = {
         "payload": _payload(payload),
         "pool": pool,
@@ -286,6 +387,9 @@ def jobs_cancel(
         print_json(job)
         return
     console.print(f"[yellow]cancelled[/] job [bold]{job['id']}[/] ({job['name']})", highlight=False)
+
+
+register_job_controls(jobs_app)
 
 
 # -- runs ----------------------------------------------------------------------------

@@ -12,6 +12,12 @@ OpenAPI schema; lists come back as :class:`~cronwheel.domain.model.Page`.
 
     with Client("http://localhost:8000", api_key=KEY) as client:
         job = client.jobs.create(name="hello", schedule={"delay": 5}, task="hello")
+        nightly = client.jobs.create(
+            name="nightly",
+            task="report",
+            schedule={"cron": "30 1 * * *", "timezone": "Europe/Paris"},
+        )
+        client.jobs.preview(nightly["id"], count=3)  # the next three due instants
         for run in client.runs.iter(job_id=job["id"]):
             print(run["state"])
 """
@@ -57,6 +63,7 @@ _ERROR_TEXT_LIMIT = 300
 
 Json = dict[str, Any]
 Id = str | uuid.UUID
+_Items = list[Json]  # inside the resources, ``list`` is their method
 
 
 class ApiError(CronwheelError):
@@ -169,6 +176,12 @@ def _page(data: Any) -> Page[Json]:
     return Page(items=list(data["items"]), next_cursor=data.get("next_cursor"))
 
 
+def _items(data: Any) -> list[Json]:
+    if not isinstance(data, dict) or not isinstance(data.get("items"), list):
+        raise ApiError(200, "bad_response", "the server answered a list without 'items'")
+    return list(data["items"])
+
+
 # -- the calls, shared by both clients ----------------------------------------------
 
 
@@ -232,6 +245,27 @@ class _Calls:
     def jobs_cancel(job_id: Id, reason: str | None) -> Call:
         body = {} if reason is None else {"reason": reason}
         return Call("POST", f"/v1/jobs/{_seg(job_id)}/cancel", json=body)
+
+    @staticmethod
+    def jobs_control(job_id: Id, action: str, reason: str | None) -> Call:
+        body = {} if reason is None else {"reason": reason}
+        return Call("POST", f"/v1/jobs/{_seg(job_id)}/{action}", json=body)
+
+    @staticmethod
+    def jobs_trigger(job_id: Id, payload: Mapping[str, Any] | None) -> Call:
+        body = {} if payload is None else {"payload": _body(payload)}
+        return Call("POST", f"/v1/jobs/{_seg(job_id)}/trigger", json=body)
+
+    @staticmethod
+    def jobs_backfill(job_id: Id, start: datetime, end: datetime, rate: float | None) -> Call:
+        body: Json = {"from": _body(start), "to": _body(end)}
+        if rate is not None:
+            body["rate"] = rate
+        return Call("POST", f"/v1/jobs/{_seg(job_id)}/backfill", json=body)
+
+    @staticmethod
+    def jobs_preview(job_id: Id, count: int | None) -> Call:
+        return Call("GET", f"/v1/jobs/{_seg(job_id)}/preview", params=_params(count=count))
 
     @staticmethod
     def runs_get(run_id: Id) -> Call:
@@ -475,6 +509,31 @@ class Jobs(_Resource):
     def cancel(self, job_id: Id, *, reason: str | None = None) -> Json:
         return self._one(_Calls.jobs_cancel(job_id, reason))
 
+    def pause(self, job_id: Id, *, reason: str | None = None) -> Json:
+        """Hold an active job's runs until :meth:`resume`; answers the job."""
+        return self._one(_Calls.jobs_control(job_id, "pause", reason))
+
+    def resume(self, job_id: Id, *, reason: str | None = None) -> Json:
+        """Release a paused job's runs (missed ones are due at once); answers the job."""
+        return self._one(_Calls.jobs_control(job_id, "resume", reason))
+
+    def trigger(self, job_id: Id, *, payload: Mapping[str, Any] | None = None) -> Json:
+        """A run now, outside the schedule, ``payload`` merged over the job's; answers
+        the run."""
+        return self._one(_Calls.jobs_trigger(job_id, payload))
+
+    def backfill(
+        self, job_id: Id, *, start: datetime, end: datetime, rate: float | None = None
+    ) -> Json:
+        """Runs for the occurrences in the past range ``[start, end)`` (idempotent),
+        released ``rate`` per second; answers ``{"created": N, "runs": [ids]}``."""
+        return self._one(_Calls.jobs_backfill(job_id, start, end, rate))
+
+    def preview(self, job_id: Id, *, count: int | None = None) -> _Items:
+        """The job's next ``count`` (default 10) due instants: ``due_at`` (UTC),
+        ``due_local`` (with its offset), ``kind`` and ``reason``."""
+        return _items(self._one(_Calls.jobs_preview(job_id, count)))
+
 
 class Runs(_Resource):
     def get(self, run_id: Id) -> Json:
@@ -669,6 +728,23 @@ class AsyncJobs(_AsyncResource):
 
     async def cancel(self, job_id: Id, *, reason: str | None = None) -> Json:
         return await self._one(_Calls.jobs_cancel(job_id, reason))
+
+    async def pause(self, job_id: Id, *, reason: str | None = None) -> Json:
+        return await self._one(_Calls.jobs_control(job_id, "pause", reason))
+
+    async def resume(self, job_id: Id, *, reason: str | None = None) -> Json:
+        return await self._one(_Calls.jobs_control(job_id, "resume", reason))
+
+    async def trigger(self, job_id: Id, *, payload: Mapping[str, Any] | None = None) -> Json:
+        return await self._one(_Calls.jobs_trigger(job_id, payload))
+
+    async def backfill(
+        self, job_id: Id, *, start: datetime, end: datetime, rate: float | None = None
+    ) -> Json:
+        return await self._one(_Calls.jobs_backfill(job_id, start, end, rate))
+
+    async def preview(self, job_id: Id, *, count: int | None = None) -> _Items:
+        return _items(await self._one(_Calls.jobs_preview(job_id, count)))
 
 
 class AsyncRuns(_AsyncResource):

@@ -6,32 +6,26 @@ Inside the server's process, once it is ready:
   a fresh worker key;
 - an SDK :class:`~cronwheel.worker.Worker` connected to the server over HTTP, with
   handlers that succeed, fail once then succeed, and run as sync code;
-- a *feeder* that keeps jobs coming. Each :class:`DemoJob` says how often it should
-  run. :class:`RecurringFeeder` creates each one once as an ``interval`` job;
-  while the API does not accept recurring schedules yet, :class:`OneOffFeeder` stands
-  in, creating a one-off job (``delay``) per occurrence. :func:`choose_feeder` picks
-  the recurring one as soon as the server accepts it, so nothing here changes when
-  cron lands.
+- the recurring :data:`DEMO_JOBS` (intervals of a few seconds and a cron expression),
+  each created once through the API: idempotency keys make a restart on the same data
+  directory find the jobs it made before instead of duplicating them.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import itertools
 import logging
 import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
-from cronwheel.client import ApiError, AsyncClient
+from cronwheel.client import AsyncClient
 from cronwheel.domain.errors import NotFoundError
 from cronwheel.runtime import Runtime
 from cronwheel.store import Store
 from cronwheel.worker import NonRetryableError, TaskContext, Worker
-from cronwheel.worker.outbox import wait_event
 
 __all__ = [
     "DEMO_JOBS",
@@ -40,10 +34,7 @@ __all__ = [
     "Demo",
     "DemoJob",
     "DemoKeys",
-    "Feeder",
-    "OneOffFeeder",
-    "RecurringFeeder",
-    "choose_feeder",
+    "create_demo_jobs",
     "demo_worker",
     "ensure_demo_tenant",
 ]
@@ -57,21 +48,32 @@ DEMO_TENANT = "demo"
 class DemoJob:
     name: str
     task: str
-    every: float  # seconds between occurrences
-    delay: float = 3.0  # one-off stand-in: how long after creation it is due
+    schedule: dict[str, Any]  # a recurring schedule: {"interval": …} or {"cron": …}
     payload: dict[str, Any] = field(default_factory=dict)
     retry: dict[str, Any] | None = None
 
+    @property
+    def every(self) -> str:
+        """The schedule in a few words."""
+        if "interval" in self.schedule:
+            return f"every {self.schedule['interval']:g} s"
+        return f"cron {self.schedule['cron']} {self.schedule.get('timezone', 'UTC')}"
+
 
 DEMO_JOBS: tuple[DemoJob, ...] = (
-    DemoJob("demo-hello", "demo.hello", every=5.0, payload={"greeting": "hello"}),
+    DemoJob("demo-hello", "demo.hello", {"interval": 5}, payload={"greeting": "hello"}),
     DemoJob(
         "demo-flaky",
         "demo.flaky",
-        every=10.0,
+        {"interval": 10},
         retry={"max_attempts": 3, "initial_delay": 1.0, "jitter": "none"},
     ),
-    DemoJob("demo-report", "demo.report", every=15.0, payload={"rows": 1000}),
+    DemoJob(
+        "demo-report",
+        "demo.report",
+        {"cron": "*/1 * * * *", "timezone": "Europe/Paris"},
+        payload={"rows": 1000},
+    ),
 )
 
 
@@ -140,92 +142,30 @@ async def ensure_demo_tenant(store: Store) -> DemoKeys:
     return DemoKeys(str(tenant.id), keys["operator"], keys["worker"])
 
 
-# -- feeders -------------------------------------------------------------------------
-
-
-class Feeder(Protocol):
-    async def run(self, stop: asyncio.Event) -> None: ...
+# -- jobs ----------------------------------------------------------------------------
 
 
 Announce = Callable[[str], None]
 
 
-class RecurringFeeder:
-    """Creates each demo job once as a recurring (interval) job; idempotency keys make
-    a restart find the jobs it made before instead of duplicating them."""
-
-    def __init__(self, client: AsyncClient, jobs: tuple[DemoJob, ...], announce: Announce):
-        self.client, self.jobs, self.announce = client, jobs, announce
-
-    async def create(self, job: DemoJob) -> dict[str, Any]:
-        return await self.client.jobs.create(
+async def create_demo_jobs(
+    client: AsyncClient, jobs: tuple[DemoJob, ...], announce: Announce
+) -> list[dict[str, Any]]:
+    """Create each demo job once (a restart finds the ones made before)."""
+    made = []
+    for job in jobs:
+        created = await client.jobs.create(
             name=job.name,
-            schedule={"interval": job.every},
+            schedule=job.schedule,
             task=job.task,
             payload=job.payload,
             retry=job.retry,
             tags=["demo"],
-            idempotency_key=f"demo:{job.name}:interval:{job.every:g}",
+            idempotency_key=f"demo:{job.name}:{job.every}",
         )
-
-    async def run(self, stop: asyncio.Event) -> None:
-        for job in self.jobs:
-            created = await self.create(job)
-            self.announce(f"recurring job {job.name} every {job.every:g} s ({created['id']})")
-        await stop.wait()
-
-
-class OneOffFeeder:
-    """Stands in for recurring jobs: one one-off job per occurrence of each demo job."""
-
-    def __init__(self, client: AsyncClient, jobs: tuple[DemoJob, ...], announce: Announce):
-        self.client, self.jobs, self.announce = client, jobs, announce
-        self._seq = itertools.count(1)
-
-    async def run(self, stop: asyncio.Event) -> None:
-        loop = asyncio.get_running_loop()
-        next_at = {job.name: loop.time() for job in self.jobs}
-        while not stop.is_set():
-            now = loop.time()
-            for job in self.jobs:
-                if next_at[job.name] <= now:
-                    next_at[job.name] = now + job.every
-                    await self._create(job)
-            await wait_event(stop, max(0.0, min(next_at.values()) - now))
-
-    async def _create(self, job: DemoJob) -> None:
-        name = f"{job.name}-{next(self._seq)}"
-        try:
-            created = await self.client.jobs.create(
-                name=name,
-                schedule={"delay": job.delay},
-                task=job.task,
-                payload=job.payload,
-                retry=job.retry,
-                tags=["demo"],
-            )
-        except ApiError as exc:
-            log.warning(
-                "demo job not created: %s", exc, extra={"event": "demo.create_failed", "job": name}
-            )
-            return
-        self.announce(
-            f"job {name} → {job.task} due in {job.delay:g} s (run {created.get('first_run_id')})"
-        )
-
-
-async def choose_feeder(
-    client: AsyncClient, jobs: tuple[DemoJob, ...], announce: Announce
-) -> Feeder:
-    """Recurring jobs when the server takes them, one-off stand-ins otherwise."""
-    recurring = RecurringFeeder(client, jobs, announce)
-    try:
-        await recurring.create(jobs[0])
-    except ApiError as exc:
-        if exc.status in (400, 422) and (exc.field or "").startswith("schedule"):
-            return OneOffFeeder(client, jobs, announce)
-        raise
-    return recurring
+        announce(f"recurring job {job.name} → {job.task}, {job.every} ({created['id']})")
+        made.append(created)
+    return made
 
 
 # -- the whole demo ------------------------------------------------------------------
@@ -246,16 +186,11 @@ class Demo:
         self.announce_keys(runtime)
         self.worker = demo_worker(runtime.url, self.keys.worker_key)
         async with AsyncClient(runtime.url, api_key=self.keys.operator_key) as client:
-            feeder = await choose_feeder(client, self.jobs, self.announce)
-            worker_task = asyncio.create_task(self.worker.run_async(stop), name="demo-worker")
-            feeder_task = asyncio.create_task(feeder.run(stop), name="demo-feeder")
-            try:
-                await asyncio.gather(worker_task, feeder_task)
-            finally:
-                stop.set()
-                for task in (worker_task, feeder_task):
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await task
+            await create_demo_jobs(client, self.jobs, self.announce)
+        try:
+            await self.worker.run_async(stop)
+        finally:
+            stop.set()
 
     def announce_keys(self, runtime: Runtime) -> None:
         assert self.keys is not None

@@ -1,4 +1,4 @@
-"""Jobs: creation for each one-off schedule, idempotency, listing, cancel, and every
+"""Jobs: creation for each kind of schedule, idempotency, listing, cancel, and every
 kind of bad input — each answered with a clear error and nothing written."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import pytest
 
 from cronwheel.settings import Settings
 from cronwheel.store import Store
+from cronwheel.timing import local_form, occurrences
 
 OVERSIZE = object()  # replaced by a payload just over the configured limit
 
@@ -82,6 +83,100 @@ async def test_create_asap_job_fires_now(api, store: Store) -> None:
     job = await api.job(t, schedule={"asap": True})
     fired = await api.fire()
     assert [f.id for f in fired] == [uuid.UUID(job["first_run_id"])]
+
+
+@pytest.mark.parametrize(
+    ("expr", "zone"),
+    [
+        ("30 1 * * *", "America/New_York"),  # 5 fields
+        ("15 */5 * * * *", "Asia/Kolkata"),  # 6: a leading seconds field
+        ("@hourly", "Australia/Lord_Howe"),  # a macro
+        ("0 9 * JAN-DEC MON-FRI", "Europe/Berlin"),  # names
+    ],
+)
+async def test_create_cron_job(api, store: Store, expr: str, zone: str) -> None:
+    t = await api.tenant()
+    before = await store.db_now()
+    schedule = {"cron": expr, "timezone": zone, "on_ambiguous": "all", "catch_up": "skip"}
+    job = await api.job(t, name="cron", schedule=schedule)
+    after = await store.db_now()
+    assert job["state"] == "active"
+    assert job["schedule"]["cron"] == expr and job["schedule"]["timezone"] == zone
+    assert job["schedule"]["on_ambiguous"] == "all" and job["schedule"]["catch_up"] == "skip"
+    assert job["schedule"]["overlap"] == "allow"  # the default, stored with the job
+    due = parse(job["next_due_at"])
+    # The first occurrence at or after the moment the job was accepted.
+    window = occurrences(expr, zone, before, after + timedelta(days=8), on_ambiguous="all")
+    assert due in window[:2] and due >= before
+
+    run = await store.runs_get(uuid.UUID(t.id), uuid.UUID(job["first_run_id"]))
+    assert (run.due_at, run.origin) == (due, "schedule")
+    assert run.due_local == local_form(due, zone)
+    r = await api.client.get(f"/v1/runs/{run.id}", headers=t.headers)
+    assert r.json()["origin"] == "schedule" and r.json()["due_local"] == run.due_local
+
+
+async def test_create_interval_job(api, store: Store) -> None:
+    t = await api.tenant()
+    start = datetime(2020, 1, 1, 0, 0, 7, tzinfo=UTC)
+    job = await api.job(t, schedule={"interval": 90, "start": iso(start)})
+    now = await store.db_now()
+    due = parse(job["next_due_at"])
+    assert (due - start).total_seconds() % 90 == 0
+    assert now - timedelta(seconds=91) < due <= now + timedelta(seconds=90)
+    run = await store.runs_get(uuid.UUID(t.id), uuid.UUID(job["first_run_id"]))
+    assert (run.due_at, run.origin, run.due_local) == (due, "schedule", None)
+
+
+async def test_a_bad_cron_expression_is_named_field_by_field(api) -> None:
+    t = await api.tenant()
+    before = await api.snapshot(t)
+    for expr, words in [
+        ("0 25 * * *", ("hour", "25")),
+        ("0 0 * 13 *", ("month", "13")),
+        ("*/0 * * * *", ("minute", "step")),
+        ("0 0 * * FUNDAY", ("day-of-week", "FUNDAY")),
+        ("0 0 *", ("5 fields",)),
+    ]:
+        r = await api.client.post(
+            "/v1/jobs",
+            json={"name": "c", "schedule": {"cron": expr}, "task": "t"},
+            headers=t.headers,
+        )
+        assert r.status_code == 422, r.text
+        err = error_of(r)
+        assert (err["code"], err["field"]) == ("invalid_schedule", "schedule.cron")
+        assert all(w in err["message"] for w in words), err
+    r = await api.client.post(
+        "/v1/jobs",
+        json={
+            "name": "z",
+            "schedule": {"cron": "0 * * * *", "timezone": "Europe/Atlantis"},
+            "task": "t",
+        },
+        headers=t.headers,
+    )
+    assert r.status_code == 422 and "Europe/Atlantis" in error_of(r)["message"]
+    assert error_of(r)["field"] == "schedule.timezone"
+    assert await api.snapshot(t) == before
+
+
+async def test_recurring_jobs_in_a_batch(api, store: Store) -> None:
+    t = await api.tenant()
+    jobs = [
+        {"name": "c", "schedule": {"cron": "*/5 * * * *", "timezone": "Pacific/Chatham"}},
+        {"name": "i", "schedule": {"interval": 3600}},
+        {"name": "bad", "schedule": {"cron": "* * * * * * *"}},
+    ]
+    for job in jobs:
+        job["task"] = "t"
+    r = await api.client.post("/v1/jobs/batch", json={"jobs": jobs}, headers=t.headers)
+    assert r.status_code == 422 and error_of(r)["field"] == "jobs.2.schedule.cron"
+    r = await api.client.post("/v1/jobs/batch", json={"jobs": jobs[:2]}, headers=t.headers)
+    assert r.status_code == 201, r.text
+    items = r.json()["items"]
+    run = await store.runs_get(uuid.UUID(t.id), uuid.UUID(items[0]["first_run_id"]))
+    assert run.due_local is not None and run.due_local.endswith(("+12:45", "+13:45"))
 
 
 async def test_create_webhook_job(api) -> None:
@@ -321,8 +416,69 @@ def _bad_bodies() -> list[tuple[str, dict[str, Any], int, str, str | None]]:
             "invalid_request",
             "schedule.when",
         ),
-        ("cron schedule", {"schedule": {"cron": "0 * * * *"}}, 422, "invalid_schedule", "schedule"),
-        ("interval schedule", {"schedule": {"interval": 60}}, 422, "invalid_schedule", "schedule"),
+        (
+            "cron minute out of range",
+            {"schedule": {"cron": "61 * * * *"}},
+            422,
+            "invalid_schedule",
+            "schedule.cron",
+        ),
+        (
+            "cron with 7 fields",
+            {"schedule": {"cron": "0 0 * * * * *"}},
+            422,
+            "invalid_schedule",
+            "schedule.cron",
+        ),
+        (
+            "unknown cron macro",
+            {"schedule": {"cron": "@fortnightly"}},
+            422,
+            "invalid_schedule",
+            "schedule.cron",
+        ),
+        (
+            "cron that never fires",
+            {"schedule": {"cron": "0 0 31 2 *"}},
+            422,
+            "invalid_schedule",
+            "schedule.cron",
+        ),
+        (
+            "unknown time zone",
+            {"schedule": {"cron": "0 * * * *", "timezone": "Mars/Olympus_Mons"}},
+            422,
+            "invalid_schedule",
+            "schedule.timezone",
+        ),
+        (
+            "unknown ambiguity policy",
+            {"schedule": {"cron": "0 * * * *", "on_ambiguous": "both"}},
+            422,
+            "invalid_request",
+            "schedule.on_ambiguous",
+        ),
+        (
+            "unknown overlap policy",
+            {"schedule": {"interval": 60, "overlap": "sometimes"}},
+            422,
+            "invalid_request",
+            "schedule.overlap",
+        ),
+        (
+            "zero interval",
+            {"schedule": {"interval": 0}},
+            422,
+            "invalid_request",
+            "schedule.interval",
+        ),
+        (
+            "naive interval start",
+            {"schedule": {"interval": 60, "start": "2030-01-01T00:00:00"}},
+            422,
+            "invalid_request",
+            "schedule.start",
+        ),
         ("no task nor webhook", {"task": None}, 422, "invalid_request", None),
         ("priority out of range", {"priority": 9}, 422, "invalid_request", "priority"),
         ("empty name", {"name": ""}, 422, "invalid_request", "name"),

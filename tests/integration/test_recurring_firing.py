@@ -206,3 +206,26 @@ async def test_a_run_created_while_its_job_was_being_cancelled_is_settled(store:
     assert runs[1].reason == "job cancelled"
     due = await store.runs_due_scan(shards=[first.shard], until=nxt.due_at + timedelta(days=1))
     assert due == []
+
+
+async def test_a_retry_of_a_paused_job_waits_for_resume(store: Store) -> None:
+    from cronwheel.store import FailItem
+    from cronwheel.store.sql.control import PARKED_FIRE_AT
+
+    t0 = datetime(2031, 5, 1, 12, 0, tzinfo=UTC)
+    first = await _job(store, t0, {"cron": "*/5 * * * *"})
+    await _fire(store, first, t0)
+    worker = await store.workers_register(
+        None, pool="default", capabilities=[], tags=[], capacity=1, now=t0
+    )
+    [attempt] = await store.attempts_lease(worker=worker, max=1, now=t0)
+    await store.jobs_pause(first.tenant_id, first.job_id, now=t0)
+    await store.attempts_fail_many(
+        items=[FailItem(attempt.attempt_id, attempt.fencing_token, "boom")], now=t0
+    )
+    run = await store.runs_get(first.tenant_id, first.id)
+    assert run.state.value == "SCHEDULED" and run.fire_at == PARKED_FIRE_AT
+    assert (run.reason or "").startswith("job paused")
+    await store.jobs_resume(first.tenant_id, first.job_id, now=t0 + timedelta(minutes=1))
+    run = await store.runs_get(first.tenant_id, first.id)
+    assert run.fire_at < t0 + timedelta(minutes=2)

@@ -139,3 +139,23 @@ async def _wait_until_state(store: Store, run: object, state: str, timeout: floa
         if asyncio.get_running_loop().time() > deadline:
             pytest.fail(f"run stayed {r.state.value}, expected {state}")
         await asyncio.sleep(0.02)
+
+
+async def test_nodes_share_the_shards_and_take_over_a_dead_ones(store: Store) -> None:
+    time = FakeTime(T0)
+    settings = Settings(window_seconds=30, shard_lease_ttl=10)
+    a = SchedulerNode(store, settings, node_id="node-a", clock=Clock(time, offset=timedelta(0)))
+    b = SchedulerNode(store, settings, node_id="node-b", clock=Clock(time, offset=timedelta(0)))
+    await a.run_once()
+    assert len(a.shards) == 256  # alone, it takes everything
+    await b.run_once()  # b joins: nothing is free yet
+    for _ in range(3):  # a few renewals: a hands back its excess, b takes it
+        time.value += timedelta(seconds=4)
+        await a.run_once()
+        await b.run_once()
+    assert len(a.shards) == len(b.shards) == 128
+    assert set(a.shards).isdisjoint(b.shards)
+    # a dies: its leases expire, b takes every one of them over.
+    time.value += timedelta(seconds=11)
+    await b.run_once()
+    assert len(b.shards) == 256

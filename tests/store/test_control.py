@@ -418,3 +418,15 @@ async def test_a_large_backfill_is_written_in_batches(store: Store) -> None:
         tenant.id, job.id, start=at(-1600 * 60), end=at(0), rate=1000.0, now=at(1)
     )
     assert len(more) == 100 and all(r.fire_at < PARKED_FIRE_AT for r in more)
+
+
+async def test_pause_and_resume_answer_the_job_as_jobs_get_does(store: Store) -> None:
+    tenant = await make_tenant(store)
+    job, run = await recurring_job(store, tenant.id, due_at=at(3600))
+    await store.runs_cancel(tenant.id, run.id, now=T0)  # nothing pending any more
+    paused = await store.jobs_pause(tenant.id, job.id, now=at(1))
+    assert paused == await store.jobs_get(tenant.id, job.id)
+    assert paused.next_due_at is None
+    resumed = await store.jobs_resume(tenant.id, job.id, now=at(2))
+    assert resumed == await store.jobs_get(tenant.id, job.id)
+    assert (resumed.state, resumed.version) == (JobState.ACTIVE, job.version + 2)

@@ -11,7 +11,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field
 
 from cronwheel.domain.spec import TenantLimits
 
@@ -20,6 +20,8 @@ __all__ = [
     "AttemptOut",
     "AttemptRef",
     "AttemptResultOut",
+    "BackfillOut",
+    "BackfillRequest",
     "BatchOut",
     "BatchRequest",
     "CancelRequest",
@@ -32,6 +34,7 @@ __all__ = [
     "FailRequest",
     "FencedRequest",
     "HeartbeatOut",
+    "JobControlRequest",
     "JobList",
     "JobOut",
     "KeyCreate",
@@ -40,6 +43,8 @@ __all__ = [
     "LeaseRequest",
     "LeasedAttemptOut",
     "OutcomeOut",
+    "PreviewItem",
+    "PreviewOut",
     "RunDetail",
     "RunList",
     "RunOut",
@@ -48,6 +53,7 @@ __all__ = [
     "TenantList",
     "TenantOut",
     "TenantUpdate",
+    "TriggerRequest",
     "UtcInstant",
     "WorkerDeregistered",
     "WorkerRegister",
@@ -180,6 +186,51 @@ class CancelRequest(_In):
     reason: str | None = Field(default=None, max_length=1000)
 
 
+class JobControlRequest(_In):
+    """The body of pause and resume (optional)."""
+
+    reason: str | None = Field(
+        default=None, max_length=1000, description="recorded in the job's history"
+    )
+
+
+class TriggerRequest(_In):
+    payload: dict[str, Any] | None = Field(
+        default=None, description="merged over the job's payload for this run only"
+    )
+
+
+class BackfillRequest(_In):
+    start: AwareDatetime = Field(
+        alias="from", description="the first instant of the range (inclusive)"
+    )
+    end: AwareDatetime = Field(
+        alias="to", description="the end of the range (exclusive); not after now"
+    )
+    rate: float = Field(
+        default=10.0, gt=0, le=1000, description="runs released per second, from now"
+    )
+
+
+class BackfillOut(_Out):
+    created: int = Field(description="runs created (occurrences that had one already get none)")
+    runs: list[uuid.UUID] = Field(description="the ids of the runs created, oldest due first")
+
+
+class PreviewItem(_Out):
+    due_at: UtcInstant
+    due_local: str = Field(
+        description="the local wall time with its own offset (the UTC form where no "
+        "time zone applies); a wall time skipped by a DST gap has no offset"
+    )
+    kind: str = Field(description="normal | ambiguous-first | ambiguous-second | shifted | skipped")
+    reason: str | None = Field(default=None, description="why the occurrence is shifted or skipped")
+
+
+class PreviewOut(_Out):
+    items: list[PreviewItem]
+
+
 # -- runs ------------------------------------------------------------------------------
 
 
@@ -189,6 +240,9 @@ class RunOut(_Out):
     job_id: uuid.UUID
     job_name: str | None
     state: str = Field(description="SCHEDULED | DISPATCHED | RUNNING | SUCCESS | FAILED | …")
+    origin: str = Field(
+        description="once | schedule | trigger | backfill | replay: what made the run",
+    )
     due_at: UtcInstant
     due_local: str | None = Field(description="the due instant with its local offset")
     fire_at: UtcInstant = Field(description="when the run is (or was) to be dispatched")

@@ -176,10 +176,21 @@ class SchedulerNode:
     # -- chores --------------------------------------------------------------------
 
     async def _renew_leases(self) -> None:
+        """Beat, renew, and keep this node's fair share: ceil(shards / live nodes). Expired
+        leases are taken over whatever the share; shards above it are handed back for a
+        node that has fewer."""
         ttl = self.settings.shard_lease_ttl
+        now = self.clock.store_now()
+        live = await self.store.scheduler_nodes_beat(node_id=self.node_id, ttl=ttl, now=now)
+        share = -(-NUM_SHARDS // max(1, live))
         held = await self.store.shard_leases_acquire(
-            node_id=self.node_id, shards=range(NUM_SHARDS), ttl=ttl, now=self.clock.store_now()
+            node_id=self.node_id, shards=range(NUM_SHARDS), ttl=ttl, limit=share, now=now
         )
+        if len(held) > share:
+            extra = sorted(held)[share:]
+            await self.store.shard_leases_release(node_id=self.node_id, shards=extra)
+            for shard in extra:
+                del held[shard]
         lost = set(self.shards) - set(held)
         gained = set(held) - set(self.shards)
         if lost:
@@ -262,6 +273,8 @@ class SchedulerNode:
         return total
 
     async def _release(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.store.scheduler_nodes_leave(node_id=self.node_id)
         if not self.shards:
             return
         with contextlib.suppress(Exception):

@@ -365,11 +365,28 @@ class Store(ABC):
 
     @abstractmethod
     async def shard_leases_acquire(
-        self, *, node_id: str, shards: Sequence[int], ttl: float, now: datetime | None = None
+        self,
+        *,
+        node_id: str,
+        shards: Sequence[int],
+        ttl: float,
+        limit: int | None = None,
+        now: datetime | None = None,
     ) -> dict[int, int]:
-        """Take or renew the leases of ``shards`` that are free, expired or already
-        ``node_id``'s; a change of owner increments the epoch. Returns ``{shard: epoch}``
-        of every shard ``node_id`` holds afterwards."""
+        """Renew ``node_id``'s leases among ``shards``, take over every expired one (failover
+        first), and take free ones in shard order until it holds ``limit`` (no limit: all
+        it can); a change of owner increments the epoch. Returns ``{shard: epoch}`` of
+        every shard ``node_id`` holds afterwards."""
+
+    @abstractmethod
+    async def scheduler_nodes_beat(
+        self, *, node_id: str, ttl: float, now: datetime | None = None
+    ) -> int:
+        """Record that ``node_id`` is alive, forget nodes silent for ``ttl`` seconds, and
+        return how many nodes are alive (this one included)."""
+
+    @abstractmethod
+    async def scheduler_nodes_leave(self, *, node_id: str) -> None: ...
 
     @abstractmethod
     async def shard_leases_release(self, *, node_id: str, shards: Sequence[int]) -> None: ...

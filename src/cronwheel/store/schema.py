@@ -30,6 +30,7 @@ __all__ = [
     "jobs",
     "metadata",
     "runs",
+    "scheduler_nodes",
     "shard_leases",
     "tenants",
     "workers",
@@ -278,6 +279,15 @@ shard_leases = sa.Table(
     sa.Column("owner", sa.String(100)),
     sa.Column("epoch", sa.BigInteger, nullable=False, server_default="0"),
     sa.Column("expires_at", UtcDateTime),
+)
+
+# Scheduler nodes alive: each beats here, so every node knows how many share the shards.
+scheduler_nodes = sa.Table(
+    "scheduler_nodes",
+    metadata,
+    sa.Column("node_id", sa.String(100), primary_key=True),
+    sa.Column("started_at", UtcDateTime, nullable=False),
+    sa.Column("heartbeat_at", UtcDateTime, nullable=False),
 )
 
 # SQLite has no sequences: one row here hands out fencing tokens inside the (serialised)

@@ -30,7 +30,15 @@ from cronwheel.domain.spec import CronSchedule, IntervalSchedule
 from cronwheel.timing import iter_occurrences
 from cronwheel.timing.engine import Occurrence
 
-__all__ = ["MAX_CATCH_UP", "MISFIRE_GRACE", "FirePlan", "Planned", "plan_fire", "skipped_instant"]
+__all__ = [
+    "MAX_CATCH_UP",
+    "MAX_COUNTED",
+    "MISFIRE_GRACE",
+    "FirePlan",
+    "Planned",
+    "plan_fire",
+    "skipped_instant",
+]
 
 MISFIRE_GRACE = timedelta(seconds=60)
 MAX_CATCH_UP = 1000  # missed occurrences handled one by one; older ones are counted

@@ -1,29 +1,65 @@
-"""Jobs: create (idempotently), list, read, cancel."""
+"""Jobs: create (idempotently), list, read, preview; cancel, pause, resume, trigger,
+backfill."""
 
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Any
+from itertools import islice
+from typing import Any, cast
 
 from fastapi import APIRouter, Body, Depends, Header, Query, Request, Response, status
 from pydantic import BaseModel, ConfigDict, Field
 
 from cronwheel.api.auth import TenantScope, tenant_reader, tenant_writer
 from cronwheel.api.routers.common import api_state, check_json_size, parse_id
-from cronwheel.api.schemas import ERROR_RESPONSES, CancelRequest, ErrorResponse, JobList, JobOut
-from cronwheel.domain.errors import CronwheelError, InvalidScheduleError, ValidationError
+from cronwheel.api.routers.runs import run_out
+from cronwheel.api.schemas import (
+    ERROR_RESPONSES,
+    BackfillOut,
+    BackfillRequest,
+    CancelRequest,
+    ErrorResponse,
+    JobControlRequest,
+    JobList,
+    JobOut,
+    PreviewItem,
+    PreviewOut,
+    RunOut,
+    TriggerRequest,
+)
+from cronwheel.domain.errors import CronwheelError, ValidationError
 from cronwheel.domain.model import Job, NewJob
-from cronwheel.domain.spec import AtSchedule, JobSpec
+from cronwheel.domain.spec import (
+    AsapSchedule,
+    AtSchedule,
+    CronSchedule,
+    DelaySchedule,
+    IntervalSchedule,
+    JobSpec,
+    ScheduleSpec,
+)
 from cronwheel.domain.states import JobState
 from cronwheel.settings import Settings
-from cronwheel.timing import first_due
+from cronwheel.timing import due_local, first_due, iter_occurrences
 
-__all__ = ["JobBatch", "job_out", "router"]
+__all__ = ["JobBatch", "job_out", "preview_items", "router", "schedule_of"]
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=ERROR_RESPONSES)
 
 _IDEMPOTENCY_KEY_MAX = 200
 BATCH_MAX = 1000
+PREVIEW_MAX = 1000
+
+_SCHEDULE_MODELS: dict[str, type[BaseModel]] = {
+    "at": AtSchedule,
+    "delay": DelaySchedule,
+    "asap": AsapSchedule,
+    "cron": CronSchedule,
+    "interval": IntervalSchedule,
+}
+_CONFLICT: dict[int | str, dict[str, Any]] = {
+    409: {"model": ErrorResponse, "description": "Not allowed in the job's state"}
+}
 
 
 def job_out(job: Job, *, first_run_id: Any = None) -> JobOut:
@@ -107,26 +143,18 @@ def _new_job(
     """Validate what the models cannot (payload size, schedule against the clock) and
     resolve the first due instant."""
     check_json_size(spec.payload, limit=settings.max_payload_bytes, field="payload")
-    if spec.is_recurring:
-        # The scheduler does not yet materialise the next occurrence of a recurring job:
-        # accepting one would silently run it once.
-        raise InvalidScheduleError(
-            "recurring schedules (cron, interval) are not available in this version",
-            field="schedule",
-        )
     due = first_due(
         spec.schedule,
         now,
         max_horizon=timedelta(days=settings.max_horizon_days),
         past_grace=timedelta(seconds=settings.past_grace_seconds),
     )
-    due_local = spec.schedule.at.isoformat() if isinstance(spec.schedule, AtSchedule) else None
     return NewJob(
         spec=spec,
         first_due_at=due,
         idempotency_key=idempotency_key,
         actor=actor,
-        due_local=due_local,
+        due_local=due_local(spec.schedule, due),
     )
 
 
@@ -216,3 +244,143 @@ async def cancel_job(
         reason=body.reason if body else None,
     )
     return job_out(job)
+
+
+@router.post(
+    "/{job_id}/pause",
+    summary="Pause a job",
+    responses=_CONFLICT,
+)
+async def pause_job(
+    job_id: str,
+    request: Request,
+    body: JobControlRequest | None = Body(default=None),
+    scope: TenantScope = Depends(tenant_writer),
+) -> JobOut:
+    """An active job fires nothing until resumed: its pending runs are held (their due
+    instants kept), runs already handed to the dispatcher are taken back, running ones
+    finish. 409 unless the job is active."""
+    job = await api_state(request).store.jobs_pause(
+        scope.tenant_id,
+        parse_id(job_id, "job"),
+        actor=scope.principal.actor,
+        reason=body.reason if body else None,
+    )
+    return job_out(job)
+
+
+@router.post(
+    "/{job_id}/resume",
+    summary="Resume a paused job",
+    responses=_CONFLICT,
+)
+async def resume_job(
+    job_id: str,
+    request: Request,
+    body: JobControlRequest | None = Body(default=None),
+    scope: TenantScope = Depends(tenant_writer),
+) -> JobOut:
+    """The held runs are due again at their due instants: those missed while paused
+    fire at once, and the job's catch-up policy decides what becomes of them. 409
+    unless the job is paused."""
+    job = await api_state(request).store.jobs_resume(
+        scope.tenant_id,
+        parse_id(job_id, "job"),
+        actor=scope.principal.actor,
+        reason=body.reason if body else None,
+    )
+    return job_out(job)
+
+
+@router.post(
+    "/{job_id}/trigger",
+    status_code=status.HTTP_201_CREATED,
+    summary="Run a job now",
+    responses=_CONFLICT,
+)
+async def trigger_job(
+    job_id: str,
+    request: Request,
+    body: TriggerRequest | None = Body(default=None),
+    scope: TenantScope = Depends(tenant_writer),
+) -> RunOut:
+    """A run due now, outside the schedule (origin `trigger`), with `payload` merged
+    over the job's. Allowed for active, paused (the run is not held) and finished jobs;
+    409 for a cancelled one."""
+    state = api_state(request)
+    ident = parse_id(job_id, "job")
+    payload = body.payload if body else None
+    if payload:
+        job = await state.store.jobs_get(scope.tenant_id, ident)
+        merged = {**(job.template.get("payload") or {}), **payload}
+        check_json_size(merged, limit=state.settings.max_payload_bytes, field="payload")
+    run = await state.store.jobs_trigger(
+        scope.tenant_id, ident, actor=scope.principal.actor, payload=payload
+    )
+    return run_out(run)
+
+
+@router.post(
+    "/{job_id}/backfill",
+    status_code=status.HTTP_202_ACCEPTED,
+    summary="Backfill a past range",
+    responses=_CONFLICT,
+)
+async def backfill_job(
+    job_id: str,
+    request: Request,
+    body: BackfillRequest,
+    scope: TenantScope = Depends(tenant_writer),
+) -> BackfillOut:
+    """Runs (origin `backfill`) for the occurrences of a cron or interval job in
+    `[from, to)`, which must lie in the past. Idempotent: an occurrence that already
+    has a run gets no second one, so repeating a backfill creates nothing. Throttled:
+    the runs are released `rate` per second from now."""
+    runs = await api_state(request).store.jobs_backfill(
+        scope.tenant_id,
+        parse_id(job_id, "job"),
+        start=body.start,
+        end=body.end,
+        rate=body.rate,
+        actor=scope.principal.actor,
+    )
+    return BackfillOut(created=len(runs), runs=[r.id for r in runs])
+
+
+@router.get("/{job_id}/preview", summary="Preview a job's next due instants")
+async def preview_job(
+    job_id: str,
+    request: Request,
+    scope: TenantScope = Depends(tenant_reader),
+    count: int = Query(default=10, ge=1, le=PREVIEW_MAX, description="how many occurrences"),
+) -> PreviewOut:
+    """The next `count` occurrences from now, UTC and local with their offsets, as the
+    schedule's DST policies make them (a wall time skipped by a spring-forward gap under
+    `on_nonexistent: skip` is listed with kind `skipped`). A one-off job lists its one
+    pending due instant; a cancelled or finished job lists nothing."""
+    state = api_state(request)
+    job = await state.store.jobs_get(scope.tenant_id, parse_id(job_id, "job"))
+    now = await state.store.db_now()
+    return PreviewOut(items=preview_items(job, now, count))
+
+
+def schedule_of(job: Job) -> ScheduleSpec:
+    """The job's stored schedule as its spec model."""
+    return cast(ScheduleSpec, _SCHEDULE_MODELS[job.kind].model_validate(job.schedule))
+
+
+def preview_items(job: Job, now: datetime, count: int) -> list[PreviewItem]:
+    if job.state not in (JobState.ACTIVE, JobState.PAUSED):
+        return []
+    schedule = schedule_of(job)
+    if isinstance(schedule, CronSchedule | IntervalSchedule):
+        found = islice(iter_occurrences(schedule, now, include_skipped=True), count)
+        return [
+            PreviewItem(due_at=o.utc, due_local=o.local, kind=o.kind, reason=o.reason)
+            for o in found
+        ]
+    if job.next_due_at is None:
+        return []
+    due = job.next_due_at
+    local = due_local(schedule, due) or due.isoformat()
+    return [PreviewItem(due_at=due, due_local=local, kind="normal")]

@@ -45,6 +45,7 @@ def run_fields(run: Run) -> dict[str, object]:
         "job_id": run.job_id,
         "job_name": run.job_name,
         "state": str(run.state),
+        "origin": run.origin,
         "due_at": run.due_at,
         "due_local": run.due_local,
         "fire_at": run.fire_at,

@@ -30,6 +30,7 @@ from cronwheel.store.base import (
 )
 from cronwheel.store.schema import attempts, jobs, runs
 from cronwheel.store.sql.catalog import ANNOUNCE_HORIZON, ONE_OFF_KINDS, announce
+from cronwheel.store.sql.control import PARKED_FIRE_AT
 from cronwheel.store.sql.core import SqlCore, event_row
 
 __all__ = ["AttemptsMixin"]
@@ -447,6 +448,19 @@ class AttemptsMixin(SqlCore):
                 .with_for_update()  # a cancel must not slip between this read and the write
             )
         ).all()
+        paused = (
+            {
+                j.id
+                for j in await conn.execute(
+                    sa.select(jobs.c.id).where(
+                        self._id_in(jobs.c.id, list({r.job_id for r in rows})),
+                        jobs.c.state == JobState.PAUSED.value,
+                    )
+                )
+            }
+            if rows
+            else set()
+        )
         updates: list[dict[str, Any]] = []
         event_rows: list[dict[str, Any]] = []
         notices: list[str] = []
@@ -466,6 +480,8 @@ class AttemptsMixin(SqlCore):
                 delay = backoff_delay(r.retry, r.attempt, self._rng)
                 fire_at = at + timedelta(seconds=delay)
                 reason = f"retry {r.attempt + 1} of {r.max_attempts} in {delay:.2f} s: {f.error}"
+                if r.job_id in paused:  # parked until the job resumes
+                    fire_at, reason = PARKED_FIRE_AT, f"job paused; {reason}"
             row: dict[str, Any] = {
                 "id": r.id,
                 "state": target.value,

@@ -13,7 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from cronwheel.domain.model import DueRun, FiredRun
 from cronwheel.domain.states import RunState
 from cronwheel.store.base import CHANNEL_RUNS_READY
-from cronwheel.store.schema import events, jobs, runs, shard_leases
+from cronwheel.store.schema import events, jobs, runs, scheduler_nodes, shard_leases
 from cronwheel.store.sql.firing import FiringMixin
 
 __all__ = ["DispatchMixin"]
@@ -153,7 +153,13 @@ class DispatchMixin(FiringMixin):
         ]
 
     async def shard_leases_acquire(
-        self, *, node_id: str, shards: Sequence[int], ttl: float, now: datetime | None = None
+        self,
+        *,
+        node_id: str,
+        shards: Sequence[int],
+        ttl: float,
+        limit: int | None = None,
+        now: datetime | None = None,
     ) -> dict[int, int]:
         async with self._write() as conn:
             at = await self._now(conn, now)
@@ -181,15 +187,43 @@ class DispatchMixin(FiringMixin):
                     )
                     .values(expires_at=expires)
                 )
-                # Take free or expired ones: a change of owner bumps the epoch.
+                # Take over expired leases (their owner died or stalled) whatever the
+                # limit: failover comes first. A change of owner bumps the epoch.
                 await conn.execute(
                     shard_leases.update()
                     .where(
                         self._id_in(shard_leases.c.shard, wanted),
-                        sa.or_(shard_leases.c.owner.is_(None), shard_leases.c.expires_at <= at),
+                        shard_leases.c.owner.is_not(None),
+                        shard_leases.c.expires_at <= at,
                     )
                     .values(owner=node_id, expires_at=expires, epoch=shard_leases.c.epoch + 1)
                 )
+                # Take free ones (never owned, or handed back to rebalance) up to the
+                # limit, in shard order; SKIP LOCKED: nodes taking at once never wait.
+                own = (
+                    await conn.execute(
+                        sa.select(sa.func.count()).where(
+                            shard_leases.c.owner == node_id, shard_leases.c.expires_at > at
+                        )
+                    )
+                ).scalar_one()
+                room = len(wanted) if limit is None else max(0, limit - own)
+                if room:
+                    free = (
+                        sa.select(shard_leases.c.shard)
+                        .where(
+                            self._id_in(shard_leases.c.shard, wanted),
+                            shard_leases.c.owner.is_(None),
+                        )
+                        .order_by(shard_leases.c.shard)
+                        .limit(room)
+                        .with_for_update(skip_locked=True)
+                    )
+                    await conn.execute(
+                        shard_leases.update()
+                        .where(shard_leases.c.shard.in_(free.scalar_subquery()))
+                        .values(owner=node_id, expires_at=expires, epoch=shard_leases.c.epoch + 1)
+                    )
             held = await conn.execute(
                 sa.select(shard_leases.c.shard, shard_leases.c.epoch).where(
                     shard_leases.c.owner == node_id, shard_leases.c.expires_at > at
@@ -205,6 +239,38 @@ class DispatchMixin(FiringMixin):
                 [{"shard": s, "owner": None, "epoch": 0, "expires_at": None} for s in shards],
             )
         )
+
+    async def scheduler_nodes_beat(
+        self, *, node_id: str, ttl: float, now: datetime | None = None
+    ) -> int:
+        async with self._write() as conn:
+            at = await self._now(conn, now)
+            await conn.execute(
+                scheduler_nodes.delete().where(
+                    scheduler_nodes.c.heartbeat_at < at - timedelta(seconds=ttl)
+                )
+            )
+            updated = await conn.execute(
+                scheduler_nodes.update()
+                .where(scheduler_nodes.c.node_id == node_id)
+                .values(heartbeat_at=at)
+            )
+            if updated.rowcount == 0:
+                await conn.execute(
+                    self._insert_ignore(
+                        scheduler_nodes,
+                        [{"node_id": node_id, "started_at": at, "heartbeat_at": at}],
+                    )
+                )
+            return int(
+                (
+                    await conn.execute(sa.select(sa.func.count()).select_from(scheduler_nodes))
+                ).scalar_one()
+            )
+
+    async def scheduler_nodes_leave(self, *, node_id: str) -> None:
+        async with self._write() as conn:
+            await conn.execute(scheduler_nodes.delete().where(scheduler_nodes.c.node_id == node_id))
 
     async def shard_leases_release(self, *, node_id: str, shards: Sequence[int]) -> None:
         if not shards:
