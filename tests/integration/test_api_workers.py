@@ -9,6 +9,7 @@ from datetime import datetime
 from typing import Any
 
 import httpx
+import pytest
 
 from cronwheel.api.app import stop_long_polls
 from cronwheel.store import Store
@@ -476,3 +477,23 @@ async def test_stopping_the_app_answers_waiting_long_polls(api, app) -> None:
         api.client.post(f"/v1/workers/{wid}/lease", json={"wait": 10}, headers=worker), 5
     )
     assert r.json() == {"attempts": []}
+
+
+@pytest.mark.parametrize("token", [0, -1, 2**63, 2**70])
+async def test_fencing_token_out_of_range_is_422(api, token: int) -> None:
+    """A token outside the positive 64-bit range is bad input, never a database error."""
+    attempt = "01a22bd1-c2ec-7303-a6b7-f56a75710936"
+    for path in ("heartbeat", "complete", "fail", "release"):
+        body: dict[str, object] = {"fencing_token": token}
+        if path == "fail":
+            body["error"] = "x"
+        r = await api.client.post(f"/v1/attempts/{attempt}/{path}", json=body, headers=api.admin)
+        assert r.status_code == 422, r.text
+        assert r.json()["error"]["field"] == "fencing_token"
+    r = await api.client.post(
+        "/v1/attempts/batch",
+        json={"heartbeats": [{"attempt_id": attempt, "fencing_token": token}]},
+        headers=api.admin,
+    )
+    assert r.status_code == 422, r.text
+    assert r.json()["error"]["field"] == "heartbeats.0.fencing_token"

@@ -268,6 +268,10 @@ class RunOut(_Out):
     result: Any = None
 
 
+# Tokens are positive 64-bit integers: anything else is refused before the store.
+FencingToken = Annotated[int, Field(ge=1, le=2**63 - 1, description="the lease's fencing token")]
+
+
 class AttemptOut(_Out):
     id: uuid.UUID
     number: int
@@ -361,7 +365,7 @@ class LeaseOut(_Out):
 
 
 class FencedRequest(_In):
-    fencing_token: int
+    fencing_token: FencingToken
 
 
 class CompleteRequest(FencedRequest):
@@ -387,7 +391,7 @@ class AttemptResultOut(_Out):
 
 class AttemptRef(_In):
     attempt_id: uuid.UUID
-    fencing_token: int
+    fencing_token: FencingToken
 
 
 class CompleteItemIn(AttemptRef):
