@@ -38,7 +38,10 @@ fired AS (
     FROM t
     -- SKIP LOCKED: a run a cancel or pause holds is left for the next poll rather
     -- than waited for (waiting on rows in no fixed order could deadlock).
-    WHERE runs.id IN (SELECT id FROM runs WHERE id = ANY($2::uuid[]) FOR UPDATE SKIP LOCKED)
+    -- ARRAY(...) is computed once, so the outer match stays a primary-key lookup
+    -- whatever the table's statistics say (IN (subquery) is planned badly on a fresh one).
+    WHERE runs.id = ANY(ARRAY(SELECT id FROM runs WHERE id = ANY($2::uuid[])
+                              FOR UPDATE SKIP LOCKED))
       AND runs.state = 'SCHEDULED'
       AND runs.fire_at <= t.now + make_interval(secs => $4)
       AND (runs.origin <> 'schedule' OR runs.attempt > 0)
