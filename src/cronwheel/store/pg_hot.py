@@ -36,12 +36,10 @@ _FIRE = f"""
 fired AS (
     UPDATE runs SET state = 'DISPATCHED', dispatched_at = t.now
     FROM t
-    -- SKIP LOCKED: a run a cancel or pause holds is left for the next poll rather
-    -- than waited for (waiting on rows in no fixed order could deadlock).
-    -- ARRAY(...) is computed once, so the outer match stays a primary-key lookup
-    -- whatever the table's statistics say (IN (subquery) is planned badly on a fresh one).
-    WHERE runs.id = ANY(ARRAY(SELECT id FROM runs WHERE id = ANY($2::uuid[])
-                              FOR UPDATE SKIP LOCKED))
+    -- Rows are locked in the batch's order; a cancel or pause locking the same job's
+    -- runs meanwhile can at worst deadlock, which PostgreSQL breaks: the batch fails,
+    -- its runs are picked up again by the next poll.
+    WHERE runs.id = ANY($2::uuid[])
       AND runs.state = 'SCHEDULED'
       AND runs.fire_at <= t.now + make_interval(secs => $4)
       AND (runs.origin <> 'schedule' OR runs.attempt > 0)
