@@ -51,10 +51,6 @@ class Planned:
     reason: str | None
 
 
-def _spec(schedule: dict[str, Any]) -> CronSchedule | IntervalSchedule:
-    return _parsed(tuple(sorted(schedule.items())))
-
-
 @functools.lru_cache(maxsize=4096)
 def _parsed(items: tuple[tuple[str, Any], ...]) -> CronSchedule | IntervalSchedule:
     """Jobs share schedules: validate each distinct one once."""
@@ -76,19 +72,27 @@ class FiringMixin(SqlCore):
 
         plans: dict[uuid.UUID, FirePlan] = {}
         stray: dict[uuid.UUID, str] = {}
+        same: dict[tuple[Any, ...], FirePlan] = {}
         for run in sorted(candidates, key=lambda r: r.due_at):
             if run.job_state != JobState.ACTIVE.value:
                 # Paused or cancelled while this run was being created beside a fired
                 # one: settle it now, or it would come back at every poll.
                 stray[run.id] = run.job_state
                 continue
-            plans[run.id] = plan_fire(
-                _spec(run.schedule),
-                due_at=run.due_at,
-                now=at,
-                busy=bool(busy.get(run.job_id, set()) - {run.id}),
-                waiting=bool(waiting.get(run.job_id, set()) - {run.id}),
-            )
+            items = tuple(sorted(run.schedule.items()))
+            spec = _parsed(items)
+            is_busy = bool(busy.get(run.job_id, set()) - {run.id})
+            is_waiting = bool(waiting.get(run.job_id, set()) - {run.id})
+            # At the top of the hour thousands of jobs share a schedule and an instant:
+            # their plans are the same, so each distinct one is computed once a batch
+            # (plans are immutable; the runs they create get their own ids later).
+            key = (items, run.due_at, is_busy, is_waiting)
+            plan = same.get(key)
+            if plan is None:
+                plan = same[key] = plan_fire(
+                    spec, due_at=run.due_at, now=at, busy=is_busy, waiting=is_waiting
+                )
+            plans[run.id] = plan
         by_id = {r.id: r for r in candidates}
         await self._settle_strays(conn, stray, by_id, at=at, node_id=node_id)
         fired = await self._apply_fates(conn, plans, by_id, at=at, node_id=node_id)
