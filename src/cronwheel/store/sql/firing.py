@@ -26,6 +26,7 @@ from cronwheel.domain.states import JobState, RunState
 from cronwheel.ids import new_id
 from cronwheel.store.base import CHANNEL_RUNS_NEW, CHANNEL_RUNS_READY
 from cronwheel.store.schema import jobs, runs
+from cronwheel.store.sql.catalog import ANNOUNCE_HORIZON, announce
 from cronwheel.store.sql.control import PARKED_FIRE_AT
 from cronwheel.store.sql.core import SqlCore, event_row, new_run_row
 from cronwheel.timing.catchup import FirePlan, plan_fire
@@ -270,8 +271,8 @@ class FiringMixin(SqlCore):
         for r in created:
             if r.state == RunState.DISPATCHED.value:
                 ready.add(r.pool)
-            if r.state == RunState.SCHEDULED.value and r.fire_at < at + timedelta(minutes=2):
-                notices.append(f"{r.shard}:{int(r.fire_at.timestamp() * 1000)}:{r.id.hex}")
+            if r.state == RunState.SCHEDULED.value and r.fire_at < at + ANNOUNCE_HORIZON:
+                notices.append(announce(r.id, r.shard, r.fire_at))
         if notices:
             await self._notify(conn, CHANNEL_RUNS_NEW, notices)
         if ready:
