@@ -147,4 +147,5 @@ def create_app(settings: Settings, store: Store) -> FastAPI:
 
     for module in (tenants, jobs, runs, workers, health):
         app.include_router(module.router)
+    app.include_router(runs.dead_letters)
     return app

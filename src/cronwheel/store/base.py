@@ -335,6 +335,23 @@ class Store(ABC):
         set; the worker learns it on its next heartbeat. Terminal: IllegalTransitionError."""
 
     @abstractmethod
+    async def runs_redrive(
+        self,
+        tenant_id: uuid.UUID,
+        run_id: uuid.UUID,
+        *,
+        states: Sequence[str] = ("DEAD_LETTER",),
+        actor: str | None = None,
+        reason: str | None = None,
+        now: datetime | None = None,
+    ) -> Run:
+        """Send a finished run back to SCHEDULED, due now, with a new series of attempts
+        (its retry policy's ``max_attempts`` more; attempt numbers go on). Only from
+        ``states`` (a redrive: DEAD_LETTER; a retry: also FAILED and CANCELLED); from any
+        other state :class:`IllegalTransitionError`. A finished one-off job is active
+        again until the run ends."""
+
+    @abstractmethod
     async def runs_count_by_state(self) -> dict[str, int]:
         """Every tenant's runs counted by state (for metrics)."""
 

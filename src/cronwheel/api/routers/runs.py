@@ -25,7 +25,7 @@ from cronwheel.domain.model import Attempt, Event, Run
 from cronwheel.domain.states import RunState
 from cronwheel.store.base import RunFilter
 
-__all__ = ["attempt_out", "event_out", "router", "run_fields", "run_out"]
+__all__ = ["attempt_out", "dead_letters", "event_out", "router", "run_fields", "run_out"]
 
 router = APIRouter(prefix="/v1/runs", tags=["runs"], responses=ERROR_RESPONSES)
 
@@ -185,3 +185,62 @@ async def cancel_run(
         reason=body.reason if body else None,
     )
     return run_out(run)
+
+
+@router.post("/{run_id}/redrive", summary="Send a dead-lettered run back for a new series")
+async def redrive_run(
+    run_id: str,
+    request: Request,
+    body: CancelRequest | None = Body(default=None),
+    scope: TenantScope = Depends(tenant_writer),
+) -> RunOut:
+    """A DEAD_LETTER run is due again at once, with its retry policy's attempts anew
+    (attempt numbers go on). Any other state answers 409."""
+    run = await api_state(request).store.runs_redrive(
+        scope.tenant_id,
+        parse_id(run_id, "run"),
+        states=(RunState.DEAD_LETTER.value,),
+        actor=scope.principal.actor,
+        reason=(body.reason if body else None) or "redriven",
+    )
+    return run_out(run)
+
+
+@router.post("/{run_id}/retry", summary="Run a finished run again")
+async def retry_run(
+    run_id: str,
+    request: Request,
+    body: CancelRequest | None = Body(default=None),
+    scope: TenantScope = Depends(tenant_writer),
+) -> RunOut:
+    """A FAILED, CANCELLED or DEAD_LETTER run is due again at once, with its retry
+    policy's attempts anew. A run that succeeded, was skipped or is still going answers
+    409."""
+    run = await api_state(request).store.runs_redrive(
+        scope.tenant_id,
+        parse_id(run_id, "run"),
+        states=(RunState.FAILED.value, RunState.CANCELLED.value, RunState.DEAD_LETTER.value),
+        actor=scope.principal.actor,
+        reason=(body.reason if body else None) or "retried",
+    )
+    return run_out(run)
+
+
+dead_letters = APIRouter(prefix="/v1/dead-letters", tags=["runs"], responses=ERROR_RESPONSES)
+
+
+@dead_letters.get("", summary="List dead-lettered runs")
+async def list_dead_letters(
+    request: Request,
+    scope: TenantScope = Depends(tenant_reader),
+    job_id: uuid.UUID | None = Query(default=None),
+    cursor: str | None = Query(default=None, max_length=500),
+    limit: int = Query(default=100, ge=1, le=500),
+) -> RunList:
+    """Runs that gave up after their last attempt, newest first; each carries its last
+    error and the reason. Redrive one with ``POST /v1/runs/{id}/redrive``."""
+    run_filter = RunFilter(job_id=job_id, states=[RunState.DEAD_LETTER.value])
+    page = await api_state(request).store.runs_list(
+        scope.tenant_id, filter=run_filter, cursor=cursor, limit=limit
+    )
+    return RunList(items=[run_out(r) for r in page.items], next_cursor=page.next_cursor)

@@ -1,0 +1,65 @@
+"""Dead letters: listed, redriven for a new series of attempts, retried; tenant-scoped."""
+
+from __future__ import annotations
+
+import uuid
+
+from cronwheel.store import FailItem, Store
+
+
+async def _dead_letter(api, store: Store, tenant) -> str:  # type: ignore[no-untyped-def]
+    job = await api.job(tenant, schedule={"asap": True}, retry={"max_attempts": 1})
+    await api.fire()
+    worker = await store.workers_register(
+        uuid.UUID(tenant.id), pool="default", capabilities=[], tags=[], capacity=1
+    )
+    [attempt] = await store.attempts_lease(worker=worker, max=1)
+    await store.attempts_fail_many(items=[FailItem(attempt.attempt_id, attempt.fencing_token, "x")])
+    run = await store.runs_get(uuid.UUID(tenant.id), uuid.UUID(job["first_run_id"]))
+    assert run.state.value == "DEAD_LETTER"
+    return str(run.id)
+
+
+async def test_dead_letters_are_listed_and_redriven(api, store: Store) -> None:
+    t = await api.tenant()
+    run_id = await _dead_letter(api, store, t)
+    listed = await api.client.get("/v1/dead-letters", headers=t.headers)
+    assert listed.status_code == 200
+    assert [r["id"] for r in listed.json()["items"]] == [run_id]
+    assert listed.json()["items"][0]["last_error"] == "x"
+
+    r = await api.client.post(f"/v1/runs/{run_id}/redrive", headers=t.headers)
+    assert r.status_code == 200, r.text
+    assert r.json()["state"] == "SCHEDULED"
+    run = await store.runs_get(uuid.UUID(t.id), uuid.UUID(run_id))
+    assert (run.attempt, run.max_attempts, run.finished_at) == (1, 2, None)
+    job = await store.jobs_get(uuid.UUID(t.id), run.job_id)
+    assert job.state.value == "active"  # the finished one-off job runs again
+    assert (await api.client.get("/v1/dead-letters", headers=t.headers)).json()["items"] == []
+    events = (await store.events_list(uuid.UUID(t.id), run_id=run.id)).items
+    assert (events[-1].from_state, events[-1].to_state) == ("DEAD_LETTER", "SCHEDULED")
+
+    # Only a dead letter can be redriven: now it is SCHEDULED.
+    again = await api.client.post(f"/v1/runs/{run_id}/redrive", headers=t.headers)
+    assert again.status_code == 409
+    assert again.json()["error"]["code"] == "illegal_transition"
+
+
+async def test_retry_a_cancelled_run_and_isolation(api, store: Store) -> None:
+    t = await api.tenant()
+    other = await api.tenant()
+    job = await api.job(t, schedule={"delay": 3600})
+    run_id = job["first_run_id"]
+    assert (
+        await api.client.post(f"/v1/runs/{run_id}/cancel", headers=t.headers)
+    ).status_code == 200
+    # Another tenant's key cannot see it.
+    r = await api.client.post(f"/v1/runs/{run_id}/retry", headers=other.headers)
+    assert r.status_code == 404
+    r = await api.client.post(f"/v1/runs/{run_id}/redrive", headers=t.headers)
+    assert r.status_code == 409  # cancelled is not a dead letter
+    r = await api.client.post(f"/v1/runs/{run_id}/retry", headers=t.headers)
+    assert r.status_code == 200 and r.json()["state"] == "SCHEDULED"
+    viewer = await api.key(t, "viewer")
+    r = await api.client.post(f"/v1/runs/{run_id}/retry", headers=viewer)
+    assert r.status_code == 403
