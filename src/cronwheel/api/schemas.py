@@ -33,6 +33,7 @@ __all__ = [
     "FailItemIn",
     "FailRequest",
     "FencedRequest",
+    "FencingToken",
     "HeartbeatOut",
     "JobControlRequest",
     "JobList",
