@@ -25,6 +25,7 @@ from cronwheel.cli_common import (
     handle_errors,
     setup_logging,
 )
+from cronwheel.cli_dlq import dlq_app
 from cronwheel.cli_resources import jobs_app, runs_app, tenants_app
 from cronwheel.cli_schedule import schedule_app
 from cronwheel.runtime import Runtime, StartupError
@@ -59,6 +60,7 @@ app.add_typer(jobs_app, name="jobs")
 app.add_typer(runs_app, name="runs")
 app.add_typer(tenants_app, name="tenants")
 app.add_typer(schedule_app, name="schedule")
+app.add_typer(dlq_app, name="dlq")
 app.add_typer(db_app, name="db")
 
 HostOpt = Annotated[

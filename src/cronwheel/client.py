@@ -294,8 +294,17 @@ class _Calls:
 
     @staticmethod
     def runs_cancel(run_id: Id, reason: str | None) -> Call:
+        return _Calls.runs_control(run_id, "cancel", reason)
+
+    @staticmethod
+    def runs_control(run_id: Id, action: str, reason: str | None) -> Call:
         body = {} if reason is None else {"reason": reason}
-        return Call("POST", f"/v1/runs/{_seg(run_id)}/cancel", json=body)
+        return Call("POST", f"/v1/runs/{_seg(run_id)}/{action}", json=body)
+
+    @staticmethod
+    def dead_letters(job_id: Id | None, cursor: str | None, limit: int | None) -> Call:
+        params = _params(job_id=job_id, cursor=cursor, limit=limit)
+        return Call("GET", "/v1/dead-letters", params=params)
 
 
 class _BaseClient:
@@ -582,6 +591,19 @@ class Runs(_Resource):
     def cancel(self, run_id: Id, *, reason: str | None = None) -> Json:
         return self._one(_Calls.runs_cancel(run_id, reason))
 
+    def redrive(self, run_id: Id, *, reason: str | None = None) -> Json:
+        """Send a dead-lettered run back for a new series of attempts."""
+        return self._one(_Calls.runs_control(run_id, "redrive", reason))
+
+    def retry(self, run_id: Id, *, reason: str | None = None) -> Json:
+        """Run a failed, cancelled or dead-lettered run again."""
+        return self._one(_Calls.runs_control(run_id, "retry", reason))
+
+    def dead_letters(
+        self, *, job_id: Id | None = None, cursor: str | None = None, limit: int | None = None
+    ) -> Page[Json]:
+        return self._page(_Calls.dead_letters(job_id, cursor, limit))
+
 
 # -- async ---------------------------------------------------------------------------
 
@@ -793,3 +815,14 @@ class AsyncRuns(_AsyncResource):
 
     async def cancel(self, run_id: Id, *, reason: str | None = None) -> Json:
         return await self._one(_Calls.runs_cancel(run_id, reason))
+
+    async def redrive(self, run_id: Id, *, reason: str | None = None) -> Json:
+        return await self._one(_Calls.runs_control(run_id, "redrive", reason))
+
+    async def retry(self, run_id: Id, *, reason: str | None = None) -> Json:
+        return await self._one(_Calls.runs_control(run_id, "retry", reason))
+
+    async def dead_letters(
+        self, *, job_id: Id | None = None, cursor: str | None = None, limit: int | None = None
+    ) -> Page[Json]:
+        return await self._page(_Calls.dead_letters(job_id, cursor, limit))
