@@ -22,7 +22,7 @@ from cronwheel.cli_common import (
 )
 from cronwheel.cli_resources import runs_app, runs_show
 
-__all__ = ["dlq_app"]
+__all__ = ["ReasonOpt", "RunArg", "dlq_app", "dlq_list", "dlq_redrive", "runs_retry"]
 
 dlq_app = typer.Typer(help="Dead letters: list, show, redrive.", no_args_is_help=True)
 
