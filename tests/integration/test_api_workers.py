@@ -479,9 +479,9 @@ async def test_stopping_the_app_answers_waiting_long_polls(api, app) -> None:
     assert r.json() == {"attempts": []}
 
 
-@pytest.mark.parametrize("token", [0, -1, 2**63, 2**70])
+@pytest.mark.parametrize("token", [2**63, -(2**63) - 1, 2**70])
 async def test_fencing_token_out_of_range_is_422(api, token: int) -> None:
-    """A token outside the positive 64-bit range is bad input, never a database error."""
+    """A token outside the 64-bit range is bad input, never a database error."""
     attempt = "01a22bd1-c2ec-7303-a6b7-f56a75710936"
     for path in ("heartbeat", "complete", "fail", "release"):
         body: dict[str, object] = {"fencing_token": token}

@@ -3,6 +3,7 @@ port, on its own thread), on both backends."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import uuid
@@ -242,14 +243,23 @@ async def _dead_letter(server: Server, store_url: str) -> str:
         await store.runs_cancel(tenant, uuid.UUID(run_id))  # then retried through the CLI
         retried = server.json("runs", "retry", run_id)
         assert retried["state"] == "SCHEDULED"
-        # Make it a dead letter the way a worker would: lease it and fail its only try.
-        await store.shard_leases_acquire(node_id="t", shards=range(256), ttl=60)
-        await store.runs_fire(run_ids=[uuid.UUID(run_id)], node_id="t")
+        # Make it a dead letter the way a worker would: once the server's scheduler has
+        # dispatched it (the retry made it due now), lease it and fail its only try.
         worker = await store.workers_register(
             tenant, pool="default", capabilities=[], tags=[], capacity=1
         )
-        leased = await store.attempts_lease(worker=worker, max=10)
-        [attempt] = [a for a in leased if str(a.run_id) == run_id]
+        deadline = asyncio.get_running_loop().time() + 30
+        leased: list[Any] = []
+        while not leased:
+            assert asyncio.get_running_loop().time() < deadline, "never dispatched"
+            leased = [
+                a
+                for a in await store.attempts_lease(worker=worker, max=10)
+                if str(a.run_id) == run_id
+            ]
+            if not leased:
+                await asyncio.sleep(0.05)
+        [attempt] = leased
         await store.attempts_fail_many(
             items=[FailItem(attempt.attempt_id, attempt.fencing_token, "disk full")]
         )

@@ -269,8 +269,11 @@ class RunOut(_Out):
     result: Any = None
 
 
-# Tokens are positive 64-bit integers: anything else is refused before the store.
-FencingToken = Annotated[int, Field(ge=1, le=2**63 - 1, description="the lease's fencing token")]
+# Tokens are 64-bit integers (a stale or unknown one answers 409); a number that does
+# not even fit is refused before the store.
+FencingToken = Annotated[
+    int, Field(ge=-(2**63), le=2**63 - 1, description="the lease's fencing token")
+]
 
 
 class AttemptOut(_Out):
