@@ -392,7 +392,10 @@ class ControlMixin(SqlCore):
         at: datetime,
     ) -> None:
         """Move the job from ``source`` to ``target`` in one conditional UPDATE, or raise
-        (NotFoundError, or IllegalTransitionError naming its state)."""
+        (NotFoundError, or IllegalTransitionError naming its state). The job's live runs
+        are locked first, in id order, as every path that changes runs and their job
+        does (see ``_lock_live_runs``)."""
+        await self._lock_live_runs(conn, tenant_id, runs.c.job_id == job_id)
         row = (
             await conn.execute(
                 jobs.update()
