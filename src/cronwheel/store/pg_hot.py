@@ -10,6 +10,7 @@ clock, read once per statement with ``statement_timestamp()``); JSON goes in as 
 
 from __future__ import annotations
 
+import functools
 import json
 import uuid
 from collections.abc import Sequence
@@ -24,12 +25,26 @@ __all__ = [
     "complete_many",
     "copy_events",
     "fire",
+    "fire_candidates",
     "heartbeat_many",
     "insert_planned",
     "lease",
 ]
 
 _NOW = "WITH t AS (SELECT COALESCE($1::timestamptz, statement_timestamp()) AS now)"
+
+# A batch of runs to fire is found by primary key, always. Written plainly, the state
+# precondition implies the predicate of the due-window index (shard, fire_at WHERE
+# state = 'SCHEDULED'), and with statistics that lag a burst — thousands of runs created
+# in the last minute, all due now — the planner reads that index instead: every due run
+# of the node's shards, for each batch of 1,000. Wrapped in IS TRUE the precondition
+# means the same and implies nothing, so only the primary key is left.
+_SCHEDULED = "(runs.state = 'SCHEDULED') IS TRUE"
+
+# The shards ``$3`` holds an unexpired lease on: computed once per statement, then a
+# filter on the rows found by id (the epoch fence; a node that lost its lease matches
+# nothing).
+_HELD = "ARRAY(SELECT shard FROM shard_leases WHERE owner = $3 AND expires_at > {now})"
 
 _FIRE = f"""
 {_NOW},
@@ -40,11 +55,10 @@ fired AS (
     -- runs meanwhile can at worst deadlock, which PostgreSQL breaks: the batch fails,
     -- its runs are picked up again by the next poll.
     WHERE runs.id = ANY($2::uuid[])
-      AND runs.state = 'SCHEDULED'
+      AND {_SCHEDULED}
       AND runs.fire_at <= t.now + make_interval(secs => $4)
       AND (runs.origin <> 'schedule' OR runs.attempt > 0)
-      AND runs.shard = ANY(ARRAY(SELECT shard FROM shard_leases
-                                 WHERE owner = $3 AND expires_at > (SELECT now FROM t)))
+      AND runs.shard = ANY({_HELD.format(now="(SELECT now FROM t)")})
     RETURNING runs.id, runs.tenant_id, runs.job_id, runs.pool, runs.fire_at, t.now AS now
 ),
 ev AS (
@@ -83,6 +97,36 @@ async def fire(
         )
         for r in rows
     ]
+
+
+_CANDIDATES = f"""
+SELECT runs.id, runs.tenant_id, runs.job_id, runs.job_name, runs.shard, runs.due_at,
+       runs.fire_at, runs.pool, jobs.state AS job_state, jobs.schedule::text AS schedule
+FROM runs JOIN jobs ON jobs.id = runs.job_id
+WHERE runs.id = ANY($2::uuid[])
+  AND {_SCHEDULED}
+  AND runs.origin = 'schedule' AND runs.attempt = 0
+  AND runs.fire_at <= $1::timestamptz + make_interval(secs => $4)
+  AND runs.shard = ANY({_HELD.format(now="$1::timestamptz")})
+FOR UPDATE OF runs SKIP LOCKED
+"""
+
+
+@functools.lru_cache(maxsize=4096)
+def _schedule(text: str) -> dict[str, Any]:
+    """Jobs firing together share a handful of schedules: decode each once. Callers
+    only read the result."""
+    decoded: dict[str, Any] = json.loads(text)
+    return decoded
+
+
+async def fire_candidates(
+    conn: Any, *, at: datetime, run_ids: Sequence[uuid.UUID], node_id: str, lead: float
+) -> list[Any]:
+    """The generic ``_fire_candidates`` (first tries of recurring jobs' runs, locked,
+    with their job's state and schedule), found by primary key."""
+    rows = await conn.fetch(_CANDIDATES, at, list(run_ids), node_id, lead)
+    return [SimpleNamespace(**{**dict(r), "schedule": _schedule(r["schedule"])}) for r in rows]
 
 
 _LEASE = f"""

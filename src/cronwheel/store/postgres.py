@@ -76,6 +76,19 @@ class PostgresStore(SqlStore):
             await _raw(conn), now=at, run_ids=run_ids, node_id=node_id, lead=lead
         )
 
+    async def _fire_candidates(
+        self,
+        conn: AsyncConnection,
+        run_ids: Sequence[uuid.UUID],
+        *,
+        node_id: str,
+        at: datetime,
+        lead: float,
+    ) -> list[Any]:
+        return await pg_hot.fire_candidates(
+            await _raw(conn), at=at, run_ids=run_ids, node_id=node_id, lead=lead
+        )
+
     async def attempts_lease(
         self, *, worker: Worker, max: int, now: datetime | None = None
     ) -> list[LeasedAttempt]:

@@ -55,35 +55,51 @@ class DispatchMixin(FiringMixin):
             if len(fired) < len(run_ids):
                 # The rest: first tries of recurring jobs' scheduled runs (their policies
                 # apply), or runs no longer firable (cancelled, not ours, not yet due).
-                candidates = (
-                    await conn.execute(
-                        sa.select(
-                            runs.c.id,
-                            runs.c.tenant_id,
-                            runs.c.job_id,
-                            runs.c.job_name,
-                            runs.c.shard,
-                            runs.c.due_at,
-                            runs.c.fire_at,
-                            runs.c.pool,
-                            jobs.c.state.label("job_state"),
-                            jobs.c.schedule,
-                        )
-                        .join(jobs, jobs.c.id == runs.c.job_id)
-                        .where(
-                            self._id_in(runs.c.id, list(run_ids)),
-                            runs.c.state == RunState.SCHEDULED.value,
-                            runs.c.origin == "schedule",
-                            runs.c.attempt == 0,
-                            runs.c.fire_at <= at + timedelta(seconds=lead),
-                            self._shard_held(runs.c.shard, node_id=node_id, at=at),
-                        )
-                        .with_for_update(of=runs, skip_locked=True)
-                    )
-                ).all()
+                candidates = await self._fire_candidates(
+                    conn, run_ids, node_id=node_id, at=at, lead=lead
+                )
                 if candidates:
                     fired += await self._fire_scheduled(conn, candidates, at=at, node_id=node_id)
         return fired
+
+    async def _fire_candidates(
+        self,
+        conn: AsyncConnection,
+        run_ids: Sequence[uuid.UUID],
+        *,
+        node_id: str,
+        at: datetime,
+        lead: float,
+    ) -> Sequence[Any]:
+        """The runs of ``run_ids`` whose firing applies their job's policies — first
+        tries of recurring jobs' scheduled runs, due, on a shard ``node_id`` holds —
+        locked, with their job's state and schedule (skipping runs locked elsewhere)."""
+        return (
+            await conn.execute(
+                sa.select(
+                    runs.c.id,
+                    runs.c.tenant_id,
+                    runs.c.job_id,
+                    runs.c.job_name,
+                    runs.c.shard,
+                    runs.c.due_at,
+                    runs.c.fire_at,
+                    runs.c.pool,
+                    jobs.c.state.label("job_state"),
+                    jobs.c.schedule,
+                )
+                .join(jobs, jobs.c.id == runs.c.job_id)
+                .where(
+                    self._id_in(runs.c.id, list(run_ids)),
+                    runs.c.state == RunState.SCHEDULED.value,
+                    runs.c.origin == "schedule",
+                    runs.c.attempt == 0,
+                    runs.c.fire_at <= at + timedelta(seconds=lead),
+                    self._shard_held(runs.c.shard, node_id=node_id, at=at),
+                )
+                .with_for_update(of=runs, skip_locked=True)
+            )
+        ).all()
 
     async def _fire_plain(
         self,
