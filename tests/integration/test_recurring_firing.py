@@ -99,6 +99,37 @@ async def test_spring_forward_skip_is_recorded(store: Store) -> None:
     assert scheduled.due_local == "2026-03-09T02:30:00-04:00"
 
 
+async def test_a_gap_before_the_first_run_is_recorded_at_creation(store: Store) -> None:
+    """Created just before a spring-forward night, a job whose first wall time falls in
+    the gap records it SKIPPED with the job; its first run is the next day's."""
+    from cronwheel.api.routers.jobs import _new_job
+
+    now = datetime(2026, 3, 8, 5, 0, tzinfo=UTC)  # 00:00 EST; 02:30 does not exist today
+    schedule = {"cron": "30 2 * * *", "timezone": "America/New_York", "on_nonexistent": "skip"}
+    tenant = await store.tenants_create(name="gap-first", limits={}, now=now)
+    spec = JobSpec.model_validate({"name": "g", "schedule": schedule, "task": "noop"})
+    settings = Settings(max_horizon_days=3650, past_grace_seconds=0)
+    [(job, run, created)] = await store.jobs_create_many(
+        tenant.id, jobs=[_new_job(settings, spec, now, actor="tester")], now=now
+    )
+    assert created and run is not None
+    assert run.state.value == "SCHEDULED" and run.due_local == "2026-03-09T02:30:00-04:00"
+    assert job.next_due_at == run.due_at
+    runs = await _runs(store, run)
+    assert [(r.state.value, r.due_local) for r in runs] == [
+        ("SKIPPED", "2026-03-08T02:30:00"),
+        ("SCHEDULED", "2026-03-09T02:30:00-04:00"),
+    ]
+    skipped = runs[0]
+    assert skipped.finished_at == now and "not exist" in (skipped.reason or "")
+    events = (await store.events_list(tenant.id, run_id=skipped.id)).items
+    assert [(e.from_state, e.to_state) for e in events] == [(None, "SKIPPED")]
+    # Firing the first run does not record the gap a second time.
+    await _fire(store, run, run.due_at)
+    again = await _runs(store, run)
+    assert [r.due_local for r in again if r.state.value == "SKIPPED"] == ["2026-03-08T02:30:00"]
+
+
 async def test_catch_up_coalesce_fires_one_run_for_all_missed(store: Store) -> None:
     t0 = datetime(2031, 5, 1, 12, 0, tzinfo=UTC)
     first = await _job(store, t0, {"cron": "0 * * * *", "catch_up": "coalesce"})

@@ -24,6 +24,7 @@ __all__ = [
     "Page",
     "Role",
     "Run",
+    "SkippedOccurrence",
     "Tenant",
     "Worker",
 ]
@@ -59,6 +60,16 @@ class ApiKey:
 
 
 @dataclass(frozen=True, slots=True)
+class SkippedOccurrence:
+    """An occurrence recorded SKIPPED rather than run (a wall time a DST gap removes
+    under ``on_nonexistent="skip"``), filed at ``due_at``."""
+
+    due_at: datetime
+    due_local: str | None
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class NewJob:
     """A job to create: the validated spec plus what the API resolved for it."""
 
@@ -67,6 +78,9 @@ class NewJob:
     idempotency_key: str | None = None
     actor: str | None = None
     due_local: str | None = None
+    # Occurrences between the job's creation and its first run that do not run: recorded
+    # SKIPPED with the job, so none is lost silently.
+    skipped: tuple[SkippedOccurrence, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

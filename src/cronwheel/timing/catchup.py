@@ -37,6 +37,7 @@ __all__ = [
     "FirePlan",
     "Planned",
     "plan_fire",
+    "skipped_before_first",
     "skipped_instant",
 ]
 
@@ -182,6 +183,13 @@ def plan_fire(
 
 
 _MICRO = timedelta(microseconds=1)
+
+
+def skipped_before_first(schedule: _Recurring, now: datetime) -> list[Planned]:
+    """The wall times a new job skips before its first occurrence at or after ``now``
+    (gaps under ``on_nonexistent="skip"``), to record SKIPPED when it is created."""
+    plan = _with_next(FirePlan("DISPATCHED"), schedule, now - _MICRO, now)
+    return [p for p in plan.created if p.state == "SKIPPED"]
 
 
 def _with_next(plan: FirePlan, schedule: _Recurring, after: datetime, now: datetime) -> FirePlan:

@@ -28,7 +28,7 @@ from cronwheel.api.schemas import (
     TriggerRequest,
 )
 from cronwheel.domain.errors import CronwheelError, ValidationError
-from cronwheel.domain.model import Job, NewJob
+from cronwheel.domain.model import Job, NewJob, SkippedOccurrence
 from cronwheel.domain.spec import (
     AsapSchedule,
     AtSchedule,
@@ -41,6 +41,7 @@ from cronwheel.domain.spec import (
 from cronwheel.domain.states import JobState
 from cronwheel.settings import Settings
 from cronwheel.timing import due_local, first_due, iter_occurrences
+from cronwheel.timing.catchup import skipped_before_first
 
 __all__ = ["JobBatch", "job_out", "preview_items", "router", "schedule_of"]
 
@@ -149,12 +150,19 @@ def _new_job(
         max_horizon=timedelta(days=settings.max_horizon_days),
         past_grace=timedelta(seconds=settings.past_grace_seconds),
     )
+    skipped: tuple[SkippedOccurrence, ...] = ()
+    if isinstance(spec.schedule, CronSchedule) and spec.schedule.on_nonexistent == "skip":
+        skipped = tuple(
+            SkippedOccurrence(p.due_at, p.due_local, p.reason or "skipped")
+            for p in skipped_before_first(spec.schedule, now)
+        )
     return NewJob(
         spec=spec,
         first_due_at=due,
         idempotency_key=idempotency_key,
         actor=actor,
         due_local=due_local(spec.schedule, due),
+        skipped=skipped,
     )
 
 

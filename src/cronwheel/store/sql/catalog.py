@@ -126,6 +126,7 @@ class CatalogMixin(SqlCore):
                 replay[row.idempotency_key] = (job_from(row), run_from(first) if first else None)
         job_rows: list[dict[str, Any]] = []
         run_rows: list[dict[str, Any]] = []
+        skipped_rows: list[dict[str, Any]] = []
         event_rows: list[dict[str, Any]] = []
         out: list[tuple[uuid.UUID, uuid.UUID | None] | tuple[Job, Run | None]] = []
         notices: list[str] = []
@@ -166,9 +167,39 @@ class CatalogMixin(SqlCore):
                 )
             )
             run_id: uuid.UUID | None = None
+            shard = shard_of(tenant_id, job_id)
+            for skip in nj.skipped:
+                skipped_id = new_id()
+                skipped_rows.append(
+                    new_run_row(
+                        run_id=skipped_id,
+                        tenant_id=tenant_id,
+                        job_id=job_id,
+                        name=spec.name,
+                        template=template,
+                        due_at=skip.due_at,
+                        due_local=skip.due_local,
+                        shard=shard,
+                        at=at,
+                        origin="schedule",
+                        state=RunState.SKIPPED,
+                    )
+                    | {"reason": skip.reason, "finished_at": at}
+                )
+                event_rows.append(
+                    event_row(
+                        at=at,
+                        kind="run.transition",
+                        tenant_id=tenant_id,
+                        job_id=job_id,
+                        run_id=skipped_id,
+                        to_state=RunState.SKIPPED.value,
+                        actor=nj.actor,
+                        reason=skip.reason,
+                    )
+                )
             if nj.first_due_at is not None:
                 run_id = new_id()
-                shard = shard_of(tenant_id, job_id)
                 run_rows.append(
                     new_run_row(
                         run_id=run_id,
@@ -200,19 +231,20 @@ class CatalogMixin(SqlCore):
             out.append((job_id, run_id))
         if job_rows:
             await conn.execute(jobs.insert(), job_rows)
-        if run_rows:
-            await conn.execute(runs.insert(), run_rows)
+        for new_runs in (run_rows, skipped_rows):
+            if new_runs:
+                await conn.execute(runs.insert(), new_runs)
         await self._insert_events(conn, event_rows)
         if notices:
             await self._notify(conn, CHANNEL_RUNS_NEW, notices)
-        return await self._created(conn, tenant_id, out, {r["job_id"] for r in run_rows})
+        return await self._created(conn, tenant_id, out, [r["id"] for r in run_rows])
 
     async def _created(
         self,
         conn: AsyncConnection,
         tenant_id: uuid.UUID,
         out: list[tuple[uuid.UUID, uuid.UUID | None] | tuple[Job, Run | None]],
-        with_runs: set[uuid.UUID],
+        first_runs: list[uuid.UUID],
     ) -> list[tuple[Job, Run | None, bool]]:
         new_ids = [item[0] for item in out if isinstance(item[0], uuid.UUID)]
         job_map: dict[uuid.UUID, Job] = {}
@@ -220,8 +252,8 @@ class CatalogMixin(SqlCore):
         if new_ids:
             for row in await conn.execute(jobs.select().where(self._id_in(jobs.c.id, new_ids))):
                 job_map[row.id] = job_from(row)
-            if with_runs:
-                stmt = sa.select(*runs.c).where(self._id_in(runs.c.job_id, list(with_runs)))
+            if first_runs:
+                stmt = sa.select(*runs.c).where(self._id_in(runs.c.id, first_runs))
                 for row in await conn.execute(stmt):
                     run_map[row.job_id] = run_from(row)
         result: list[tuple[Job, Run | None, bool]] = []
