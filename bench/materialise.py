@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import time
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from harness import console, fresh_database, open_store, report, workdir
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
@@ -84,40 +85,52 @@ async def fire_all(store: Store, run_ids: list[object]) -> tuple[float, int]:
     return time.perf_counter() - t0, fired
 
 
-async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--jobs", type=int, default=100_000)
-    parser.add_argument("--backend", choices=["sqlite", "postgresql"], default="postgresql")
-    args = parser.parse_args()
+async def measure(jobs: int, backend: str) -> dict[str, Any]:
+    """Create ``jobs`` cron jobs due at one instant on a fresh database, fire them all
+    and time it; the figures as a JSON-able dict."""
     with workdir() as wd:
-        async with fresh_database(args.backend, wd) as url:
+        async with fresh_database(backend, wd) as url:
             store = await open_store(url)
             await store.migrate()
             try:
-                run_ids = await create_jobs(store, args.jobs)
+                run_ids = await create_jobs(store, jobs)
                 console.print(f"firing {len(run_ids)} runs due at {INSTANT.isoformat()}")
                 seconds, fired = await fire_all(store, run_ids)
                 counts = await store.runs_count_by_state()
             finally:
                 await store.close()
-    result = {
+    return {
         "benchmark": "materialise",
-        "backend": args.backend,
-        "jobs": args.jobs,
+        "backend": backend,
+        "jobs": jobs,
         "fired": fired,
         "next_runs_created": counts["SCHEDULED"],
         "seconds": round(seconds, 2),
         "runs_per_s": round(fired / seconds),
     }
+
+
+def rows(result: dict[str, Any]) -> list[tuple[str, str]]:
+    return [
+        ("fired", str(result["fired"])),
+        ("next runs created", str(result["next_runs_created"])),
+        ("seconds", f"{result['seconds']:.2f}"),
+        ("runs/s", str(result["runs_per_s"])),
+    ]
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=100_000)
+    parser.add_argument("--backend", choices=["sqlite", "postgresql"], default="postgresql")
+    args = parser.parse_args()
+    if args.jobs < 1:
+        parser.error("--jobs must be at least 1")
+    result = await measure(args.jobs, args.backend)
     report(
         f"materialise: {args.jobs} cron jobs firing at one instant ({args.backend})",
         result,
-        [
-            ("fired", str(fired)),
-            ("next runs created", str(counts["SCHEDULED"])),
-            ("seconds", f"{seconds:.2f}"),
-            ("runs/s", str(result["runs_per_s"])),
-        ],
+        rows(result),
         ("measure", "value"),
     )
 

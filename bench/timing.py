@@ -1,4 +1,6 @@
-"""Cost of ``cronwheel.timing.next_after`` for typical schedules.
+"""Cost of ``cronwheel.timing.next_after`` for typical schedules, and (with
+``--materialise-jobs N``) the time to fire N cron jobs due at one instant, each firing
+materialising its job's next run (``materialise.py``).
 
 Each case walks a chain of due instants the way the scheduler does (every call starts
 from the previous due instant) for at most ``--calls`` steps or ``--span-days``; the
@@ -7,11 +9,13 @@ cycle through it, each timed on its own. Prints a JSON document on stdout, then 
 table on stderr.
 
     python bench/timing.py --calls 2000 --rounds 5 --span-days 1500
+    python bench/timing.py --materialise-jobs 100000 --backend postgresql
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import platform
 import statistics
@@ -74,9 +78,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5, help="measured passes over each chain")
     parser.add_argument("--span-days", type=int, default=1500, help="longest chain, in days")
     parser.add_argument("--start", default="2026-01-01T00:00:00+00:00", help="first instant")
+    parser.add_argument(
+        "--materialise-jobs",
+        type=int,
+        default=0,
+        help="also time firing this many cron jobs due at one instant (0: skip)",
+    )
+    parser.add_argument("--backend", choices=["sqlite", "postgresql"], default="postgresql")
     args = parser.parse_args(argv)
     if args.calls < 1 or args.rounds < 1 or args.span_days < 1:
         parser.error("--calls, --rounds and --span-days must be at least 1")
+    if args.materialise_jobs < 0:
+        parser.error("--materialise-jobs cannot be negative")
     start = datetime.fromisoformat(args.start).astimezone(UTC)
     stop = start + timedelta(days=args.span_days)
 
@@ -108,6 +121,10 @@ def main(argv: list[str] | None = None) -> int:
         "span_days": args.span_days,
         "results": results,
     }
+    if args.materialise_jobs:
+        import materialise  # the sibling benchmark; bench/ is on sys.path when run
+
+        doc["materialise"] = asyncio.run(materialise.measure(args.materialise_jobs, args.backend))
     print(json.dumps(doc, indent=2))
     width = max(len(r["case"]) for r in results)
     print(f"\n{'case':<{width}}  {'median µs':>10}  {'p99 µs':>8}  {'max µs':>8}", file=sys.stderr)
@@ -115,6 +132,13 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{r['case']:<{width}}  {r['median_us']:>10.2f}  {r['p99_us']:>8.2f}  "
             f"{r['max_us']:>8.2f}",
+            file=sys.stderr,
+        )
+    if args.materialise_jobs:
+        m = doc["materialise"]
+        print(
+            f"\nmaterialise {m['jobs']} cron jobs ({m['backend']}): {m['seconds']:.2f} s, "
+            f"{m['runs_per_s']} runs/s, {m['next_runs_created']} next runs created",
             file=sys.stderr,
         )
     return 0
