@@ -16,6 +16,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
+from cronwheel.cli_alerts import alerts
 from cronwheel.cli_common import (
     DEFAULT_URL,
     UrlOpt,
@@ -62,6 +63,7 @@ app.add_typer(tenants_app, name="tenants")
 app.add_typer(schedule_app, name="schedule")
 app.add_typer(dlq_app, name="dlq")
 app.add_typer(db_app, name="db")
+app.command("alerts")(alerts)
 
 HostOpt = Annotated[
     str | None,
@@ -161,12 +163,15 @@ def server(
     database_url: DatabaseUrlOpt = None,
     log_level: LogLevelOpt = "info",
 ) -> None:
-    """The API and a scheduler node in one process (SQLite by default): the
-    single-machine cronwheel. Creates the data directory, migrates the database and,
-    unless CRONWHEEL_ADMIN_KEY is set, makes an admin key and prints it once."""
+    """The API, a scheduler node and the built-in webhook worker in one process (SQLite
+    by default): the single-machine cronwheel. Creates the data directory, migrates the
+    database and, unless CRONWHEEL_ADMIN_KEY is set, makes an admin key and prints it
+    once. The webhook worker serves the pools of CRONWHEEL_WEBHOOK_POOLS (default:
+    default; empty: none) and reaches private addresses only as CRONWHEEL_WEBHOOK_ALLOW
+    admits."""
     setup_logging(log_level)
     settings = _settings(host=host, port=port, data_dir=data_dir, database_url=database_url)
-    _serve(Runtime(settings), "server")
+    _serve(Runtime(settings, webhooks=True), "server")
 
 
 @app.command()
@@ -252,9 +257,29 @@ def demo(
 @app.command()
 def worker(
     modules: Annotated[
-        list[str],
-        typer.Option("--import", help="A module to import for its handlers (repeatable)."),
-    ],
+        list[str] | None,
+        typer.Option(
+            "--import",
+            help="A module to import for its handlers (repeatable).",
+            show_default=False,
+        ),
+    ] = None,
+    webhook: Annotated[
+        bool,
+        typer.Option(
+            "--webhook",
+            help="Call webhooks: the built-in webhook worker (no --import needed).",
+        ),
+    ] = False,
+    allow: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allow",
+            help="With --webhook: a CIDR or host name webhooks may reach although it is "
+            "private, loopback… (repeatable) [default: CRONWHEEL_WEBHOOK_ALLOW].",
+            show_default=False,
+        ),
+    ] = None,
     url: UrlOpt = DEFAULT_URL,
     api_key: Annotated[
         str | None,
@@ -303,12 +328,25 @@ def worker(
     Sync handlers run in a thread pool, async ones on the event loop. SIGTERM / Ctrl-C
     stop leasing and let running handlers finish for --grace-period seconds; a second
     signal hands their runs back at once.
+
+    --webhook runs the built-in webhook worker: it calls the URL of each webhook run
+    (with --import too, the same worker also runs those tasks).
     """
     from cronwheel.worker import Worker, registry
+    from cronwheel.worker.webhook import WebhookCaller
 
     setup_logging(log_level)
+    modules = modules or []
     if not api_key:
         fail("no API key: pass --api-key or set CRONWHEEL_API_KEY (a worker key)", code=2)
+    if not modules and not webhook:
+        fail("nothing to run: pass --import MODULE (handlers) or --webhook", code=2)
+    if allow and not webhook:
+        fail("--allow applies to webhooks: pass --webhook too", code=2)
+    caller: WebhookCaller | None = None
+    if webhook:
+        settings = _settings(webhook_allow=allow or None)
+        caller = WebhookCaller(allow=settings.webhook_allow, timeout=settings.webhook_timeout)
     if "" not in sys.path and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # as `python -m` would: local modules import
     found = []
@@ -328,22 +366,27 @@ def worker(
             concurrency=concurrency,
             name=name,
             grace_period=grace_period,
+            webhook=caller,
         )
-        w.include(registry)
+        if modules:
+            w.include(registry)
         for module in found:
             module_worker = getattr(module, "worker", None)
             if isinstance(module_worker, Worker):
                 w.include(module_worker.registry)
     except ValueError as exc:
         fail(str(exc), code=2)
-    if not len(w.registry):
+    if modules and not len(w.registry):
         fail(
             f"no handlers: {', '.join(modules)} registered none (use "
             '@cronwheel.worker.task("name"))'
         )
+    does = [f"tasks: {', '.join(w.registry.names())}"] if len(w.registry) else []
+    if caller is not None:
+        does.append("webhooks")
     console.print(
         f"[bold green]cronwheel worker[/] pool [bold]{escape(pool)}[/] → "
-        f"{escape(url)}; tasks: {escape(', '.join(w.registry.names()))} "
+        f"{escape(url)}; {escape('; '.join(does))} "
         f"(concurrency {concurrency}; Ctrl-C to stop)",
         highlight=False,
     )

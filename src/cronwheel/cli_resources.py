@@ -4,10 +4,12 @@ from the command line (the control of recurring jobs is in ``cli_schedule``)."""
 from __future__ import annotations
 
 import json
+import time
 from datetime import datetime
 from typing import Annotated, Any
 
 import typer
+from rich.text import Text
 
 from cronwheel.cli_common import (
     DEFAULT_URL,
@@ -17,6 +19,7 @@ from cronwheel.cli_common import (
     UrlOpt,
     client_for,
     console,
+    err,
     handle_errors,
     key_values,
     print_json,
@@ -32,6 +35,7 @@ from cronwheel.cli_schedule import (
     parse_json_object,
     register_job_controls,
 )
+from cronwheel.domain.states import TERMINAL_STATES
 
 __all__ = [
     "jobs_app",
@@ -42,6 +46,7 @@ __all__ = [
     "runs_app",
     "runs_cancel",
     "runs_list",
+    "runs_logs",
     "runs_show",
     "tenants_app",
     "tenants_create",
@@ -54,7 +59,8 @@ jobs_app = typer.Typer(
     no_args_is_help=True,
 )
 runs_app = typer.Typer(
-    help="Run history: list runs, show one with its attempts and events.", no_args_is_help=True
+    help="Run history: list runs, show one with its attempts and events, read its logs.",
+    no_args_is_help=True,
 )
 tenants_app = typer.Typer(help="Tenants and their keys (admin key).", no_args_is_help=True)
 
@@ -514,6 +520,71 @@ def runs_cancel(
         print_json(run)
         return
     console.print(f"run [bold]{run['id']}[/] is {run['state']}", highlight=False)
+
+
+_LEVEL_STYLES = {"WARNING": "yellow", "ERROR": "red", "CRITICAL": "bold red", "DEBUG": "dim"}
+_FINAL_STATES = frozenset(s.value for s in TERMINAL_STATES)
+
+
+def _print_line(line: dict[str, Any], *, as_json: bool) -> None:
+    if as_json:  # one JSON object a line, to pipe into jq
+        console.print(json.dumps(line), markup=False, highlight=False)
+        return
+    level = str(line.get("level", ""))
+    console.print(
+        Text.assemble(
+            (short_time(line.get("ts")), "dim"),
+            f"  #{line.get('attempt')}  ",
+            (f"{level:<8}", _LEVEL_STYLES.get(level, "")),
+            " ",
+            str(line.get("message", "")),
+        ),
+        highlight=False,
+    )
+
+
+@runs_app.command("logs")
+def runs_logs(
+    run_id: Annotated[str, typer.Argument(help="The run id.")],
+    attempt: Annotated[
+        int | None,
+        typer.Option("--attempt", min=1, help="Only this attempt's lines.", show_default=False),
+    ] = None,
+    follow: Annotated[
+        bool,
+        typer.Option("--follow", "-f", help="Keep printing new lines until the run is over."),
+    ] = False,
+    interval: Annotated[
+        float, typer.Option("--interval", min=0.1, help="Seconds between polls with --follow.")
+    ] = 1.0,
+    url: UrlOpt = DEFAULT_URL,
+    api_key: ApiKeyOpt = None,
+    tenant: TenantOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """The lines the run's handlers wrote with ctx.log, oldest first: time, attempt,
+    level and message (--json: one JSON object a line)."""
+    printed = 0
+    try:
+        with handle_errors(), client_for(url, api_key, tenant) as client:
+            cursor: str | None = None
+            while True:
+                page = client.runs.logs_page(run_id, attempt=attempt, cursor=cursor)
+                for line in page.get("lines") or []:
+                    _print_line(line, as_json=as_json)
+                    printed += 1
+                if page.get("next_cursor"):
+                    cursor = page["next_cursor"]
+                    continue
+                # The state was read before the lines: once final, nothing comes later.
+                if not follow or page.get("run_state") in _FINAL_STATES:
+                    break
+                cursor = page.get("end_cursor") or cursor
+                time.sleep(interval)
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+    if not printed and not as_json:
+        err.print(f"run {run_id} has no log lines", highlight=False, markup=False)
 
 
 # -- tenants -------------------------------------------------------------------------

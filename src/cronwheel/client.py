@@ -41,8 +41,10 @@ from cronwheel.domain.model import Page
 __all__ = [
     "DEFAULT_TIMEOUT",
     "TENANT_HEADER",
+    "Alerts",
     "ApiConnectionError",
     "ApiError",
+    "AsyncAlerts",
     "AsyncClient",
     "AsyncJobs",
     "AsyncRuns",
@@ -176,6 +178,12 @@ def _page(data: Any) -> Page[Json]:
     return Page(items=list(data["items"]), next_cursor=data.get("next_cursor"))
 
 
+def _lines(page: Any) -> list[Json]:
+    if not isinstance(page, dict) or not isinstance(page.get("lines"), list):
+        raise ApiError(200, "bad_response", "the server answered logs without 'lines'")
+    return list(page["lines"])
+
+
 def _items(data: Any) -> list[Json]:
     if not isinstance(data, dict) or not isinstance(data.get("items"), list):
         raise ApiError(200, "bad_response", "the server answered a list without 'items'")
@@ -306,6 +314,15 @@ class _Calls:
         params = _params(job_id=job_id, cursor=cursor, limit=limit)
         return Call("GET", "/v1/dead-letters", params=params)
 
+    @staticmethod
+    def runs_logs(run_id: Id, attempt: int | None, cursor: str | None, limit: int | None) -> Call:
+        params = _params(attempt=attempt, cursor=cursor, limit=limit)
+        return Call("GET", f"/v1/runs/{_seg(run_id)}/logs", params=params)
+
+    @staticmethod
+    def alerts_list() -> Call:
+        return Call("GET", "/v1/alerts")
+
 
 class _BaseClient:
     """What both clients share: the base URL, the credentials, request building and
@@ -396,6 +413,7 @@ class Client(_BaseClient):
         self.tenants = Tenants(self)
         self.jobs = Jobs(self)
         self.runs = Runs(self)
+        self.alerts = Alerts(self)
 
     def with_tenant(self, tenant: Id | None) -> Client:
         """A view of this client acting for ``tenant``, sharing its connections."""
@@ -404,6 +422,7 @@ class Client(_BaseClient):
         other.tenant = None if tenant is None else str(tenant)
         other._owns_http = False
         other.tenants, other.jobs, other.runs = Tenants(other), Jobs(other), Runs(other)
+        other.alerts = Alerts(other)
         return other
 
     def send(self, call: Call) -> Any:
@@ -604,6 +623,40 @@ class Runs(_Resource):
     ) -> Page[Json]:
         return self._page(_Calls.dead_letters(job_id, cursor, limit))
 
+    def logs_page(
+        self,
+        run_id: Id,
+        *,
+        attempt: int | None = None,
+        cursor: str | None = None,
+        limit: int | None = None,
+    ) -> Json:
+        """One page of the run's log lines (``lines``, ``next_cursor``, ``end_cursor``,
+        ``run_state``): to follow a live run, ask again from ``end_cursor`` until
+        ``run_state`` is final."""
+        return self._one(_Calls.runs_logs(run_id, attempt, cursor, limit))
+
+    def logs(
+        self, run_id: Id, *, attempt: int | None = None, page_size: int | None = None
+    ) -> Iterator[Json]:
+        """Every log line of the run (or of one ``attempt``), oldest first, fetching
+        pages as it goes. Each line has ``ts``, ``attempt``, ``level`` and ``message``."""
+        cursor: str | None = None
+        while True:
+            page = self.logs_page(run_id, attempt=attempt, cursor=cursor, limit=page_size)
+            yield from _lines(page)
+            cursor = page.get("next_cursor")
+            if not cursor:
+                return
+
+
+class Alerts(_Resource):
+    def list(self) -> _Items:
+        """Active alerts (``unroutable_runs``: dispatched runs no live worker can take),
+        longest-standing first: the tenant's, or with the admin key every tenant's
+        (one tenant's when the client names it)."""
+        return _items(self._client.send(_Calls.alerts_list()))
+
 
 # -- async ---------------------------------------------------------------------------
 
@@ -631,6 +684,7 @@ class AsyncClient(_BaseClient):
         self.tenants = AsyncTenants(self)
         self.jobs = AsyncJobs(self)
         self.runs = AsyncRuns(self)
+        self.alerts = AsyncAlerts(self)
 
     def with_tenant(self, tenant: Id | None) -> AsyncClient:
         other = object.__new__(AsyncClient)
@@ -639,6 +693,7 @@ class AsyncClient(_BaseClient):
         other._owns_http = False
         other.tenants = AsyncTenants(other)
         other.jobs, other.runs = AsyncJobs(other), AsyncRuns(other)
+        other.alerts = AsyncAlerts(other)
         return other
 
     async def send(self, call: Call, *, read_timeout: float | None = None) -> Any:
@@ -826,3 +881,30 @@ class AsyncRuns(_AsyncResource):
         self, *, job_id: Id | None = None, cursor: str | None = None, limit: int | None = None
     ) -> Page[Json]:
         return await self._page(_Calls.dead_letters(job_id, cursor, limit))
+
+    async def logs_page(
+        self,
+        run_id: Id,
+        *,
+        attempt: int | None = None,
+        cursor: str | None = None,
+        limit: int | None = None,
+    ) -> Json:
+        return await self._one(_Calls.runs_logs(run_id, attempt, cursor, limit))
+
+    async def logs(
+        self, run_id: Id, *, attempt: int | None = None, page_size: int | None = None
+    ) -> AsyncIterator[Json]:
+        cursor: str | None = None
+        while True:
+            page = await self.logs_page(run_id, attempt=attempt, cursor=cursor, limit=page_size)
+            for line in _lines(page):
+                yield line
+            cursor = page.get("next_cursor")
+            if not cursor:
+                return
+
+
+class AsyncAlerts(_AsyncResource):
+    async def list(self) -> _Items:
+        return _items(await self._client.send(_Calls.alerts_list()))

@@ -6,9 +6,14 @@ one event loop — what ``cronwheel server``, ``api``, ``scheduler`` and ``demo`
     prepare():  settings ─▶ data dir ─▶ open store ─▶ migrate ─▶ admin key
     serve(stop):
         api ─────────┐
-        scheduler ───┼── run until ``stop`` is set or one of them fails
-        extras ──────┘   (extras — the demo — stop first, then the API, then the
-                          scheduler, then the store closes)
+        scheduler ───┤
+        webhooks ────┼── run until ``stop`` is set or one of them fails
+        extras ──────┘   (extras — the webhook workers, the demo — stop first, then the
+                          API, then the scheduler, then the store closes)
+
+The webhook workers (``cronwheel server``: ``webhooks=True``) are built-in workers, one
+per pool of the setting ``webhook_pools``, that call the process's own API with its
+admin key, like any other worker.
 
 uvicorn runs programmatically and never installs signal handlers of its own: the
 caller owns the signals (``run()`` maps SIGTERM/SIGINT to ``stop``).
@@ -157,12 +162,15 @@ class Runtime:
         scheduler: bool = True,
         node_id: str | None = None,
         extras: list[Extra] | None = None,
+        webhooks: bool = False,
     ) -> None:
         self.settings = settings
         self.with_api = api
         self.with_scheduler = scheduler
         self.node_id = node_id
         self.extras = list(extras or [])
+        if webhooks and api:
+            self.extras.append(_webhook_workers)
         self.admin: AdminKey | None = None
         self.url: str | None = None
         self.ready = asyncio.Event()
@@ -313,6 +321,37 @@ class Runtime:
         finally:
             for sig in installed:
                 loop.remove_signal_handler(sig)
+
+
+async def _webhook_workers(runtime: Runtime, stop: asyncio.Event) -> None:
+    """The built-in webhook workers: one per pool of ``webhook_pools`` (none when it is
+    empty), against this process's API with its admin key, until ``stop``."""
+    from cronwheel.worker.webhook import webhook_worker
+
+    settings = runtime.settings
+    if not settings.webhook_pools or runtime.url is None or runtime.admin is None:
+        await stop.wait()  # an extra that returns would stop the whole process
+        return
+    workers = [
+        webhook_worker(
+            runtime.url,
+            api_key=runtime.admin.key,
+            pool=pool,
+            allow=settings.webhook_allow,
+            timeout=settings.webhook_timeout,
+            concurrency=settings.webhook_concurrency,
+            name=f"webhooks:{pool}",
+            # within the runtime's own stop timeout, so the API outlives their reports
+            grace_period=min(settings.webhook_timeout, _STOP_TIMEOUT / 2),
+        )
+        for pool in dict.fromkeys(settings.webhook_pools)
+    ]
+    log.info(
+        "runtime.webhooks pools=%s",
+        ",".join(w.config.pool for w in workers),
+        extra={"event": "runtime.webhooks", "pools": [w.config.pool for w in workers]},
+    )
+    await asyncio.gather(*(w.run_async(stop) for w in workers))
 
 
 class BackgroundRuntime:

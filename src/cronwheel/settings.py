@@ -4,10 +4,10 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 __all__ = ["Settings", "normalise_database_url"]
 
@@ -45,10 +45,49 @@ class Settings(BaseSettings):
     fire_batch_size: int = Field(default=1000, ge=1)
     shard_lease_ttl: float = Field(default=10.0, ge=1)
     expire_interval: float = Field(default=1.0, gt=0)
+    # Dispatched runs no live worker can take: checked this often, once they have
+    # waited ``route_wait`` seconds; a worker counts as live for ``worker_ttl`` seconds
+    # after its last lease call (longer while it holds an unexpired lease).
+    route_check_interval: float = Field(default=5.0, gt=0)
+    route_wait: float = Field(default=5.0, ge=0)
+    worker_ttl: float = Field(default=30.0, gt=0)
 
     # worker protocol
     heartbeat_interval: float = Field(default=10.0, gt=0)
     lease_wait_max: float = Field(default=30.0, gt=0)
+
+    # worker logs (see docs/logs.md): files under ``log_dir`` (default: data_dir/logs)
+    log_dir: Path | None = None
+    max_log_bytes_per_attempt: int = Field(default=1 << 20, ge=4096)
+
+    # the built-in webhook worker
+    webhook_pools: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: ["default"],
+        description="pools `cronwheel server` runs a webhook worker for (empty: none); "
+        "the environment takes a comma-separated list",
+    )
+    webhook_allow: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="CIDRs and host names webhooks may reach although they are private, "
+        "loopback, link-local…; the environment takes a comma-separated list",
+    )
+    webhook_timeout: float = Field(default=30.0, gt=0, le=3600)
+    webhook_concurrency: int = Field(default=20, ge=1, le=10_000)
+
+    @field_validator("webhook_pools", "webhook_allow", mode="before")
+    @classmethod
+    def _comma_list(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("webhook_allow")
+    @classmethod
+    def _allow_list(cls, value: list[str]) -> list[str]:
+        from cronwheel.worker.webhook import AllowList
+
+        AllowList.parse(value)  # a bad entry fails at start-up, naming itself
+        return value
 
     @field_validator("database_url")
     @classmethod
@@ -60,6 +99,10 @@ class Settings(BaseSettings):
         if self.database_url:
             return self.database_url
         return f"sqlite+aiosqlite:///{self.data_dir / 'cronwheel.db'}"
+
+    @property
+    def resolved_log_dir(self) -> Path:
+        return self.log_dir if self.log_dir is not None else self.data_dir / "logs"
 
     @classmethod
     def load(cls, **overrides: Any) -> Settings:

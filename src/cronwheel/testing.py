@@ -1,7 +1,8 @@
 """Run real cronwheel processes — the API, scheduler nodes, workers — the way users do,
 for acceptance tests and benchmarks (yours too: test your workers against a real
 cronwheel). Processes are started through the CLI and waited on by readiness, never
-by sleeping a fixed time."""
+by sleeping a fixed time. Faults are real too: a process can be killed (``kill -9``)
+or frozen and thawed (``SIGSTOP`` / ``SIGCONT``)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,6 +40,8 @@ class Cluster:
     port: int = field(default_factory=free_port)
     python_path: list[Path] = field(default_factory=list)  # where --import modules live
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    extra_env: dict[str, str] = field(default_factory=dict)  # for every process started
+    paused: set[str] = field(default_factory=set)
 
     @property
     def url(self) -> str:
@@ -51,14 +55,16 @@ class Cluster:
             CRONWHEEL_DATA_DIR=str(self.workdir),
             PYTHONPATH=os.pathsep.join([*map(str, self.python_path), env.get("PYTHONPATH", "")]),
         )
+        env.update(self.extra_env)
         return env
 
-    def start(self, name: str, *args: str) -> None:
-        """Start ``cronwheel ARGS`` as ``name``; its output goes to ``<workdir>/<name>.log``."""
+    def start(self, name: str, *args: str, env: Mapping[str, str] | None = None) -> None:
+        """Start ``cronwheel ARGS`` as ``name``, with ``env`` added to its environment;
+        its output goes to ``<workdir>/<name>.log``."""
         with open(self.workdir / f"{name}.log", "wb") as log:
             self.procs[name] = subprocess.Popen(
                 [sys.executable, "-m", "cronwheel", *args],
-                env=self.env(),
+                env={**self.env(), **(env or {})},
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 cwd=self.workdir,
@@ -94,6 +100,49 @@ class Cluster:
                 str(concurrency),
             )
 
+    def start_worker(
+        self,
+        name: str,
+        api_key: str,
+        *,
+        pool: str,
+        module: str,
+        concurrency: int = 1,
+        capabilities: Sequence[str] = (),
+        grace_period: float | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        """Start one ``cronwheel worker`` as ``name`` (also its name on the server)."""
+        args = ["--url", self.url, "--api-key", api_key, "--pool", pool, "--import", module]
+        args += ["--concurrency", str(concurrency), "--name", name]
+        if grace_period is not None:
+            args += ["--grace-period", str(grace_period)]
+        for capability in capabilities:
+            args += ["--capability", capability]
+        self.start(name, "worker", *args, env=env)
+
+    def pid(self, name: str) -> int:
+        return self.procs[name].pid
+
+    def kill(self, name: str) -> None:
+        """``kill -9``: the process dies at once, saying goodbye to no one. It is
+        forgotten (its log stays), so :meth:`check_alive` does not count it."""
+        proc = self.procs.pop(name)
+        proc.kill()
+        proc.wait()
+        self.paused.discard(name)
+
+    def pause(self, name: str) -> None:
+        """``SIGSTOP``: the process is frozen — no heartbeat, no request — until
+        :meth:`resume`."""
+        self.procs[name].send_signal(signal.SIGSTOP)
+        self.paused.add(name)
+
+    def resume(self, name: str) -> None:
+        """``SIGCONT``: a frozen process carries on where it stopped."""
+        self.procs[name].send_signal(signal.SIGCONT)
+        self.paused.discard(name)
+
     async def wait_ready(self, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
         async with httpx.AsyncClient() as client:
@@ -115,6 +164,9 @@ class Cluster:
     def stop(self, names: list[str] | None = None, sig: int = signal.SIGTERM) -> None:
         chosen = [n for n in self.procs if names is None or n in names]
         for name in chosen:
+            if name in self.paused:  # a frozen process would never see the signal
+                self.resume(name)
+        for name in chosen:
             if self.procs[name].poll() is None:
                 self.procs[name].send_signal(sig)
         for name in chosen:
@@ -132,3 +184,30 @@ class Cluster:
             tenant = made.json()
             key = await client.post(f"/v1/tenants/{tenant['id']}/keys", json={"role": "worker"})
             return str(tenant["id"]), tenant["api_key"], key.raise_for_status().json()["api_key"]
+
+    def start_scheduler(
+        self, name: str, node_id: str | None = None, *, env: Mapping[str, str] | None = None
+    ) -> str:
+        """Start one ``cronwheel scheduler`` process as ``name``, with ``env`` added to its
+        environment (e.g. ``CRONWHEEL_SHARD_LEASE_TTL``). Its node id — the actor of the
+        events it writes — is ``node_id``, by default ``name``; returns it."""
+        node = node_id or name
+        self.start(name, "scheduler", "--node-id", node, env=env)
+        return node
+
+    def terminate(self, name: str, timeout: float = 20.0) -> int:
+        """A graceful stop of one process: ``SIGTERM`` (a frozen one is thawed first, or
+        it would never see the signal), then wait for it to exit — ``kill -9`` after
+        ``timeout`` s. It is forgotten like a killed one (its log stays), so
+        :meth:`check_alive` does not count it. Returns its exit code."""
+        proc = self.procs.pop(name)
+        if name in self.paused:
+            proc.send_signal(signal.SIGCONT)
+            self.paused.discard(name)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        try:
+            return proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            return proc.wait()

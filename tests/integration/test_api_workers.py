@@ -102,7 +102,7 @@ async def test_lease_without_wait_answers_at_once(api) -> None:
     assert got["run_id"] == job["first_run_id"] and got["job_id"] == job["id"]
     assert got["tenant_id"] == t.id and got["attempt"] == 1
     assert got["task"] == "t.run" and got["payload"] == {"k": "v"}
-    assert got["heartbeat_timeout"] == 30.0 and isinstance(got["fencing_token"], int)
+    assert got["heartbeat_timeout"] == 25.0 and isinstance(got["fencing_token"], int)
     assert parse(got["lease_expires_at"]) < parse(got["deadline"])
     parse(got["due_at"])
     run = await api.store.runs_get(uuid.UUID(t.id), uuid.UUID(job["first_run_id"]))

@@ -320,3 +320,21 @@ async def test_deadline_passed_is_timed_out(store: Store) -> None:
     [late] = await store.attempts_complete_many(items=[done(attempt)], now=at(12))
     assert not late.ok
     assert await store.runs_get(tenant.id, run.id) == after
+
+
+async def test_a_failure_reported_past_the_deadline_is_timed_out(store: Store) -> None:
+    """A worker enforcing the timeout itself reports a failure a moment after the
+    deadline: the record is the same as when the expiry sweep gets there first."""
+    tenant = await make_tenant(store)
+    run, attempt = await leased_run(store, tenant.id, timeout=10, retry={"max_attempts": 2})
+    [ok] = await store.attempts_fail_many(items=[fail(attempt, "deadline exceeded")], now=at(10))
+    assert ok.ok and ok.run_state is RunState.SCHEDULED
+    stored = await store.attempts_get(attempt.attempt_id)
+    assert (stored.state, stored.error) == (AttemptState.TIMED_OUT, "deadline exceeded")
+    events = await events_of(store, tenant.id, run_id=run.id)
+    assert events[-1].data["attempt_state"] == "TIMED_OUT"
+
+    # Before the deadline a failure stays a failure.
+    second = await _lease_again(store, await store.runs_get(tenant.id, run.id), at(40))
+    await store.attempts_fail_many(items=[fail(second)], now=at(49))
+    assert (await store.attempts_get(second.attempt_id)).state is AttemptState.FAILED

@@ -17,8 +17,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from cronwheel.api.auth import KeyCache
 from cronwheel.api.errors import error_response, install_error_handlers
 from cronwheel.api.metrics import MetricsMiddleware, RunsByStateRefresher
-from cronwheel.api.routers import health, jobs, runs, tenants, workers
+from cronwheel.api.routers import alerts, health, jobs, logs, runs, tenants, workers
 from cronwheel.api.routers.common import ApiState, ReadyNotifier
+from cronwheel.logstore import FileLogStore, LogStore
 from cronwheel.settings import Settings
 from cronwheel.store.base import Store
 
@@ -36,6 +37,7 @@ _TAGS = [
     {"name": "tenants", "description": "Tenants and their API keys (admin key)."},
     {"name": "jobs", "description": "What should run, and when."},
     {"name": "runs", "description": "Each due occurrence of a job and its history."},
+    {"name": "alerts", "description": "What needs attention now (runs no worker can take)."},
     {"name": "worker protocol", "description": "How workers lease and report runs."},
     {"name": "operations", "description": "Probes and Prometheus metrics."},
 ]
@@ -111,8 +113,9 @@ async def stop_long_polls(app: FastAPI) -> None:
     await state.notifier.close()
 
 
-def create_app(settings: Settings, store: Store) -> FastAPI:
-    """The REST API over an open, migrated ``store``."""
+def create_app(settings: Settings, store: Store, *, log_store: LogStore | None = None) -> FastAPI:
+    """The REST API over an open, migrated ``store``. Worker logs go to ``log_store``
+    (default: files under ``settings.resolved_log_dir``)."""
     state = ApiState(
         settings=settings,
         store=store,
@@ -138,6 +141,9 @@ def create_app(settings: Settings, store: Store) -> FastAPI:
     app.state.api = state
     app.state.settings = settings
     app.state.store = store
+    app.state.logs = log_store or FileLogStore(
+        settings.resolved_log_dir, max_bytes_per_attempt=settings.max_log_bytes_per_attempt
+    )
     app.state.key_cache = state.key_cache
 
     install_error_handlers(app)
@@ -145,7 +151,7 @@ def create_app(settings: Settings, store: Store) -> FastAPI:
     app.add_middleware(BodyLimitMiddleware, max_bytes=max(1 << 20, 4 * settings.max_payload_bytes))
     app.add_middleware(MetricsMiddleware)  # added last: outermost, so it sees every answer
 
-    for module in (tenants, jobs, runs, workers, health):
+    for module in (tenants, jobs, runs, alerts, workers, logs, health):
         app.include_router(module.router)
     app.include_router(runs.dead_letters)
     return app

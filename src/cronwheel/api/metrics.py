@@ -26,6 +26,7 @@ __all__ = [
     "REGISTRY",
     "RUNS_BY_STATE",
     "START_LATENESS",
+    "UNROUTABLE_RUNS",
     "MetricsMiddleware",
     "RunsByStateRefresher",
     "observe_start_lateness",
@@ -71,6 +72,12 @@ RUNS_BY_STATE = Gauge(
     ["state"],
     registry=REGISTRY,
 )
+UNROUTABLE_RUNS = Gauge(
+    "cronwheel_runs_unroutable",
+    "Dispatched runs no live worker can take, by pool (refreshed at scrape time).",
+    ["pool"],
+    registry=REGISTRY,
+)
 API_REQUESTS = Counter(
     "cronwheel_api_requests",
     "API requests by route template, method and status.",
@@ -91,13 +98,15 @@ def observe_start_lateness(*, due_at: datetime, started_at: datetime) -> None:
 
 
 class RunsByStateRefresher:
-    """Counting runs by state scans a large table: at most one count per ``max_age``
-    seconds, however often Prometheus (or several of them) scrape."""
+    """The gauges read from the runs table — runs by state, unroutable runs by pool.
+    Counting scans a large table: at most one refresh per ``max_age`` seconds, however
+    often Prometheus (or several of them) scrape."""
 
     def __init__(self, store: Store, *, max_age: float = 5.0) -> None:
         self._store = store
         self.max_age = max_age
         self._refreshed_at: float | None = None
+        self._unroutable_pools: set[str] = set()
 
     async def refresh(self) -> None:
         now = time.monotonic()
@@ -106,6 +115,13 @@ class RunsByStateRefresher:
         counts = await self._store.runs_count_by_state()
         for state in RunState:
             RUNS_BY_STATE.labels(state=state.value).set(counts.get(state.value, 0))
+        by_pool: dict[str, int] = {}
+        for group in await self._store.runs_unroutable(None):
+            by_pool[group.pool] = by_pool.get(group.pool, 0) + group.runs
+        # A pool that had unroutable runs goes back to 0 rather than vanishing.
+        for pool in self._unroutable_pools | set(by_pool):
+            UNROUTABLE_RUNS.labels(pool=pool).set(by_pool.get(pool, 0))
+        self._unroutable_pools |= set(by_pool)
         self._refreshed_at = now
 
 

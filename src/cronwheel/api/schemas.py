@@ -13,10 +13,14 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field
 
-from cronwheel.domain.spec import TenantLimits
+from cronwheel.domain.spec import MAX_RETRY_AFTER, TenantLimits
 
 __all__ = [
     "ERROR_RESPONSES",
+    "LOG_LINES_MAX",
+    "LOG_MESSAGE_MAX",
+    "AlertList",
+    "AlertOut",
     "AttemptOut",
     "AttemptRef",
     "AttemptResultOut",
@@ -43,6 +47,11 @@ __all__ = [
     "LeaseOut",
     "LeaseRequest",
     "LeasedAttemptOut",
+    "LogAppendOut",
+    "LogAppendRequest",
+    "LogLineIn",
+    "LogLineOut",
+    "LogPageOut",
     "OutcomeOut",
     "PreviewItem",
     "PreviewOut",
@@ -56,6 +65,7 @@ __all__ = [
     "TenantUpdate",
     "TriggerRequest",
     "UtcInstant",
+    "WebhookSecretOut",
     "WorkerDeregistered",
     "WorkerRegister",
     "WorkerRegistered",
@@ -134,6 +144,14 @@ class TenantCreated(TenantOut):
 class TenantList(_Out):
     items: list[TenantOut]
     next_cursor: str | None
+
+
+class WebhookSecretOut(_Out):
+    tenant_id: uuid.UUID
+    webhook_secret: str = Field(
+        description="the key of the HMAC-SHA256 in each webhook request's "
+        "`Cronwheel-Signature` (see docs/webhooks.md)"
+    )
 
 
 class KeyCreate(_In):
@@ -265,6 +283,11 @@ class RunOut(_Out):
     timeout: float
     heartbeat_timeout: float
     reason: str | None = Field(description="why the run was skipped, delayed or cancelled")
+    wait_reason: str | None = Field(
+        default=None,
+        description="why a DISPATCHED run is still waiting: no live worker can take it "
+        "(its pool, tenant and required capabilities); null once one can",
+    )
     last_error: str | None
     result: Any = None
 
@@ -301,6 +324,22 @@ class EventOut(_Out):
     actor: str | None
     reason: str | None
     data: dict[str, Any]
+
+
+class AlertOut(_Out):
+    kind: Literal["unroutable_runs"] = Field(
+        description="unroutable_runs: dispatched runs no live worker can take"
+    )
+    tenant_id: uuid.UUID
+    pool: str
+    requires: list[str]
+    runs: int = Field(description="how many runs wait for this reason")
+    since: UtcInstant = Field(description="when the longest-waiting of them was dispatched")
+    message: str
+
+
+class AlertList(_Out):
+    items: list[AlertOut]
 
 
 class RunDetail(RunOut):
@@ -346,6 +385,10 @@ class WorkerDeregistered(_Out):
 class LeaseRequest(_In):
     max: int = Field(default=1, ge=1, le=1000, description="most attempts to lease")
     wait: float = Field(default=0.0, ge=0, description="seconds to long-poll when none is ready")
+    webhooks_only: bool = Field(
+        default=False,
+        description="lease webhook runs only (a worker that calls webhooks and runs no tasks)",
+    )
 
 
 class LeasedAttemptOut(_Out):
@@ -362,6 +405,10 @@ class LeasedAttemptOut(_Out):
     deadline: UtcInstant = Field(description="the attempt times out at this instant")
     due_at: UtcInstant
     heartbeat_timeout: float
+    signing_secret: str | None = Field(
+        default=None,
+        description="webhook runs only: the tenant's secret to sign the request with",
+    )
 
 
 class LeaseOut(_Out):
@@ -379,6 +426,13 @@ class CompleteRequest(FencedRequest):
 class FailRequest(FencedRequest):
     error: str = Field(min_length=1, max_length=20_000)
     retryable: bool = True
+    retry_after: float | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_RETRY_AFTER,
+        description="seconds: the next attempt starts no sooner (the longer of this and "
+        "the retry policy's backoff), e.g. from an HTTP `Retry-After`",
+    )
 
 
 class HeartbeatOut(_Out):
@@ -405,6 +459,13 @@ class CompleteItemIn(AttemptRef):
 class FailItemIn(AttemptRef):
     error: str = Field(min_length=1, max_length=20_000)
     retryable: bool = True
+    retry_after: float | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_RETRY_AFTER,
+        description="seconds: the next attempt starts no sooner (the longer of this and "
+        "the retry policy's backoff), e.g. from an HTTP `Retry-After`",
+    )
 
 
 class BatchRequest(_In):
@@ -430,3 +491,48 @@ class BatchOut(_Out):
     completions: list[OutcomeOut]
     failures: list[OutcomeOut]
     releases: list[OutcomeOut]
+
+
+# -- worker logs -----------------------------------------------------------------------
+
+LOG_LINES_MAX = 1000  # lines per append
+LOG_MESSAGE_MAX = 16_384  # characters per line
+
+
+class LogLineIn(_In):
+    ts: Annotated[AwareDatetime, AfterValidator(_to_utc)] = Field(
+        description="when the line was written"
+    )
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
+    message: str = Field(max_length=LOG_MESSAGE_MAX)
+
+
+class LogAppendRequest(FencedRequest):
+    lines: list[LogLineIn] = Field(min_length=1, max_length=LOG_LINES_MAX)
+
+
+class LogAppendOut(_Out):
+    attempt_id: uuid.UUID
+    accepted: int = Field(description="lines kept")
+    dropped: int = Field(description="lines past the attempt's log cap, not kept")
+    size: int = Field(description="bytes the attempt's log takes now")
+
+
+class LogLineOut(_Out):
+    ts: UtcInstant
+    attempt: int
+    level: str
+    message: str
+
+
+class LogPageOut(_Out):
+    run_id: uuid.UUID
+    run_state: str = Field(
+        description="the run's state when the lines were read: once it is final, "
+        "every line is there"
+    )
+    lines: list[LogLineOut] = Field(description="oldest first, attempt by attempt")
+    next_cursor: str | None = Field(description="more lines are there: pass it as `cursor`")
+    end_cursor: str = Field(
+        description="where this page ended: pass it as `cursor` later to read only newer lines"
+    )

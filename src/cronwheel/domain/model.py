@@ -23,9 +23,11 @@ __all__ = [
     "NewJob",
     "Page",
     "Role",
+    "RouteCheck",
     "Run",
     "SkippedOccurrence",
     "Tenant",
+    "UnroutableRuns",
     "Worker",
 ]
 
@@ -130,6 +132,7 @@ class Run:
     last_error: str | None = None
     job_name: str | None = None
     origin: str = "once"  # once | schedule | trigger | backfill | replay
+    wait_reason: str | None = None  # why a DISPATCHED run waits: no live worker can take it
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,6 +211,7 @@ class Worker:
     registered_at: datetime
     last_seen_at: datetime
     name: str | None = None
+    deregistered_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,3 +230,25 @@ class FiredRun:
     pool: str
     fire_at: datetime
     dispatched_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class UnroutableRuns:
+    """DISPATCHED runs of one tenant, pool and set of required capabilities that wait
+    because no live worker can take them."""
+
+    tenant_id: uuid.UUID
+    pool: str
+    requires: list[str]
+    reason: str
+    runs: int
+    since: datetime  # when the longest-waiting of them was dispatched
+
+
+@dataclass(frozen=True, slots=True)
+class RouteCheck:
+    """What one routing check did."""
+
+    waiting: int  # runs now waiting with a reason
+    marked: int  # runs that started waiting for a (new) reason
+    cleared: int  # runs whose reason was cleared

@@ -6,6 +6,7 @@ forbid unknown fields so that a typo is an error, never silently ignored.
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -20,6 +21,8 @@ from pydantic import (
 )
 
 __all__ = [
+    "MAX_RETRY_AFTER",
+    "WEBHOOK_CAPABILITY",
     "AsapSchedule",
     "AtSchedule",
     "CronSchedule",
@@ -112,6 +115,10 @@ def _parse_schedule(value: Any) -> Any:
     return _SCHEDULE_KEYS[kinds[0]].model_validate(value)
 
 
+MAX_RETRY_AFTER = 7 * 86400.0
+"""The longest wait a worker may ask for before a retry (``retry_after``, seconds)."""
+
+
 class RetryPolicy(_Strict):
     max_attempts: int = Field(default=3, ge=1, le=1000)
     initial_delay: float = Field(default=1.0, ge=0)
@@ -120,10 +127,41 @@ class RetryPolicy(_Strict):
     jitter: Literal["full", "equal", "none"] = "full"
 
 
+WEBHOOK_CAPABILITY = "webhook"
+"""The capability every webhook job requires implicitly: only a worker that calls
+webhooks (the built-in webhook worker) declares it, so no other worker leases them."""
+
+_HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+# Set by the webhook worker itself (framing, routing, or the signed cronwheel headers).
+_RESERVED_HEADERS = frozenset(
+    {"host", "content-length", "transfer-encoding", "connection", "idempotency-key"}
+)
+
+
 class WebhookSpec(_Strict):
+    """An HTTP call the built-in webhook worker makes for each run: the run's payload is
+    the JSON body; see docs/webhooks.md for the headers and the signature."""
+
     url: HttpUrl
     method: Literal["GET", "POST", "PUT", "PATCH", "DELETE"] = "POST"
-    headers: dict[str, str] = Field(default_factory=dict)
+    headers: dict[str, str] = Field(default_factory=dict, max_length=50)
+
+    @field_validator("headers")
+    @classmethod
+    def _headers(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, text in value.items():
+            if not _HEADER_NAME.match(name):
+                raise ValueError(f"{name!r} is not a valid header name")
+            lower = name.lower()
+            if lower in _RESERVED_HEADERS or lower.startswith("cronwheel-"):
+                raise ValueError(f"header {name!r} is set by the webhook worker itself")
+            if any((ord(c) < 0x20 and c != "\t") or ord(c) == 0x7F for c in text):
+                raise ValueError(f"the value of header {name!r} has a control character")
+            if not text.isascii():
+                raise ValueError(f"the value of header {name!r} is not ASCII text")
+            if len(text) > 8192:
+                raise ValueError(f"the value of header {name!r} is longer than 8192 characters")
+        return value
 
 
 class JobSpec(_Strict):
@@ -137,17 +175,38 @@ class JobSpec(_Strict):
     webhook: WebhookSpec | None = None
     payload: dict[str, Any] = Field(default_factory=dict)
     pool: str = Field(default="default", min_length=1, max_length=100)
-    requires: list[str] = Field(default_factory=list, max_length=50)
+    requires: list[str] = Field(
+        default_factory=list,
+        max_length=50,
+        description="capabilities a worker needs to lease the job's runs; a webhook job "
+        f"always requires {WEBHOOK_CAPABILITY!r} (added when missing)",
+    )
     tags: list[str] = Field(default_factory=list, max_length=50)
     priority: int = Field(default=2, ge=0, le=3)
     retry: RetryPolicy = Field(default_factory=RetryPolicy)
     timeout: float = Field(default=3600.0, gt=0, le=7 * 86400)
-    heartbeat_timeout: float = Field(default=30.0, ge=1, le=3600)
+    # 25 s by default: a worker beating every 10 s (the server's suggestion) may miss
+    # two beats, and a dead one is detected within 25 s plus one expiry sweep (1 s),
+    # under the 30 s liveness bound; at 30 s it never could be.
+    heartbeat_timeout: float = Field(default=25.0, ge=1, le=3600)
 
     @field_validator("schedule", mode="before")
     @classmethod
     def _schedule(cls, value: Any) -> Any:
         return _parse_schedule(value)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _webhook_requires(cls, data: Any) -> Any:
+        """A webhook job requires the ``webhook`` capability, so that only a worker
+        able to call webhooks ever leases its runs."""
+        if isinstance(data, dict) and data.get("webhook") is not None:
+            requires = data.get("requires")
+            if requires is None:
+                data = {**data, "requires": [WEBHOOK_CAPABILITY]}
+            elif isinstance(requires, list | tuple) and WEBHOOK_CAPABILITY not in requires:
+                data = {**data, "requires": [*requires, WEBHOOK_CAPABILITY]}
+        return data
 
     @model_validator(mode="after")
     def _one_target(self) -> JobSpec:

@@ -8,6 +8,8 @@ runs in batches, and ends attempts whose lease or deadline passed.
           ┌──────────────────────────── run_once() ◀─── wake: timer | notification | stop
           │  renew leases (every ttl/3) — lost shards leave the window
           │  expire attempts (every expire_interval)
+          │  check routing (every route_check_interval): dispatched runs that no
+          │  live worker can take get the reason recorded
           │  refill the window when its horizon comes near; poll for stragglers
           │  fire what is due: one conditional UPDATE per batch
           └──────────────────────────────▶ sleep until the next due run or chore
@@ -112,6 +114,7 @@ class SchedulerNode:
         self._window = timedelta(seconds=settings.window_seconds)
         self._next_lease = datetime.min.replace(tzinfo=UTC)
         self._next_expire = datetime.min.replace(tzinfo=UTC)
+        self._next_route_check = datetime.min.replace(tzinfo=UTC)
         self._next_poll = datetime.min.replace(tzinfo=UTC)
         self._next_clock = datetime.min.replace(tzinfo=UTC)
         self._subscription: Subscription | None = None
@@ -155,6 +158,9 @@ class SchedulerNode:
         if now >= self._next_expire:
             await self._expire()
             self._next_expire = now + timedelta(seconds=self.settings.expire_interval)
+        if now >= self._next_route_check:
+            self._next_route_check = now + timedelta(seconds=self.settings.route_check_interval)
+            await self._check_routing()
         now = self.clock.now()
         horizon = self.window.horizon
         if horizon is None or now + self._window / 2 >= horizon:
@@ -165,7 +171,7 @@ class SchedulerNode:
 
     def _sleep_for(self) -> float:
         now = self.clock.now()
-        wake = [self._next_lease, self._next_expire, self._next_poll]
+        wake = [self._next_lease, self._next_expire, self._next_poll, self._next_route_check]
         if self.window.horizon is not None:
             wake.append(self.window.horizon - self._window / 2)
         nxt = self.window.next_fire_at()
@@ -207,6 +213,33 @@ class SchedulerNode:
         limit = 1000
         while await self.store.attempts_expire(now=self.clock.store_now(), limit=limit) >= limit:
             pass
+
+    async def _check_routing(self) -> None:
+        """Record why dispatched runs of our shards wait when no live worker can take
+        them (cleared once one can): a few set-based statements, never one per run.
+        Only a diagnosis: a failure is logged and never holds up firing."""
+        try:
+            check = await self.store.runs_route_check(
+                shards=list(self.shards),
+                min_wait=self.settings.route_wait,
+                worker_ttl=self.settings.worker_ttl,
+                now=self.clock.store_now(),
+            )
+        except Exception:
+            log.warning(
+                "routing check failed", exc_info=True, extra={"event": "route_check_failed"}
+            )
+            return
+        if check.marked or check.cleared:
+            log.info(
+                "routing checked",
+                extra={
+                    "event": "runs_unroutable",
+                    "waiting": check.waiting,
+                    "marked": check.marked,
+                    "cleared": check.cleared,
+                },
+            )
 
     async def _refill(self, now: datetime) -> None:
         limit = 20_000

@@ -38,8 +38,10 @@ from cronwheel.domain.model import (
     LeasedAttempt,
     NewJob,
     Page,
+    RouteCheck,
     Run,
     Tenant,
+    UnroutableRuns,
     Worker,
 )
 
@@ -74,6 +76,7 @@ class FailItem:
     fencing_token: int
     error: str
     retryable: bool = True
+    retry_after: float | None = None  # seconds: the retry fires no sooner (e.g. Retry-After)
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +173,13 @@ class Store(ABC):
     @abstractmethod
     async def tenants_webhook_secret(self, tenant_id: uuid.UUID) -> str:
         """The secret the webhook worker signs this tenant's requests with."""
+
+    @abstractmethod
+    async def tenants_webhook_secret_rotate(
+        self, tenant_id: uuid.UUID, *, actor: str | None = None, now: datetime | None = None
+    ) -> str:
+        """Replace the tenant's webhook secret with a new random one and return it; the
+        event ``tenant.webhook_secret_rotated`` records who (never the secret)."""
 
     @abstractmethod
     async def api_keys_create(
@@ -430,14 +440,56 @@ class Store(ABC):
     async def workers_get(self, worker_id: uuid.UUID) -> Worker: ...
 
     @abstractmethod
+    async def workers_deregister(
+        self, worker_id: uuid.UUID, *, now: datetime | None = None
+    ) -> None:
+        """Record that the worker said goodbye: it no longer counts as live for routing
+        (see :meth:`runs_route_check`). An unknown or already deregistered worker is
+        left as it is."""
+
+    # -- routing: runs no live worker can take ---------------------------------------
+
+    @abstractmethod
+    async def runs_route_check(
+        self,
+        *,
+        shards: Sequence[int],
+        min_wait: float = 5.0,
+        worker_ttl: float = 30.0,
+        now: datetime | None = None,
+    ) -> RouteCheck:
+        """Record why DISPATCHED runs of ``shards`` wait. A run dispatched at least
+        ``min_wait`` seconds ago that no live worker can take gets ``wait_reason`` (e.g.
+        ``no live worker in pool 'gpu' has capabilities ['cuda']``) and, when the reason
+        is new for it, one ``run.waiting`` event; a run some live worker can take loses
+        its reason, as does a run no longer DISPATCHED. Live: not deregistered, and seen
+        within ``worker_ttl`` seconds or holding an unexpired lease. Can take: the run's
+        pool, its tenant (or every tenant), all the capabilities the run requires.
+        Works by group of (tenant, pool, requires), never run by run."""
+
+    @abstractmethod
+    async def runs_unroutable(
+        self, tenant_id: uuid.UUID | None, *, limit: int = 1000
+    ) -> list[UnroutableRuns]:
+        """The DISPATCHED runs waiting with a reason, by (tenant, pool, requires,
+        reason), longest waiting first; only ``tenant_id``'s, or every tenant's when
+        None."""
+
+    @abstractmethod
     async def attempts_lease(
-        self, *, worker: Worker, max: int, now: datetime | None = None
+        self,
+        *,
+        worker: Worker,
+        max: int,
+        webhooks_only: bool = False,
+        now: datetime | None = None,
     ) -> list[LeasedAttempt]:
         """Lease up to ``max`` DISPATCHED runs the worker can execute (its pool, its
-        tenant if it has one, required capabilities a subset of its own), highest
-        priority then oldest first, in one statement. Each becomes RUNNING with a new
-        attempt and a new, strictly larger fencing token. Two workers racing never get
-        the same run."""
+        tenant if it has one, required capabilities a subset of its own; with
+        ``webhooks_only``, webhook runs only), highest priority then oldest first, in
+        one statement. Each becomes RUNNING with a new attempt and a new, strictly
+        larger fencing token; it loses its ``wait_reason``. Two workers racing never get
+        the same run. The worker counts as seen (see :meth:`runs_route_check`)."""
 
     @abstractmethod
     async def attempts_heartbeat_many(
@@ -475,9 +527,10 @@ class Store(ABC):
         tenant_id: uuid.UUID | None = None,
         now: datetime | None = None,
     ) -> list[AttemptOutcome]:
-        """Fail attempts: the run is retried after its backoff while attempts remain and
-        the error is retryable, else it becomes DEAD_LETTER (retries exhausted) or
-        FAILED (not retryable)."""
+        """Fail attempts: the run is retried while attempts remain and the error is
+        retryable — after its backoff, or after the item's ``retry_after`` when that is
+        longer — else it becomes DEAD_LETTER (retries exhausted) or FAILED (not
+        retryable)."""
 
     @abstractmethod
     async def attempts_release_many(
@@ -516,6 +569,21 @@ class Store(ABC):
 
     @abstractmethod
     async def attempts_get(self, attempt_id: uuid.UUID) -> Attempt: ...
+
+    @abstractmethod
+    async def attempts_get_live(
+        self,
+        *,
+        attempt_id: uuid.UUID,
+        fencing_token: int,
+        tenant_id: uuid.UUID | None = None,
+    ) -> Attempt:
+        """The attempt, when ``fencing_token`` is its token and it is still live
+        (RUNNING): the fencing check of writes kept outside the database, such as log
+        lines. One read by primary key, nothing written. Unknown (or, with
+        ``tenant_id``, another tenant's): :class:`NotFoundError`; a wrong token or an
+        attempt that ended (succeeded, failed, lost, timed out, released):
+        :class:`StaleFencingTokenError`."""
 
     # -- events --------------------------------------------------------------------
 

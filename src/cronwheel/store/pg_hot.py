@@ -131,17 +131,24 @@ async def fire_candidates(
 
 _LEASE = f"""
 {_NOW},
+-- The worker is alive: the routing check counts on it. At most one write a second,
+-- however often a long-poll re-leases.
+seen AS (
+    UPDATE workers SET last_seen_at = t.now FROM t
+    WHERE workers.id = $6 AND workers.last_seen_at < t.now - interval '1 second'
+),
 picked AS (
     SELECT id FROM runs
     WHERE state = 'DISPATCHED' AND pool = $2
       AND ($3::uuid IS NULL OR tenant_id = $3)
       AND requires <@ $4::jsonb
+      AND (NOT $7::boolean OR task IS NULL)
     ORDER BY priority, fire_at
     LIMIT $5
     FOR UPDATE SKIP LOCKED
 )
 UPDATE runs r SET state = 'RUNNING', attempt = r.attempt + 1,
-                  started_at = COALESCE(r.started_at, t.now)
+                  started_at = COALESCE(r.started_at, t.now), wait_reason = NULL
 FROM picked, t
 WHERE r.id = picked.id
 RETURNING r.id, r.tenant_id, r.job_id, r.attempt, r.task, r.webhook, r.payload, r.timeout,
@@ -176,10 +183,23 @@ _EVENT_COLUMNS = (
 
 
 async def lease(
-    conn: Any, *, now: datetime | None, worker: Worker, max: int, new_id: Any
+    conn: Any,
+    *,
+    now: datetime | None,
+    worker: Worker,
+    max: int,
+    new_id: Any,
+    webhooks_only: bool = False,
 ) -> list[LeasedAttempt]:
     rows = await conn.fetch(
-        _LEASE, now, worker.pool, worker.tenant_id, json.dumps(sorted(worker.capabilities)), max
+        _LEASE,
+        now,
+        worker.pool,
+        worker.tenant_id,
+        json.dumps(sorted(worker.capabilities)),
+        max,
+        worker.id,
+        webhooks_only,
     )
     if not rows:
         return []

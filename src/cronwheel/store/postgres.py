@@ -90,13 +90,23 @@ class PostgresStore(SqlStore):
         )
 
     async def attempts_lease(
-        self, *, worker: Worker, max: int, now: datetime | None = None
+        self,
+        *,
+        worker: Worker,
+        max: int,
+        webhooks_only: bool = False,
+        now: datetime | None = None,
     ) -> list[LeasedAttempt]:
         if max < 1:
             return []
         async with self._write() as conn:
             return await pg_hot.lease(
-                await _raw(conn), now=now, worker=worker, max=max, new_id=new_id
+                await _raw(conn),
+                now=now,
+                worker=worker,
+                max=max,
+                new_id=new_id,
+                webhooks_only=webhooks_only,
             )
 
     async def attempts_heartbeat_many(

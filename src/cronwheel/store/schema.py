@@ -157,6 +157,9 @@ runs = sa.Table(
     sa.Column("timeout", sa.Float, nullable=False),
     sa.Column("heartbeat_timeout", sa.Float, nullable=False),
     sa.Column("reason", sa.Text),
+    # Why a DISPATCHED run is still waiting: no live worker can take it (set and cleared
+    # by the scheduler's routing check, cleared by leasing).
+    sa.Column("wait_reason", sa.Text),
     sa.Column("cancel_requested", sa.Boolean, nullable=False, server_default=sa.false()),
     sa.Column("result", Json),
     sa.Column("last_error", sa.Text),
@@ -188,6 +191,14 @@ runs = sa.Table(
         "fire_at",
         postgresql_where=sa.text("state = 'DISPATCHED'"),
         sqlite_where=sa.text("state = 'DISPATCHED'"),
+    ),
+    # Runs waiting with a reason: what the alerts and the unroutable gauge read.
+    sa.Index(
+        "ix_runs_waiting",
+        "tenant_id",
+        "pool",
+        postgresql_where=sa.text("wait_reason IS NOT NULL"),
+        sqlite_where=sa.text("wait_reason IS NOT NULL"),
     ),
     sa.Index("ix_runs_tenant_id", "tenant_id", "id"),
     sa.Index("ix_runs_tenant_job", "tenant_id", "job_id", "id"),
@@ -269,6 +280,7 @@ workers = sa.Table(
     sa.Column("capacity", sa.Integer, nullable=False),
     sa.Column("registered_at", UtcDateTime, nullable=False),
     sa.Column("last_seen_at", UtcDateTime, nullable=False),
+    sa.Column("deregistered_at", UtcDateTime),
     sa.Index("ix_workers_pool", "pool", "last_seen_at"),
 )
 

@@ -7,6 +7,7 @@ attaches to the worker it builds.
 
 from __future__ import annotations
 
+from cronwheel.worker.logship import LogShipConfig
 from cronwheel.worker.protocol import Lease, WorkerProtocol
 from cronwheel.worker.sdk import Worker
 from cronwheel.worker.tasks import (
@@ -21,6 +22,7 @@ from cronwheel.worker.tasks import (
 __all__ = [
     "Handler",
     "Lease",
+    "LogShipConfig",
     "NonRetryableError",
     "TaskContext",
     "TaskRegistry",

@@ -32,12 +32,13 @@ import time
 import traceback
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from cronwheel.client import ApiError
+from cronwheel.worker.logship import LogShipConfig, LogShipper
 from cronwheel.worker.outbox import (
     FATAL_STATUSES,
     Backoff,
@@ -51,10 +52,10 @@ from cronwheel.worker.tasks import (
     TASK_LOGGER,
     Handler,
     NonRetryableError,
-    RunLogAdapter,
     TaskContext,
     TaskRegistry,
 )
+from cronwheel.worker.webhook import WebhookFailure
 
 __all__ = ["Engine", "EngineConfig"]
 
@@ -80,6 +81,7 @@ class EngineConfig:
     flush_size: int
     heartbeat_interval: float | None
     backoff_max: float
+    log_shipping: LogShipConfig = field(default_factory=LogShipConfig)
 
 
 _CancelReason = Literal["cancel_requested", "lease_lost", "shutdown"]
@@ -115,9 +117,11 @@ class Engine:
         stop: asyncio.Event,
         force: asyncio.Event,
         drain: bool,
+        webhook: Callable[[Lease], Handler] | None = None,
     ) -> None:
         self.config = config
         self.registry = registry
+        self.webhook = webhook  # the handler of a webhook lease, when this worker calls them
         self.protocol = protocol
         self.stats = stats
         self.stop = stop
@@ -142,6 +146,7 @@ class Engine:
             max_workers=config.concurrency, thread_name_prefix="cronwheel-task"
         )
         self._task_log = logging.getLogger(TASK_LOGGER)
+        self.logs = LogShipper(protocol, config.log_shipping)
 
     # -- the session -----------------------------------------------------------------
 
@@ -149,6 +154,7 @@ class Engine:
         try:
             if not await self._register():
                 return
+            self.logs.start()
             background = [
                 asyncio.create_task(self.outbox.run(), name="cronwheel-flush"),
                 asyncio.create_task(self._heartbeat_loop(), name="cronwheel-heartbeat"),
@@ -157,6 +163,8 @@ class Engine:
                 await self._lease_loop()
                 await self._wind_down()
             finally:
+                # Outcomes still waiting for their attempts' last log lines are queued now.
+                await self.logs.close()
                 # Holding the lock, the flusher is never cut off mid-request (which would
                 # leave its items neither sent nor queued).
                 async with self.outbox.lock:
@@ -322,7 +330,7 @@ class Engine:
 
     def _start(self, lease: Lease) -> None:
         self.stats.leased += 1
-        adapter = RunLogAdapter(
+        adapter = self.logs.adapter(
             self._task_log,
             {
                 "run_id": lease.run_id,
@@ -330,6 +338,7 @@ class Engine:
                 "attempt": lease.attempt,
                 "task": lease.task,
             },
+            fencing_token=lease.fencing_token,
         )
         ctx = TaskContext(
             run_id=lease.run_id,
@@ -342,7 +351,10 @@ class Engine:
             due_at=lease.due_at,
             log=adapter,
         )
-        handler = self.registry.get(lease.task) if lease.task else None
+        if lease.task:
+            handler = self.registry.get(lease.task)
+        else:
+            handler = None if self.webhook is None else self.webhook(lease)
         held = _Held(lease=lease, ctx=ctx, is_async=handler is not None and _is_async(handler))
         self.held[lease.attempt_id] = held
         self.running += 1
@@ -380,6 +392,10 @@ class Engine:
                 outcome = self._failure(
                     held, "cancelled on request: the handler was stopped", retryable=False
                 )
+        except WebhookFailure as exc:
+            outcome = self._failure(
+                held, str(exc), retryable=exc.retryable, retry_after=exc.retry_after
+            )
         except TimeoutError as exc:
             if isinstance(exc, _DeadlineExceeded):
                 outcome = self._failure(held, f"deadline exceeded after {exc.seconds:.1f} s")
@@ -397,7 +413,6 @@ class Engine:
         if outcome is None or held.reported:
             return
         held.reported = True
-        self.outbox.add(outcome)
         if isinstance(outcome, Completion):
             ctx.log.debug("succeeded in %.3f s", took, extra={"event": "task.succeeded"})
         else:
@@ -407,6 +422,8 @@ class Engine:
                 outcome.error.splitlines()[0],
                 extra={"event": "task.failed", "retryable": outcome.retryable},
             )
+        # The server keeps log lines only while the attempt is live: they go first.
+        self.logs.then(lease.attempt_id, functools.partial(self.outbox.add, outcome))
 
     async def _call(self, held: _Held, handler: Handler) -> Any:
         ctx, payload = held.ctx, held.lease.payload
@@ -436,9 +453,15 @@ class Engine:
         return Completion(held.lease.attempt_id, held.lease.fencing_token, value)
 
     @staticmethod
-    def _failure(held: _Held, error: str, *, retryable: bool = True) -> Failure:
+    def _failure(
+        held: _Held, error: str, *, retryable: bool = True, retry_after: float | None = None
+    ) -> Failure:
         return Failure(
-            held.lease.attempt_id, held.lease.fencing_token, error[-_ERROR_LIMIT:], retryable
+            held.lease.attempt_id,
+            held.lease.fencing_token,
+            error[-_ERROR_LIMIT:],
+            retryable,
+            retry_after,
         )
 
     def _settled(self, attempt_id: str) -> None:
@@ -524,7 +547,7 @@ class Engine:
             return
         for held in leftovers:
             held.reported = True  # a late result from an abandoned thread is dropped
-            self.outbox.add(held.ref)
+            self.logs.then(held.lease.attempt_id, functools.partial(self.outbox.add, held.ref))
             held.ctx.request_cancel()  # a sync handler that checks it can stop now
             self._cancel(held, "shutdown")
         log_event(

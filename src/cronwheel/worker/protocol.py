@@ -22,6 +22,7 @@ __all__ = [
     "Completion",
     "Failure",
     "Lease",
+    "LogsAppended",
     "Outcome",
     "Registration",
     "TokenRef",
@@ -59,6 +60,8 @@ class Lease:
     due_at: datetime | None
     heartbeat_timeout: float
     tenant_id: str | None = None
+    # Webhook runs only: the tenant's secret the request is signed with (never logged).
+    signing_secret: str | None = field(default=None, repr=False)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Lease:
@@ -79,6 +82,9 @@ class Lease:
             due_at=instant("due_at") if data.get("due_at") else None,
             heartbeat_timeout=float(data.get("heartbeat_timeout", 30.0)),
             tenant_id=None if data.get("tenant_id") is None else str(data["tenant_id"]),
+            signing_secret=(
+                None if data.get("signing_secret") is None else str(data["signing_secret"])
+            ),
         )
 
     @property
@@ -115,18 +121,25 @@ class Completion:
 
 @dataclass(frozen=True, slots=True)
 class Failure:
+    """``retry_after``: seconds before which the next attempt must not start (the
+    server waits for the longer of it and the retry policy's backoff)."""
+
     attempt_id: str
     fencing_token: int
     error: str
     retryable: bool = True
+    retry_after: float | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        body: dict[str, Any] = {
             "attempt_id": self.attempt_id,
             "fencing_token": self.fencing_token,
             "error": self.error,
             "retryable": self.retryable,
         }
+        if self.retry_after is not None:  # only when set: older servers refuse the field
+            body["retry_after"] = self.retry_after
+        return body
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +170,15 @@ class Outcome:
 
 
 @dataclass(frozen=True, slots=True)
+class LogsAppended:
+    """The server's answer to a batch of log lines: ``dropped`` lines were past the
+    attempt's log cap."""
+
+    accepted: int
+    dropped: int
+
+
+@dataclass(frozen=True, slots=True)
 class BatchOutcomes:
     heartbeats: list[Outcome] = field(default_factory=list)
     completions: list[Outcome] = field(default_factory=list)
@@ -178,10 +200,15 @@ def _parsed(what: str, parse: Callable[[], T]) -> T:
 
 
 class WorkerProtocol:
-    """The worker endpoints of one server, over an :class:`AsyncClient`."""
+    """The worker endpoints of one server, over an :class:`AsyncClient`.
 
-    def __init__(self, client: AsyncClient) -> None:
+    ``webhooks_only``: lease webhook runs only (a worker that calls webhooks and has no
+    task handlers, such as the built-in webhook worker).
+    """
+
+    def __init__(self, client: AsyncClient, *, webhooks_only: bool = False) -> None:
         self.client = client
+        self.webhooks_only = webhooks_only
 
     async def register(
         self,
@@ -215,11 +242,10 @@ class WorkerProtocol:
     async def lease(self, worker_id: str, *, max: int, wait: float) -> list[Lease]:
         """Up to ``max`` attempts; the server answers as soon as it has any, or after
         ``wait`` seconds with none."""
-        call = Call(
-            "POST",
-            f"/v1/workers/{quote(worker_id, safe='')}/lease",
-            json={"max": max, "wait": wait},
-        )
+        body: dict[str, Any] = {"max": max, "wait": wait}
+        if self.webhooks_only:
+            body["webhooks_only"] = True
+        call = Call("POST", f"/v1/workers/{quote(worker_id, safe='')}/lease", json=body)
         data = await self.client.send(call, read_timeout=wait + _LONG_POLL_MARGIN)
         return _parsed("lease", lambda: [Lease.from_json(i) for i in data.get("attempts") or []])
 
@@ -255,4 +281,20 @@ class WorkerProtocol:
                 failures=_outcomes(data, "failures"),
                 releases=_outcomes(data, "releases"),
             ),
+        )
+
+    async def append_logs(
+        self, attempt_id: str, *, fencing_token: int, lines: Sequence[dict[str, Any]]
+    ) -> LogsAppended:
+        """Append log lines (``{"ts", "level", "message"}``) to a live attempt's log. A
+        stale token, or an attempt that has ended, raises :class:`ApiError` 409."""
+        call = Call(
+            "POST",
+            f"/v1/attempts/{quote(attempt_id, safe='')}/logs",
+            json={"fencing_token": fencing_token, "lines": list(lines)},
+        )
+        data = await self.client.send(call)
+        return _parsed(
+            "logs",
+            lambda: LogsAppended(accepted=int(data["accepted"]), dropped=int(data["dropped"])),
         )

@@ -28,10 +28,13 @@ from collections.abc import Callable, Sequence
 import httpx
 
 from cronwheel.client import DEFAULT_TIMEOUT, AsyncClient
+from cronwheel.domain.spec import WEBHOOK_CAPABILITY
 from cronwheel.worker.engine import Engine, EngineConfig
+from cronwheel.worker.logship import LogShipConfig
 from cronwheel.worker.outbox import WorkerStats
 from cronwheel.worker.protocol import WorkerProtocol
 from cronwheel.worker.tasks import H, TaskRegistry
+from cronwheel.worker.webhook import WebhookCaller
 
 __all__ = ["Worker"]
 
@@ -44,6 +47,12 @@ class Worker:
     their runs back. ``lease_wait`` is the long-poll duration; ``heartbeat_interval``
     overrides the server's suggestion (it is also kept under a third of each run's
     heartbeat timeout). ``flush_delay``/``flush_size`` shape the outcome batches.
+    ``webhook`` makes the worker call webhooks too (it declares the ``webhook``
+    capability); with no task handlers it leases webhook runs only — see
+    :func:`cronwheel.worker.webhook.webhook_worker`.
+    ``log_shipping`` says which ``ctx.log`` records go to the server, where
+    ``cronwheel runs logs`` shows them (default: INFO and above;
+    ``LogShipConfig(level=None)``: none).
     """
 
     def __init__(
@@ -64,6 +73,8 @@ class Worker:
         backoff_max: float = 30.0,
         timeout: float = DEFAULT_TIMEOUT,
         transport: httpx.AsyncBaseTransport | None = None,
+        webhook: WebhookCaller | None = None,
+        log_shipping: LogShipConfig | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -78,6 +89,9 @@ class Worker:
         self.url = url
         self.api_key = api_key
         self.timeout = timeout
+        self.webhook = webhook
+        if webhook is not None and WEBHOOK_CAPABILITY not in capabilities:
+            capabilities = (*capabilities, WEBHOOK_CAPABILITY)
         self.config = EngineConfig(
             pool=pool,
             capabilities=tuple(capabilities),
@@ -90,6 +104,7 @@ class Worker:
             flush_size=flush_size,
             heartbeat_interval=heartbeat_interval,
             backoff_max=backoff_max,
+            log_shipping=log_shipping or LogShipConfig(),
         )
         self.registry = TaskRegistry()
         self.stats = WorkerStats()
@@ -135,20 +150,24 @@ class Worker:
         async with AsyncClient(
             self.url, api_key=self.api_key, timeout=self.timeout, transport=self._transport
         ) as client:
+            webhooks_only = self.webhook is not None and not len(self.registry)
             engine = Engine(
                 self.config,
                 self.registry,
-                WorkerProtocol(client),
+                WorkerProtocol(client, webhooks_only=webhooks_only),
                 self.stats,
                 stop=stop,
                 force=force,
                 drain=drain,
+                webhook=None if self.webhook is None else self.webhook.bind,
             )
             self._engine = engine
             try:
                 await engine.run()
             finally:
                 self.worker_id = engine.worker_id
+                if self.webhook is not None:
+                    await self.webhook.aclose()
 
     def run(self) -> None:
         """Work until SIGTERM or SIGINT (blocking). The first signal starts a graceful

@@ -69,6 +69,9 @@ def run_fields(run: Run) -> dict[str, object]:
         "timeout": run.timeout,
         "heartbeat_timeout": run.heartbeat_timeout,
         "reason": run.reason,
+        # Only a waiting run waits: a reason a cancel or pause left behind until the
+        # next routing check is not shown.
+        "wait_reason": run.wait_reason if run.state is RunState.DISPATCHED else None,
         "last_error": run.last_error,
         "result": run.result,
     }

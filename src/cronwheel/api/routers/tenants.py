@@ -1,10 +1,13 @@
-"""Tenants and their API keys (admin only)."""
+"""Tenants and their API keys (admin only), and each tenant's webhook secret (the admin,
+or the tenant's own operator key)."""
 
 from __future__ import annotations
 
+import uuid
+
 from fastapi import APIRouter, Depends, Query, Request, status
 
-from cronwheel.api.auth import Principal, generate_key, require_admin
+from cronwheel.api.auth import Principal, authenticate, generate_key, require_admin
 from cronwheel.api.routers.common import api_state, parse_id
 from cronwheel.api.schemas import (
     ERROR_RESPONSES,
@@ -15,7 +18,9 @@ from cronwheel.api.schemas import (
     TenantList,
     TenantOut,
     TenantUpdate,
+    WebhookSecretOut,
 )
+from cronwheel.domain.errors import NotFoundError, PermissionDeniedError
 from cronwheel.domain.model import Tenant
 from cronwheel.domain.spec import TenantLimits
 
@@ -113,3 +118,48 @@ async def create_key(
         api_key=key,
         created_at=record.created_at,
     )
+
+
+# -- the webhook secret ----------------------------------------------------------------
+
+
+async def _secret_keeper(request: Request, principal: Principal, raw_id: str) -> uuid.UUID:
+    """The tenant whose webhook secret ``principal`` may read and rotate: any with the
+    admin key; its own with an operator key (the most a tenant key may). Another
+    tenant's id answers 404 like an unknown one; a viewer or worker key of the tenant
+    403."""
+    tenant_id = parse_id(raw_id, "tenant")
+    if not principal.is_admin:
+        if principal.tenant_id != tenant_id:
+            raise NotFoundError(f"no tenant {tenant_id}")
+        if principal.role != "operator":
+            raise PermissionDeniedError(
+                f"a {principal.role} key may not see the webhook secret: use an operator key"
+            )
+    await api_state(request).store.tenants_get(tenant_id)  # unknown: 404
+    return tenant_id
+
+
+@router.get("/{tenant_id}/webhook-secret", summary="Read the tenant's webhook secret")
+async def get_webhook_secret(
+    tenant_id: str, request: Request, principal: Principal = Depends(authenticate)
+) -> WebhookSecretOut:
+    """The key with which the webhook worker signs this tenant's requests, for its
+    receivers to verify them. The admin key, or the tenant's own operator key."""
+    tid = await _secret_keeper(request, principal, tenant_id)
+    secret = await api_state(request).store.tenants_webhook_secret(tid)
+    return WebhookSecretOut(tenant_id=tid, webhook_secret=secret)
+
+
+@router.post("/{tenant_id}/webhook-secret/rotate", summary="Rotate the tenant's webhook secret")
+async def rotate_webhook_secret(
+    tenant_id: str, request: Request, principal: Principal = Depends(authenticate)
+) -> WebhookSecretOut:
+    """A new random secret replaces the old one at once: requests signed from now on use
+    it (one already under way may still carry the old signature). Recorded in the audit
+    trail. The admin key, or the tenant's own operator key."""
+    tid = await _secret_keeper(request, principal, tenant_id)
+    secret = await api_state(request).store.tenants_webhook_secret_rotate(
+        tid, actor=principal.actor
+    )
+    return WebhookSecretOut(tenant_id=tid, webhook_secret=secret)

@@ -94,7 +94,7 @@ async def _own_worker(state: ApiState, principal: Principal, raw_id: str) -> Wor
     return worker
 
 
-def _leased_out(item: LeasedAttempt) -> LeasedAttemptOut:
+def _leased_out(item: LeasedAttempt, secrets: dict[uuid.UUID, str]) -> LeasedAttemptOut:
     return LeasedAttemptOut(
         attempt_id=item.attempt_id,
         run_id=item.run_id,
@@ -109,7 +109,17 @@ def _leased_out(item: LeasedAttempt) -> LeasedAttemptOut:
         deadline=item.deadline,
         due_at=item.due_at,
         heartbeat_timeout=item.heartbeat_timeout,
+        signing_secret=None if item.task is not None else secrets.get(item.tenant_id),
     )
+
+
+async def _signing_secrets(
+    state: ApiState, leased: Sequence[LeasedAttempt]
+) -> dict[uuid.UUID, str]:
+    """The webhook secret of each tenant with a webhook run among ``leased``: one read
+    per tenant, however many of its runs the answer holds."""
+    tenants = {item.tenant_id for item in leased if item.task is None}
+    return {t: await state.store.tenants_webhook_secret(t) for t in sorted(tenants)}
 
 
 def _record_leased(state: ApiState, leased: Sequence[LeasedAttempt]) -> None:
@@ -142,7 +152,9 @@ async def lease(
     while True:
         # The ticket is taken before leasing so that a run dispatched in between wakes us.
         ticket = state.notifier.ticket(worker.pool) if body.wait > 0 else None
-        leased = await state.store.attempts_lease(worker=worker, max=body.max)
+        leased = await state.store.attempts_lease(
+            worker=worker, max=body.max, webhooks_only=body.webhooks_only
+        )
         remaining = deadline - loop.time()
         if leased or ticket is None or remaining <= 0 or state.notifier.closed:
             break
@@ -165,7 +177,8 @@ async def lease(
         )
         leased = []
     _record_leased(state, leased)
-    return LeaseOut(attempts=[_leased_out(a) for a in leased])
+    secrets = await _signing_secrets(state, leased)
+    return LeaseOut(attempts=[_leased_out(a, secrets) for a in leased])
 
 
 @router.delete(
@@ -190,6 +203,7 @@ async def deregister_worker(
     released = await state.store.attempts_release_by_worker(
         worker_id=worker.id, tenant_id=worker.tenant_id
     )
+    await state.store.workers_deregister(worker.id)  # no longer live for routing
     if released:
         log.info(
             "worker deregistered holding attempts; released",
@@ -314,6 +328,7 @@ async def fail(
         fencing_token=body.fencing_token,
         error=body.error,
         retryable=body.retryable,
+        retry_after=body.retry_after,
     )
     outcome = _single(
         await _apply(
@@ -384,6 +399,7 @@ async def batch(
                 fencing_token=f.fencing_token,
                 error=f.error,
                 retryable=f.retryable,
+                retry_after=f.retry_after,
             )
             for f in body.failures
         ],

@@ -7,12 +7,19 @@ from cronwheel.store.sql.catalog import CatalogMixin
 from cronwheel.store.sql.control import ControlMixin
 from cronwheel.store.sql.dispatch import DispatchMixin
 from cronwheel.store.sql.leasing import LeasingMixin
+from cronwheel.store.sql.routing import RoutingMixin
 from cronwheel.store.sql.tenancy import TenancyMixin
 
 __all__ = ["SqlStore"]
 
 
 class SqlStore(
-    TenancyMixin, CatalogMixin, ControlMixin, DispatchMixin, LeasingMixin, AttemptsMixin
+    TenancyMixin,
+    CatalogMixin,
+    ControlMixin,
+    DispatchMixin,
+    LeasingMixin,
+    AttemptsMixin,
+    RoutingMixin,
 ):
     """Implements every method of ``Store``; dialect subclasses fill in the hooks."""

@@ -18,7 +18,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from cronwheel.domain.model import AttemptOutcome
+from cronwheel.domain.errors import StaleFencingTokenError
+from cronwheel.domain.model import Attempt, AttemptOutcome
 from cronwheel.domain.retry import backoff_delay
 from cronwheel.domain.states import AttemptState, JobState, RunState
 from cronwheel.store.base import (
@@ -31,7 +32,7 @@ from cronwheel.store.base import (
 from cronwheel.store.schema import attempts, jobs, runs
 from cronwheel.store.sql.catalog import ANNOUNCE_HORIZON, ONE_OFF_KINDS, announce
 from cronwheel.store.sql.control import PARKED_FIRE_AT
-from cronwheel.store.sql.core import SqlCore, event_row
+from cronwheel.store.sql.core import SqlCore, attempt_from, event_row
 
 __all__ = ["AttemptsMixin"]
 
@@ -45,6 +46,7 @@ class _Ended:
     state: AttemptState
     error: str
     retryable: bool
+    retry_after: float | None = None  # the worker's floor under the backoff, in seconds
 
 
 class AttemptsMixin(SqlCore):
@@ -227,13 +229,15 @@ class AttemptsMixin(SqlCore):
         async with self._write() as conn:
             at = await self._now(conn, now)
             ended, keys = await self._end_attempts(conn, items, AttemptState.FAILED, at, tenant_id)
+            late = await self._timed_out(conn, list(ended), at)
             failures = [
                 _Ended(
                     i.attempt_id,
                     ended[i.attempt_id],
-                    AttemptState.FAILED,
+                    AttemptState.TIMED_OUT if i.attempt_id in late else AttemptState.FAILED,
                     i.error[:10_000],
                     i.retryable,
+                    i.retry_after,
                 )
                 for i in items
                 if (i.attempt_id, i.fencing_token) in keys
@@ -340,6 +344,27 @@ class AttemptsMixin(SqlCore):
         released = {k: AttemptOutcome(k[0], True, run_state=RunState.DISPATCHED) for k in keys}
         return await self._resolve(conn, items, released, tenant_id)
 
+    async def attempts_get_live(
+        self,
+        *,
+        attempt_id: uuid.UUID,
+        fencing_token: int,
+        tenant_id: uuid.UUID | None = None,
+    ) -> Attempt:
+        stmt = attempts.select().where(attempts.c.id == attempt_id)
+        if tenant_id is not None:
+            stmt = stmt.where(attempts.c.tenant_id == tenant_id)
+        async with self._read() as conn:
+            row = (await conn.execute(stmt)).first()
+        if row is None:
+            raise self._not_found("attempt", attempt_id)
+        if row.fencing_token != fencing_token or row.state != AttemptState.RUNNING.value:
+            raise StaleFencingTokenError(
+                "stale fencing token: this attempt's lease is no longer yours; nothing was changed",
+                field="fencing_token",
+            )
+        return attempt_from(row)
+
     async def attempts_expire(self, *, now: datetime | None = None, limit: int = 1000) -> int:
         async with self._write() as conn:
             at = await self._now(conn, now)
@@ -423,6 +448,22 @@ class AttemptsMixin(SqlCore):
         ).all()
         return {r.id: r.run_id for r in rows}, {(r.id, r.fencing_token) for r in rows}
 
+    async def _timed_out(
+        self, conn: AsyncConnection, attempt_ids: list[uuid.UUID], at: datetime
+    ) -> set[uuid.UUID]:
+        """Failed attempts whose deadline had passed are TIMED_OUT, as the expiry sweep
+        would have found them: a worker enforcing the timeout reports it only a moment
+        after the deadline, and which comes first must not change the record."""
+        if not attempt_ids:
+            return set()
+        rows = await conn.execute(
+            attempts.update()
+            .where(self._id_in(attempts.c.id, attempt_ids), attempts.c.deadline <= at)
+            .values(state=AttemptState.TIMED_OUT.value)
+            .returning(attempts.c.id)
+        )
+        return {r.id for r in rows}
+
     async def _after_failures(
         self, conn: AsyncConnection, failures: Sequence[_Ended], at: datetime, *, actor: str
     ) -> dict[uuid.UUID, RunState]:
@@ -478,8 +519,13 @@ class AttemptsMixin(SqlCore):
             else:
                 target = RunState.SCHEDULED
                 delay = backoff_delay(r.retry, r.attempt, self._rng)
+                waited = ""
+                if f.retry_after is not None and f.retry_after > delay:
+                    delay, waited = f.retry_after, " (as the worker asked: retry_after)"
                 fire_at = at + timedelta(seconds=delay)
-                reason = f"retry {r.attempt + 1} of {r.max_attempts} in {delay:.2f} s: {f.error}"
+                reason = (
+                    f"retry {r.attempt + 1} of {r.max_attempts} in {delay:.2f} s{waited}: {f.error}"
+                )
                 if r.job_id in paused:  # parked until the job resumes
                     fire_at, reason = PARKED_FIRE_AT, f"job paused; {reason}"
             row: dict[str, Any] = {

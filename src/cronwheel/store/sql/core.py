@@ -531,6 +531,7 @@ def run_from(row: Row[Any]) -> Run:
         result=m["result"],
         last_error=m["last_error"],
         origin=m["origin"],
+        wait_reason=m["wait_reason"],
     )
 
 
@@ -581,4 +582,5 @@ def worker_from(row: Row[Any]) -> Worker:
         capacity=row.capacity,
         registered_at=row.registered_at,
         last_seen_at=row.last_seen_at,
+        deregistered_at=row.deregistered_at,
     )

@@ -72,7 +72,12 @@ class LeasingMixin(SqlCore):
     # -- leasing -------------------------------------------------------------------
 
     async def attempts_lease(
-        self, *, worker: Worker, max: int, now: datetime | None = None
+        self,
+        *,
+        worker: Worker,
+        max: int,
+        webhooks_only: bool = False,
+        now: datetime | None = None,
     ) -> list[LeasedAttempt]:
         if max < 1:
             return []
@@ -91,6 +96,8 @@ class LeasingMixin(SqlCore):
             )
             if worker.tenant_id is not None:
                 pick = pick.where(runs.c.tenant_id == worker.tenant_id)
+            if webhooks_only:  # a run has a task or a webhook, never both
+                pick = pick.where(runs.c.task.is_(None))
             rows = (
                 await conn.execute(
                     runs.update()
@@ -102,6 +109,7 @@ class LeasingMixin(SqlCore):
                         state=RunState.RUNNING.value,
                         attempt=runs.c.attempt + 1,
                         started_at=sa.func.coalesce(runs.c.started_at, at),
+                        wait_reason=None,
                     )
                     .returning(
                         runs.c.id,

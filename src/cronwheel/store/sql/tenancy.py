@@ -131,6 +131,35 @@ class TenancyMixin(SqlCore):
             raise self._not_found("tenant", tenant_id)
         return str(secret)
 
+    async def tenants_webhook_secret_rotate(
+        self, tenant_id: uuid.UUID, *, actor: str | None = None, now: datetime | None = None
+    ) -> str:
+        secret = secrets.token_urlsafe(32)
+        async with self._write() as conn:
+            at = await self._now(conn, now)
+            row = (
+                await conn.execute(
+                    tenants.update()
+                    .where(tenants.c.id == tenant_id)
+                    .values(webhook_secret=secret)
+                    .returning(tenants.c.id)
+                )
+            ).first()
+            if row is None:
+                raise self._not_found("tenant", tenant_id)
+            await self._insert_events(
+                conn,
+                [
+                    event_row(
+                        at=at,
+                        kind="tenant.webhook_secret_rotated",
+                        tenant_id=tenant_id,
+                        actor=actor,
+                    )
+                ],
+            )
+        return secret
+
     # -- keys ----------------------------------------------------------------------
 
     async def api_keys_create(

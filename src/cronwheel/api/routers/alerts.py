@@ -1,0 +1,63 @@
+"""Alerts: what a dashboard shows as needing attention now.
+
+Today one kind, ``unroutable_runs``: dispatched runs that wait because no live worker
+can take them (their pool, tenant and required capabilities), as the scheduler's
+routing check records them. Tenant keys see their tenant's alerts; the admin key sees
+every tenant's, or one tenant's when it names it with the ``Cronwheel-Tenant`` header.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from fastapi import APIRouter, Depends, Header, Request
+
+from cronwheel.api.auth import TENANT_HEADER, Principal, authenticate, tenant_reader
+from cronwheel.api.routers.common import api_state
+from cronwheel.api.schemas import ERROR_RESPONSES, AlertList, AlertOut
+from cronwheel.domain.model import UnroutableRuns
+
+__all__ = ["alert_out", "router"]
+
+router = APIRouter(prefix="/v1/alerts", tags=["alerts"], responses=ERROR_RESPONSES)
+
+
+def alert_out(group: UnroutableRuns) -> AlertOut:
+    noun = "run" if group.runs == 1 else "runs"
+    return AlertOut(
+        kind="unroutable_runs",
+        tenant_id=group.tenant_id,
+        pool=group.pool,
+        requires=group.requires,
+        runs=group.runs,
+        since=group.since,
+        message=f"{group.runs} {noun} waiting: {group.reason}",
+    )
+
+
+async def _alert_scope(
+    request: Request,
+    principal: Principal = Depends(authenticate),
+    cronwheel_tenant: str | None = Header(
+        default=None,
+        alias=TENANT_HEADER,
+        description="With the admin key: only this tenant's alerts (default: every "
+        "tenant's). Ignored for tenant keys.",
+    ),
+) -> uuid.UUID | None:
+    """The tenant whose alerts to show; None: every tenant's (the admin key alone)."""
+    if principal.is_admin and not cronwheel_tenant:
+        return None
+    scope = await tenant_reader(request, principal, cronwheel_tenant)
+    return scope.tenant_id
+
+
+@router.get("", summary="List active alerts")
+async def list_alerts(
+    request: Request, tenant_id: uuid.UUID | None = Depends(_alert_scope)
+) -> AlertList:
+    """Active alerts, longest-standing first. ``unroutable_runs``: runs of one tenant,
+    pool and set of required capabilities that no live worker can take; each such run
+    also shows the reason as its ``wait_reason``."""
+    groups = await api_state(request).store.runs_unroutable(tenant_id)
+    return AlertList(items=[alert_out(g) for g in groups])

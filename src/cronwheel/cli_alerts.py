@@ -1,0 +1,57 @@
+"""``cronwheel alerts``: what needs attention now, as the dashboard shows it."""
+
+from __future__ import annotations
+
+from cronwheel.cli_common import (
+    DEFAULT_URL,
+    ApiKeyOpt,
+    JsonOpt,
+    TenantOpt,
+    UrlOpt,
+    client_for,
+    console,
+    handle_errors,
+    print_json,
+    short_time,
+    table,
+)
+
+__all__ = ["alerts"]
+
+
+def alerts(
+    url: UrlOpt = DEFAULT_URL,
+    api_key: ApiKeyOpt = None,
+    tenant: TenantOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Active alerts, longest-standing first: runs no live worker can take (their pool,
+    tenant and required capabilities). A tenant key shows its tenant's; the admin key
+    every tenant's (one tenant's with --tenant)."""
+    with handle_errors(), client_for(url, api_key, tenant) as client:
+        items = client.alerts.list()
+    if as_json:
+        print_json({"items": items})
+        return
+    if not items:
+        console.print("no active alerts", highlight=False)
+        return
+    rows = [
+        (
+            a.get("kind"),
+            a.get("tenant_id"),
+            a.get("pool"),
+            ", ".join(a.get("requires") or []) or "-",
+            a.get("runs"),
+            short_time(a.get("since")),
+            a.get("message"),
+        )
+        for a in items
+    ]
+    console.print(
+        table(
+            f"alerts ({len(rows)})",
+            ["kind", "tenant", "pool", "requires", "runs", "waiting since", "message"],
+            rows,
+        )
+    )

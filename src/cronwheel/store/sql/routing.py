@@ -1,0 +1,294 @@
+"""Routing: why a dispatched run waits when no live worker can take it.
+
+::
+
+    DISPATCHED, wait_reason NULL
+        │ waited min_wait seconds and no live worker can take it (routing check);
+        │ one "run.waiting" event per run, when its reason is first set
+        ▼
+    DISPATCHED, wait_reason "no live worker in pool 'gpu' has capabilities ['cuda']"
+        │ a worker that can take it appears: the next check clears the reason
+        │ a worker leases it: leasing clears the reason (DISPATCHED → RUNNING)
+        ▼
+    wait_reason NULL          (a run that leaves DISPATCHED otherwise — cancelled,
+                               paused — loses its reason at the next check)
+
+A worker is *live* when it has not deregistered and either was seen within
+``worker_ttl`` seconds (every lease call, long-polls included, records it) or holds an
+attempt whose lease has not expired (a busy worker heartbeats instead of leasing). It
+*can take* a run when it serves the run's pool and tenant (a tenant's worker serves
+only that tenant) and its capabilities include all the run requires. Whether any live
+worker is free is not the question: a busy capable worker will take the run later.
+
+The check works on groups, never on single runs: one query groups the DISPATCHED runs
+of the caller's shards by (tenant, pool, requires), one reads the live workers of
+those pools, and one UPDATE per group whose reason changes. Runs locked by someone
+else (being leased, cancelled) are skipped, never waited for: the next check sees them.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from cronwheel.domain.model import RouteCheck, UnroutableRuns
+from cronwheel.domain.states import AttemptState, RunState
+from cronwheel.store.schema import attempts, runs, workers
+from cronwheel.store.sql.core import SqlCore, event_row
+
+__all__ = ["RoutingMixin", "wait_reason"]
+
+_DISPATCHED = RunState.DISPATCHED.value
+
+
+@dataclass(frozen=True, slots=True)
+class _LiveWorker:
+    tenant_id: uuid.UUID | None
+    pool: str
+    capabilities: frozenset[str]
+
+
+def _unlocked(*where: sa.ColumnElement[bool]) -> sa.ColumnElement[bool]:
+    """The runs matching ``where`` that nobody else holds locked right now (a lease, a
+    cancel, a result): the others wait for the next check, so the check never waits on
+    a hot path, nor can it deadlock with one."""
+    pick = sa.select(runs.c.id).where(*where).with_for_update(skip_locked=True)
+    return runs.c.id.in_(pick.scalar_subquery())
+
+
+def wait_reason(
+    *, tenant_id: uuid.UUID, pool: str, requires: Sequence[str], live: Sequence[_LiveWorker]
+) -> str | None:
+    """Why runs of ``tenant_id`` in ``pool`` requiring ``requires`` wait, or None when a
+    live worker can take them. Only workers serving the tenant are considered, so the
+    reason tells nothing about other tenants' workers."""
+    need = set(requires)
+    for w in live:
+        if w.pool == pool and w.tenant_id in (None, tenant_id) and need <= w.capabilities:
+            return None
+    if not need:
+        return f"no live worker in pool {pool!r}"
+    return f"no live worker in pool {pool!r} has capabilities {sorted(need)!r}"
+
+
+class RoutingMixin(SqlCore):
+    async def workers_deregister(
+        self, worker_id: uuid.UUID, *, now: datetime | None = None
+    ) -> None:
+        async with self._write() as conn:
+            at = await self._now(conn, now)
+            await conn.execute(
+                workers.update()
+                .where(workers.c.id == worker_id, workers.c.deregistered_at.is_(None))
+                .values(deregistered_at=at)
+            )
+
+    async def runs_route_check(
+        self,
+        *,
+        shards: Sequence[int],
+        min_wait: float = 5.0,
+        worker_ttl: float = 30.0,
+        now: datetime | None = None,
+    ) -> RouteCheck:
+        if not shards:
+            return RouteCheck(waiting=0, marked=0, cleared=0)
+        async with self._write() as conn:
+            at = await self._now(conn, now)
+            in_shards = self._id_in(runs.c.shard, list(shards))
+            cleared = await self._clear_stale(conn, in_shards)
+            cutoff = at - timedelta(seconds=min_wait)
+            groups = await self._waiting_groups(conn, in_shards, cutoff)
+            if not groups:
+                return RouteCheck(waiting=0, marked=0, cleared=cleared)
+            live = await self._live_workers(conn, {g.pool for g in groups}, at, worker_ttl)
+            waiting = marked = 0
+            events: list[dict[str, Any]] = []
+            for g in groups:
+                reason = wait_reason(
+                    tenant_id=g.tenant_id, pool=g.pool, requires=g.requires, live=live
+                )
+                where = sa.and_(
+                    runs.c.state == _DISPATCHED,
+                    in_shards,
+                    runs.c.tenant_id == g.tenant_id,
+                    runs.c.pool == g.pool,
+                    self._json_equals(runs.c.requires, g.requires),
+                )
+                if reason is None:
+                    if g.flagged:
+                        cleared += await self._clear(conn, where)
+                    continue
+                waiting += g.old
+                if g.old > g.flagged_with(reason):  # some runs do not know why they wait yet
+                    started = await self._mark(conn, where, reason, cutoff)
+                    marked += len(started)
+                    events += [
+                        event_row(
+                            at=at,
+                            kind="run.waiting",
+                            tenant_id=g.tenant_id,
+                            job_id=r.job_id,
+                            run_id=r.id,
+                            actor="scheduler",
+                            reason=reason,
+                            data={"pool": g.pool, "requires": list(g.requires)},
+                        )
+                        for r in started
+                    ]
+            await self._insert_events(conn, events)
+        return RouteCheck(waiting=waiting, marked=marked, cleared=cleared)
+
+    async def runs_unroutable(
+        self, tenant_id: uuid.UUID | None, *, limit: int = 1000
+    ) -> list[UnroutableRuns]:
+        since = sa.func.min(runs.c.dispatched_at).label("since")
+        stmt = (
+            sa.select(
+                runs.c.tenant_id,
+                runs.c.pool,
+                runs.c.requires,
+                runs.c.wait_reason,
+                sa.func.count().label("n"),
+                since,
+            )
+            .where(runs.c.wait_reason.is_not(None), runs.c.state == _DISPATCHED)
+            .group_by(runs.c.tenant_id, runs.c.pool, runs.c.requires, runs.c.wait_reason)
+            .order_by(since, runs.c.pool)
+            .limit(limit)
+        )
+        if tenant_id is not None:
+            stmt = stmt.where(runs.c.tenant_id == tenant_id)
+        async with self._read() as conn:
+            rows = (await conn.execute(stmt)).all()
+        return [
+            UnroutableRuns(
+                tenant_id=r.tenant_id,
+                pool=r.pool,
+                requires=list(r.requires),
+                reason=r.wait_reason,
+                runs=int(r.n),
+                since=r.since,
+            )
+            for r in rows
+        ]
+
+    # -- steps ---------------------------------------------------------------------
+
+    async def _clear(self, conn: AsyncConnection, where: sa.ColumnElement[bool]) -> int:
+        done = await conn.execute(
+            runs.update()
+            .where(_unlocked(where, runs.c.wait_reason.is_not(None)))
+            .values(wait_reason=None)
+        )
+        return int(done.rowcount)
+
+    async def _mark(
+        self, conn: AsyncConnection, where: sa.ColumnElement[bool], reason: str, cutoff: datetime
+    ) -> list[Any]:
+        """Give ``reason`` to the runs of ``where`` dispatched by ``cutoff`` that do not
+        have it yet; returns their ids and jobs."""
+        stale = sa.or_(runs.c.wait_reason.is_(None), runs.c.wait_reason != reason)
+        rows = await conn.execute(
+            runs.update()
+            .where(_unlocked(where, runs.c.dispatched_at <= cutoff, stale))
+            .values(wait_reason=reason)
+            .returning(runs.c.id, runs.c.job_id)
+        )
+        return list(rows.all())
+
+    async def _clear_stale(self, conn: AsyncConnection, in_shards: sa.ColumnElement[bool]) -> int:
+        """Reasons left on runs that stopped waiting other than by a lease (cancel,
+        pause): the partial index on waiting runs finds them."""
+        done = await conn.execute(
+            runs.update()
+            .where(
+                _unlocked(runs.c.wait_reason.is_not(None), runs.c.state != _DISPATCHED, in_shards)
+            )
+            .values(wait_reason=None)
+        )
+        return int(done.rowcount)
+
+    async def _waiting_groups(
+        self, conn: AsyncConnection, in_shards: sa.ColumnElement[bool], cutoff: datetime
+    ) -> list[_Group]:
+        """The DISPATCHED runs of the shards by (tenant, pool, requires): how many have
+        waited since ``cutoff`` or longer, and how many carry each reason. Groups with
+        neither are left out."""
+        old = sa.func.sum(sa.case((runs.c.dispatched_at <= cutoff, 1), else_=0))
+        rows = (
+            await conn.execute(
+                sa.select(
+                    runs.c.tenant_id,
+                    runs.c.pool,
+                    runs.c.requires,
+                    runs.c.wait_reason,
+                    old.label("old"),
+                    sa.func.count().label("n"),
+                )
+                .where(runs.c.state == _DISPATCHED, in_shards)
+                .group_by(runs.c.tenant_id, runs.c.pool, runs.c.requires, runs.c.wait_reason)
+                .having(sa.or_(old > 0, runs.c.wait_reason.is_not(None)))
+            )
+        ).all()
+        groups: dict[tuple[uuid.UUID, str, tuple[str, ...]], _Group] = {}
+        for r in rows:
+            key = (r.tenant_id, r.pool, tuple(r.requires))
+            group = groups.setdefault(key, _Group(r.tenant_id, r.pool, key[2]))
+            group.old += int(r.old or 0)
+            if r.wait_reason is not None:
+                group.reasons[r.wait_reason] = group.reasons.get(r.wait_reason, 0) + int(r.n)
+        return list(groups.values())
+
+    async def _live_workers(
+        self, conn: AsyncConnection, pools: set[str], at: datetime, ttl: float
+    ) -> list[_LiveWorker]:
+        holding = (
+            sa.select(attempts.c.id)
+            .where(
+                attempts.c.worker_id == workers.c.id,
+                attempts.c.state == AttemptState.RUNNING.value,
+                attempts.c.lease_expires_at > at,
+            )
+            .exists()
+        )
+        rows = await conn.execute(
+            sa.select(workers.c.tenant_id, workers.c.pool, workers.c.capabilities).where(
+                workers.c.pool.in_(sorted(pools)),
+                workers.c.deregistered_at.is_(None),
+                sa.or_(workers.c.last_seen_at >= at - timedelta(seconds=ttl), holding),
+            )
+        )
+        return [_LiveWorker(r.tenant_id, r.pool, frozenset(r.capabilities)) for r in rows]
+
+    def _json_equals(
+        self, column: sa.ColumnElement[Any], value: Sequence[str]
+    ) -> sa.ColumnElement[bool]:
+        """The JSON array ``column`` equals ``value``. SQLite compares JSON as text:
+        ``json()`` brings both sides to one spelling."""
+        bound = sa.bindparam(None, list(value), type_=runs.c.requires.type)
+        if self.dialect == "sqlite":
+            return sa.func.json(column) == sa.func.json(bound)
+        return column == bound
+
+
+@dataclass(slots=True)
+class _Group:
+    tenant_id: uuid.UUID
+    pool: str
+    requires: tuple[str, ...]
+    old: int = 0  # runs that have waited min_wait or longer
+    reasons: dict[str, int] = field(default_factory=dict)  # runs carrying each reason
+
+    @property
+    def flagged(self) -> int:
+        return sum(self.reasons.values())
+
+    def flagged_with(self, reason: str) -> int:
+        return self.reasons.get(reason, 0)

@@ -1,0 +1,271 @@
+"""The file log store: lines kept in order per attempt, the cap and its marker, reading
+across attempts with a cursor, and appends from many threads and processes at once."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import threading
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from cronwheel.domain.errors import ValidationError
+from cronwheel.logstore import MARKER_BYTES, FileLogStore, LogEntry, LogLine
+
+T0 = datetime(2031, 3, 4, 12, 0, tzinfo=UTC)
+TENANT = uuid.UUID("00000000-0000-0000-0000-00000000000a")
+
+
+def entries(*messages: str, level: str = "INFO") -> list[LogEntry]:
+    return [LogEntry(T0 + timedelta(seconds=i), level, m) for i, m in enumerate(messages)]
+
+
+def messages(lines: list[LogLine]) -> list[str]:
+    return [line.message for line in lines]
+
+
+async def read_all(store: FileLogStore, run_id: uuid.UUID, **kwargs: object) -> list[LogLine]:
+    page = await store.read(TENANT, run_id=run_id, limit=1000, **kwargs)  # type: ignore[arg-type]
+    assert page.next_cursor is None
+    return page.lines
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> FileLogStore:
+    return FileLogStore(tmp_path / "logs", max_bytes_per_attempt=4096)
+
+
+async def test_lines_come_back_as_written(store: FileLogStore) -> None:
+    run = uuid.uuid4()
+    result = await store.append(
+        TENANT,
+        run_id=run,
+        attempt=1,
+        lines=[
+            LogEntry(T0, "INFO", "starting"),
+            LogEntry(T0 + timedelta(milliseconds=1), "ERROR", 'ünïcode, "quotes"\nand a newline'),
+        ],
+    )
+    assert (result.accepted, result.dropped) == (2, 0)
+    assert result.size == await store.size(TENANT, run_id=run, attempt=1) > 0
+    assert await read_all(store, run) == [
+        LogLine(T0, "INFO", "starting", 1),
+        LogLine(T0 + timedelta(milliseconds=1), "ERROR", 'ünïcode, "quotes"\nand a newline', 1),
+    ]
+    # One file per attempt, one JSON object a line.
+    path = store.path(TENANT, run, 1)
+    assert path.is_relative_to(store.root / str(TENANT))
+    rows = [json.loads(raw) for raw in path.read_text().splitlines()]
+    assert [set(r) for r in rows] == [{"ts", "level", "message", "attempt"}] * 2
+    assert rows[0]["ts"] == "2031-03-04T12:00:00Z"
+
+
+async def test_unknown_runs_and_other_tenants_have_no_lines(store: FileLogStore) -> None:
+    run = uuid.uuid4()
+    await store.append(TENANT, run_id=run, attempt=1, lines=entries("mine"))
+    assert await read_all(store, uuid.uuid4()) == []
+    page = await store.read(uuid.uuid4(), run_id=run)
+    assert page.lines == [] and page.next_cursor is None
+    assert await store.size(TENANT, run_id=run, attempt=2) == 0
+
+
+async def test_attempts_in_order_and_one_at_a_time(store: FileLogStore) -> None:
+    run = uuid.uuid4()
+    # Numeric order, not the files' names: attempt 10 comes after attempt 2.
+    for attempt in (10, 2, 1):
+        await store.append(
+            TENANT, run_id=run, attempt=attempt, lines=entries(f"a{attempt}-x", f"a{attempt}-y")
+        )
+    lines = await read_all(store, run)
+    assert messages(lines) == ["a1-x", "a1-y", "a2-x", "a2-y", "a10-x", "a10-y"]
+    assert [line.attempt for line in lines] == [1, 1, 2, 2, 10, 10]
+    assert messages(await read_all(store, run, attempt=2)) == ["a2-x", "a2-y"]
+    assert await read_all(store, run, attempt=3) == []
+
+
+async def test_pages_and_following_with_cursors(store: FileLogStore) -> None:
+    run = uuid.uuid4()
+    await store.append(TENANT, run_id=run, attempt=1, lines=entries("1", "2", "3"))
+    await store.append(TENANT, run_id=run, attempt=2, lines=entries("4", "5"))
+
+    seen: list[str] = []
+    cursor: str | None = None
+    pages = 0
+    while True:
+        page = await store.read(TENANT, run_id=run, cursor=cursor, limit=2)
+        pages += 1
+        seen += messages(page.lines)
+        if page.next_cursor is None:
+            break
+        assert page.next_cursor == page.end_cursor
+        cursor = page.next_cursor
+    assert seen == ["1", "2", "3", "4", "5"] and pages == 3
+
+    # Following: from the end, only what was appended since.
+    end = page.end_cursor
+    assert (await store.read(TENANT, run_id=run, cursor=end)).lines == []
+    await store.append(TENANT, run_id=run, attempt=2, lines=entries("6"))
+    await store.append(TENANT, run_id=run, attempt=3, lines=entries("7"))
+    later = await store.read(TENANT, run_id=run, cursor=end)
+    assert messages(later.lines) == ["6", "7"] and later.next_cursor is None
+
+    # With an attempt filter, a cursor pages within that attempt.
+    first = await store.read(TENANT, run_id=run, attempt=1, limit=2)
+    assert messages(first.lines) == ["1", "2"] and first.next_cursor is not None
+    rest = await store.read(TENANT, run_id=run, attempt=1, cursor=first.next_cursor)
+    assert messages(rest.lines) == ["3"] and rest.next_cursor is None
+
+
+@pytest.mark.parametrize("cursor", ["x", "1", "1:", ":5", "-1:0", "1:2:3", "9" * 30 + ":0"])
+async def test_a_bad_cursor_is_refused(store: FileLogStore, cursor: str) -> None:
+    with pytest.raises(ValidationError) as refused:
+        await store.read(TENANT, run_id=uuid.uuid4(), cursor=cursor)
+    assert refused.value.field == "cursor"
+
+
+async def test_the_cap_drops_later_lines_behind_one_marker(store: FileLogStore) -> None:
+    run = uuid.uuid4()
+    line = "x" * 900  # about 980 bytes a line: four fit under 4096
+    result = await store.append(TENANT, run_id=run, attempt=1, lines=entries(*[line] * 6))
+    assert (result.accepted, result.dropped) == (4, 2)
+    size = result.size
+    assert size <= store.max_bytes_per_attempt + MARKER_BYTES
+
+    # Everything later is dropped, even a line that would fit: the marker ends the log.
+    again = await store.append(TENANT, run_id=run, attempt=1, lines=entries("small", "tiny"))
+    assert (again.accepted, again.dropped, again.size) == (0, 2, size)
+    assert await store.size(TENANT, run_id=run, attempt=1) == size
+
+    lines = await read_all(store, run)
+    assert messages(lines[:4]) == [line] * 4
+    [marker] = lines[4:]
+    assert marker.level == "WARNING" and marker.attempt == 1
+    assert marker.ts == T0 + timedelta(seconds=4)  # when the first line was dropped
+    assert "log cap of 4096 bytes" in marker.message
+    assert "4 later lines" in marker.message  # 2 + 2, counted in place
+
+    # Other attempts have caps of their own.
+    other = await store.append(TENANT, run_id=run, attempt=2, lines=entries("fresh"))
+    assert (other.accepted, other.dropped) == (1, 0)
+
+
+async def test_a_first_line_over_the_cap(store: FileLogStore) -> None:
+    run = uuid.uuid4()
+    result = await store.append(TENANT, run_id=run, attempt=1, lines=entries("y" * 5000))
+    assert (result.accepted, result.dropped, result.size) == (0, 1, MARKER_BYTES)
+    [marker] = await read_all(store, run)
+    assert "1 later line (" in marker.message
+
+
+async def test_a_torn_or_broken_line_is_never_fatal(store: FileLogStore) -> None:
+    run = uuid.uuid4()
+    await store.append(TENANT, run_id=run, attempt=1, lines=entries("whole"))
+    path = store.path(TENANT, run, 1)
+    with path.open("ab") as f:
+        f.write(b"not json\n")
+        f.write(b'{"ts":"2031-03-04T12:00:00Z","level":"INFO","mess')  # a crash mid-write
+    page = await store.read(TENANT, run_id=run)
+    assert messages(page.lines)[0] == "whole"
+    assert page.lines[1].message.startswith("(an unreadable log line")
+    assert len(page.lines) == 2  # the half line is not a line
+    # A later complete line is read once the torn tail has its end.
+    with path.open("ab") as f:
+        f.write(b'age":"late"}\n')
+    later = await store.read(TENANT, run_id=run, cursor=page.end_cursor)
+    assert messages(later.lines) == ["late"]
+
+
+async def test_concurrent_appends_from_threads(tmp_path: Path) -> None:
+    store = FileLogStore(tmp_path / "logs", max_bytes_per_attempt=1 << 20)
+    run = uuid.uuid4()
+    loop = asyncio.get_running_loop()
+
+    def writer(name: str) -> None:
+        for batch in range(30):
+            lines = entries(*[f"{name}:{batch}:{i}" for i in range(5)])
+            asyncio.run_coroutine_threadsafe(
+                store.append(TENANT, run_id=run, attempt=1, lines=lines), loop
+            ).result()
+
+    threads = [threading.Thread(target=writer, args=(f"t{n}",)) for n in range(6)]
+    for t in threads:
+        t.start()
+    await asyncio.to_thread(lambda: [t.join() for t in threads])
+
+    got = messages(await read_all(store, run))
+    assert sorted(got) == sorted(
+        f"t{n}:{b}:{i}" for n in range(6) for b in range(30) for i in range(5)
+    )
+    for n in range(6):  # each writer's lines in its own order, batches never split
+        mine = [m for m in got if m.startswith(f"t{n}:")]
+        assert mine == [f"t{n}:{b}:{i}" for b in range(30) for i in range(5)]
+
+
+_WRITER = """
+import asyncio, sys, uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from cronwheel.logstore import FileLogStore, LogEntry
+
+root, tenant, run, name, cap = sys.argv[1:]
+store = FileLogStore(Path(root), max_bytes_per_attempt=int(cap))
+
+async def main() -> None:
+    accepted = dropped = 0
+    for batch in range(40):
+        lines = [LogEntry(datetime.now(UTC), "INFO", f"{name}:{batch}:{i}") for i in range(5)]
+        result = await store.append(
+            uuid.UUID(tenant), run_id=uuid.UUID(run), attempt=1, lines=lines
+        )
+        accepted += result.accepted
+        dropped += result.dropped
+    print(accepted, dropped)
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize("cap", [1 << 20, 20_000])
+async def test_concurrent_appends_from_processes(tmp_path: Path, cap: int) -> None:
+    root = tmp_path / "logs"
+    run = uuid.uuid4()
+    procs = [
+        await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            _WRITER,
+            str(root),
+            str(TENANT),
+            str(run),
+            f"p{n}",
+            str(cap),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        for n in range(4)
+    ]
+    async with asyncio.timeout(120):
+        outputs = [await p.communicate() for p in procs]
+    assert all(p.returncode == 0 for p in procs), [err for _out, err in outputs]
+    counts = [tuple(map(int, out.split())) for out, _err in outputs]
+    accepted = sum(a for a, _d in counts)
+    dropped = sum(d for _a, d in counts)
+    assert accepted + dropped == 4 * 40 * 5
+
+    store = FileLogStore(root, max_bytes_per_attempt=cap)
+    lines = await read_all(store, run)
+    kept = [line for line in lines if "log cap" not in line.message]
+    assert len(kept) == accepted
+    assert len(set(messages(kept))) == accepted  # nothing torn, nothing twice
+    assert all(line.message.count(":") == 2 for line in kept)
+    size = await store.size(TENANT, run_id=run, attempt=1)
+    if dropped:
+        assert size <= cap + MARKER_BYTES
+        assert messages(lines[len(kept) :]) == [lines[-1].message]  # exactly one marker
+        assert f"{dropped} later lines" in lines[-1].message
+    else:
+        assert len(lines) == 800 and size <= cap
