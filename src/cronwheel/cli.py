@@ -196,11 +196,37 @@ def scheduler(
     ] = None,
     data_dir: DataDirOpt = None,
     database_url: DatabaseUrlOpt = None,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            "--metrics-port",
+            min=1,
+            max=65535,
+            show_default=False,
+            help="Serve Prometheus metrics (dispatch lateness, clock offset, shards held) "
+            "on this port, at /metrics.",
+        ),
+    ] = None,
+    metrics_host: Annotated[
+        str, typer.Option("--metrics-host", help="The address the metrics port binds.")
+    ] = "127.0.0.1",
     log_level: LogLevelOpt = "info",
 ) -> None:
     """A scheduler node only: owns shards, fires due runs, expires lost leases."""
     setup_logging(log_level)
     settings = _settings(data_dir=data_dir, database_url=database_url, node_id=node_id)
+    if metrics_port is not None:
+        from prometheus_client import start_http_server
+
+        from cronwheel.api.metrics import REGISTRY
+
+        try:
+            start_http_server(metrics_port, addr=metrics_host, registry=REGISTRY)
+        except OSError as exc:
+            fail(f"cannot serve metrics on {metrics_host}:{metrics_port}: {exc}")
+        console.print(
+            f"metrics on http://{escape(metrics_host)}:{metrics_port}/metrics", highlight=False
+        )
     _serve(Runtime(settings, api=False, node_id=node_id or settings.node_id), "scheduler")
 
 

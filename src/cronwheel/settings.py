@@ -51,6 +51,11 @@ class Settings(BaseSettings):
     route_check_interval: float = Field(default=5.0, gt=0)
     route_wait: float = Field(default=5.0, ge=0)
     worker_ttl: float = Field(default=30.0, gt=0)
+    # A node whose clock cannot be trusted within this many seconds (the round trip of
+    # its best offset reading, or the offset's change since the reading before) gives
+    # up its shards until it can.
+    max_clock_uncertainty: float = Field(default=1.0, gt=0)
+    clock_check_interval: float = Field(default=10.0, gt=0)
 
     # worker protocol
     heartbeat_interval: float = Field(default=10.0, gt=0)

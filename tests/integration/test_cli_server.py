@@ -143,6 +143,39 @@ def test_server_on_a_busy_port_fails_clearly(tmp_path: Path) -> None:
     assert f"cannot listen on 127.0.0.1:{port}" in result.stderr
 
 
+def test_scheduler_serves_its_metrics(tmp_path: Path) -> None:
+    """``cronwheel scheduler --metrics-port``: the node's clock offset, clock uncertainty
+    and shards held are scraped from its own port."""
+    port = _free_port()
+    seen: dict[str, str] = {}
+
+    def scrape() -> None:
+        def holds_every_shard() -> bool:
+            text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=1).text
+            seen["metrics"] = text
+            return "cronwheel_scheduler_shards_held 256.0" in text
+
+        wait_until(holds_every_shard)
+
+    args = ["scheduler", "--data-dir", str(tmp_path), "--metrics-port", str(port)]
+    result = invoke_then_terminate(args, scrape)
+    assert result.exit_code == 0, result.output
+    assert f"metrics on http://127.0.0.1:{port}/metrics" in result.stdout
+    assert "cronwheel_scheduler_clock_offset_seconds " in seen["metrics"]
+    assert "cronwheel_scheduler_clock_uncertainty_seconds " in seen["metrics"]
+
+
+def test_scheduler_metrics_port_taken_fails_clearly(tmp_path: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        args = ["scheduler", "--data-dir", str(tmp_path), "--metrics-port", str(port)]
+        result = runner.invoke(app, args)
+    assert result.exit_code == 1
+    assert f"cannot serve metrics on 127.0.0.1:{port}" in result.stderr
+
+
 def test_db_upgrade(store_url: str, tmp_path: Path) -> None:
     result = runner.invoke(app, ["db", "upgrade", "--database-url", store_url])
     assert result.exit_code == 0, result.output

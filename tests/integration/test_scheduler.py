@@ -159,3 +159,68 @@ async def test_nodes_share_the_shards_and_take_over_a_dead_ones(store: Store) ->
     time.value += timedelta(seconds=11)
     await b.run_once()
     assert len(b.shards) == 256
+
+
+class SkewedTime:
+    """The real clock, off by ``skew`` seconds (changeable: a clock that steps)."""
+
+    def __init__(self, skew: float) -> None:
+        self.skew = skew
+
+    def __call__(self) -> datetime:
+        return datetime.now(UTC) + timedelta(seconds=self.skew)
+
+
+@pytest.mark.parametrize("skew", [2.0, 0.0, -2.0])
+async def test_a_skewed_local_clock_fires_by_database_time(store: Store, skew: float) -> None:
+    """A node whose local clock is off by ±2 s measures the offset and fires by the
+    database's clock: never early, and as soon after the instant as without skew."""
+    node = SchedulerNode(
+        store, Settings(window_seconds=30), node_id=f"skew{skew}", clock=Clock(SkewedTime(skew))
+    )
+    start = await store.db_now()
+    dues = [start + timedelta(seconds=s) for s in (1.5, 2.0, 2.0, 2.5, 3.0)]
+    runs = await _jobs(store, dues)
+    stop = asyncio.Event()
+    task = asyncio.create_task(node.run(stop))
+    try:
+        deadline = asyncio.get_running_loop().time() + 30
+        while "SCHEDULED" in await _states(store, runs):
+            assert asyncio.get_running_loop().time() < deadline, "runs were not dispatched"
+            await asyncio.sleep(0.1)
+    finally:
+        stop.set()
+        await task
+    assert abs(node.clock.offset.total_seconds() + skew) < 0.5  # measured
+    for run in runs:
+        got = await store.runs_get(run.tenant_id, run.id)  # type: ignore[attr-defined]
+        assert got.dispatched_at is not None
+        lateness = (got.dispatched_at - got.due_at).total_seconds()
+        # Never early by the database's clock; a local clock 2 s behind would make every
+        # run at least 2 s late without the correction.
+        assert 0 <= lateness < 1.5, (skew, lateness)
+
+
+async def test_a_node_whose_clock_steps_gives_up_its_shards(store: Store) -> None:
+    """An offset that moves by more than the bound between two readings (the local clock
+    stepped) makes the node hand its shards back; once readings agree again it takes
+    them back."""
+    time = SkewedTime(0.0)
+    settings = Settings(window_seconds=30, max_clock_uncertainty=1.0)
+    node = SchedulerNode(store, settings, node_id="stepper", clock=Clock(time))
+    await node.run_once()
+    assert len(node.shards) == 256
+    owned = [lease for lease in await store.shard_leases_list() if lease["owner"] == "stepper"]
+    assert len(owned) == 256
+    time.skew = 3.0  # the local clock jumps 3 s ahead
+    node._next_clock = datetime.min.replace(tzinfo=UTC)
+    await node.run_once()
+    assert node.shards == {}
+    assert node.clock.drift >= timedelta(seconds=2.5)
+    leases = await store.shard_leases_list()
+    assert not [lease for lease in leases if lease["owner"] == "stepper"]
+    # Stable again: the next reading agrees with the last, the node comes back.
+    node._next_clock = datetime.min.replace(tzinfo=UTC)
+    await node.run_once()
+    assert len(node.shards) == 256
+    assert abs(node.clock.offset.total_seconds() + 3.0) < 0.5

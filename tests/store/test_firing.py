@@ -128,6 +128,38 @@ async def test_fire_needs_a_live_shard_lease(store: Store) -> None:
     ]
 
 
+async def test_fire_is_fenced_by_the_lease_epoch(store: Store) -> None:
+    """A node whose lease lapsed and that won the shard back under a new epoch fires
+    nothing with the epoch it held before; with the current one it does."""
+    tenant = await make_tenant(store)
+    _job, run = await create_job(store, tenant.id, due_at=T0)
+    old = await store.shard_leases_acquire(node_id=NODE, shards=[run.shard], ttl=10, now=T0)
+    # Lapsed; someone else held it a while; the node takes it back: a new epoch.
+    await store.shard_leases_acquire(node_id="node-b", shards=[run.shard], ttl=10, now=at(11))
+    await store.shard_leases_release(node_id="node-b", shards=[run.shard])
+    new = await store.shard_leases_acquire(node_id=NODE, shards=[run.shard], ttl=10, now=at(12))
+    assert new[run.shard] > old[run.shard]
+
+    assert await store.runs_fire(run_ids=[run.id], node_id=NODE, now=at(13), epochs=old) == []
+    assert (await store.runs_get(tenant.id, run.id)).state is RunState.SCHEDULED
+    fired = await store.runs_fire(run_ids=[run.id], node_id=NODE, now=at(13), epochs=new)
+    assert [f.id for f in fired] == [run.id]
+
+
+async def test_a_recurring_run_is_fenced_by_the_lease_epoch_too(store: Store) -> None:
+    tenant = await make_tenant(store)
+    spec = {"cron": "*/5 * * * *"}
+    _job, run = await create_job(store, tenant.id, due_at=T0, schedule=spec)
+    assert run.origin == "schedule"
+    old = await store.shard_leases_acquire(node_id=NODE, shards=[run.shard], ttl=10, now=T0)
+    await store.shard_leases_acquire(node_id="node-b", shards=[run.shard], ttl=10, now=at(11))
+    await store.shard_leases_release(node_id="node-b", shards=[run.shard])
+    new = await store.shard_leases_acquire(node_id=NODE, shards=[run.shard], ttl=10, now=at(12))
+    assert await store.runs_fire(run_ids=[run.id], node_id=NODE, now=at(13), epochs=old) == []
+    fired = await store.runs_fire(run_ids=[run.id], node_id=NODE, now=at(13), epochs=new)
+    assert [f.id for f in fired] == [run.id]
+
+
 async def test_shard_lease_lifecycle(store: Store) -> None:
     a = await store.shard_leases_acquire(node_id="node-a", shards=[0, 1, 2], ttl=10, now=T0)
     assert a == {0: 1, 1: 1, 2: 1}

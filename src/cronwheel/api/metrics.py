@@ -20,11 +20,14 @@ from cronwheel.store.base import Store
 __all__ = [
     "API_REQUESTS",
     "API_REQUEST_DURATION",
+    "CLOCK_OFFSET",
+    "CLOCK_UNCERTAINTY",
     "CONTENT_TYPE_LATEST",
     "DISPATCH_LATENESS",
     "LATENESS_BUCKETS",
     "REGISTRY",
     "RUNS_BY_STATE",
+    "SHARDS_HELD",
     "START_LATENESS",
     "UNROUTABLE_RUNS",
     "MetricsMiddleware",
@@ -58,6 +61,22 @@ DISPATCH_LATENESS = Histogram(
     "cronwheel_dispatch_lateness_seconds",
     "Time from a run's fire instant to its dispatch (observed by the scheduler).",
     buckets=LATENESS_BUCKETS,
+    registry=REGISTRY,
+)
+CLOCK_OFFSET = Gauge(
+    "cronwheel_scheduler_clock_offset_seconds",
+    "The database clock minus this scheduler node's local clock, as last measured.",
+    registry=REGISTRY,
+)
+CLOCK_UNCERTAINTY = Gauge(
+    "cronwheel_scheduler_clock_uncertainty_seconds",
+    "How far this node's corrected time may be off: the larger of the last measurement's "
+    "round trip and the offset's change since the one before (drift).",
+    registry=REGISTRY,
+)
+SHARDS_HELD = Gauge(
+    "cronwheel_scheduler_shards_held",
+    "Shards this scheduler node holds a lease on.",
     registry=REGISTRY,
 )
 START_LATENESS = Histogram(

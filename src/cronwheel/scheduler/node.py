@@ -32,7 +32,7 @@ import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
-from cronwheel.api.metrics import DISPATCH_LATENESS
+from cronwheel.api.metrics import CLOCK_OFFSET, CLOCK_UNCERTAINTY, DISPATCH_LATENESS, SHARDS_HELD
 from cronwheel.domain.model import DueRun
 from cronwheel.domain.sharding import NUM_SHARDS
 from cronwheel.scheduler.window import DueWindow
@@ -59,6 +59,8 @@ class Clock:
         self.fixed = offset is not None
         self.offset = offset or timedelta(0)
         self.round_trip = timedelta(0)
+        self.drift = timedelta(0)  # the offset's change between the last two readings
+        self._measured = False
 
     def now(self) -> datetime:
         return self.local() + self.offset
@@ -72,7 +74,9 @@ class Clock:
         """The offset from the database clock, as a lower bound: the database read its
         clock before our second reading, so ``db - t1`` never runs ahead of it. Firing
         by this time is never early by the database's clock, and late by at most the
-        round trip of the best of ``samples`` readings. ``round_trip`` records it."""
+        round trip of the best of ``samples`` readings. ``round_trip`` records it, and
+        ``drift`` how much the offset moved since the previous measurement (a local clock
+        stepped or slewing fast)."""
         if self.fixed:
             return self.offset
         best: tuple[timedelta, timedelta] | None = None
@@ -83,8 +87,17 @@ class Clock:
             if best is None or t1 - t0 < best[0]:
                 best = (t1 - t0, db - t1)
         assert best is not None
+        previous = self.offset if self._measured else None
         self.round_trip, self.offset = best
+        self.drift = abs(self.offset - previous) if previous is not None else timedelta(0)
+        self._measured = True
         return self.offset
+
+    @property
+    def uncertainty(self) -> timedelta:
+        """How far corrected time may be off the database's: the larger of the last
+        reading's round trip and the drift since the reading before."""
+        return max(self.round_trip, self.drift)
 
 
 def default_node_id() -> str:
@@ -117,6 +130,7 @@ class SchedulerNode:
         self._next_route_check = datetime.min.replace(tzinfo=UTC)
         self._next_poll = datetime.min.replace(tzinfo=UTC)
         self._next_clock = datetime.min.replace(tzinfo=UTC)
+        self._clock_trusted = True
         self._subscription: Subscription | None = None
 
     # -- the loop ------------------------------------------------------------------
@@ -149,8 +163,10 @@ class SchedulerNode:
         """One pass: chores that are due, then fire every due run. Returns runs fired."""
         now = self.clock.now()
         if now >= self._next_clock:
-            await self.clock.measure(self.store)
-            self._next_clock = now + timedelta(seconds=10)
+            await self._check_clock()
+            now = self.clock.now()
+        if not self._clock_trusted:
+            return 0
         if now >= self._next_lease:
             await self._renew_leases()
         if not self.shards:
@@ -171,7 +187,13 @@ class SchedulerNode:
 
     def _sleep_for(self) -> float:
         now = self.clock.now()
-        wake = [self._next_lease, self._next_expire, self._next_poll, self._next_route_check]
+        wake = [
+            self._next_lease,
+            self._next_expire,
+            self._next_poll,
+            self._next_route_check,
+            self._next_clock,
+        ]
         if self.window.horizon is not None:
             wake.append(self.window.horizon - self._window / 2)
         nxt = self.window.next_fire_at()
@@ -180,6 +202,38 @@ class SchedulerNode:
         return max(0.0, min(w - now for w in wake).total_seconds())
 
     # -- chores --------------------------------------------------------------------
+
+    async def _check_clock(self) -> None:
+        """Measure the offset from the database clock. A node that cannot trust its time
+        within ``max_clock_uncertainty`` gives its shards back (another node fires them
+        on time) and measures every second until two readings agree again."""
+        await self.clock.measure(self.store)
+        CLOCK_OFFSET.set(self.clock.offset.total_seconds())
+        uncertainty = self.clock.uncertainty
+        CLOCK_UNCERTAINTY.set(uncertainty.total_seconds())
+        bound = timedelta(seconds=self.settings.max_clock_uncertainty)
+        trusted = uncertainty <= bound
+        if trusted != self._clock_trusted:
+            extra = {
+                "node": self.node_id,
+                "offset": self.clock.offset.total_seconds(),
+                "uncertainty": uncertainty.total_seconds(),
+                "bound": bound.total_seconds(),
+            }
+            if trusted:
+                log.info("clock trusted again", extra={"event": "clock_trusted", **extra})
+                self._next_lease = datetime.min.replace(tzinfo=UTC)
+            else:
+                log.warning(
+                    "clock uncertainty over the bound: giving up shards",
+                    extra={"event": "clock_untrusted", **extra},
+                )
+                await self._release()
+                self.window.drop_shards(set(range(NUM_SHARDS)))
+                self.window.horizon = None
+        self._clock_trusted = trusted
+        interval = self.settings.clock_check_interval if trusted else 1.0
+        self._next_clock = self.clock.now() + timedelta(seconds=interval)
 
     async def _renew_leases(self) -> None:
         """Beat, renew, and keep this node's fair share: ceil(shards / live nodes). Expired
@@ -207,6 +261,7 @@ class SchedulerNode:
             self.window.horizon = None
             log.info("shard leases gained", extra={"event": "shards_gained", "count": len(gained)})
         self.shards = held
+        SHARDS_HELD.set(len(held))
         self._next_lease = self.clock.now() + timedelta(seconds=ttl / 3)
 
     async def _expire(self) -> None:
@@ -293,6 +348,7 @@ class SchedulerNode:
                     run_ids=[r.id for r in batch],
                     node_id=self.node_id,
                     now=self.clock.store_now(),
+                    epochs=dict(self.shards),
                 )
             for run in fired:
                 DISPATCH_LATENESS.observe(
@@ -316,3 +372,4 @@ class SchedulerNode:
             "shard leases released", extra={"event": "shards_released", "count": len(self.shards)}
         )
         self.shards = {}
+        SHARDS_HELD.set(0)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -382,13 +382,16 @@ class Store(ABC):
         node_id: str,
         now: datetime | None = None,
         lead: float = 0.0,
+        epochs: Mapping[int, int] | None = None,
     ) -> list[FiredRun]:
         """Move SCHEDULED runs to DISPATCHED in one conditional UPDATE: only runs still
         SCHEDULED, due by ``now + lead`` seconds, and whose shard ``node_id`` holds an
-        unexpired lease on at ``now``. ``lead`` > 0 hands runs out that many seconds
-        ahead of their instant; the default 0 never dispatches a run early by the
-        database's clock. Sets ``dispatched_at``; appends one event per run. Returns what
-        moved."""
+        unexpired lease on at ``now`` — with ``epochs`` (shard → the lease epoch the
+        caller acquired), a lease of that very epoch: a node whose lease lapsed fires
+        nothing from its stale view, even after it won the shard back. ``lead`` > 0
+        hands runs out that many seconds ahead of their instant; the default 0 never
+        dispatches a run early by the database's clock. Sets ``dispatched_at``; appends
+        one event per run. Returns what moved."""
 
     @abstractmethod
     async def shard_leases_acquire(

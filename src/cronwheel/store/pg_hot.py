@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
@@ -41,10 +41,14 @@ _NOW = "WITH t AS (SELECT COALESCE($1::timestamptz, statement_timestamp()) AS no
 # means the same and implies nothing, so only the primary key is left.
 _SCHEDULED = "(runs.state = 'SCHEDULED') IS TRUE"
 
-# The shards ``$3`` holds an unexpired lease on: computed once per statement, then a
-# filter on the rows found by id (the epoch fence; a node that lost its lease matches
-# nothing).
-_HELD = "ARRAY(SELECT shard FROM shard_leases WHERE owner = $3 AND expires_at > {now})"
+# The shards ``$3`` holds an unexpired lease on — of the epochs it acquired them at
+# (``$5`` shards, ``$6`` epochs; NULL: any) — computed once per statement, then a filter
+# on the rows found by id. This is the fence: a node whose lease lapsed matches nothing,
+# even once it has won the shard back under a new epoch.
+_HELD = """ARRAY(SELECT shard FROM shard_leases
+             WHERE owner = $3 AND expires_at > {now}
+               AND ($5::smallint[] IS NULL
+                    OR (shard, epoch) IN (SELECT * FROM unnest($5::smallint[], $6::bigint[]))))"""
 
 _FIRE = f"""
 {_NOW},
@@ -73,6 +77,12 @@ SELECT id, tenant_id, pool, fire_at, now FROM fired
 """
 
 
+def _fence(epochs: Mapping[int, int] | None) -> tuple[list[int] | None, list[int] | None]:
+    if epochs is None:
+        return None, None
+    return list(epochs), list(epochs.values())
+
+
 async def fire(
     conn: Any,
     *,
@@ -80,8 +90,9 @@ async def fire(
     run_ids: Sequence[uuid.UUID],
     node_id: str,
     lead: float,
+    epochs: Mapping[int, int] | None = None,
 ) -> list[FiredRun]:
-    rows = await conn.fetch(_FIRE, now, list(run_ids), node_id, lead)
+    rows = await conn.fetch(_FIRE, now, list(run_ids), node_id, lead, *_fence(epochs))
     if rows:
         await conn.execute(
             "SELECT pg_notify('cw_runs_ready', p) FROM unnest($1::text[]) p",
@@ -121,11 +132,17 @@ def _schedule(text: str) -> dict[str, Any]:
 
 
 async def fire_candidates(
-    conn: Any, *, at: datetime, run_ids: Sequence[uuid.UUID], node_id: str, lead: float
+    conn: Any,
+    *,
+    at: datetime,
+    run_ids: Sequence[uuid.UUID],
+    node_id: str,
+    lead: float,
+    epochs: Mapping[int, int] | None = None,
 ) -> list[Any]:
     """The generic ``_fire_candidates`` (first tries of recurring jobs' runs, locked,
     with their job's state and schedule), found by primary key."""
-    rows = await conn.fetch(_CANDIDATES, at, list(run_ids), node_id, lead)
+    rows = await conn.fetch(_CANDIDATES, at, list(run_ids), node_id, lead, *_fence(epochs))
     return [SimpleNamespace(**{**dict(r), "schedule": _schedule(r["schedule"])}) for r in rows]
 
 

@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -24,6 +24,7 @@ from cronwheel.store import pg_hot
 from cronwheel.store.base import CHANNEL_RUNS_NEW, CHANNEL_RUNS_READY, CompleteItem, HeartbeatItem
 from cronwheel.store.schema import shard_leases
 from cronwheel.store.sql import SqlStore
+from cronwheel.store.sql.core import lease_fence
 from cronwheel.store.sql.firing import Planned
 
 __all__ = ["PostgresStore"]
@@ -71,9 +72,10 @@ class PostgresStore(SqlStore):
         node_id: str,
         at: datetime,
         lead: float,
+        epochs: Mapping[int, int] | None,
     ) -> list[FiredRun]:
         return await pg_hot.fire(
-            await _raw(conn), now=at, run_ids=run_ids, node_id=node_id, lead=lead
+            await _raw(conn), now=at, run_ids=run_ids, node_id=node_id, lead=lead, epochs=epochs
         )
 
     async def _fire_candidates(
@@ -84,9 +86,10 @@ class PostgresStore(SqlStore):
         node_id: str,
         at: datetime,
         lead: float,
+        epochs: Mapping[int, int] | None,
     ) -> list[Any]:
         return await pg_hot.fire_candidates(
-            await _raw(conn), at=at, run_ids=run_ids, node_id=node_id, lead=lead
+            await _raw(conn), at=at, run_ids=run_ids, node_id=node_id, lead=lead, epochs=epochs
         )
 
     async def attempts_lease(
@@ -261,13 +264,18 @@ class PostgresStore(SqlStore):
         return subset
 
     def _shard_held(
-        self, shard: sa.ColumnElement[Any], *, node_id: str, at: datetime
+        self,
+        shard: sa.ColumnElement[Any],
+        *,
+        node_id: str,
+        at: datetime,
+        epochs: Mapping[int, int] | None = None,
     ) -> sa.ColumnElement[bool]:
         # ANY((SELECT array_agg …)) is computed once; an IN/EXISTS here makes the planner
         # loop over the leases and rescan the batch's ids for each (10x slower).
         held = (
             sa.select(sa.func.array_agg(shard_leases.c.shard))
-            .where(shard_leases.c.owner == node_id, shard_leases.c.expires_at > at)
+            .where(*lease_fence(node_id, at, epochs))
             .scalar_subquery()
         )
         # The CAST keeps the subquery a scalar (array) expression: ANY((SELECT …)).

@@ -8,7 +8,7 @@ import contextlib
 import logging
 import uuid
 from abc import abstractmethod
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -34,6 +34,7 @@ __all__ = [
     "int_cursor",
     "job_from",
     "jobs_select",
+    "lease_fence",
     "new_run_row",
     "run_from",
     "tenant_from",
@@ -215,12 +216,16 @@ class SqlCore(Store):
         """Every element of the JSON array ``column`` is in ``values``."""
 
     def _shard_held(
-        self, shard: sa.ColumnElement[Any], *, node_id: str, at: datetime
+        self,
+        shard: sa.ColumnElement[Any],
+        *,
+        node_id: str,
+        at: datetime,
+        epochs: Mapping[int, int] | None = None,
     ) -> sa.ColumnElement[bool]:
-        """``shard`` is leased by ``node_id`` and the lease is unexpired at ``at``."""
-        held = sa.select(shard_leases.c.shard).where(
-            shard_leases.c.owner == node_id, shard_leases.c.expires_at > at
-        )
+        """``shard`` is leased by ``node_id``, the lease is unexpired at ``at`` and, with
+        ``epochs``, it is the lease of that epoch."""
+        held = sa.select(shard_leases.c.shard).where(*lease_fence(node_id, at, epochs))
         return shard.in_(held.scalar_subquery())
 
     def _starts_with(self, column: sa.ColumnElement[str], prefix: str) -> sa.ColumnElement[bool]:
@@ -391,6 +396,18 @@ def event_row(
 
 
 # -- rows ----------------------------------------------------------------------
+
+
+def lease_fence(
+    node_id: str, at: datetime, epochs: Mapping[int, int] | None
+) -> list[sa.ColumnElement[bool]]:
+    """The conditions on ``shard_leases`` rows that ``node_id`` may fire for."""
+    fence = [shard_leases.c.owner == node_id, shard_leases.c.expires_at > at]
+    if epochs is not None:
+        fence.append(
+            sa.tuple_(shard_leases.c.shard, shard_leases.c.epoch).in_(sorted(epochs.items()))
+        )
+    return fence
 
 
 def new_run_row(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -46,17 +46,20 @@ class DispatchMixin(FiringMixin):
         node_id: str,
         now: datetime | None = None,
         lead: float = 0.0,
+        epochs: Mapping[int, int] | None = None,
     ) -> list[FiredRun]:
         if not run_ids:
             return []
         async with self._write() as conn:
             at = await self._now(conn, now)
-            fired = await self._fire_plain(conn, run_ids, node_id=node_id, at=at, lead=lead)
+            fired = await self._fire_plain(
+                conn, run_ids, node_id=node_id, at=at, lead=lead, epochs=epochs
+            )
             if len(fired) < len(run_ids):
                 # The rest: first tries of recurring jobs' scheduled runs (their policies
                 # apply), or runs no longer firable (cancelled, not ours, not yet due).
                 candidates = await self._fire_candidates(
-                    conn, run_ids, node_id=node_id, at=at, lead=lead
+                    conn, run_ids, node_id=node_id, at=at, lead=lead, epochs=epochs
                 )
                 if candidates:
                     fired += await self._fire_scheduled(conn, candidates, at=at, node_id=node_id)
@@ -70,6 +73,7 @@ class DispatchMixin(FiringMixin):
         node_id: str,
         at: datetime,
         lead: float,
+        epochs: Mapping[int, int] | None,
     ) -> Sequence[Any]:
         """The runs of ``run_ids`` whose firing applies their job's policies — first
         tries of recurring jobs' scheduled runs, due, on a shard ``node_id`` holds —
@@ -95,7 +99,7 @@ class DispatchMixin(FiringMixin):
                     runs.c.origin == "schedule",
                     runs.c.attempt == 0,
                     runs.c.fire_at <= at + timedelta(seconds=lead),
-                    self._shard_held(runs.c.shard, node_id=node_id, at=at),
+                    self._shard_held(runs.c.shard, node_id=node_id, at=at, epochs=epochs),
                 )
                 .with_for_update(of=runs, skip_locked=True)
             )
@@ -109,12 +113,13 @@ class DispatchMixin(FiringMixin):
         node_id: str,
         at: datetime,
         lead: float,
+        epochs: Mapping[int, int] | None,
     ) -> list[FiredRun]:
         """Dispatch the runs of ``run_ids`` that need no policy (one-off runs, retries,
         triggered, replayed and backfilled ones): one UPDATE, one INSERT of events."""
         # The epoch fence: only the live owner of a run's shard may fire it. A node that
         # lost its lease (paused, partitioned) matches nothing here.
-        held = self._shard_held(runs.c.shard, node_id=node_id, at=at)
+        held = self._shard_held(runs.c.shard, node_id=node_id, at=at, epochs=epochs)
         rows = (
             await conn.execute(
                 runs.update()
