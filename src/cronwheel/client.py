@@ -315,6 +315,27 @@ class _Calls:
         return Call("GET", "/v1/dead-letters", params=params)
 
     @staticmethod
+    def dead_letters_redrive(
+        run_ids: Sequence[Id] | None,
+        job_id: Id | None,
+        all: bool,
+        reason: str | None,
+        limit: int | None,
+    ) -> Call:
+        body: Json = {}
+        if run_ids is not None:
+            body["run_ids"] = [str(r) for r in run_ids]
+        if job_id is not None:
+            body["job_id"] = str(job_id)
+        if all:
+            body["all"] = True
+        if reason is not None:
+            body["reason"] = reason
+        if limit is not None:
+            body["limit"] = limit
+        return Call("POST", "/v1/dead-letters/redrive", json=body)
+
+    @staticmethod
     def runs_logs(run_id: Id, attempt: int | None, cursor: str | None, limit: int | None) -> Call:
         params = _params(attempt=attempt, cursor=cursor, limit=limit)
         return Call("GET", f"/v1/runs/{_seg(run_id)}/logs", params=params)
@@ -623,6 +644,21 @@ class Runs(_Resource):
     ) -> Page[Json]:
         return self._page(_Calls.dead_letters(job_id, cursor, limit))
 
+    def redrive_many(
+        self,
+        run_ids: Sequence[Id] | None = None,
+        *,
+        job_id: Id | None = None,
+        all: bool = False,
+        reason: str | None = None,
+        limit: int | None = None,
+    ) -> Json:
+        """Send dead letters back in one batch, chosen by exactly one of ``run_ids``,
+        ``job_id`` or ``all=True``, at most ``limit`` (default and most 1,000), oldest
+        first. Answers ``redriven``, ``run_ids``, ``skipped`` (named runs that are not
+        dead letters, each with a ``reason``) and ``more`` (others remain past the limit)."""
+        return self._one(_Calls.dead_letters_redrive(run_ids, job_id, all, reason, limit))
+
     def logs_page(
         self,
         run_id: Id,
@@ -881,6 +917,17 @@ class AsyncRuns(_AsyncResource):
         self, *, job_id: Id | None = None, cursor: str | None = None, limit: int | None = None
     ) -> Page[Json]:
         return await self._page(_Calls.dead_letters(job_id, cursor, limit))
+
+    async def redrive_many(
+        self,
+        run_ids: Sequence[Id] | None = None,
+        *,
+        job_id: Id | None = None,
+        all: bool = False,
+        reason: str | None = None,
+        limit: int | None = None,
+    ) -> Json:
+        return await self._one(_Calls.dead_letters_redrive(run_ids, job_id, all, reason, limit))
 
     async def logs_page(
         self,

@@ -17,7 +17,7 @@ import pytest
 from click.testing import Result
 from typer.testing import CliRunner
 
-from cronwheel import Client
+from cronwheel import ApiError, Client, cli_dlq
 from cronwheel.cli import app
 from cronwheel.runtime import BackgroundRuntime, Runtime
 from cronwheel.settings import Settings
@@ -33,15 +33,18 @@ class Server:
     tenant_id: str
     runner: CliRunner
 
-    def cli(self, *args: str, key: str | None = None, **env: str) -> Result:
-        """``cronwheel <args>`` with the URL and key in the environment, as users set them."""
+    def cli(
+        self, *args: str, key: str | None = None, input: str | None = None, **env: str
+    ) -> Result:
+        """``cronwheel <args>`` with the URL and key in the environment, as users set them;
+        ``input`` is what the user types."""
         environ = {
             "CRONWHEEL_URL": self.url,
             "CRONWHEEL_API_KEY": key or self.operator_key,
             "COLUMNS": "200",
             **env,
         }
-        return self.runner.invoke(app, list(args), env=environ)
+        return self.runner.invoke(app, list(args), env=environ, input=input)
 
     def json(self, *args: str, key: str | None = None) -> Any:
         result = self.cli(*args, "--json", key=key)
@@ -280,3 +283,111 @@ async def test_dlq_list_show_redrive(server: Server, store_url: str) -> None:
     assert server.json("dlq", "list")["items"] == []
     again = server.cli("dlq", "redrive", run_id)
     assert again.exit_code == 1 and "illegal_transition" in (again.output + again.stderr)
+
+
+async def _dead_letters(server: Server, store_url: str, count: int) -> list[str]:
+    """``count`` jobs due now with one try each, whose runs the server's scheduler
+    dispatches and a worker fails: dead letters, in id order."""
+    runs = {
+        server.json(
+            "jobs", "create", "--name", f"bulk-{i}", "--task", "t", "--asap", "--max-attempts", "1"
+        )["first_run_id"]
+        for i in range(count)
+    }
+    store = create_store(store_url)
+    await store.open()
+    try:
+        tenant = uuid.UUID(server.tenant_id)
+        worker = await store.workers_register(
+            tenant, pool="default", capabilities=[], tags=[], capacity=count
+        )
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 30
+        leased: list[Any] = []
+        while len(leased) < count:
+            assert loop.time() < deadline, "never dispatched"
+            leased += await store.attempts_lease(worker=worker, max=count)
+            if len(leased) < count:
+                await asyncio.sleep(0.05)
+        assert {str(a.run_id) for a in leased} == runs
+        await store.attempts_fail_many(
+            items=[FailItem(a.attempt_id, a.fencing_token, "disk full") for a in leased]
+        )
+    finally:
+        await store.close()
+    return sorted(runs, key=uuid.UUID)
+
+
+def _dead_ids(server: Server) -> list[str]:
+    return sorted((r["id"] for r in server.json("dlq", "list")["items"]), key=uuid.UUID)
+
+
+async def test_dlq_redrive_in_bulk(
+    server: Server, store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dead = await _dead_letters(server, store_url, 5)
+
+    # Refused before anything is sent: nothing changes.
+    for args, code, words in (
+        ((), 2, "exactly one of them"),
+        ((dead[0], "--all"), 2, "got run ids and --all"),
+        (("--job", dead[0], "--all", "--yes"), 2, "got --job and --all"),
+        (("--all",), 2, "add --yes"),
+        (("--all", "--yes", "--limit", "0"), 2, "--limit"),
+        ((dead[0], "not-a-run"), 1, "run_ids.1"),
+        (("--job", "not-a-job"), 1, "job_id"),
+        (("--job", str(uuid.uuid4())), 1, "not found"),
+    ):
+        result = server.cli("dlq", "redrive", *args)
+        assert result.exit_code == code, (args, result.output)
+        assert words in result.stderr, (args, result.stderr)
+    assert _dead_ids(server) == dead
+
+    # Several ids: a table of what was sent back and skipped; the skip exits 1.
+    unknown = str(uuid.uuid4())
+    result = server.cli("dlq", "redrive", dead[0], unknown, "--reason", "disk replaced")
+    assert result.exit_code == 1, result.output
+    assert "redriven 1, skipped 1" in result.stdout
+    lines = result.stdout.splitlines()
+    assert any(dead[0] in line and "redriven" in line for line in lines)
+    assert any(unknown in line and "not found" in line for line in lines)
+    assert "1 of the runs named were not sent back" in result.stderr
+    # Sent back (the server's scheduler may have fired it already).
+    events = server.json("runs", "show", dead[0])["events"]
+    [sent] = [e for e in events if e["from_state"] == "DEAD_LETTER"]
+    assert (sent["to_state"], sent["reason"]) == ("SCHEDULED", "disk replaced")
+
+    job_id = server.json("runs", "show", dead[1])["job_id"]
+    out = server.json("dlq", "redrive", "--job", job_id)
+    assert out == {"redriven": 1, "run_ids": [dead[1]], "skipped": [], "more": False}
+
+    # The blocking client.
+    with Client(server.url, api_key=server.operator_key) as client:
+        out = client.runs.redrive_many([dead[4], dead[0]], reason="sync")
+        assert out["run_ids"] == [dead[4]]
+        [skipped] = out["skipped"]
+        assert skipped["run_id"] == dead[0]
+        assert skipped["reason"].startswith("not a dead letter: ")
+        with pytest.raises(ApiError) as caught:
+            client.runs.redrive_many(job_id=job_id, all=True)
+        assert (caught.value.status, caught.value.field) == (422, "all")
+    assert _dead_ids(server) == dead[2:4]
+
+    # --all, oldest first, at most --limit; the rest are still there.
+    result = server.cli("dlq", "redrive", "--all", "--yes", "--limit", "1")
+    assert result.exit_code == 0, result.output
+    assert dead[2] in result.stdout and dead[3] not in result.stdout
+    assert "more dead letters match" in result.stdout
+    assert _dead_ids(server) == [dead[3]]
+
+    # At a terminal --all asks first.
+    monkeypatch.setattr(cli_dlq, "_interactive", lambda: True)
+    result = server.cli("dlq", "redrive", "--all", input="n\n")
+    assert result.exit_code == 1 and "Send back every dead letter" in result.output
+    assert _dead_ids(server) == [dead[3]]
+    result = server.cli("dlq", "redrive", "--all", input="y\n")
+    assert result.exit_code == 0 and dead[3] in result.stdout
+    assert _dead_ids(server) == []
+
+    result = server.cli("dlq", "redrive", "--all", "--yes")
+    assert result.exit_code == 0 and "nothing sent back" in result.stdout

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field
 
 from cronwheel.domain.spec import MAX_RETRY_AFTER, TenantLimits
+from cronwheel.store.base import REDRIVE_BATCH_MAX
 
 __all__ = [
     "ERROR_RESPONSES",
@@ -31,6 +32,8 @@ __all__ = [
     "CancelRequest",
     "CompleteItemIn",
     "CompleteRequest",
+    "DeadLetterRedriveOut",
+    "DeadLetterRedriveRequest",
     "ErrorDetail",
     "ErrorResponse",
     "EventOut",
@@ -58,6 +61,7 @@ __all__ = [
     "RunDetail",
     "RunList",
     "RunOut",
+    "SkippedRun",
     "TenantCreate",
     "TenantCreated",
     "TenantList",
@@ -351,6 +355,38 @@ class RunDetail(RunOut):
 class RunList(_Out):
     items: list[RunOut]
     next_cursor: str | None
+
+
+class DeadLetterRedriveRequest(_In):
+    """Exactly one selector: ``run_ids``, ``job_id`` or ``all``."""
+
+    run_ids: list[uuid.UUID] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=REDRIVE_BATCH_MAX,
+        description="these runs; an id that is not one of the tenant's dead letters is skipped",
+    )
+    job_id: uuid.UUID | None = Field(default=None, description="the dead letters of this job")
+    all: bool = Field(default=False, description="every dead letter of the tenant")
+    reason: str | None = Field(default=None, max_length=1000, description="recorded in history")
+    limit: int = Field(
+        default=REDRIVE_BATCH_MAX,
+        ge=1,
+        le=REDRIVE_BATCH_MAX,
+        description="the most runs sent back, oldest first; `more` says whether others remain",
+    )
+
+
+class SkippedRun(_Out):
+    run_id: uuid.UUID
+    reason: str = Field(description="why it was not sent back")
+
+
+class DeadLetterRedriveOut(_Out):
+    redriven: int = Field(description="how many runs were sent back")
+    run_ids: list[uuid.UUID] = Field(description="the runs sent back, oldest first")
+    skipped: list[SkippedRun] = Field(description="named runs not sent back, in the order given")
+    more: bool = Field(description="dead letters matching the selector remain past the limit")
 
 
 # -- worker protocol -------------------------------------------------------------------

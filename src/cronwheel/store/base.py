@@ -48,9 +48,11 @@ from cronwheel.domain.model import (
 __all__ = [
     "CHANNEL_RUNS_NEW",
     "CHANNEL_RUNS_READY",
+    "REDRIVE_BATCH_MAX",
     "CompleteItem",
     "FailItem",
     "HeartbeatItem",
+    "RedriveBatch",
     "RunFilter",
     "Store",
     "Subscription",
@@ -86,6 +88,21 @@ class RunFilter:
     since: datetime | None = None  # due_at >= since
     until: datetime | None = None  # due_at < until
     tag: str | None = None
+
+
+# The most dead letters one bulk redrive sends back, and the most ids it may name.
+REDRIVE_BATCH_MAX = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class RedriveBatch:
+    """What one ``runs_redrive_many`` did."""
+
+    runs: list[Run]  # sent back, in id order
+    # Each named id that was not sent back, with its state; None: the tenant has no such
+    # run. A DEAD_LETTER one was left out by the limit.
+    skipped: dict[uuid.UUID, str | None]
+    more: bool  # dead letters matching the selection remain (the limit cut the batch)
 
 
 class Subscription(ABC):
@@ -360,6 +377,26 @@ class Store(ABC):
         ``states`` (a redrive: DEAD_LETTER; a retry: also FAILED and CANCELLED); from any
         other state :class:`IllegalTransitionError`. A finished one-off job is active
         again until the run ends."""
+
+    @abstractmethod
+    async def runs_redrive_many(
+        self,
+        tenant_id: uuid.UUID,
+        *,
+        run_ids: Sequence[uuid.UUID] | None = None,
+        job_id: uuid.UUID | None = None,
+        limit: int = REDRIVE_BATCH_MAX,
+        actor: str | None = None,
+        reason: str | None = None,
+        now: datetime | None = None,
+    ) -> RedriveBatch:
+        """Redrive, as :meth:`runs_redrive` does one, the tenant's DEAD_LETTER runs among
+        ``run_ids`` and of ``job_id`` (each ``None``: no such condition; both: runs
+        meeting both), at most ``limit`` of them in id order, in one transaction and a
+        fixed number of statements. Named ids that are not the tenant's dead letters are
+        reported, not errors. An unknown ``job_id`` raises :class:`NotFoundError`;
+        ``limit`` outside 1..``REDRIVE_BATCH_MAX`` or more ids than that
+        :class:`ValidationError`."""
 
     @abstractmethod
     async def runs_count_by_state(self) -> dict[str, int]:

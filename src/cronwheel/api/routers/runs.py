@@ -1,4 +1,5 @@
-"""Runs: history with filters, one run with its attempts and events, cancel."""
+"""Runs: history with filters, one run with its attempts and events, cancel, retry and
+redrive; dead letters listed and redriven in bulk."""
 
 from __future__ import annotations
 
@@ -14,11 +15,14 @@ from cronwheel.api.schemas import (
     ERROR_RESPONSES,
     AttemptOut,
     CancelRequest,
+    DeadLetterRedriveOut,
+    DeadLetterRedriveRequest,
     ErrorResponse,
     EventOut,
     RunDetail,
     RunList,
     RunOut,
+    SkippedRun,
 )
 from cronwheel.domain.errors import ValidationError
 from cronwheel.domain.model import Attempt, Event, Run
@@ -241,9 +245,64 @@ async def list_dead_letters(
     limit: int = Query(default=100, ge=1, le=500),
 ) -> RunList:
     """Runs that gave up after their last attempt, newest first; each carries its last
-    error and the reason. Redrive one with ``POST /v1/runs/{id}/redrive``."""
+    error and the reason. Redrive one with ``POST /v1/runs/{id}/redrive``, many with
+    ``POST /v1/dead-letters/redrive``."""
     run_filter = RunFilter(job_id=job_id, states=[RunState.DEAD_LETTER.value])
     page = await api_state(request).store.runs_list(
         scope.tenant_id, filter=run_filter, cursor=cursor, limit=limit
     )
     return RunList(items=[run_out(r) for r in page.items], next_cursor=page.next_cursor)
+
+
+@dead_letters.post(
+    "/redrive",
+    summary="Send dead-lettered runs back in bulk",
+    responses={404: {"model": ErrorResponse, "description": "No such job"}},
+)
+async def redrive_dead_letters(
+    request: Request,
+    body: DeadLetterRedriveRequest,
+    scope: TenantScope = Depends(tenant_writer),
+) -> DeadLetterRedriveOut:
+    """Each selected DEAD_LETTER run is due again at once with a new series of attempts,
+    as ``POST /v1/runs/{id}/redrive`` does one; at most ``limit``, oldest first, in one
+    transaction. Select with exactly one of ``run_ids``, ``job_id`` or ``all: true``. A
+    named run that is not one of the tenant's dead letters is reported in ``skipped``;
+    it does not fail the batch."""
+    chosen = {"run_ids": body.run_ids is not None, "job_id": body.job_id is not None}
+    given = [name for name, yes in {**chosen, "all": body.all}.items() if yes]
+    if not given:
+        raise ValidationError(
+            "run_ids: select the dead letters with one of run_ids, job_id or all: true",
+            field="run_ids",
+        )
+    if len(given) > 1:
+        raise ValidationError(
+            f"{given[1]}: give only one of run_ids, job_id or all (got {' and '.join(given)})",
+            field=given[1],
+        )
+    batch = await api_state(request).store.runs_redrive_many(
+        scope.tenant_id,
+        run_ids=body.run_ids,
+        job_id=body.job_id,
+        limit=body.limit,
+        actor=scope.principal.actor,
+        reason=body.reason or "redriven",
+    )
+    return DeadLetterRedriveOut(
+        redriven=len(batch.runs),
+        run_ids=[r.id for r in batch.runs],
+        skipped=[
+            SkippedRun(run_id=run_id, reason=_skip_reason(state))
+            for run_id, state in batch.skipped.items()
+        ],
+        more=batch.more,
+    )
+
+
+def _skip_reason(state: str | None) -> str:
+    if state is None:
+        return "not found"
+    if state == RunState.DEAD_LETTER.value:
+        return "over the limit"
+    return f"not a dead letter: {state}"

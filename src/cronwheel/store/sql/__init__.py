@@ -7,6 +7,7 @@ from cronwheel.store.sql.catalog import CatalogMixin
 from cronwheel.store.sql.control import ControlMixin
 from cronwheel.store.sql.dispatch import DispatchMixin
 from cronwheel.store.sql.leasing import LeasingMixin
+from cronwheel.store.sql.redrive import RedriveMixin
 from cronwheel.store.sql.routing import RoutingMixin
 from cronwheel.store.sql.tenancy import TenancyMixin
 
@@ -17,6 +18,7 @@ class SqlStore(
     TenancyMixin,
     CatalogMixin,
     ControlMixin,
+    RedriveMixin,
     DispatchMixin,
     LeasingMixin,
     AttemptsMixin,

@@ -19,7 +19,6 @@ explicit requests) and a resume leaves them alone.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from itertools import islice
 from typing import Any, cast
@@ -44,7 +43,7 @@ from cronwheel.domain.states import JobState, RunState
 from cronwheel.ids import new_id
 from cronwheel.store.base import CHANNEL_RUNS_NEW
 from cronwheel.store.schema import jobs, runs
-from cronwheel.store.sql.catalog import ANNOUNCE_HORIZON, ONE_OFF_KINDS, announce
+from cronwheel.store.sql.catalog import ANNOUNCE_HORIZON, announce
 from cronwheel.store.sql.core import (
     SqlCore,
     event_row,
@@ -460,76 +459,6 @@ class ControlMixin(SqlCore):
                 )
             ).all()
         return sorted((run_from(r) for r in found), key=lambda r: r.due_at)
-
-    async def runs_redrive(
-        self,
-        tenant_id: uuid.UUID,
-        run_id: uuid.UUID,
-        *,
-        states: Sequence[str] = ("DEAD_LETTER",),
-        actor: str | None = None,
-        reason: str | None = None,
-        now: datetime | None = None,
-    ) -> Run:
-        async with self._write() as conn:
-            at = await self._now(conn, now)
-            current = (
-                await conn.execute(
-                    sa.select(runs.c.state, runs.c.job_id, runs.c.shard, runs.c.retry)
-                    .where(runs.c.tenant_id == tenant_id, runs.c.id == run_id)
-                    .with_for_update()
-                )
-            ).first()
-            if current is None:
-                raise self._not_found("run", run_id)
-            if current.state not in states:
-                raise IllegalTransitionError(
-                    f"run {run_id} is {current.state}; only a run that is "
-                    f"{' or '.join(states)} can be sent back",
-                    source=current.state,
-                    target=RunState.SCHEDULED.value,
-                )
-            why = reason or "sent back by request"
-            await conn.execute(
-                runs.update()
-                .where(runs.c.id == run_id)
-                .values(
-                    state=RunState.SCHEDULED.value,
-                    fire_at=at,
-                    finished_at=None,
-                    cancel_requested=False,
-                    reason=why,
-                    max_attempts=runs.c.attempt + int(current.retry.get("max_attempts", 1)),
-                )
-            )
-            await conn.execute(
-                jobs.update()
-                .where(
-                    jobs.c.id == current.job_id,
-                    jobs.c.state == JobState.FINISHED.value,
-                    jobs.c.kind.in_(ONE_OFF_KINDS),
-                )
-                .values(state=JobState.ACTIVE.value, updated_at=at)
-            )
-            await self._insert_events(
-                conn,
-                [
-                    event_row(
-                        at=at,
-                        kind="run.transition",
-                        tenant_id=tenant_id,
-                        job_id=current.job_id,
-                        run_id=run_id,
-                        from_state=current.state,
-                        to_state=RunState.SCHEDULED.value,
-                        actor=actor,
-                        reason=why,
-                    )
-                ],
-            )
-            await self._notify(conn, CHANNEL_RUNS_NEW, [announce(run_id, current.shard, at)])
-            row = (await conn.execute(sa.select(*runs.c).where(runs.c.id == run_id))).one()
-        return run_from(row)
 
 
 def _check_range(start: datetime, end: datetime, now: datetime) -> None:

@@ -1,0 +1,228 @@
+"""Sending finished runs back: a redrive (one dead letter, or a batch of them) and a
+retry (a failed or cancelled run too)::
+
+    DEAD_LETTER ──redrive / retry──┐
+    FAILED ────────retry───────────┼──▶ SCHEDULED  fire_at = now,
+    CANCELLED ─────retry───────────┘              max_attempts = attempt + the policy's
+
+A run sent back starts a new series of attempts: its attempt count goes on, and it may
+make its retry policy's ``max_attempts`` more. A finished one-off job is active again
+while the run is live (the attempts path finishes it when the run ends).
+
+One path writes, whatever chose the runs: ``_runs_send_back`` takes runs the caller
+has locked and moves them all with one UPDATE, reopens their one-off jobs with one
+UPDATE and records them with one insert. Runs are locked before their jobs, the order
+of every path that changes both.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from cronwheel.domain.errors import IllegalTransitionError, ValidationError
+from cronwheel.domain.model import Run
+from cronwheel.domain.states import JobState, RunState
+from cronwheel.store.base import CHANNEL_RUNS_NEW, REDRIVE_BATCH_MAX, RedriveBatch
+from cronwheel.store.schema import jobs, runs
+from cronwheel.store.sql.catalog import ONE_OFF_KINDS, announce
+from cronwheel.store.sql.core import SqlCore, event_row, run_from
+
+__all__ = ["RedriveMixin"]
+
+_DEFAULT_REASON = "sent back by request"
+
+
+class RedriveMixin(SqlCore):
+    async def runs_redrive(
+        self,
+        tenant_id: uuid.UUID,
+        run_id: uuid.UUID,
+        *,
+        states: Sequence[str] = ("DEAD_LETTER",),
+        actor: str | None = None,
+        reason: str | None = None,
+        now: datetime | None = None,
+    ) -> Run:
+        async with self._write() as conn:
+            at = await self._now(conn, now)
+            current = (
+                await conn.execute(
+                    sa.select(runs.c.id, runs.c.state)
+                    .where(runs.c.tenant_id == tenant_id, runs.c.id == run_id)
+                    .with_for_update()
+                )
+            ).first()
+            if current is None:
+                raise self._not_found("run", run_id)
+            if current.state not in states:
+                raise IllegalTransitionError(
+                    f"run {run_id} is {current.state}; only a run that is "
+                    f"{' or '.join(states)} can be sent back",
+                    source=current.state,
+                    target=RunState.SCHEDULED.value,
+                )
+            [run] = await self._runs_send_back(
+                conn,
+                tenant_id,
+                {current.id: current.state},
+                at=at,
+                actor=actor,
+                reason=reason or _DEFAULT_REASON,
+            )
+        return run
+
+    async def runs_redrive_many(
+        self,
+        tenant_id: uuid.UUID,
+        *,
+        run_ids: Sequence[uuid.UUID] | None = None,
+        job_id: uuid.UUID | None = None,
+        limit: int = REDRIVE_BATCH_MAX,
+        actor: str | None = None,
+        reason: str | None = None,
+        now: datetime | None = None,
+    ) -> RedriveBatch:
+        if not 1 <= limit <= REDRIVE_BATCH_MAX:
+            raise ValidationError(
+                f"limit: must be from 1 to {REDRIVE_BATCH_MAX}, not {limit}", field="limit"
+            )
+        named = None if run_ids is None else list(dict.fromkeys(run_ids))
+        if named is not None and len(named) > REDRIVE_BATCH_MAX:
+            raise ValidationError(
+                f"run_ids: at most {REDRIVE_BATCH_MAX} ids at once, not {len(named)}",
+                field="run_ids",
+            )
+        selected = [runs.c.tenant_id == tenant_id, runs.c.state == RunState.DEAD_LETTER.value]
+        if job_id is not None:
+            selected.append(runs.c.job_id == job_id)
+        if named is not None:
+            selected.append(self._id_in(runs.c.id, named))
+        async with self._write() as conn:
+            at = await self._now(conn, now)
+            # In id order, the order every path locks runs in.
+            lock = (
+                sa.select(runs.c.id, runs.c.state)
+                .where(*selected)
+                .order_by(runs.c.id)
+                .limit(limit)
+                .with_for_update()
+            )
+            locked = [] if named == [] else (await conn.execute(lock)).all()
+            if not locked and job_id is not None:
+                await self._job_must_exist(conn, tenant_id, job_id)
+            sent = await self._runs_send_back(
+                conn,
+                tenant_id,
+                {r.id: r.state for r in locked},
+                at=at,
+                actor=actor,
+                reason=reason or _DEFAULT_REASON,
+            )
+            # Those sent back are SCHEDULED now: any match left is a dead letter the
+            # limit cut off.
+            more = len(locked) == limit and (
+                (await conn.execute(sa.select(runs.c.id).where(*selected).limit(1))).first()
+                is not None
+            )
+            skipped: dict[uuid.UUID, str | None] = {}
+            if named:
+                sent_ids = {r.id for r in sent}
+                skipped = await self._states_of(
+                    conn, tenant_id, [i for i in named if i not in sent_ids]
+                )
+        return RedriveBatch(runs=sent, skipped=skipped, more=more)
+
+    async def _runs_send_back(
+        self,
+        conn: AsyncConnection,
+        tenant_id: uuid.UUID,
+        sources: Mapping[uuid.UUID, str],
+        *,
+        at: datetime,
+        actor: str | None,
+        reason: str,
+    ) -> list[Run]:
+        """Move the runs of ``sources`` (id → state, locked by the caller, checked to be
+        sent back) to SCHEDULED due ``at``, with a new series of attempts; reopen their
+        finished one-off jobs; record and announce them. Returns them in id order."""
+        if not sources:
+            return []
+        # Each run's own policy, as copied from its job: no per-row round trip.
+        series = sa.func.coalesce(runs.c.retry["max_attempts"].as_integer(), 1)
+        rows = (
+            await conn.execute(
+                runs.update()
+                .where(runs.c.tenant_id == tenant_id, self._id_in(runs.c.id, list(sources)))
+                .values(
+                    state=RunState.SCHEDULED.value,
+                    fire_at=at,
+                    finished_at=None,
+                    cancel_requested=False,
+                    reason=reason,
+                    max_attempts=runs.c.attempt + series,
+                )
+                .returning(*runs.c)
+            )
+        ).all()
+        sent = sorted((run_from(r) for r in rows), key=lambda r: r.id)
+        # Like the attempts path that finishes one-off jobs: one UPDATE for the batch.
+        await conn.execute(
+            jobs.update()
+            .where(
+                jobs.c.tenant_id == tenant_id,
+                self._id_in(jobs.c.id, sorted({r.job_id for r in sent})),
+                jobs.c.state == JobState.FINISHED.value,
+                jobs.c.kind.in_(ONE_OFF_KINDS),
+            )
+            .values(state=JobState.ACTIVE.value, updated_at=at)
+        )
+        await self._insert_events(
+            conn,
+            [
+                event_row(
+                    at=at,
+                    kind="run.transition",
+                    tenant_id=tenant_id,
+                    job_id=run.job_id,
+                    run_id=run.id,
+                    from_state=sources[run.id],
+                    to_state=RunState.SCHEDULED.value,
+                    actor=actor,
+                    reason=reason,
+                )
+                for run in sent
+            ],
+        )
+        await self._notify(conn, CHANNEL_RUNS_NEW, [announce(r.id, r.shard, at) for r in sent])
+        return sent
+
+    async def _states_of(
+        self, conn: AsyncConnection, tenant_id: uuid.UUID, run_ids: list[uuid.UUID]
+    ) -> dict[uuid.UUID, str | None]:
+        """Each of ``run_ids`` with its state, None for an id the tenant has no run of;
+        in the order given."""
+        if not run_ids:
+            return {}
+        rows = await conn.execute(
+            sa.select(runs.c.id, runs.c.state).where(
+                runs.c.tenant_id == tenant_id, self._id_in(runs.c.id, run_ids)
+            )
+        )
+        found: dict[uuid.UUID, str] = {r.id: r.state for r in rows}
+        return {i: found.get(i) for i in run_ids}
+
+    async def _job_must_exist(
+        self, conn: AsyncConnection, tenant_id: uuid.UUID, job_id: uuid.UUID
+    ) -> None:
+        row = (
+            await conn.execute(
+                sa.select(jobs.c.id).where(jobs.c.tenant_id == tenant_id, jobs.c.id == job_id)
+            )
+        ).first()
+        if row is None:
+            raise self._not_found("job", job_id)
