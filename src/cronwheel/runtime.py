@@ -192,7 +192,12 @@ class Runtime:
                 raise StartupError(
                     f"cannot create data directory {settings.data_dir}: {exc.strerror or exc}"
                 ) from exc
-        store = create_store(settings.resolved_database_url)
+        # A process frozen inside a transaction must not hold its locks past the time
+        # its shards are taken over: the server ends such sessions well before that.
+        store = create_store(
+            settings.resolved_database_url,
+            idle_transaction_timeout=min(5.0, settings.shard_lease_ttl / 2),
+        )
         try:
             await store.open()
             await store.migrate()

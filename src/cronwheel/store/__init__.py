@@ -26,12 +26,14 @@ __all__ = [
 ]
 
 
-def create_store(url: str) -> Store:
-    """A store for a normalised database URL (see ``Settings``); call ``open()`` next."""
+def create_store(url: str, *, idle_transaction_timeout: float = 5.0) -> Store:
+    """A store for a normalised database URL (see ``Settings``); call ``open()`` next.
+    ``idle_transaction_timeout`` (PostgreSQL): how long the server lets a session sit
+    inside a transaction before ending it (see :class:`PostgresStore`)."""
     if url.startswith("postgresql+asyncpg://"):
         from cronwheel.store.postgres import PostgresStore
 
-        return PostgresStore(url)
+        return PostgresStore(url, idle_transaction_timeout=idle_transaction_timeout)
     if url.startswith("sqlite+aiosqlite://"):
         from cronwheel.store.sqlite import SqliteStore
 
