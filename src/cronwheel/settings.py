@@ -45,6 +45,10 @@ class Settings(BaseSettings):
     fire_batch_size: int = Field(default=1000, ge=1)
     shard_lease_ttl: float = Field(default=10.0, ge=1)
     expire_interval: float = Field(default=1.0, gt=0)
+    # Dispatch runs this many seconds ahead of their instant: they wait in the ready
+    # queue (not leasable, still cancellable and pausable) until it comes, so a burst
+    # due at one instant is dispatched before it and workers start leasing at once.
+    dispatch_lead: float = Field(default=0.0, ge=0, le=60)
     # Dispatched runs no live worker can take: checked this often, once they have
     # waited ``route_wait`` seconds; a worker counts as live for ``worker_ttl`` seconds
     # after its last lease call (longer while it holds an unexpired lease).

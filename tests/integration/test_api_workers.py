@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import httpx
@@ -133,6 +133,32 @@ async def test_long_poll_wakes_when_a_run_is_dispatched(api, app) -> None:
     assert got["run_id"] == job["first_run_id"]
     assert loop.time() - fired_at < 5
     assert notifier.waiting == 0
+
+
+async def test_long_poll_wakes_at_the_instant_of_a_run_dispatched_ahead(api, app) -> None:
+    """A run dispatched ahead of its instant is leased at that instant: the ready notice
+    carries it and the waiting long-poll wakes then (its re-poll timer is out of reach)."""
+    app.state.api.lease_poll_interval = 60.0
+    t = await api.tenant()
+    worker = await api.key(t, "worker")
+    wid = await register(api, worker)
+    due = await api.store.db_now() + timedelta(seconds=2)
+    job = await api.job(t, schedule={"at": due.isoformat()})
+    poll = asyncio.create_task(
+        api.client.post(f"/v1/workers/{wid}/lease", json={"max": 2, "wait": 10}, headers=worker)
+    )
+    await api.wait_until(lambda: app.state.api.notifier.waiting == 1)
+    await api.store.shard_leases_acquire(node_id="t", shards=range(256), ttl=60)
+    [fired] = await api.store.runs_fire(
+        run_ids=[uuid.UUID(job["first_run_id"])], node_id="t", lead=5
+    )
+    assert fired.dispatched_at < due  # ahead of its instant
+    r = await asyncio.wait_for(poll, timeout=20)
+    assert r.status_code == 200, r.text
+    [got] = r.json()["attempts"]
+    assert got["run_id"] == job["first_run_id"]
+    run = await api.store.runs_get(uuid.UUID(t.id), uuid.UUID(job["first_run_id"]))
+    assert run.started_at is not None and run.started_at >= due  # never before it
 
 
 async def test_long_poll_ignores_other_pools_and_times_out_empty(api, app) -> None:

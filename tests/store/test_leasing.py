@@ -14,6 +14,7 @@ from cronwheel.domain.states import AttemptState, RunState
 from cronwheel.store import Store, create_store
 
 from .helpers import (
+    NODE,
     T0,
     at,
     create_job,
@@ -21,6 +22,7 @@ from .helpers import (
     dispatched_run,
     events_of,
     fire,
+    hold_all_shards,
     make_tenant,
     register_worker,
 )
@@ -211,3 +213,25 @@ async def test_many_claimers_racing_in_small_batches(store: Store, store_url: st
     workers = [await register_worker(store, tenant.id if i % 2 else None) for i in range(4)]
     claimed = await _race(store, store_url, workers, size=7)
     await _assert_split(store, runs, claimed)
+
+
+async def test_a_run_dispatched_ahead_is_leased_from_its_instant(store: Store) -> None:
+    """Dispatched ``lead`` seconds ahead of its instant, a run waits in the ready queue:
+    not leasable before it, cancellable meanwhile, leasable from it on."""
+    tenant = await make_tenant(store)
+    _j, early = await create_job(store, tenant.id, due_at=at(2))
+    _j, cancelled = await create_job(store, tenant.id, due_at=at(2))
+    _j, later = await create_job(store, tenant.id, due_at=at(30))
+    await hold_all_shards(store)
+    fired = await store.runs_fire(
+        run_ids=[early.id, cancelled.id, later.id], node_id=NODE, now=T0, lead=5
+    )
+    assert {f.id for f in fired} == {early.id, cancelled.id}  # 30 s away: not yet
+    assert all(f.dispatched_at == T0 for f in fired)
+    worker = await register_worker(store, tenant.id)
+    assert await store.attempts_lease(worker=worker, max=10, now=at(1)) == []
+    await store.runs_cancel(tenant.id, cancelled.id, now=at(1.5))
+    leased = await store.attempts_lease(worker=worker, max=10, now=at(2))
+    assert _ids(leased) == {early.id}
+    assert (await store.runs_get(tenant.id, early.id)).started_at == at(2)
+    assert (await store.runs_get(tenant.id, cancelled.id)).state is RunState.CANCELLED

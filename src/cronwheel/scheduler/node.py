@@ -29,75 +29,19 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 from cronwheel.api.metrics import CLOCK_OFFSET, CLOCK_UNCERTAINTY, DISPATCH_LATENESS, SHARDS_HELD
+from cronwheel.clock import Clock
 from cronwheel.domain.model import DueRun
 from cronwheel.domain.sharding import NUM_SHARDS
 from cronwheel.scheduler.window import DueWindow
 from cronwheel.settings import Settings
 from cronwheel.store.base import CHANNEL_RUNS_NEW, Store, Subscription
 
-__all__ = ["Clock", "SchedulerNode", "default_node_id"]
+__all__ = ["Clock", "SchedulerNode", "default_node_id"]  # Clock: re-exported
 
 log = logging.getLogger("cronwheel.scheduler")
-
-
-def _utcnow() -> datetime:
-    return datetime.now(UTC)
-
-
-class Clock:
-    """Local time corrected by the measured offset from the database clock."""
-
-    def __init__(
-        self, local: Callable[[], datetime] = _utcnow, *, offset: timedelta | None = None
-    ) -> None:
-        """``offset`` fixes the correction (tests); otherwise it is measured."""
-        self.local = local
-        self.fixed = offset is not None
-        self.offset = offset or timedelta(0)
-        self.round_trip = timedelta(0)
-        self.drift = timedelta(0)  # the offset's change between the last two readings
-        self._measured = False
-
-    def now(self) -> datetime:
-        return self.local() + self.offset
-
-    def store_now(self) -> datetime | None:
-        """What to pass as ``now`` to the store: None (the database clock, the authority)
-        unless this clock was injected with a fixed offset, as tests do to drive time."""
-        return self.now() if self.fixed else None
-
-    async def measure(self, store: Store, samples: int = 3) -> timedelta:
-        """The offset from the database clock, as a lower bound: the database read its
-        clock before our second reading, so ``db - t1`` never runs ahead of it. Firing
-        by this time is never early by the database's clock, and late by at most the
-        round trip of the best of ``samples`` readings. ``round_trip`` records it, and
-        ``drift`` how much the offset moved since the previous measurement (a local clock
-        stepped or slewing fast)."""
-        if self.fixed:
-            return self.offset
-        best: tuple[timedelta, timedelta] | None = None
-        for _ in range(samples):
-            t0 = self.local()
-            db = await store.db_now()
-            t1 = self.local()
-            if best is None or t1 - t0 < best[0]:
-                best = (t1 - t0, db - t1)
-        assert best is not None
-        previous = self.offset if self._measured else None
-        self.round_trip, self.offset = best
-        self.drift = abs(self.offset - previous) if previous is not None else timedelta(0)
-        self._measured = True
-        return self.offset
-
-    @property
-    def uncertainty(self) -> timedelta:
-        """How far corrected time may be off the database's: the larger of the last
-        reading's round trip and the drift since the reading before."""
-        return max(self.round_trip, self.drift)
 
 
 def default_node_id() -> str:
@@ -125,6 +69,7 @@ class SchedulerNode:
         self.fire_concurrency = fire_concurrency
         self.fired_total = 0
         self._window = timedelta(seconds=settings.window_seconds)
+        self._lead = timedelta(seconds=settings.dispatch_lead)
         self._next_lease = datetime.min.replace(tzinfo=UTC)
         self._next_expire = datetime.min.replace(tzinfo=UTC)
         self._next_route_check = datetime.min.replace(tzinfo=UTC)
@@ -179,7 +124,7 @@ class SchedulerNode:
             await self._check_routing()
         now = self.clock.now()
         horizon = self.window.horizon
-        if horizon is None or now + self._window / 2 >= horizon:
+        if horizon is None or now + self._lead + self._window / 2 >= horizon:
             await self._refill(now)
         elif now >= self._next_poll:
             await self._poll(now)
@@ -195,10 +140,10 @@ class SchedulerNode:
             self._next_clock,
         ]
         if self.window.horizon is not None:
-            wake.append(self.window.horizon - self._window / 2)
+            wake.append(self.window.horizon - self._window / 2 - self._lead)
         nxt = self.window.next_fire_at()
         if nxt is not None:
-            wake.append(nxt)
+            wake.append(nxt - self._lead)
         return max(0.0, min(w - now for w in wake).total_seconds())
 
     # -- chores --------------------------------------------------------------------
@@ -298,7 +243,7 @@ class SchedulerNode:
 
     async def _refill(self, now: datetime) -> None:
         limit = 20_000
-        until = now + self._window
+        until = now + self._lead + self._window
         due = await self.store.runs_due_scan(shards=list(self.shards), until=until, limit=limit)
         self.window.push(due)
         # A truncated scan covers only up to its last row; refill again from there.
@@ -308,7 +253,7 @@ class SchedulerNode:
     async def _poll(self, now: datetime) -> None:
         """Catch runs whose notification never came (another process on SQLite, a dropped
         LISTEN connection): everything due within the next poll interval."""
-        until = now + timedelta(seconds=self.poll_interval)
+        until = now + self._lead + timedelta(seconds=self.poll_interval)
         due = await self.store.runs_due_scan(shards=list(self.shards), until=until, limit=5_000)
         self.window.push(due)
         self._next_poll = now + timedelta(seconds=self.poll_interval)
@@ -335,7 +280,7 @@ class SchedulerNode:
     # -- firing --------------------------------------------------------------------
 
     async def _fire_due(self) -> int:
-        due = self.window.pop_due(self.clock.now())
+        due = self.window.pop_due(self.clock.now() + self._lead)
         if not due:
             return 0
         size = self.settings.fire_batch_size
@@ -348,6 +293,7 @@ class SchedulerNode:
                     run_ids=[r.id for r in batch],
                     node_id=self.node_id,
                     now=self.clock.store_now(),
+                    lead=self.settings.dispatch_lead,
                     epochs=dict(self.shards),
                 )
             for run in fired:

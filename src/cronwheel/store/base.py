@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from cronwheel.domain.model import (
@@ -56,6 +56,8 @@ __all__ = [
     "RunFilter",
     "Store",
     "Subscription",
+    "parse_ready_notice",
+    "ready_notices",
 ]
 
 
@@ -120,7 +122,32 @@ class Subscription(ABC):
 
 # Channels the store notifies on, inside the transaction that makes the change:
 CHANNEL_RUNS_NEW = "cw_runs_new"  # runs created or rescheduled to fire soon: "shard:epoch_ms:id"
-CHANNEL_RUNS_READY = "cw_runs_ready"  # runs became DISPATCHED: payload is the pool
+# Runs became DISPATCHED: a ready notice per pool, "pool", or "pool<US>epoch_ms" when
+# the earliest of them may not be leased before that instant (dispatched ahead).
+CHANNEL_RUNS_READY = "cw_runs_ready"
+_NOT_BEFORE = "\x1f"
+
+
+def ready_notices(runs: Iterable[tuple[str, datetime]], at: datetime) -> list[str]:
+    """The ready notices for runs ``(pool, fire_at)`` dispatched at ``at``: one per
+    pool, carrying the earliest instant one of them may be leased when that is still
+    ahead."""
+    earliest: dict[str, datetime] = {}
+    for pool, fire_at in runs:
+        if pool not in earliest or fire_at < earliest[pool]:
+            earliest[pool] = fire_at
+    return [
+        f"{pool}{_NOT_BEFORE}{int(first.timestamp() * 1000)}" if first > at else pool
+        for pool, first in sorted(earliest.items())
+    ]
+
+
+def parse_ready_notice(payload: str) -> tuple[str, datetime | None]:
+    """``(pool, not_before)`` of a ready notice (``not_before`` None: leasable now)."""
+    pool, sep, ms = payload.rpartition(_NOT_BEFORE)
+    if sep and ms.isdigit():
+        return pool, datetime.fromtimestamp(int(ms) / 1000, UTC)
+    return payload, None
 
 
 class Store(ABC):

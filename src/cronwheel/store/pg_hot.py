@@ -20,6 +20,7 @@ from typing import Any
 
 from cronwheel.domain.model import AttemptOutcome, FiredRun, LeasedAttempt, Worker
 from cronwheel.domain.states import RunState
+from cronwheel.store.base import ready_notices
 
 __all__ = [
     "complete_many",
@@ -96,7 +97,7 @@ async def fire(
     if rows:
         await conn.execute(
             "SELECT pg_notify('cw_runs_ready', p) FROM unnest($1::text[]) p",
-            sorted({r["pool"] for r in rows}),
+            ready_notices(((r["pool"], r["fire_at"]) for r in rows), rows[0]["now"]),
         )
     return [
         FiredRun(
@@ -155,8 +156,10 @@ seen AS (
     WHERE workers.id = $6 AND workers.last_seen_at < t.now - interval '1 second'
 ),
 picked AS (
+    -- fire_at is the run's not-before: a run dispatched ahead of its instant waits
+    -- in the ready queue until then.
     SELECT id FROM runs
-    WHERE state = 'DISPATCHED' AND pool = $2
+    WHERE state = 'DISPATCHED' AND pool = $2 AND fire_at <= (SELECT now FROM t)
       AND ($3::uuid IS NULL OR tenant_id = $3)
       AND requires <@ $4::jsonb
       AND (NOT $7::boolean OR task IS NULL)

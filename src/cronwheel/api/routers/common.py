@@ -10,16 +10,18 @@ import logging
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Generic, TypeVar, cast
 
 from fastapi import Request
 
 from cronwheel.api.auth import KeyCache
 from cronwheel.api.metrics import RunsByStateRefresher
+from cronwheel.clock import Clock
 from cronwheel.domain.errors import NotFoundError, PayloadTooLargeError
 from cronwheel.domain.model import Worker
 from cronwheel.settings import Settings
-from cronwheel.store.base import CHANNEL_RUNS_READY, Store, Subscription
+from cronwheel.store.base import CHANNEL_RUNS_READY, Store, Subscription, parse_ready_notice
 
 __all__ = [
     "ApiState",
@@ -80,8 +82,12 @@ class ReadyNotifier:
 
     A waiter takes a *ticket* (an event) before it tries to lease, so a notification
     that lands between its empty lease and its wait still wakes it. Notifications are
-    only hints: waiters re-poll the store on a timer as well.
+    only hints: waiters re-poll the store on a timer as well. A notice of runs
+    dispatched ahead of their instant wakes the pool's waiters at that instant, by the
+    database's clock (the offset is measured as the scheduler does).
     """
+
+    CLOCK_CHECK = 30.0  # seconds between offset measurements
 
     def __init__(self, store: Store) -> None:
         self._store = store
@@ -90,6 +96,9 @@ class ReadyNotifier:
         self._subscription: Subscription | None = None
         self._waiting = 0
         self._closed = False
+        self._clock = Clock()
+        self._next_clock = 0.0
+        self._timers: dict[tuple[str, datetime], asyncio.TimerHandle] = {}
 
     @property
     def closed(self) -> bool:
@@ -150,8 +159,36 @@ class ReadyNotifier:
                 await asyncio.sleep(1.0)
                 continue
             if payloads:
-                pools = [p for p in payloads if p]
-                self.wake(pools if len(pools) == len(payloads) else None)
+                await self._on_notices(payloads)
+
+    async def _on_notices(self, payloads: list[str]) -> None:
+        now_pools: list[str] = []
+        ahead: list[tuple[str, datetime]] = []
+        for payload in payloads:
+            pool, not_before = parse_ready_notice(payload)
+            if not pool:
+                self.wake()  # unreadable: everyone looks
+            elif not_before is None:
+                now_pools.append(pool)
+            else:
+                ahead.append((pool, not_before))
+        if now_pools:
+            self.wake(now_pools)
+        if not ahead:
+            return
+        loop = asyncio.get_running_loop()
+        if loop.time() >= self._next_clock:
+            await self._clock.measure(self._store)
+            self._next_clock = loop.time() + self.CLOCK_CHECK
+        for key in ahead:
+            if key in self._timers:
+                continue
+            delay = (key[1] - self._clock.now()).total_seconds()
+            self._timers[key] = loop.call_later(max(0.0, delay), self._fire_timer, key)
+
+    def _fire_timer(self, key: tuple[str, datetime]) -> None:
+        self._timers.pop(key, None)
+        self.wake([key[0]])
 
     def _drop_subscription(self) -> None:
         if self._subscription is not None:
@@ -167,6 +204,9 @@ class ReadyNotifier:
                 await self._task
             self._task = None
         self._drop_subscription()
+        for timer in self._timers.values():
+            timer.cancel()
+        self._timers.clear()
         self.wake()
 
 

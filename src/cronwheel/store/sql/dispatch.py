@@ -12,7 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from cronwheel.domain.model import DueRun, FiredRun
 from cronwheel.domain.states import RunState
-from cronwheel.store.base import CHANNEL_RUNS_READY
+from cronwheel.store.base import CHANNEL_RUNS_READY, ready_notices
 from cronwheel.store.schema import events, jobs, runs, scheduler_nodes, shard_leases
 from cronwheel.store.sql.firing import FiringMixin
 
@@ -161,7 +161,9 @@ class DispatchMixin(FiringMixin):
                     for r in rows
                 ],
             )
-            await self._notify(conn, CHANNEL_RUNS_READY, sorted({r.pool for r in rows}))
+            await self._notify(
+                conn, CHANNEL_RUNS_READY, ready_notices(((r.pool, r.fire_at) for r in rows), at)
+            )
         return [
             FiredRun(
                 id=r.id,

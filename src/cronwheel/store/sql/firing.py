@@ -24,7 +24,7 @@ from cronwheel.domain.model import FiredRun
 from cronwheel.domain.spec import CronSchedule, IntervalSchedule
 from cronwheel.domain.states import JobState, RunState
 from cronwheel.ids import new_id
-from cronwheel.store.base import CHANNEL_RUNS_NEW, CHANNEL_RUNS_READY
+from cronwheel.store.base import CHANNEL_RUNS_NEW, CHANNEL_RUNS_READY, ready_notices
 from cronwheel.store.schema import jobs, runs
 from cronwheel.store.sql.catalog import ANNOUNCE_HORIZON, announce
 from cronwheel.store.sql.control import PARKED_FIRE_AT
@@ -227,7 +227,11 @@ class FiringMixin(SqlCore):
             ]
         await self._insert_events(conn, events)
         if dispatch:
-            await self._notify(conn, CHANNEL_RUNS_READY, sorted({by_id[i].pool for i in dispatch}))
+            await self._notify(
+                conn,
+                CHANNEL_RUNS_READY,
+                ready_notices(((by_id[i].pool, by_id[i].fire_at) for i in dispatch), at),
+            )
         return [
             FiredRun(
                 id=i,

@@ -88,6 +88,7 @@ class LeasingMixin(SqlCore):
                 .where(
                     runs.c.state == RunState.DISPATCHED.value,
                     runs.c.pool == worker.pool,
+                    runs.c.fire_at <= at,  # its not-before: dispatched ahead, it waits
                     self._json_subset(runs.c.requires, worker.capabilities),
                 )
                 .order_by(runs.c.priority, runs.c.fire_at)

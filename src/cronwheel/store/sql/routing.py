@@ -47,6 +47,12 @@ __all__ = ["RoutingMixin", "wait_reason"]
 _DISPATCHED = RunState.DISPATCHED.value
 
 
+def _waited_since(cutoff: datetime) -> sa.ColumnElement[bool]:
+    """Leasable since ``cutoff`` or longer: dispatched by then, and due by then (a run
+    dispatched ahead of its instant is not waiting before it)."""
+    return sa.and_(runs.c.dispatched_at <= cutoff, runs.c.fire_at <= cutoff)
+
+
 @dataclass(frozen=True, slots=True)
 class _LiveWorker:
     tenant_id: uuid.UUID | None
@@ -197,7 +203,7 @@ class RoutingMixin(SqlCore):
         stale = sa.or_(runs.c.wait_reason.is_(None), runs.c.wait_reason != reason)
         rows = await conn.execute(
             runs.update()
-            .where(_unlocked(where, runs.c.dispatched_at <= cutoff, stale))
+            .where(_unlocked(where, _waited_since(cutoff), stale))
             .values(wait_reason=reason)
             .returning(runs.c.id, runs.c.job_id)
         )
@@ -221,7 +227,7 @@ class RoutingMixin(SqlCore):
         """The DISPATCHED runs of the shards by (tenant, pool, requires): how many have
         waited since ``cutoff`` or longer, and how many carry each reason. Groups with
         neither are left out."""
-        old = sa.func.sum(sa.case((runs.c.dispatched_at <= cutoff, 1), else_=0))
+        old = sa.func.sum(sa.case((_waited_since(cutoff), 1), else_=0))
         rows = (
             await conn.execute(
                 sa.select(
