@@ -69,6 +69,32 @@ async def test_fires_due_runs_and_leaves_future_ones(store: Store) -> None:
     assert await _states(store, runs) == ["DISPATCHED", "DISPATCHED", "DISPATCHED", "SCHEDULED"]
 
 
+async def test_dispatch_lead_hands_runs_to_the_ready_queue_ahead(store: Store) -> None:
+    """With a dispatch lead, runs due within it are dispatched now; workers still lease
+    each only from its instant."""
+    runs = await _jobs(store, [T0 + timedelta(seconds=s) for s in (1, 3, 10)])
+    time = FakeTime(T0)
+    settings = Settings(window_seconds=30, shard_lease_ttl=10, dispatch_lead=5)
+    node = SchedulerNode(store, settings, node_id="node-a", clock=Clock(time, offset=timedelta(0)))
+    assert await node.run_once() == 2
+    assert await _states(store, runs) == ["DISPATCHED", "DISPATCHED", "SCHEDULED"]
+    # It sleeps until the next run is within the lead, not until its instant.
+    assert node._sleep_for() <= 5.0 + 0.001
+    worker = await store.workers_register(
+        runs[0].tenant_id,  # type: ignore[attr-defined]
+        pool="default",
+        capabilities=[],
+        tags=[],
+        capacity=10,
+        now=T0,
+    )
+    leased = await store.attempts_lease(worker=worker, max=10, now=T0 + timedelta(seconds=2))
+    assert [a.run_id for a in leased] == [runs[0].id]  # type: ignore[attr-defined]
+    time.value = T0 + timedelta(seconds=5)
+    assert await node.run_once() == 1
+    assert await _states(store, runs) == ["RUNNING", "DISPATCHED", "DISPATCHED"]
+
+
 async def test_run_fires_asap_job_created_while_running(store: Store) -> None:
     node = SchedulerNode(store, Settings(window_seconds=30), node_id="node-live")
     stop = asyncio.Event()
