@@ -176,20 +176,29 @@ async def test_a_lost_attempt_is_superseded(api: Any, store: Store) -> None:
     worker, first = await leased(api, t)  # the default retry policy allows 3 attempts
     assert (await post_logs(api, worker, first, {"lines": lines("first try")})).status_code == 200
     # The lease expires (an hour from now): the attempt is lost, the run retried.
-    assert await store.attempts_expire(now=await store.db_now() + timedelta(hours=1)) == 1
+    later = await store.db_now() + timedelta(hours=1)
+    assert await store.attempts_expire(now=later) == 1
     r = await post_logs(api, worker, first, {"lines": lines("zombie")})
     assert r.status_code == 409 and error_of(r)["code"] == "stale_fencing_token"
 
     run = await store.runs_get(uuid.UUID(t.id), uuid.UUID(first["run_id"]))
     assert run.state == "SCHEDULED"
-    await store.shard_leases_acquire(node_id="t", shards=range(256), ttl=60)
-    fired = await store.runs_fire(run_ids=[run.id], node_id="t", lead=7200)
+    # The retry, fired and leased in that hour (its lease outlives the real clock).
+    await store.shard_leases_acquire(node_id="t", shards=range(256), ttl=7200, now=later)
+    retry_at = run.fire_at
+    fired = await store.runs_fire(run_ids=[run.id], node_id="t", now=retry_at)
     assert [f.id for f in fired] == [run.id]
-    r = await api.client.post("/v1/workers", json={}, headers=worker)
-    r = await api.client.post(
-        f"/v1/workers/{r.json()['worker_id']}/lease", json={"max": 1}, headers=worker
+    [worker_id] = {a.worker_id for a in await store.attempts_list(run.tenant_id, run_id=run.id)}
+    assert worker_id is not None
+    [lease] = await store.attempts_lease(
+        worker=await store.workers_get(worker_id), max=1, now=retry_at
     )
-    [second] = r.json()["attempts"]
+    second = {
+        "attempt_id": str(lease.attempt_id),
+        "run_id": str(lease.run_id),
+        "attempt": lease.number,
+        "fencing_token": lease.fencing_token,
+    }
     assert second["attempt"] == 2
     assert (await post_logs(api, worker, second, {"lines": lines("second try")})).status_code == 200
     # The old token does not open the new attempt either.
