@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
@@ -93,6 +94,33 @@ async def test_dispatch_lead_hands_runs_to_the_ready_queue_ahead(store: Store) -
     time.value = T0 + timedelta(seconds=5)
     assert await node.run_once() == 1
     assert await _states(store, runs) == ["RUNNING", "DISPATCHED", "DISPATCHED"]
+
+
+async def test_a_refill_reads_only_beyond_the_window(store: Store, monkeypatch) -> None:
+    """The window slides by reading the slice past its horizon, not what it holds."""
+    runs = await _jobs(store, [T0 + timedelta(seconds=s) for s in (1, 20, 40)])
+    time = FakeTime(T0)
+    node = _node(store, time)
+    scans: list[tuple[datetime | None, datetime]] = []
+    scan = store.runs_due_scan
+
+    async def recording(**kw: Any) -> Any:
+        scans.append((kw.get("since"), kw["until"]))
+        return await scan(**kw)
+
+    monkeypatch.setattr(store, "runs_due_scan", recording)
+    await node.run_once()
+    time.value = T0 + timedelta(seconds=16)  # past half the window: it slides
+    await node.run_once()
+    refills = [
+        (since, until) for since, until in scans if until - time.value >= timedelta(seconds=30)
+    ]
+    assert scans[0] == (None, T0 + timedelta(seconds=30))
+    assert refills[-1] == (T0 + timedelta(seconds=30), T0 + timedelta(seconds=46))
+    for second in (21, 41):
+        time.value = T0 + timedelta(seconds=second)
+        await node.run_once()
+    assert await _states(store, runs) == ["DISPATCHED"] * 3
 
 
 async def test_run_fires_asap_job_created_while_running(store: Store) -> None:

@@ -116,7 +116,8 @@ class SchedulerNode:
             await self._renew_leases()
         if not self.shards:
             return 0
-        if now >= self._next_expire:
+        # Ending lost and timed-out attempts is one node's chore: the owner of shard 0.
+        if now >= self._next_expire and 0 in self.shards:
             await self._expire()
             self._next_expire = now + timedelta(seconds=self.settings.expire_interval)
         if now >= self._next_route_check:
@@ -244,7 +245,12 @@ class SchedulerNode:
     async def _refill(self, now: datetime) -> None:
         limit = 20_000
         until = now + self._lead + self._window
-        due = await self.store.runs_due_scan(shards=list(self.shards), until=until, limit=limit)
+        # What the window already holds stays there (runs created inside it arrive by
+        # notification, stragglers by the poll): only the slice beyond it is read.
+        since = self.window.horizon
+        due = await self.store.runs_due_scan(
+            shards=list(self.shards), until=until, limit=limit, since=since
+        )
         self.window.push(due)
         # A truncated scan covers only up to its last row; refill again from there.
         self.window.horizon = due[-1].fire_at if len(due) >= limit else until

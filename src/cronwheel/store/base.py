@@ -433,10 +433,16 @@ class Store(ABC):
 
     @abstractmethod
     async def runs_due_scan(
-        self, *, shards: Sequence[int], until: datetime, limit: int = 10_000
+        self,
+        *,
+        shards: Sequence[int],
+        until: datetime,
+        limit: int = 10_000,
+        since: datetime | None = None,
     ) -> list[DueRun]:
-        """SCHEDULED runs of ``shards`` with ``fire_at < until``, soonest first: an index
-        range scan on ``(shard, fire_at) WHERE state = 'SCHEDULED'``."""
+        """SCHEDULED runs of ``shards`` with ``since <= fire_at < until`` (no lower bound
+        when ``since`` is None), soonest first: an index range scan on ``(shard,
+        fire_at) WHERE state = 'SCHEDULED'``."""
 
     @abstractmethod
     async def runs_fire(

@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -188,6 +188,15 @@ class PostgresStore(SqlStore):
                 }
             },
         )
+
+    @contextlib.asynccontextmanager
+    async def _read(self) -> AsyncIterator[AsyncConnection]:
+        """Reads run outside a transaction: under READ COMMITTED a BEGIN and a ROLLBACK
+        around them add two round trips and no consistency (each statement sees its own
+        snapshot either way)."""
+        async with super()._read() as conn:
+            await conn.execution_options(isolation_level="AUTOCOMMIT")
+            yield conn
 
     async def open(self) -> None:
         await super().open()

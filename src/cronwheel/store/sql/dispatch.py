@@ -21,7 +21,12 @@ __all__ = ["DispatchMixin"]
 
 class DispatchMixin(FiringMixin):
     async def runs_due_scan(
-        self, *, shards: Sequence[int], until: datetime, limit: int = 10_000
+        self,
+        *,
+        shards: Sequence[int],
+        until: datetime,
+        limit: int = 10_000,
+        since: datetime | None = None,
     ) -> list[DueRun]:
         if not shards:
             return []
@@ -35,6 +40,8 @@ class DispatchMixin(FiringMixin):
             .order_by(runs.c.fire_at)
             .limit(limit)
         )
+        if since is not None:
+            stmt = stmt.where(runs.c.fire_at >= since)
         async with self._read() as conn:
             rows = (await conn.execute(stmt)).all()
         return [DueRun(id=r.id, shard=r.shard, fire_at=r.fire_at) for r in rows]
