@@ -215,6 +215,34 @@ async def test_nodes_share_the_shards_and_take_over_a_dead_ones(store: Store) ->
     assert len(b.shards) == 256
 
 
+async def test_a_survivor_takes_over_the_moment_a_dead_nodes_leases_end(store: Store) -> None:
+    """Not on its next renewal (up to a third of the TTL later): at the expiry itself."""
+    time = FakeTime(T0)
+    settings = Settings(window_seconds=30, shard_lease_ttl=9)
+    a = SchedulerNode(store, settings, node_id="node-a", clock=Clock(time, offset=timedelta(0)))
+    b = SchedulerNode(store, settings, node_id="node-b", clock=Clock(time, offset=timedelta(0)))
+    await a.run_once()  # a renews at 3, 6, 9, 12 s...
+    time.value += timedelta(seconds=1.5)
+    await b.run_once()  # ...b at 4.5, 7.5, 10.5, 13.5 s
+    for _ in range(4):
+        time.value += timedelta(seconds=1.5)
+        await a.run_once()
+        time.value += timedelta(seconds=1.5)
+        await b.run_once()
+    assert len(a.shards) == len(b.shards) == 128
+    # Only shard 0's owner ends lost attempts; the other node does not spin for it.
+    assert 0 in a.shards and 0 not in b.shards and b._sleep_for() > 0
+    # a renewed last at 12 s: its leases end at 21 s. b's own renewals come at 16.5,
+    # 19.5 and 22.5 s.
+    a_ends = T0 + timedelta(seconds=12 + 9)
+    # a dies; b keeps going, waking when it means to
+    while len(b.shards) < 256 and time.value < a_ends + timedelta(seconds=3):
+        time.value += timedelta(seconds=b._sleep_for())
+        await b.run_once()
+    assert len(b.shards) == 256
+    assert a_ends < time.value <= a_ends + timedelta(milliseconds=5)
+
+
 class SkewedTime:
     """The real clock, off by ``skew`` seconds (changeable: a clock that steps)."""
 

@@ -116,9 +116,10 @@ class SchedulerNode:
             await self._renew_leases()
         if not self.shards:
             return 0
-        # Ending lost and timed-out attempts is one node's chore: the owner of shard 0.
-        if now >= self._next_expire and 0 in self.shards:
-            await self._expire()
+        if now >= self._next_expire:
+            # Ending lost and timed-out attempts is one node's chore: shard 0's owner.
+            if 0 in self.shards:
+                await self._expire()
             self._next_expire = now + timedelta(seconds=self.settings.expire_interval)
         if now >= self._next_route_check:
             self._next_route_check = now + timedelta(seconds=self.settings.route_check_interval)
@@ -209,6 +210,11 @@ class SchedulerNode:
         self.shards = held
         SHARDS_HELD.set(len(held))
         self._next_lease = self.clock.now() + timedelta(seconds=ttl / 3)
+        # A node that dies stops renewing: be there the moment its leases run out, not
+        # up to a third of the TTL later.
+        others = await self.store.shard_leases_next_expiry(node_id=self.node_id, now=now)
+        if others is not None and others <= self._next_lease:
+            self._next_lease = others + timedelta(milliseconds=1)
 
     async def _expire(self) -> None:
         limit = 1000

@@ -494,6 +494,13 @@ class Store(ABC):
     @abstractmethod
     async def shard_leases_list(self) -> list[dict[str, Any]]: ...
 
+    @abstractmethod
+    async def shard_leases_next_expiry(
+        self, *, node_id: str, now: datetime | None = None
+    ) -> datetime | None:
+        """When the first lease held by another node runs out (None: no other node holds
+        one): a survivor wakes then to take a dead node's shards over at once."""
+
     # -- workers and attempts ------------------------------------------------------
 
     @abstractmethod

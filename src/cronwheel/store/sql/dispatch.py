@@ -314,6 +314,27 @@ class DispatchMixin(FiringMixin):
                 .values(owner=None, expires_at=None)
             )
 
+    async def shard_leases_next_expiry(
+        self, *, node_id: str, now: datetime | None = None
+    ) -> datetime | None:
+        async with self._read() as conn:
+            # One round trip on PostgreSQL: its clock is read in the statement.
+            at: Any = (
+                sa.func.now()
+                if now is None and self.dialect == "postgresql"
+                else await self._now(conn, now)
+            )
+            expiry: datetime | None = (
+                await conn.execute(
+                    sa.select(sa.func.min(shard_leases.c.expires_at)).where(
+                        shard_leases.c.owner.is_not(None),
+                        shard_leases.c.owner != node_id,
+                        shard_leases.c.expires_at > at,
+                    )
+                )
+            ).scalar()
+        return expiry
+
     async def shard_leases_list(self) -> list[dict[str, Any]]:
         async with self._read() as conn:
             rows = await conn.execute(shard_leases.select().order_by(shard_leases.c.shard))
