@@ -26,7 +26,7 @@ __all__ = [
 ]
 
 
-def create_store(url: str, *, idle_transaction_timeout: float = 5.0) -> Store:
+def create_store(url: str, *, idle_transaction_timeout: float | None = None) -> Store:
     """A store for a normalised database URL (see ``Settings``); call ``open()`` next.
     ``idle_transaction_timeout`` (PostgreSQL): how long the server lets a session sit
     inside a transaction before ending it (see :class:`PostgresStore`)."""

@@ -57,16 +57,24 @@ class PostgresStore(SqlStore):
     dialect = "postgresql"
 
     def __init__(
-        self, url: str, *, pool_size: int = 10, idle_transaction_timeout: float = 5.0
+        self, url: str, *, pool_size: int = 10, idle_transaction_timeout: float | None = None
     ) -> None:
         """``idle_transaction_timeout``: the server ends a session that sits this long
         inside a transaction. A process frozen mid-transaction (SIGSTOP, a long GC, a
         partition) would otherwise keep its row locks — a scheduler node's fire batch,
         say — and stall whoever takes its shards over; keep it well under the shard
-        lease TTL."""
+        lease TTL. None: no limit (tools loading data in big batches)."""
         super().__init__(url)
         self._pool_size = pool_size
-        self._idle_transaction_ms = max(1, round(idle_transaction_timeout * 1000))
+        self._server_settings = (
+            {}
+            if idle_transaction_timeout is None
+            else {
+                "idle_in_transaction_session_timeout": str(
+                    max(1, round(idle_transaction_timeout * 1000))
+                )
+            }
+        )
         self._listener: asyncpg.Connection | None = None
         self._listen_task: asyncio.Task[None] | None = None
 
@@ -182,11 +190,7 @@ class PostgresStore(SqlStore):
             pool_size=self._pool_size,
             max_overflow=self._pool_size * 2,
             pool_recycle=3600,
-            connect_args={
-                "server_settings": {
-                    "idle_in_transaction_session_timeout": str(self._idle_transaction_ms)
-                }
-            },
+            connect_args={"server_settings": self._server_settings},
         )
 
     @contextlib.asynccontextmanager
