@@ -275,9 +275,10 @@ async def measure(cluster: Cluster, names: list[str], seconds: float) -> dict[st
         "seconds": round(elapsed, 1),
         "round_trips_per_s": round(sum(n["round_trips_per_s"] for n in nodes.values()), 2),
         "transactions_per_s": round((db1["xacts"] - db0["xacts"]) / elapsed, 2),
-        # Every transaction is an explicit BEGIN … COMMIT (or ROLLBACK): two of its round
-        # trips are not statements of its own.
-        "statements_per_s": round(
+        # A lower bound: an explicit transaction spends two round trips on BEGIN and
+        # COMMIT, but reads run in autocommit (one round trip, one transaction each),
+        # and the counters cannot tell the two apart.
+        "statements_per_s_at_least": round(
             sum(n["round_trips_per_s"] for n in nodes.values())
             - 2 * (db1["xacts"] - db0["xacts"]) / elapsed,
             2,
@@ -375,7 +376,6 @@ def summarise(args: argparse.Namespace, result: dict[str, Any]) -> None:
             "queries_per_s": QUERIES_PER_S_TARGET,
             "cpu_percent": CPU_PERCENT_TARGET,
             "queries_met": many["round_trips_per_s"] <= QUERIES_PER_S_TARGET,
-            "statements_met": many["statements_per_s"] <= QUERIES_PER_S_TARGET,
             "cpu_met": many["scheduler_cpu_percent"] <= CPU_PERCENT_TARGET,
             "memory_flat": all(abs(g) <= RSS_GROWTH_BOUND_MB for g in growth.values()),
         },
@@ -394,11 +394,7 @@ def summarise(args: argparse.Namespace, result: dict[str, Any]) -> None:
             *both("round_trips_per_s"),
             f"≤ 20 {verdict(t['queries_met'])}",
         ),
-        (
-            "statements/s (no BEGIN/COMMIT)",
-            *both("statements_per_s"),
-            f"≤ 20 {verdict(t['statements_met'])}",
-        ),
+        ("statements/s, at least", *both("statements_per_s_at_least"), ""),
         ("transactions/s", *both("transactions_per_s"), ""),
         ("rows read/s", *both("rows_read_per_s"), ""),
         ("rows written/s", *both("rows_written_per_s"), ""),
