@@ -228,3 +228,49 @@ async def test_the_database_clock_is_the_default_now(store: Store) -> None:
     assert held == {7: 1}
     [lease] = [row for row in await store.shard_leases_list() if row["shard"] == 7]
     assert start + timedelta(seconds=30) <= lease["expires_at"] <= end + timedelta(seconds=30)
+
+
+async def test_scheduler_renewal_beats_counts_and_takes_a_fair_share(store: Store) -> None:
+    a = await store.scheduler_renew(node_id="node-a", ttl=10, shards=256, now=T0)
+    assert (a.live, a.share, len(a.held)) == (1, 256, 256)
+    assert set(a.held.values()) == {1} and a.others_expire_at is None
+    b = await store.scheduler_renew(node_id="node-b", ttl=10, shards=256, now=at(1))
+    assert (b.live, b.share, b.held) == (2, 128, {})  # nothing free yet
+    assert b.others_expire_at == at(10)
+    # a renews (the epoch stays) and hands back what is above its share; b takes it.
+    a = await store.scheduler_renew(node_id="node-a", ttl=10, shards=256, now=at(2))
+    assert (a.live, a.share, len(a.held)) == (2, 128, 256) and set(a.held.values()) == {1}
+    await store.shard_leases_release(node_id="node-a", shards=sorted(a.held)[128:])
+    b = await store.scheduler_renew(node_id="node-b", ttl=10, shards=256, now=at(3))
+    assert sorted(b.held) == list(range(128, 256)) and set(b.held.values()) == {2}
+    assert b.others_expire_at == at(12)
+    # a falls silent: once its leases end b takes them over, whatever its share, and
+    # a no longer counts as live.
+    b = await store.scheduler_renew(node_id="node-b", ttl=10, shards=256, now=at(12.5))
+    assert (b.live, len(b.held)) == (1, 256)
+    assert all(b.held[s] == 2 for s in range(128))  # a new owner: a new epoch
+    assert b.others_expire_at is None
+    owners = {row["shard"]: row["owner"] for row in await store.shard_leases_list()}
+    assert set(owners.values()) == {"node-b"}
+
+
+async def test_nodes_renewing_at_once_never_share_a_shard(store: Store, store_url: str) -> None:
+    nodes = [create_store(store_url) for _ in range(3)]
+    for node in nodes:
+        await node.open()
+    try:
+        for _ in range(3):  # join, then settle
+            renewals = await asyncio.gather(
+                *(
+                    node.scheduler_renew(node_id=f"node-{i}", ttl=30, shards=256, now=T0)
+                    for i, node in enumerate(nodes)
+                )
+            )
+            owned = [shard for r in renewals for shard in r.held]
+            assert len(owned) == len(set(owned))
+    finally:
+        for node in nodes:
+            await node.close()
+    owners = {row["shard"]: row["owner"] for row in await store.shard_leases_list()}
+    for i, renewal in enumerate(renewals):
+        assert all(owners[s] == f"node-{i}" for s in renewal.held)

@@ -188,11 +188,10 @@ class SchedulerNode:
         node that has fewer."""
         ttl = self.settings.shard_lease_ttl
         now = self.clock.store_now()
-        live = await self.store.scheduler_nodes_beat(node_id=self.node_id, ttl=ttl, now=now)
-        share = -(-NUM_SHARDS // max(1, live))
-        held = await self.store.shard_leases_acquire(
-            node_id=self.node_id, shards=range(NUM_SHARDS), ttl=ttl, limit=share, now=now
+        renewal = await self.store.scheduler_renew(
+            node_id=self.node_id, ttl=ttl, shards=NUM_SHARDS, now=now
         )
+        held, share = dict(renewal.held), renewal.share
         if len(held) > share:
             extra = sorted(held)[share:]
             await self.store.shard_leases_release(node_id=self.node_id, shards=extra)
@@ -212,7 +211,7 @@ class SchedulerNode:
         self._next_lease = self.clock.now() + timedelta(seconds=ttl / 3)
         # A node that dies stops renewing: be there the moment its leases run out, not
         # up to a third of the TTL later.
-        others = await self.store.shard_leases_next_expiry(node_id=self.node_id, now=now)
+        others = renewal.others_expire_at
         if others is not None and others <= self._next_lease:
             self._next_lease = others + timedelta(milliseconds=1)
 

@@ -52,6 +52,7 @@ __all__ = [
     "CompleteItem",
     "FailItem",
     "HeartbeatItem",
+    "LeaseRenewal",
     "RedriveBatch",
     "RunFilter",
     "Store",
@@ -59,6 +60,17 @@ __all__ = [
     "parse_ready_notice",
     "ready_notices",
 ]
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseRenewal:
+    """What a scheduler node's renewal found: the live nodes, its fair share, the shards
+    it holds (shard → epoch) and the earliest expiry of another node's lease."""
+
+    live: int
+    share: int
+    held: dict[int, int]
+    others_expire_at: datetime | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -487,6 +499,16 @@ class Store(ABC):
 
     @abstractmethod
     async def scheduler_nodes_leave(self, *, node_id: str) -> None: ...
+
+    @abstractmethod
+    async def scheduler_renew(
+        self, *, node_id: str, ttl: float, shards: int, now: datetime | None = None
+    ) -> LeaseRenewal:
+        """A scheduler node's periodic beat, in one go: record that ``node_id`` is alive
+        (forgetting nodes silent for ``ttl`` seconds), count the live nodes, and acquire
+        leases on the shards ``0 … shards-1`` as :meth:`shard_leases_acquire` does with
+        the fair share ``ceil(shards / live)`` as its limit. The result says what it
+        holds, the share, and when the first lease of another node runs out."""
 
     @abstractmethod
     async def shard_leases_release(self, *, node_id: str, shards: Sequence[int]) -> None: ...

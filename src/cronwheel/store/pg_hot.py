@@ -20,7 +20,7 @@ from typing import Any
 
 from cronwheel.domain.model import AttemptOutcome, FiredRun, LeasedAttempt, Worker
 from cronwheel.domain.states import RunState
-from cronwheel.store.base import ready_notices
+from cronwheel.store.base import LeaseRenewal, ready_notices
 
 __all__ = [
     "complete_many",
@@ -30,6 +30,7 @@ __all__ = [
     "heartbeat_many",
     "insert_planned",
     "lease",
+    "renew",
 ]
 
 _NOW = "WITH t AS (SELECT COALESCE($1::timestamptz, statement_timestamp()) AS now)"
@@ -466,4 +467,76 @@ async def copy_events(conn: Any, rows: Sequence[dict[str, Any]]) -> None:
             for r in rows
         ],
         columns=_EVENT_COLUMNS_ALL,
+    )
+
+
+_RENEW = """
+WITH t AS (SELECT COALESCE($1::timestamptz, statement_timestamp()) AS now,
+                  make_interval(secs => $3) AS ttl),
+gone AS (
+    DELETE FROM scheduler_nodes
+    WHERE node_id <> $2 AND heartbeat_at < (SELECT now - ttl FROM t)
+),
+me AS (
+    INSERT INTO scheduler_nodes (node_id, started_at, heartbeat_at)
+    SELECT $2, now, now FROM t
+    ON CONFLICT (node_id) DO UPDATE SET heartbeat_at = EXCLUDED.heartbeat_at
+),
+live AS (
+    SELECT 1 + count(*) AS n FROM scheduler_nodes, t
+    WHERE node_id <> $2 AND heartbeat_at >= t.now - t.ttl
+),
+share AS (SELECT ((($4)::int + n - 1) / n)::int AS k FROM live),
+-- Our own unexpired leases: renewed, the epoch stays.
+renewed AS (
+    UPDATE shard_leases SET expires_at = t.now + t.ttl FROM t
+    WHERE owner = $2 AND expires_at > t.now AND shard < $4
+    RETURNING shard, epoch
+),
+-- Expired leases (their owner died or stalled), whatever the share: failover first.
+-- A change of owner bumps the epoch.
+taken AS (
+    UPDATE shard_leases SET owner = $2, expires_at = t.now + t.ttl, epoch = epoch + 1
+    FROM t
+    WHERE owner IS NOT NULL AND expires_at <= t.now AND shard < $4
+    RETURNING shard, epoch
+),
+-- Free ones (never owned, or handed back) up to the share; SKIP LOCKED: nodes taking
+-- at once never wait.
+free AS (
+    SELECT shard FROM shard_leases
+    WHERE owner IS NULL AND shard < $4
+    ORDER BY shard
+    LIMIT GREATEST(0, (SELECT k FROM share) - (SELECT count(*) FROM renewed)
+                      - (SELECT count(*) FROM taken))
+    FOR UPDATE SKIP LOCKED
+),
+freed AS (
+    UPDATE shard_leases l SET owner = $2, expires_at = t.now + t.ttl, epoch = l.epoch + 1
+    FROM free, t
+    WHERE l.shard = free.shard
+    RETURNING l.shard, l.epoch
+),
+held AS (
+    SELECT shard, epoch FROM renewed
+    UNION ALL SELECT shard, epoch FROM taken
+    UNION ALL SELECT shard, epoch FROM freed
+)
+SELECT (SELECT n FROM live) AS live, (SELECT k FROM share) AS share,
+       (SELECT min(expires_at) FROM shard_leases, t
+        WHERE owner IS NOT NULL AND owner <> $2 AND expires_at > t.now) AS others,
+       ARRAY(SELECT shard FROM held) AS shards, ARRAY(SELECT epoch FROM held) AS epochs
+"""
+
+
+async def renew(
+    conn: Any, *, node_id: str, ttl: float, shards: int, now: datetime | None
+) -> LeaseRenewal:
+    """``Store.scheduler_renew`` in one statement (the lease rows must exist)."""
+    row = await conn.fetchrow(_RENEW, now, node_id, ttl, shards)
+    return LeaseRenewal(
+        live=int(row["live"]),
+        share=int(row["share"]),
+        held=dict(zip(row["shards"], row["epochs"], strict=True)),
+        others_expire_at=row["others"],
     )

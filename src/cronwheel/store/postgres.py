@@ -21,7 +21,13 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 from cronwheel.domain.model import AttemptOutcome, FiredRun, LeasedAttempt, Worker
 from cronwheel.ids import new_id
 from cronwheel.store import pg_hot
-from cronwheel.store.base import CHANNEL_RUNS_NEW, CHANNEL_RUNS_READY, CompleteItem, HeartbeatItem
+from cronwheel.store.base import (
+    CHANNEL_RUNS_NEW,
+    CHANNEL_RUNS_READY,
+    CompleteItem,
+    HeartbeatItem,
+    LeaseRenewal,
+)
 from cronwheel.store.schema import shard_leases
 from cronwheel.store.sql import SqlStore
 from cronwheel.store.sql.core import lease_fence
@@ -76,6 +82,7 @@ class PostgresStore(SqlStore):
             }
         )
         self._listener: asyncpg.Connection | None = None
+        self._seeded_shards = 0
         self._listen_task: asyncio.Task[None] | None = None
 
     # -- hot paths: one round trip per batch (see pg_hot) ----------------------------
@@ -195,12 +202,25 @@ class PostgresStore(SqlStore):
 
     @contextlib.asynccontextmanager
     async def _read(self) -> AsyncIterator[AsyncConnection]:
-        """Reads run outside a transaction: under READ COMMITTED a BEGIN and a ROLLBACK
-        around them add two round trips and no consistency (each statement sees its own
-        snapshot either way)."""
+        """Reads — and single statements that are a transaction of their own — run in
+        autocommit: under READ COMMITTED a BEGIN and a COMMIT around them add two round
+        trips and nothing else (each statement sees its own snapshot either way)."""
         async with super()._read() as conn:
             await conn.execution_options(isolation_level="AUTOCOMMIT")
             yield conn
+
+    async def scheduler_renew(
+        self, *, node_id: str, ttl: float, shards: int, now: datetime | None = None
+    ) -> LeaseRenewal:
+        if self._seeded_shards < shards:
+            # The lease rows, once per store: the statement below only updates rows.
+            async with self._write() as conn:
+                await self._insert_shards(conn, list(range(shards)))
+            self._seeded_shards = shards
+        async with self._read() as conn:  # one statement: its own transaction
+            return await pg_hot.renew(
+                await _raw(conn), node_id=node_id, ttl=ttl, shards=shards, now=now
+            )
 
     async def open(self) -> None:
         await super().open()

@@ -12,7 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from cronwheel.domain.model import DueRun, FiredRun
 from cronwheel.domain.states import RunState
-from cronwheel.store.base import CHANNEL_RUNS_READY, ready_notices
+from cronwheel.store.base import CHANNEL_RUNS_READY, LeaseRenewal, ready_notices
 from cronwheel.store.schema import events, jobs, runs, scheduler_nodes, shard_leases
 from cronwheel.store.sql.firing import FiringMixin
 
@@ -269,6 +269,17 @@ class DispatchMixin(FiringMixin):
                 [{"shard": s, "owner": None, "epoch": 0, "expires_at": None} for s in shards],
             )
         )
+
+    async def scheduler_renew(
+        self, *, node_id: str, ttl: float, shards: int, now: datetime | None = None
+    ) -> LeaseRenewal:
+        live = await self.scheduler_nodes_beat(node_id=node_id, ttl=ttl, now=now)
+        share = -(-shards // max(1, live))
+        held = await self.shard_leases_acquire(
+            node_id=node_id, shards=range(shards), ttl=ttl, limit=share, now=now
+        )
+        others = await self.shard_leases_next_expiry(node_id=node_id, now=now)
+        return LeaseRenewal(live=live, share=share, held=held, others_expire_at=others)
 
     async def scheduler_nodes_beat(
         self, *, node_id: str, ttl: float, now: datetime | None = None
