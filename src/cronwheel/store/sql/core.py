@@ -150,6 +150,13 @@ class SqlCore(Store):
             return now.astimezone(UTC)
         return await self._db_now(conn)
 
+    async def _statement_now(self, conn: AsyncConnection, now: datetime | None) -> Any:
+        """``now``, or the database clock: read inside the statement on PostgreSQL (no
+        round trip of its own), beforehand on SQLite."""
+        if now is None and self.dialect == "postgresql":
+            return sa.func.now()
+        return await self._now(conn, now)
+
     @contextlib.asynccontextmanager
     async def _write(self) -> AsyncIterator[AsyncConnection]:
         """A write transaction. Local notifications queued in it go out after commit."""

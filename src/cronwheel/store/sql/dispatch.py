@@ -329,12 +329,7 @@ class DispatchMixin(FiringMixin):
         self, *, node_id: str, now: datetime | None = None
     ) -> datetime | None:
         async with self._read() as conn:
-            # One round trip on PostgreSQL: its clock is read in the statement.
-            at: Any = (
-                sa.func.now()
-                if now is None and self.dialect == "postgresql"
-                else await self._now(conn, now)
-            )
+            at = await self._statement_now(conn, now)
             expiry: datetime | None = (
                 await conn.execute(
                     sa.select(sa.func.min(shard_leases.c.expires_at)).where(
