@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gzip
 import hashlib
 import hmac
 import json
@@ -292,6 +293,23 @@ async def test_a_call_carries_the_payload_and_signed_headers(env: Env) -> None:
     [put] = env.receiver.on("/big")
     assert put.method == "PUT" and json.loads(put.body) == {}
     assert big_run["result"] == {"status": 200, "body": "x" * 1024, "truncated": True}
+
+
+async def test_a_compressed_answer_is_not_inflated(env: Env) -> None:
+    """The worker asks for an identity body; a receiver that compresses anyway gets its
+    status recorded and its body left unread (a small gzip can inflate to gigabytes)."""
+    bomb = gzip.compress(b"0" * 5_000_000)
+    env.receiver.script["/gz"].append((200, {"Content-Encoding": "gzip"}, bomb))
+    job = await env.hook("/gz")
+    async with env.working():
+        run = await env.wait_run(job["first_run_id"], "SUCCESS")
+    [got] = env.receiver.on("/gz")
+    assert got.headers["accept-encoding"] == "identity"
+    assert run["result"] == {
+        "status": 200,
+        "body": "(a gzip-encoded body, not read)",
+        "truncated": False,
+    }
 
 
 async def test_retry_after_is_honoured(env: Env) -> None:

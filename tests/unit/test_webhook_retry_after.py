@@ -61,4 +61,6 @@ def test_malformed_values_are_ignored(value: str | None) -> None:
 
 def test_waits_are_capped() -> None:
     assert parse_retry_after("999999999999", now=NOW) == MAX_RETRY_AFTER
+    # Past the digits int() takes (4,300): still the cap, not an error.
+    assert parse_retry_after("9" * 5000, now=NOW) == MAX_RETRY_AFTER
     assert parse_retry_after("Fri, 01 Jan 2100 00:00:00 GMT", now=NOW) == MAX_RETRY_AFTER

@@ -122,7 +122,8 @@ def parse_retry_after(
         return None
     text = value.strip()
     if text.isascii() and text.isdigit():
-        return min(float(int(text)), MAX_RETRY_AFTER)
+        # More digits than any sane delay (and than int() accepts past 4,300): the cap.
+        return MAX_RETRY_AFTER if len(text) > 9 else min(float(int(text)), MAX_RETRY_AFTER)
     when = _http_date(text)
     if when is None:
         return None
@@ -419,6 +420,9 @@ class WebhookCaller:
                 "Idempotency-Key": f"{lease.run_id}:{lease.attempt}",
                 TIMESTAMP_HEADER: stamp,
                 SIGNATURE_HEADER: f"v1={sign(lease.signing_secret, stamp, body)}",
+                # Only a few bytes of the answer are kept: never inflate a compressed
+                # one (a small gzip body can expand to gigabytes).
+                "Accept-Encoding": "identity",
             }
         )
         return headers
@@ -465,14 +469,14 @@ class WebhookCaller:
 
 async def _read_some(response: httpx.Response, limit: int) -> tuple[str, bool]:
     """At most ``limit`` bytes of the answer's body, as text, and whether there was more."""
+    if response.headers.get("Content-Encoding", "identity").lower() not in ("", "identity"):
+        # Asked for identity and got something else anyway: not inflated, not kept.
+        return f"(a {response.headers['Content-Encoding']}-encoded body, not read)", False
     data = bytearray()
-    try:
-        async for chunk in response.aiter_bytes():
-            data += chunk
-            if len(data) > limit:
-                break
-    except httpx.DecodingError:  # the status stands; the body is just not readable
-        return "(the body could not be decoded)", False
+    async for chunk in response.aiter_raw():
+        data += chunk
+        if len(data) > limit:
+            break
     truncated = len(data) > limit
     return bytes(data[:limit]).decode(response.encoding or "utf-8", "replace"), truncated
 
