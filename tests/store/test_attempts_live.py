@@ -4,6 +4,7 @@ log lines) — the live attempt under its own token, and nothing else."""
 from __future__ import annotations
 
 import uuid
+from datetime import timedelta
 
 import pytest
 
@@ -89,3 +90,14 @@ async def test_a_lost_attempt_is_superseded_by_the_retry(store: Store) -> None:
     for attempt_id in (first.attempt_id, second.attempt_id):
         with pytest.raises(StaleFencingTokenError):
             await store.attempts_get_live(attempt_id=attempt_id, fencing_token=first.fencing_token)
+
+
+async def test_a_lease_that_ran_out_is_not_live_before_the_sweep(store: Store) -> None:
+    """By the database clock the lease has ended, though nothing has marked it LOST."""
+    tenant = await make_tenant(store)
+    an_hour_ago = await store.db_now() - timedelta(hours=1)
+    _run, attempt = await leased_run(store, tenant.id, now=an_hour_ago)
+    with pytest.raises(StaleFencingTokenError):
+        await store.attempts_get_live(
+            attempt_id=attempt.attempt_id, fencing_token=attempt.fencing_token
+        )

@@ -135,6 +135,8 @@ class ReadyNotifier:
                 event.set()
 
     def _start(self) -> None:
+        if self._task is not None and self._task.done():
+            self._task = None  # it died: start another
         if self._task is None and not self._closed:
             self._task = asyncio.get_running_loop().create_task(
                 self._listen(), name="cronwheel-api-ready-notifier"
@@ -146,6 +148,8 @@ class ReadyNotifier:
                 if self._subscription is None:
                     self._subscription = self._store.subscribe(CHANNEL_RUNS_READY)
                 payloads = await self._subscription.wait(5.0)
+                if payloads:
+                    await self._on_notices(payloads)
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -157,9 +161,6 @@ class ReadyNotifier:
                 )
                 self._drop_subscription()
                 await asyncio.sleep(1.0)
-                continue
-            if payloads:
-                await self._on_notices(payloads)
 
     async def _on_notices(self, payloads: list[str]) -> None:
         now_pools: list[str] = []
@@ -178,8 +179,13 @@ class ReadyNotifier:
             return
         loop = asyncio.get_running_loop()
         if loop.time() >= self._next_clock:
-            await self._clock.measure(self._store)
-            self._next_clock = loop.time() + self.CLOCK_CHECK
+            try:
+                await self._clock.measure(self._store)
+                self._next_clock = loop.time() + self.CLOCK_CHECK
+            except Exception:  # keep the last offset; measure again next time
+                log.warning(
+                    "clock offset not measured", exc_info=True, extra={"event": "api.clock_failed"}
+                )
         for key in ahead:
             if key in self._timers:
                 continue

@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -351,19 +351,27 @@ class AttemptsMixin(SqlCore):
         fencing_token: int,
         tenant_id: uuid.UUID | None = None,
     ) -> Attempt:
-        stmt = attempts.select().where(attempts.c.id == attempt_id)
-        if tenant_id is not None:
-            stmt = stmt.where(attempts.c.tenant_id == tenant_id)
         async with self._read() as conn:
+            probe = await self._statement_now(conn, None)
+            stmt = sa.select(
+                *attempts.c, (attempts.c.lease_expires_at > probe).label("unexpired")
+            ).where(attempts.c.id == attempt_id)
+            if tenant_id is not None:
+                stmt = stmt.where(attempts.c.tenant_id == tenant_id)
             row = (await conn.execute(stmt)).first()
         if row is None:
             raise self._not_found("attempt", attempt_id)
-        if row.fencing_token != fencing_token or row.state != AttemptState.RUNNING.value:
+        # A lease that ran out is no longer the worker's, even before the sweep ends it.
+        if (
+            row.fencing_token != fencing_token
+            or row.state != AttemptState.RUNNING.value
+            or not row.unexpired
+        ):
             raise StaleFencingTokenError(
                 "stale fencing token: this attempt's lease is no longer yours; nothing was changed",
                 field="fencing_token",
             )
-        return attempt_from(row)
+        return attempt_from(cast("sa.Row[Any]", row))
 
     async def attempts_expire(self, *, now: datetime | None = None, limit: int = 1000) -> int:
         # Most of the time nothing has expired: one read says so, without a transaction.
