@@ -274,3 +274,30 @@ async def test_nodes_renewing_at_once_never_share_a_shard(store: Store, store_ur
     owners = {row["shard"]: row["owner"] for row in await store.shard_leases_list()}
     for i, renewal in enumerate(renewals):
         assert all(owners[s] == f"node-{i}" for s in renewal.held)
+
+
+async def test_survivors_split_a_dead_nodes_shards_by_their_share(store: Store) -> None:
+    """The first survivor to renew takes the dead node's shards only up to its share and
+    leaves the rest to the other, rather than taking them all and handing some back
+    (unowned until someone renews again)."""
+    for node, second in (("node-a", 0), ("node-b", 0.1), ("node-c", 0.2)):
+        await store.scheduler_renew(node_id=node, ttl=10, shards=256, now=at(second))
+    # Settle into thirds: each renews and hands back what is above its share.
+    for second in (3.0, 3.1, 3.2, 6.0, 6.1, 6.2):
+        node = {0.0: "node-a", 0.1: "node-b", 0.2: "node-c"}[round(second % 1, 1)]
+        renewal = await store.scheduler_renew(node_id=node, ttl=10, shards=256, now=at(second))
+        extra = sorted(renewal.held)[renewal.share :]
+        if extra:
+            await store.shard_leases_release(node_id=node, shards=extra)
+    owners = [row["owner"] for row in await store.shard_leases_list()]
+    assert sorted(owners.count(n) for n in ("node-a", "node-b", "node-c")) == [84, 86, 86]
+    # node-c dies after its renewal at 6.2 s: its leases end at 16.2 s. The others go on.
+    for second in (9.0, 9.1, 12.0, 12.1, 15.0, 15.1):
+        node = "node-a" if round(second % 1, 1) == 0.0 else "node-b"
+        await store.scheduler_renew(node_id=node, ttl=10, shards=256, now=at(second))
+    a = await store.scheduler_renew(node_id="node-a", ttl=10, shards=256, now=at(16.3))
+    assert (a.live, a.share, len(a.held)) == (2, 128, 128)
+    b = await store.scheduler_renew(node_id="node-b", ttl=10, shards=256, now=at(16.3))
+    assert (b.live, b.share, len(b.held)) == (2, 128, 128)
+    owners = [row["owner"] for row in await store.shard_leases_list()]
+    assert sorted(set(owners)) == ["node-a", "node-b"]

@@ -485,10 +485,10 @@ class Store(ABC):
         limit: int | None = None,
         now: datetime | None = None,
     ) -> dict[int, int]:
-        """Renew ``node_id``'s leases among ``shards``, take over every expired one (failover
-        first), and take free ones in shard order until it holds ``limit`` (no limit: all
-        it can); a change of owner increments the epoch. Returns ``{shard: epoch}`` of
-        every shard ``node_id`` holds afterwards."""
+        """Renew ``node_id``'s leases among ``shards``, then take expired ones (failover
+        first) and free ones, in shard order, until it holds ``limit`` (no limit: all it
+        can); a change of owner increments the epoch. Returns ``{shard: epoch}`` of every
+        shard ``node_id`` holds afterwards."""
 
     @abstractmethod
     async def scheduler_nodes_beat(

@@ -493,34 +493,27 @@ renewed AS (
     WHERE owner = $2 AND expires_at > t.now AND shard < $4
     RETURNING shard, epoch
 ),
--- Expired leases (their owner died or stalled), whatever the share: failover first.
--- A change of owner bumps the epoch.
-taken AS (
-    UPDATE shard_leases SET owner = $2, expires_at = t.now + t.ttl, epoch = epoch + 1
-    FROM t
-    WHERE owner IS NOT NULL AND expires_at <= t.now AND shard < $4
-    RETURNING shard, epoch
+-- Up to the share: expired leases first (their owner died or stalled: failover comes
+-- first), then free ones (never owned, or handed back). Taking no more than the share
+-- leaves a dead node's other shards to the other survivors, which wake at the same
+-- moment, instead of taking them and handing them back a renewal later. SKIP LOCKED:
+-- nodes taking at once never wait. A change of owner bumps the epoch.
+grab AS (
+    SELECT shard FROM shard_leases, t
+    WHERE shard < $4 AND (owner IS NULL OR expires_at <= t.now)
+    ORDER BY owner IS NULL, shard
+    LIMIT GREATEST(0, (SELECT k FROM share) - (SELECT count(*) FROM renewed))
+    FOR UPDATE OF shard_leases SKIP LOCKED
 ),
--- Free ones (never owned, or handed back) up to the share; SKIP LOCKED: nodes taking
--- at once never wait.
-free AS (
-    SELECT shard FROM shard_leases
-    WHERE owner IS NULL AND shard < $4
-    ORDER BY shard
-    LIMIT GREATEST(0, (SELECT k FROM share) - (SELECT count(*) FROM renewed)
-                      - (SELECT count(*) FROM taken))
-    FOR UPDATE SKIP LOCKED
-),
-freed AS (
+grabbed AS (
     UPDATE shard_leases l SET owner = $2, expires_at = t.now + t.ttl, epoch = l.epoch + 1
-    FROM free, t
-    WHERE l.shard = free.shard
+    FROM grab, t
+    WHERE l.shard = grab.shard
     RETURNING l.shard, l.epoch
 ),
 held AS (
     SELECT shard, epoch FROM renewed
-    UNION ALL SELECT shard, epoch FROM taken
-    UNION ALL SELECT shard, epoch FROM freed
+    UNION ALL SELECT shard, epoch FROM grabbed
 )
 SELECT (SELECT n FROM live) AS live, (SELECT k FROM share) AS share,
        (SELECT min(expires_at) FROM shard_leases, t

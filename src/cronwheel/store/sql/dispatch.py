@@ -217,19 +217,10 @@ class DispatchMixin(FiringMixin):
                     )
                     .values(expires_at=expires)
                 )
-                # Take over expired leases (their owner died or stalled) whatever the
-                # limit: failover comes first. A change of owner bumps the epoch.
-                await conn.execute(
-                    shard_leases.update()
-                    .where(
-                        self._id_in(shard_leases.c.shard, wanted),
-                        shard_leases.c.owner.is_not(None),
-                        shard_leases.c.expires_at <= at,
-                    )
-                    .values(owner=node_id, expires_at=expires, epoch=shard_leases.c.epoch + 1)
-                )
-                # Take free ones (never owned, or handed back to rebalance) up to the
-                # limit, in shard order; SKIP LOCKED: nodes taking at once never wait.
+                # Up to the limit: expired leases first (their owner died or stalled:
+                # failover comes first), then free ones (never owned, or handed back), in
+                # shard order; SKIP LOCKED: nodes taking at once never wait. A change of
+                # owner bumps the epoch.
                 own = (
                     await conn.execute(
                         sa.select(sa.func.count()).where(
@@ -239,21 +230,25 @@ class DispatchMixin(FiringMixin):
                 ).scalar_one()
                 room = len(wanted) if limit is None else max(0, limit - own)
                 if room:
-                    free = (
+                    takeable = (
                         sa.select(shard_leases.c.shard)
                         .where(
                             self._id_in(shard_leases.c.shard, wanted),
-                            shard_leases.c.owner.is_(None),
+                            sa.or_(shard_leases.c.owner.is_(None), shard_leases.c.expires_at <= at),
                         )
-                        .order_by(shard_leases.c.shard)
+                        .order_by(shard_leases.c.owner.is_(None), shard_leases.c.shard)
                         .limit(room)
                         .with_for_update(skip_locked=True)
                     )
-                    await conn.execute(
-                        shard_leases.update()
-                        .where(shard_leases.c.shard.in_(free.scalar_subquery()))
-                        .values(owner=node_id, expires_at=expires, epoch=shard_leases.c.epoch + 1)
-                    )
+                    picked = [r.shard for r in await conn.execute(takeable)]
+                    if picked:
+                        await conn.execute(
+                            shard_leases.update()
+                            .where(self._id_in(shard_leases.c.shard, picked))
+                            .values(
+                                owner=node_id, expires_at=expires, epoch=shard_leases.c.epoch + 1
+                            )
+                        )
             held = await conn.execute(
                 sa.select(shard_leases.c.shard, shard_leases.c.epoch).where(
                     shard_leases.c.owner == node_id, shard_leases.c.expires_at > at
