@@ -305,6 +305,10 @@ async def test_a_compressed_answer_is_not_inflated(env: Env) -> None:
         run = await env.wait_run(job["first_run_id"], "SUCCESS")
     [got] = env.receiver.on("/gz")
     assert got.headers["accept-encoding"] == "identity"
+    # The worker registered as one that only calls webhooks.
+    [attempt] = run["attempts"]
+    worker = await env.store.workers_get(uuid.UUID(attempt["worker_id"]))
+    assert worker.webhooks_only and worker.capabilities == ["webhook"]
     assert run["result"] == {
         "status": 200,
         "body": "(a gzip-encoded body, not read)",

@@ -208,3 +208,31 @@ async def test_scheduled_runs_are_not_checked(store: Store) -> None:
     _job, run = await create_job(store, tenant.id, pool="gpu", requires=["cuda"])
     assert await _check(store, at(100)) == RouteCheck(0, 0, 0)
     assert await _reason(store, run) is None
+
+
+async def test_a_worker_that_only_calls_webhooks_cannot_take_task_runs(store: Store) -> None:
+    """The built-in webhook worker of a pool takes its webhook runs, not its task runs:
+    a task run with only such a worker alive waits with a reason."""
+    tenant = await make_tenant(store)
+    task_run = await dispatched_run(store, tenant.id)
+    hook_run = await dispatched_run(
+        store, tenant.id, task=None, webhook={"url": "https://example.com/hook"}
+    )
+    assert hook_run.requires == ["webhook"]
+    hooks = await store.workers_register(
+        tenant.id,
+        pool="default",
+        capabilities=["webhook"],
+        tags=[],
+        capacity=1,
+        webhooks_only=True,
+        now=at(1),
+    )
+    assert hooks.webhooks_only
+    assert await _check(store, at(10)) == RouteCheck(waiting=1, marked=1, cleared=0)
+    assert await _reason(store, task_run) == "no live worker in pool 'default'"
+    assert await _reason(store, hook_run) is None
+    # A worker with task handlers (and no special capability) takes the task run.
+    await _worker(store, tenant.id, pool="default", capabilities=[], now=at(11))
+    assert await _check(store, at(12)) == RouteCheck(waiting=0, marked=0, cleared=1)
+    assert await _reason(store, task_run) is None

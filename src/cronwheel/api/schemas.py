@@ -402,6 +402,11 @@ class WorkerRegister(_In):
     )
     capacity: int = Field(default=1, ge=1, le=10_000)
     name: str | None = Field(default=None, max_length=200)
+    webhooks_only: bool = Field(
+        default=False,
+        description="the worker calls webhooks and runs no tasks: it does not count as "
+        "able to take the pool's task runs",
+    )
 
 
 class WorkerRegistered(_Out):

@@ -212,6 +212,7 @@ class Worker:
     last_seen_at: datetime
     name: str | None = None
     deregistered_at: datetime | None = None
+    webhooks_only: bool = False  # calls webhooks, runs no task handlers
 
 
 @dataclass(frozen=True, slots=True)

@@ -535,6 +535,7 @@ class Store(ABC):
         tags: Sequence[str],
         capacity: int,
         name: str | None = None,
+        webhooks_only: bool = False,
         now: datetime | None = None,
     ) -> Worker: ...
 

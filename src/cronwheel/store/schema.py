@@ -281,6 +281,8 @@ workers = sa.Table(
     sa.Column("registered_at", UtcDateTime, nullable=False),
     sa.Column("last_seen_at", UtcDateTime, nullable=False),
     sa.Column("deregistered_at", UtcDateTime),
+    # Calls webhooks only (no task handlers): not a candidate for a pool's task runs.
+    sa.Column("webhooks_only", sa.Boolean, nullable=False, server_default=sa.false()),
     sa.Index("ix_workers_pool", "pool", "last_seen_at"),
 )
 

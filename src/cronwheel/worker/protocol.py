@@ -227,6 +227,8 @@ class WorkerProtocol:
         }
         if name is not None:
             body["name"] = name
+        if self.webhooks_only:
+            body["webhooks_only"] = True
         data = await self.client.send(Call("POST", "/v1/workers", json=body))
         return _parsed(
             "register",

@@ -73,6 +73,7 @@ async def register_worker(
         tags=body.tags,
         capacity=body.capacity,
         name=body.name,
+        webhooks_only=body.webhooks_only,
     )
     state.workers.put(worker.id, worker)
     return WorkerRegistered(

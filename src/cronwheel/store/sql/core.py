@@ -607,4 +607,5 @@ def worker_from(row: Row[Any]) -> Worker:
         registered_at=row.registered_at,
         last_seen_at=row.last_seen_at,
         deregistered_at=row.deregistered_at,
+        webhooks_only=bool(row.webhooks_only),
     )

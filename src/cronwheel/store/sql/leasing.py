@@ -37,6 +37,7 @@ class LeasingMixin(SqlCore):
         tags: Sequence[str],
         capacity: int,
         name: str | None = None,
+        webhooks_only: bool = False,
         now: datetime | None = None,
     ) -> Worker:
         if capacity < 1:
@@ -54,6 +55,7 @@ class LeasingMixin(SqlCore):
                         capabilities=sorted(set(capabilities)),
                         tags=sorted(set(tags)),
                         capacity=capacity,
+                        webhooks_only=webhooks_only,
                         registered_at=at,
                         last_seen_at=at,
                     )

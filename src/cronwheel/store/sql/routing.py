@@ -38,6 +38,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from cronwheel.domain.model import RouteCheck, UnroutableRuns
+from cronwheel.domain.spec import WEBHOOK_CAPABILITY
 from cronwheel.domain.states import AttemptState, RunState
 from cronwheel.store.schema import attempts, runs, workers
 from cronwheel.store.sql.core import SqlCore, event_row
@@ -58,6 +59,7 @@ class _LiveWorker:
     tenant_id: uuid.UUID | None
     pool: str
     capabilities: frozenset[str]
+    webhooks_only: bool = False
 
 
 def _unlocked(*where: sa.ColumnElement[bool]) -> sa.ColumnElement[bool]:
@@ -75,7 +77,12 @@ def wait_reason(
     live worker can take them. Only workers serving the tenant are considered, so the
     reason tells nothing about other tenants' workers."""
     need = set(requires)
+    # Webhook runs require the webhook capability; any other run has a task, which a
+    # worker that only calls webhooks cannot run.
+    task_runs = WEBHOOK_CAPABILITY not in need
     for w in live:
+        if w.webhooks_only and task_runs:
+            continue
         if w.pool == pool and w.tenant_id in (None, tenant_id) and need <= w.capabilities:
             return None
     if not need:
@@ -265,13 +272,21 @@ class RoutingMixin(SqlCore):
             .exists()
         )
         rows = await conn.execute(
-            sa.select(workers.c.tenant_id, workers.c.pool, workers.c.capabilities).where(
+            sa.select(
+                workers.c.tenant_id,
+                workers.c.pool,
+                workers.c.capabilities,
+                workers.c.webhooks_only,
+            ).where(
                 workers.c.pool.in_(sorted(pools)),
                 workers.c.deregistered_at.is_(None),
                 sa.or_(workers.c.last_seen_at >= at - timedelta(seconds=ttl), holding),
             )
         )
-        return [_LiveWorker(r.tenant_id, r.pool, frozenset(r.capabilities)) for r in rows]
+        return [
+            _LiveWorker(r.tenant_id, r.pool, frozenset(r.capabilities), bool(r.webhooks_only))
+            for r in rows
+        ]
 
     def _json_equals(
         self, column: sa.ColumnElement[Any], value: Sequence[str]
