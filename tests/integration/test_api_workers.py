@@ -136,29 +136,39 @@ async def test_long_poll_wakes_when_a_run_is_dispatched(api, app) -> None:
 
 
 async def test_long_poll_wakes_at_the_instant_of_a_run_dispatched_ahead(api, app) -> None:
-    """A run dispatched ahead of its instant is leased at that instant: the ready notice
-    carries it and the waiting long-poll wakes then (its re-poll timer is out of reach)."""
+    """Runs dispatched ahead of their instants are leased at those instants: the ready
+    notice carries each, and waiting long-polls wake then (their re-poll timer is out
+    of reach) — for every run of the batch, not only its first."""
     app.state.api.lease_poll_interval = 60.0
     t = await api.tenant()
     worker = await api.key(t, "worker")
     wid = await register(api, worker)
     due = await api.store.db_now() + timedelta(seconds=2)
-    job = await api.job(t, schedule={"at": due.isoformat()})
-    poll = asyncio.create_task(
-        api.client.post(f"/v1/workers/{wid}/lease", json={"max": 2, "wait": 10}, headers=worker)
-    )
+    first = await api.job(t, schedule={"at": due.isoformat()})
+    second = await api.job(t, schedule={"at": (due + timedelta(seconds=1)).isoformat()})
+
+    def poll() -> asyncio.Task[httpx.Response]:
+        return asyncio.create_task(
+            api.client.post(f"/v1/workers/{wid}/lease", json={"max": 2, "wait": 10}, headers=worker)
+        )
+
+    waiting = poll()
     await api.wait_until(lambda: app.state.api.notifier.waiting == 1)
     await api.store.shard_leases_acquire(node_id="t", shards=range(256), ttl=60)
-    [fired] = await api.store.runs_fire(
-        run_ids=[uuid.UUID(job["first_run_id"])], node_id="t", lead=5
-    )
-    assert fired.dispatched_at < due  # ahead of its instant
-    r = await asyncio.wait_for(poll, timeout=20)
-    assert r.status_code == 200, r.text
-    [got] = r.json()["attempts"]
-    assert got["run_id"] == job["first_run_id"]
-    run = await api.store.runs_get(uuid.UUID(t.id), uuid.UUID(job["first_run_id"]))
-    assert run.started_at is not None and run.started_at >= due  # never before it
+    ids = [uuid.UUID(first["first_run_id"]), uuid.UUID(second["first_run_id"])]
+    fired = await api.store.runs_fire(run_ids=ids, node_id="t", lead=5)
+    assert len(fired) == 2 and all(f.dispatched_at < due for f in fired)  # ahead
+    for job, instant in ((first, due), (second, due + timedelta(seconds=1))):
+        r = await asyncio.wait_for(waiting, timeout=20)
+        assert r.status_code == 200, r.text
+        [got] = r.json()["attempts"]
+        assert got["run_id"] == job["first_run_id"]
+        run = await api.store.runs_get(uuid.UUID(t.id), uuid.UUID(job["first_run_id"]))
+        assert run.started_at is not None and run.started_at >= instant  # never before it
+        # Woken for it, not by the long-poll's end 10 s later.
+        assert run.started_at < instant + timedelta(seconds=5)
+        waiting = poll()
+    waiting.cancel()
 
 
 async def test_long_poll_ignores_other_pools_and_times_out_empty(api, app) -> None:

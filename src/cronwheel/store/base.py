@@ -134,32 +134,44 @@ class Subscription(ABC):
 
 # Channels the store notifies on, inside the transaction that makes the change:
 CHANNEL_RUNS_NEW = "cw_runs_new"  # runs created or rescheduled to fire soon: "shard:epoch_ms:id"
-# Runs became DISPATCHED: a ready notice per pool, "pool", or "pool<US>epoch_ms" when
-# the earliest of them may not be leased before that instant (dispatched ahead).
+# Runs became DISPATCHED: a ready notice per pool, "pool" when some are leasable now,
+# and "pool<US>ms,ms,…" with the instants (epoch ms) the others may be leased from when
+# they were dispatched ahead of them.
 CHANNEL_RUNS_READY = "cw_runs_ready"
 _NOT_BEFORE = "\x1f"
+_MAX_INSTANTS = 32  # per notice: a batch spread wider is woken at evenly spaced ones
 
 
 def ready_notices(runs: Iterable[tuple[str, datetime]], at: datetime) -> list[str]:
-    """The ready notices for runs ``(pool, fire_at)`` dispatched at ``at``: one per
-    pool, carrying the earliest instant one of them may be leased when that is still
-    ahead."""
-    earliest: dict[str, datetime] = {}
+    """The ready notices for runs ``(pool, fire_at)`` dispatched at ``at``."""
+    now: set[str] = set()
+    ahead: dict[str, set[int]] = {}
     for pool, fire_at in runs:
-        if pool not in earliest or fire_at < earliest[pool]:
-            earliest[pool] = fire_at
-    return [
-        f"{pool}{_NOT_BEFORE}{int(first.timestamp() * 1000)}" if first > at else pool
-        for pool, first in sorted(earliest.items())
-    ]
+        if fire_at > at:
+            ahead.setdefault(pool, set()).add(int(fire_at.timestamp() * 1000))
+        else:
+            now.add(pool)
+    notices = sorted(now)
+    for pool, instants in sorted(ahead.items()):
+        ordered = sorted(instants)
+        if len(ordered) > _MAX_INSTANTS:  # keep the last: no run waits past its wake
+            step = len(ordered) / _MAX_INSTANTS
+            ordered = [
+                ordered[min(len(ordered) - 1, round((i + 1) * step) - 1)]
+                for i in range(_MAX_INSTANTS)
+            ]
+        notices.append(f"{pool}{_NOT_BEFORE}{','.join(map(str, ordered))}")
+    return notices
 
 
-def parse_ready_notice(payload: str) -> tuple[str, datetime | None]:
-    """``(pool, not_before)`` of a ready notice (``not_before`` None: leasable now)."""
-    pool, sep, ms = payload.rpartition(_NOT_BEFORE)
-    if sep and ms.isdigit():
-        return pool, datetime.fromtimestamp(int(ms) / 1000, UTC)
-    return payload, None
+def parse_ready_notice(payload: str) -> tuple[str, list[datetime]]:
+    """``(pool, instants)`` of a ready notice: the instants its runs may be leased from,
+    none when they may be leased now."""
+    pool, sep, tail = payload.rpartition(_NOT_BEFORE)
+    parts = tail.split(",")
+    if sep and all(p.isdigit() for p in parts):
+        return pool, [datetime.fromtimestamp(int(p) / 1000, UTC) for p in parts]
+    return payload, []
 
 
 class Store(ABC):

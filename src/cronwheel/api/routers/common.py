@@ -166,13 +166,13 @@ class ReadyNotifier:
         now_pools: list[str] = []
         ahead: list[tuple[str, datetime]] = []
         for payload in payloads:
-            pool, not_before = parse_ready_notice(payload)
+            pool, instants = parse_ready_notice(payload)
             if not pool:
                 self.wake()  # unreadable: everyone looks
-            elif not_before is None:
+            elif not instants:
                 now_pools.append(pool)
             else:
-                ahead.append((pool, not_before))
+                ahead += [(pool, instant) for instant in instants]
         if now_pools:
             self.wake(now_pools)
         if not ahead:
