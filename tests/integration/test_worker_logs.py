@@ -289,6 +289,23 @@ async def test_memory_is_bounded_while_the_server_is_out_of_reach() -> None:
     assert fake.calls == calls
 
 
+async def test_buffered_bytes_are_bounded_too_counting_json_escapes() -> None:
+    """Long lines fill memory before many lines do; and a line of control characters is
+    six times longer on the wire, which is what counts."""
+    fake = FakeLogs()
+    async with shipping(fake, batch_bytes=1024, max_buffered_bytes=8192) as shipper:
+        log = ctx_log(shipper)
+        for _ in range(3):
+            log.info("\x01" * 1000)  # about 6 KB each once escaped
+        assert shipper.dropped == 2  # only the newest fits in 8 KB
+        fake.up = True
+        reported = asyncio.Event()
+        shipper.then("a-1", reported.set)
+        await within(reported.wait())
+        assert fake.messages()[0].startswith("2 log lines dropped by the worker")
+        assert fake.messages()[1:] == ["\x01" * 1000]
+
+
 async def test_a_refused_attempt_drops_its_lines_and_reports_at_once() -> None:
     fake = FakeLogs()
     fake.up = fake.refuse = True

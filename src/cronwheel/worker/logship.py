@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import sys
 import threading
@@ -75,6 +76,7 @@ class LogShipConfig:
     batch_lines: int = 500
     batch_bytes: int = 256 * 1024  # escaping can double JSON: well under the 1 MiB limit
     max_buffered_lines: int = 10_000
+    max_buffered_bytes: int = 16 << 20
     hold_max: float = 10.0
     concurrency: int = 4
     backoff_max: float = 10.0
@@ -84,8 +86,16 @@ class LogShipConfig:
             raise ValueError("flush_interval and backoff_max must be positive, hold_max >= 0")
         if not 1 <= self.batch_lines <= 1000:
             raise ValueError("batch_lines must be between 1 and 1000 (the server's limit)")
-        if self.batch_bytes < 1024 or self.max_buffered_lines < 1 or self.concurrency < 1:
-            raise ValueError("batch_bytes, max_buffered_lines and concurrency are too small")
+        if (
+            self.batch_bytes < 1024
+            or self.max_buffered_lines < 1
+            or self.max_buffered_bytes < self.batch_bytes
+            or self.concurrency < 1
+        ):
+            raise ValueError(
+                "batch_bytes, max_buffered_lines, max_buffered_bytes (at least batch_bytes) "
+                "and concurrency are too small"
+            )
 
 
 @dataclass(slots=True)
@@ -152,6 +162,7 @@ class LogShipper:
         self._lock = threading.Lock()
         self._next_seq = 0
         self._buffered = 0
+        self._buffered_bytes = 0
         # Buffers with lines, a request out or an outcome waiting.
         self._active: dict[str, _Buffer] = {}
         # Every attempt's buffer, for as long as its ctx.log lives.
@@ -179,7 +190,8 @@ class LogShipper:
     def add(self, buffer: _Buffer, level: int, message: str) -> None:
         if len(message) > _MESSAGE_MAX:
             message = message[:_MESSAGE_MAX] + " … (truncated)"
-        size = len(message.encode("utf-8", "replace")) + _LINE_OVERHEAD
+        # Its size on the wire, escaped as JSON (control characters grow sixfold).
+        size = len(json.dumps(message)) + _LINE_OVERHEAD
         with self._lock:
             if buffer.closed or self._closed:
                 self.dropped += 1
@@ -189,19 +201,28 @@ class LogShipper:
                 _Line(self._next_seq, time.time(), _level_name(level), message, size)
             )
             self._buffered += 1
+            self._buffered_bytes += size
             self._active[buffer.attempt_id] = buffer
-            while self._buffered > self.config.max_buffered_lines:
-                self._drop_oldest()
+            self._bound()
             full = len(buffer.lines) == self.config.batch_lines
         if full:
             self._wake_soon()
 
+    def _bound(self) -> None:
+        """Drop the oldest lines of all while over the memory bounds (lock held)."""
+        while self._buffered > 0 and (
+            self._buffered > self.config.max_buffered_lines
+            or self._buffered_bytes > self.config.max_buffered_bytes
+        ):
+            self._drop_oldest()
+
     def _drop_oldest(self) -> None:
         """Drop the oldest line of all (lock held)."""
         oldest = min((b for b in self._active.values() if b.lines), key=lambda b: b.lines[0].seq)
-        oldest.lines.popleft()
+        line = oldest.lines.popleft()
         oldest.dropped += 1
         self._buffered -= 1
+        self._buffered_bytes -= line.size
         self.dropped += 1
 
     def _wake_soon(self) -> None:
@@ -345,6 +366,7 @@ class LogShipper:
             size += line.size
         dropped, buffer.dropped = buffer.dropped, 0
         self._buffered -= len(lines)
+        self._buffered_bytes -= size
         buffer.sending = True
         return lines, dropped
 
@@ -387,8 +409,8 @@ class LogShipper:
                 buffer.lines.extendleft(reversed(lines))
                 buffer.dropped += dropped
                 self._buffered += len(lines)
-                while self._buffered > self.config.max_buffered_lines:
-                    self._drop_oldest()
+                self._buffered_bytes += sum(line.size for line in lines)
+                self._bound()
                 retry = True
             else:
                 retry = False
@@ -418,6 +440,7 @@ class LogShipper:
         buffer.closed = True
         self.dropped += len(buffer.lines)
         self._buffered -= len(buffer.lines)
+        self._buffered_bytes -= sum(line.size for line in buffer.lines)
         buffer.lines.clear()
         buffer.dropped = 0
 
