@@ -17,7 +17,8 @@ hands each outcome through :meth:`LogShipper.then`: the attempt's last lines go 
 - 409 or 404 (the lease was lost, the attempt ended or is unknown): the attempt's
   buffer is dropped and its later lines are discarded.
 - A network error, 429 or 5xx: the batch is kept and tried again with backoff; handlers
-  never wait. Memory stays bounded: past ``max_buffered_lines`` the oldest line of all
+  never wait. Memory stays bounded: past ``max_buffered_lines`` (or
+  ``max_buffered_bytes``) the oldest line of all
   is dropped, and that attempt's next batch starts with a line saying how many were.
 - An outcome waits at most ``hold_max`` seconds for its attempt's lines.
 
@@ -66,7 +67,8 @@ class LogShipConfig:
     ``level``: records at this level and above are shipped (None: none is).
     ``flush_interval``: seconds between sends; an attempt with ``batch_lines`` lines
     waiting, or whose outcome is ready, is sent at once. A request carries at most
-    ``batch_lines`` lines and about ``batch_bytes`` bytes. ``max_buffered_lines``
+    ``batch_lines`` lines and about ``batch_bytes`` bytes. ``max_buffered_lines`` and
+    ``max_buffered_bytes``
     bounds the memory of every attempt's lines together while the server is out of
     reach. An outcome waits at most ``hold_max`` seconds for its attempt's lines.
     """
