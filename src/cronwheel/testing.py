@@ -14,20 +14,77 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
-__all__ = ["Cluster", "free_port"]
+from cronwheel.client import ApiError
+
+if TYPE_CHECKING:
+    from typer.testing import Result
+
+__all__ = ["Cluster", "free_port", "invoke_then_terminate", "wait_until"]
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def wait_until(check: Callable[[], Any], timeout: float = 30.0) -> Any:
+    """Poll ``check`` until it returns something truthy (an HTTP or API error counts as
+    not yet), or fail at the deadline; returns what it returned."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            value = check()
+        except (httpx.HTTPError, ApiError):
+            value = None
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met before the deadline")
+        time.sleep(0.02)
+
+
+def invoke_then_terminate(
+    args: list[str], after: Callable[[], None], env: dict[str, str] | None = None
+) -> Result:
+    """Run a long-running ``cronwheel`` command in this process; once ``after`` returns
+    (on another thread), SIGTERM this process as a process manager would. Whatever
+    ``after`` raises is raised here."""
+    from typer.testing import CliRunner
+
+    from cronwheel.cli import app
+
+    errors: list[BaseException] = []
+    returned = threading.Event()
+
+    def watcher() -> None:
+        try:
+            after()
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            if not returned.is_set():  # a command that already failed has no handler left
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    thread = threading.Thread(target=watcher)
+    thread.start()
+    try:
+        result = CliRunner().invoke(app, args, env={"COLUMNS": "200", **(env or {})})
+    finally:
+        returned.set()
+        thread.join()
+    if errors:
+        raise errors[0]
+    return result
 
 
 @dataclass

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from cronwheel.cli import app
 from cronwheel.runtime import BackgroundRuntime, Runtime
 from cronwheel.settings import Settings
 from cronwheel.store import FailItem, create_store
+from cronwheel.testing import free_port
 
 ADMIN_KEY = "cli-admin-key"
 
@@ -174,13 +174,6 @@ def test_tenant_commands_with_the_admin_key(server: Server) -> None:
     assert result.exit_code == 0, result.output
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
-
-
 def test_errors_are_clear_and_change_nothing(server: Server) -> None:
     create = ("jobs", "create", "--name", "e", "--task", "t")
 
@@ -188,7 +181,7 @@ def test_errors_are_clear_and_change_nothing(server: Server) -> None:
     assert result.exit_code == 1
     assert "invalid API key" in result.stderr and "--api-key" in result.stderr
 
-    result = server.cli(*create, "--delay", "5", CRONWHEEL_URL=f"http://127.0.0.1:{_free_port()}")
+    result = server.cli(*create, "--delay", "5", CRONWHEEL_URL=f"http://127.0.0.1:{free_port()}")
     assert result.exit_code == 1 and "cannot reach" in result.stderr
     assert "is the server running?" in result.stderr
 

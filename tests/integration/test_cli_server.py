@@ -4,28 +4,24 @@ a real SIGTERM, as a process manager would."""
 from __future__ import annotations
 
 import logging
-import os
-import signal
 import socket
 import stat
 import sys
 import textwrap
-import threading
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from click.testing import Result
 from typer.testing import CliRunner
 
-from cronwheel import ApiError, Client
+from cronwheel import Client
 from cronwheel.cli import app
 from cronwheel.runtime import BackgroundRuntime, Runtime
 from cronwheel.settings import Settings
+from cronwheel.testing import free_port, invoke_then_terminate, wait_until
 from cronwheel.worker import registry
 
 runner = CliRunner()
@@ -41,64 +37,13 @@ def _restore_logging() -> Iterator[None]:
     root.setLevel(level)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
-
-
-def wait_until(check: Callable[[], Any], timeout: float = 30.0) -> Any:
-    """Poll ``check`` until it returns something truthy, or fail at the deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            value = check()
-        except (httpx.HTTPError, ApiError):
-            value = None
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met before the deadline")
-        time.sleep(0.02)
-
-
-def invoke_then_terminate(
-    args: list[str], after: Callable[[], None], env: dict[str, str] | None = None
-) -> Result:
-    """Run a long-running command; once ``after`` returns (on another thread), send
-    SIGTERM to this process. Whatever ``after`` raises fails the test."""
-    errors: list[BaseException] = []
-    returned = threading.Event()
-
-    def watcher() -> None:
-        try:
-            after()
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            if not returned.is_set():  # a command that already failed has no handler left
-                os.kill(os.getpid(), signal.SIGTERM)
-
-    thread = threading.Thread(target=watcher)
-    thread.start()
-    try:
-        result = runner.invoke(app, args, env={"COLUMNS": "200", **(env or {})})
-    finally:
-        returned.set()
-        thread.join()
-    if errors:
-        raise errors[0]
-    return result
-
-
 def _healthy(url: str) -> bool:
     return httpx.get(f"{url}/healthz", timeout=1).status_code == 200
 
 
 def test_server_starts_migrates_prints_the_admin_key_once_and_stops(tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     seen: dict[str, Any] = {}
 
@@ -146,7 +91,7 @@ def test_server_on_a_busy_port_fails_clearly(tmp_path: Path) -> None:
 def test_scheduler_serves_its_metrics(tmp_path: Path) -> None:
     """``cronwheel scheduler --metrics-port``: the node's clock offset, clock uncertainty
     and shards held are scraped from its own port."""
-    port = _free_port()
+    port = free_port()
     seen: dict[str, str] = {}
 
     def scrape() -> None:
@@ -287,7 +232,7 @@ def test_worker_command_errors(live: tuple[str, Client, str]) -> None:
 
 
 def test_demo_runs_jobs_through_its_worker(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     data_dir = tmp_path / "demo"
 

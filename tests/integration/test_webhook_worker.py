@@ -12,8 +12,6 @@ import hashlib
 import hmac
 import json
 import logging
-import os
-import signal
 import socket
 import ssl
 import threading
@@ -31,16 +29,16 @@ from typing import Any
 import httpcore
 import httpx
 import pytest
-from click.testing import Result
 from typer.testing import CliRunner
 
-from cronwheel import ApiError, AsyncClient, Client
+from cronwheel import AsyncClient, Client
 from cronwheel.api import create_app
 from cronwheel.cli import app as cli
 from cronwheel.client import Call
 from cronwheel.runtime import BackgroundRuntime, Runtime, serving
 from cronwheel.settings import Settings
 from cronwheel.store import Store
+from cronwheel.testing import free_port, invoke_then_terminate, wait_until
 from cronwheel.worker import Lease, Worker
 from cronwheel.worker.webhook import WebhookCaller, WebhookFailure, webhook_worker
 
@@ -673,56 +671,6 @@ class _SyncReceiver:
         self.thread.join()
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
-
-
-def wait_until(check: Callable[[], Any], timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            value = check()
-        except (httpx.HTTPError, ApiError):
-            value = None
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met before the deadline")
-        time.sleep(0.02)
-
-
-def invoke_then_terminate(
-    args: list[str], after: Callable[[], None], env: dict[str, str] | None = None
-) -> Result:
-    """Run a long-running command; once ``after`` returns (on another thread), SIGTERM
-    this process as a process manager would. Whatever ``after`` raises fails the test."""
-    errors: list[BaseException] = []
-    returned = threading.Event()
-
-    def watcher() -> None:
-        try:
-            after()
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            if not returned.is_set():
-                os.kill(os.getpid(), signal.SIGTERM)
-
-    thread = threading.Thread(target=watcher)
-    thread.start()
-    try:
-        result = runner.invoke(cli, args, env={"COLUMNS": "200", **(env or {})})
-    finally:
-        returned.set()
-        thread.join()
-    if errors:
-        raise errors[0]
-    return result
-
-
 def _secret(client: Client, tenant_id: str) -> str:
     return str(
         client.send(Call("GET", f"/v1/tenants/{tenant_id}/webhook-secret"))["webhook_secret"]
@@ -731,7 +679,7 @@ def _secret(client: Client, tenant_id: str) -> str:
 
 @pytest.mark.usefixtures("_restore_logging")
 def test_cronwheel_server_runs_a_webhook_job_end_to_end(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     seen: dict[str, Any] = {}
     with _SyncReceiver() as receiver:
