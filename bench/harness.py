@@ -5,6 +5,7 @@ and the HTTP API."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import json
@@ -38,19 +39,24 @@ __all__ = [
     "History",
     "ProcSample",
     "Setup",
+    "add_ahead_arguments",
+    "ahead_env",
     "bench_cluster",
     "collect",
     "console",
     "create_ahead",
     "create_runs",
     "fresh_database",
+    "histogram",
     "lateness_ms",
+    "machine_busy",
     "open_store",
     "percentiles",
     "proc_sample",
     "profile",
     "progress_bar",
     "report",
+    "sample_window",
     "start_cluster",
     "wait_done",
     "wait_shards_balanced",
@@ -355,14 +361,16 @@ def lateness_ms(runs: Sequence[Run]) -> tuple[list[float], list[float]]:
 
 def percentiles(values: list[float]) -> dict[str, float | None]:
     if not values:
-        return {"p50": None, "p99": None, "max": None}
+        return {"min": None, "p50": None, "p90": None, "p99": None, "max": None}
     ordered = sorted(values)
 
     def pick(q: float) -> float:
         return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))]
 
     return {
+        "min": round(ordered[0], 2),
         "p50": round(statistics.median(ordered), 2),
+        "p90": round(pick(0.90), 2),
         "p99": round(pick(0.99), 2),
         "max": round(ordered[-1], 2),
     }
@@ -400,6 +408,71 @@ def proc_sample(pid: int) -> ProcSample:
             if line.startswith("VmHWM:"):
                 peak = int(line.split()[1]) * 1024
     return ProcSample(at=at, cpu_s=cpu, rss_bytes=rss, peak_rss_bytes=peak)
+
+
+def add_ahead_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options that hand runs out ahead of their instant (see ``ahead_env``)."""
+    parser.add_argument(
+        "--dispatch-lead",
+        type=float,
+        default=None,
+        help="the schedulers' CRONWHEEL_DISPATCH_LEAD: dispatch this many seconds ahead "
+        "(runs wait in the ready queue, or reserved by a worker, until their instant)",
+    )
+    parser.add_argument(
+        "--lease-ahead",
+        type=float,
+        default=None,
+        help="the API's CRONWHEEL_LEASE_AHEAD_MAX: workers reserve runs dispatched ahead "
+        "up to this many seconds before their instant and start them at it",
+    )
+
+
+def ahead_env(args: argparse.Namespace) -> dict[str, str]:
+    """The environment of every process for ``add_ahead_arguments``'s options (the
+    settings' defaults where not given)."""
+    env: dict[str, str] = {}
+    if args.dispatch_lead is not None:
+        env["CRONWHEEL_DISPATCH_LEAD"] = str(args.dispatch_lead)
+    if args.lease_ahead is not None:
+        env["CRONWHEEL_LEASE_AHEAD_MAX"] = str(args.lease_ahead)
+    return env
+
+
+def histogram(values: list[float], width: float) -> dict[str, int]:
+    """How many ``values`` fall in each ``width``-wide bucket, keyed by its lower edge."""
+    counts: dict[float, int] = {}
+    for v in values:
+        edge = width * (v // width)
+        counts[edge] = counts.get(edge, 0) + 1
+    return {f"{edge:g}": counts[edge] for edge in sorted(counts)}
+
+
+def machine_busy() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine so far, from ``/proc/stat``."""
+    with open("/proc/stat") as f:
+        fields = [int(v) for v in f.readline().split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return (sum(fields) - idle) / _CLK_TCK, sum(fields) / _CLK_TCK
+
+
+async def sample_window(cluster: Cluster, start: datetime, seconds: float) -> dict[str, float]:
+    """CPU used by each process from ``start`` for ``seconds``, in percent of one core,
+    and by the whole machine (``machine``: all cores, PostgreSQL included)."""
+    await asyncio.sleep(max(0.0, (start - datetime.now(start.tzinfo)).total_seconds()))
+    first = {name: proc_sample(proc.pid) for name, proc in cluster.procs.items()}
+    busy0, total0 = machine_busy()
+    await asyncio.sleep(seconds)
+    busy1, total1 = machine_busy()
+    usage: dict[str, float] = {}
+    for name, earlier in first.items():
+        proc = cluster.procs.get(name)
+        if proc is not None and proc.poll() is None:
+            later: ProcSample = proc_sample(proc.pid)
+            usage[name] = round(later.cpu_percent_since(earlier), 1)
+    cores = os.cpu_count() or 1
+    usage["machine"] = round(100 * cores * (busy1 - busy0) / max(1e-9, total1 - total0), 1)
+    return usage
 
 
 # -- output ----------------------------------------------------------------------------

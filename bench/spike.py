@@ -18,17 +18,23 @@ from datetime import datetime
 from harness import (
     Cluster,
     History,
+    add_ahead_arguments,
+    ahead_env,
     bench_cluster,
     collect,
     console,
     create_ahead,
+    histogram,
     lateness_ms,
     percentiles,
     profile,
     report,
+    sample_window,
     start_cluster,
     wait_done,
 )
+
+CPU_WINDOW = 2.0  # seconds from the instant over which each process's CPU is measured
 
 
 async def main() -> None:
@@ -44,13 +50,7 @@ async def main() -> None:
         default=None,
         help="seconds between creating the runs and their instant",
     )
-    parser.add_argument(
-        "--dispatch-lead",
-        type=float,
-        default=0.0,
-        help="the schedulers' CRONWHEEL_DISPATCH_LEAD: dispatch this many seconds ahead "
-        "(runs wait in the ready queue until their instant)",
-    )
+    add_ahead_arguments(parser)
     parser.add_argument("--timeout", type=float, default=300)
     parser.add_argument(
         "--profile",
@@ -63,8 +63,7 @@ async def main() -> None:
     parser.add_argument("--profile-seconds", type=float, default=8.0)
     args = parser.parse_args()
 
-    env = {"CRONWHEEL_DISPATCH_LEAD": str(args.dispatch_lead)}
-    async with bench_cluster(args.backend, env=env) as cluster:
+    async with bench_cluster(args.backend, env=ahead_env(args)) as cluster:
         await run_spike(cluster, args)
 
 
@@ -85,17 +84,21 @@ async def run_spike(cluster: Cluster, args: argparse.Namespace) -> None:
             profile(cluster, name, seconds=args.profile_seconds, start_at=due)
             for name in args.profile
         ]
+        cpu = asyncio.ensure_future(sample_window(cluster, due, CPU_WINDOW))
         await wait_done(setup.store, args.runs, args.timeout)
+        usage = await cpu
         for p in profilers:
             console.print(f"profile: {await p}")
         cluster.check_alive()
         history = await collect(setup.store, setup.tenant_ids)
     finally:
         await setup.store.close()
-    summarise(args, history, due)
+    summarise(args, history, due, usage)
 
 
-def summarise(args: argparse.Namespace, history: History, due: datetime) -> None:
+def summarise(
+    args: argparse.Namespace, history: History, due: datetime, usage: dict[str, float]
+) -> None:
     runs = history.runs
     dispatch_ms, start_ms = lateness_ms(runs)
     dispatched = [r.dispatched_at for r in runs if r.dispatched_at]
@@ -111,12 +114,17 @@ def summarise(args: argparse.Namespace, history: History, due: datetime) -> None
         "schedulers": args.schedulers,
         "workers": args.workers,
         "dispatch_lead_s": args.dispatch_lead,
+        "lease_ahead_s": args.lease_ahead,
         # Negative: dispatched ahead of the instant (not leasable before it).
         "dispatch_lateness_ms": percentiles(dispatch_ms),
         "start_lateness_ms": percentiles(start_ms),
+        "start_lateness_histogram_100ms": histogram(start_ms, 100),
         "dispatches_per_s": round(len(dispatch_ms) / span),
         "runs_lost": lost,
         "runs_run_twice": twice,
+        # Percent of one core per process over the CPU_WINDOW seconds from the instant;
+        # "machine": every core, PostgreSQL included (100 per core).
+        "cpu_percent_after_instant": usage,
     }
     d, s = result["dispatch_lateness_ms"], result["start_lateness_ms"]
     report(

@@ -21,15 +21,16 @@ from typing import Any
 from harness import (
     Cluster,
     History,
-    ProcSample,
+    add_ahead_arguments,
+    ahead_env,
     bench_cluster,
     collect,
     console,
     create_ahead,
     lateness_ms,
     percentiles,
-    proc_sample,
     report,
+    sample_window,
     start_cluster,
     wait_done,
     wait_shards_balanced,
@@ -50,6 +51,7 @@ async def main() -> None:
     parser.add_argument("--tenants", type=int, default=10)
     parser.add_argument("--backend", choices=["sqlite", "postgresql"], default="postgresql")
     parser.add_argument("--concurrency", type=int, default=500, help="slots per worker")
+    add_ahead_arguments(parser)
     parser.add_argument(
         "--lead",
         type=float,
@@ -61,7 +63,7 @@ async def main() -> None:
     for name in ("rate", "seconds", "schedulers", "workers", "tenants", "concurrency"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1")
-    async with bench_cluster(args.backend) as cluster:
+    async with bench_cluster(args.backend, env=ahead_env(args)) as cluster:
         await run_steady(cluster, args)
 
 
@@ -100,20 +102,6 @@ async def run_steady(cluster: Cluster, args: argparse.Namespace) -> None:
     finally:
         await setup.store.close()
     summarise(args, history, start, usage, finished)
-
-
-async def sample_window(cluster: Cluster, start: datetime, seconds: int) -> dict[str, float]:
-    """CPU used by each process during the window, in percent of one core."""
-    await asyncio.sleep(max(0.0, (start - datetime.now(start.tzinfo)).total_seconds()))
-    first = {name: proc_sample(proc.pid) for name, proc in cluster.procs.items()}
-    await asyncio.sleep(seconds)
-    usage: dict[str, float] = {}
-    for name, earlier in first.items():
-        proc = cluster.procs.get(name)
-        if proc is not None and proc.poll() is None:
-            later: ProcSample = proc_sample(proc.pid)
-            usage[name] = round(later.cpu_percent_since(earlier), 1)
-    return usage
 
 
 def slices(history: History, start: datetime, seconds: int) -> list[dict[str, Any]]:
@@ -156,6 +144,8 @@ def summarise(
         "schedulers": args.schedulers,
         "workers": args.workers,
         "concurrency": args.concurrency,
+        "dispatch_lead_s": args.dispatch_lead,
+        "lease_ahead_s": args.lease_ahead,
         "all_finished": finished,
         "dispatch_lateness_ms": d,
         "start_lateness_ms": s,

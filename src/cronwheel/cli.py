@@ -338,6 +338,16 @@ def worker(
         float,
         typer.Option("--grace-period", min=0, help="Seconds running handlers get on shutdown."),
     ] = 30.0,
+    lease_ahead: Annotated[
+        float | None,
+        typer.Option(
+            "--lease-ahead",
+            min=0,
+            show_default=False,
+            help="Reserve runs dispatched ahead of their instant up to this many seconds "
+            "early and start them at it (default: as far as the server allows; 0: never).",
+        ),
+    ] = None,
     log_level: LogLevelOpt = "info",
 ) -> None:
     """Run a Python worker.
@@ -393,6 +403,7 @@ def worker(
             name=name,
             grace_period=grace_period,
             webhook=caller,
+            lease_ahead=lease_ahead,
         )
         if modules:
             w.include(registry)

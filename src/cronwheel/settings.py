@@ -64,6 +64,10 @@ class Settings(BaseSettings):
     # worker protocol
     heartbeat_interval: float = Field(default=10.0, gt=0)
     lease_wait_max: float = Field(default=30.0, gt=0)
+    # Workers may lease runs dispatched ahead of their instant (see ``dispatch_lead``)
+    # up to this many seconds early, as reservations they start at the instant; 0 turns
+    # reservations off.
+    lease_ahead_max: float = Field(default=5.0, ge=0, le=60)
 
     # worker logs (see docs/logs.md): files under ``log_dir`` (default: data_dir/logs)
     log_dir: Path | None = None

@@ -507,12 +507,12 @@ async def test_stopping_the_app_answers_waiting_long_polls(api, app) -> None:
     await api.wait_until(lambda: app.state.api.notifier.waiting == 1)
     await stop_long_polls(app)
     r = await asyncio.wait_for(poll, timeout=5)
-    assert r.status_code == 200 and r.json() == {"attempts": []}
+    assert r.status_code == 200 and r.json()["attempts"] == []
     # Later long-polls do not wait either.
     r = await asyncio.wait_for(
         api.client.post(f"/v1/workers/{wid}/lease", json={"wait": 10}, headers=worker), 5
     )
-    assert r.json() == {"attempts": []}
+    assert r.json()["attempts"] == []
 
 
 @pytest.mark.parametrize("token", [2**63, -(2**63) - 1, 2**70])

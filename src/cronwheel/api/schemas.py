@@ -62,6 +62,8 @@ __all__ = [
     "RunList",
     "RunOut",
     "SkippedRun",
+    "StartOut",
+    "StartRequest",
     "TenantCreate",
     "TenantCreated",
     "TenantList",
@@ -414,6 +416,9 @@ class WorkerRegistered(_Out):
     tenant_id: uuid.UUID | None = Field(description="None: serves every tenant")
     heartbeat_interval: float = Field(description="seconds between heartbeats")
     lease_wait_max: float = Field(description="the longest `wait` a lease accepts")
+    lease_ahead_max: float = Field(
+        default=0.0, description="the most `ahead` a lease accepts (0: no reservations)"
+    )
 
 
 class WorkerDeregistered(_Out):
@@ -429,6 +434,12 @@ class LeaseRequest(_In):
     webhooks_only: bool = Field(
         default=False,
         description="lease webhook runs only (a worker that calls webhooks and runs no tasks)",
+    )
+    ahead: float = Field(
+        default=0.0,
+        ge=0,
+        description="seconds: also lease runs due within this long, as reservations the "
+        "worker starts at their instant with `POST /v1/workers/{id}/start`",
     )
 
 
@@ -450,10 +461,18 @@ class LeasedAttemptOut(_Out):
         default=None,
         description="webhook runs only: the tenant's secret to sign the request with",
     )
+    not_before: UtcInstant | None = Field(
+        default=None,
+        description="set on a reservation: the attempt has not started; start it at this "
+        "instant or later with `POST /v1/workers/{id}/start` (a cancel or pause before then "
+        "wins). Until then `lease_expires_at` is when the reservation lapses and `deadline` "
+        "assumes a start at `not_before`.",
+    )
 
 
 class LeaseOut(_Out):
     attempts: list[LeasedAttemptOut]
+    now: UtcInstant = Field(description="the server's time: when a `not_before` comes")
 
 
 class FencedRequest(_In):
@@ -532,6 +551,27 @@ class BatchOut(_Out):
     completions: list[OutcomeOut]
     failures: list[OutcomeOut]
     releases: list[OutcomeOut]
+
+
+class StartRequest(_In):
+    fencing_tokens: list[FencingToken] = Field(
+        min_length=1, max_length=1000, description="the reservations to start, by token"
+    )
+
+
+class StartOut(_Out):
+    started_at: UtcInstant | None = Field(
+        description="when the started ones started: each attempt's lease runs to this plus "
+        "its heartbeat timeout, its deadline to this plus its timeout"
+    )
+    started: list[int] = Field(description="tokens now running: their attempts are yours")
+    not_yet: list[int] = Field(
+        description="tokens due later: nothing changed; try at their `not_before`"
+    )
+    refused: list[int] = Field(
+        description="tokens whose reservation is gone (the run was cancelled or paused, or "
+        "the reservation lapsed and another worker took it): drop them"
+    )
 
 
 # -- worker logs -----------------------------------------------------------------------

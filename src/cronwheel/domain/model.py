@@ -22,6 +22,7 @@ __all__ = [
     "LeasedAttempt",
     "NewJob",
     "Page",
+    "ReservationsStarted",
     "Role",
     "RouteCheck",
     "Run",
@@ -170,6 +171,25 @@ class LeasedAttempt:
     deadline: datetime
     due_at: datetime
     heartbeat_timeout: float
+    # Set on a reservation (a run leased ahead of its instant): the attempt has not
+    # started; the worker starts it by confirming at this instant or later, and until
+    # then ``lease_expires_at`` is when the reservation lapses and ``deadline`` what the
+    # deadline would be if it started exactly at ``not_before``.
+    not_before: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ReservationsStarted:
+    """The store's answer to starting reservations, by fencing token. Every run started
+    together shares ``started_at``; its attempt's lease runs to ``started_at`` plus its
+    heartbeat timeout, its deadline to ``started_at`` plus its timeout."""
+
+    started_at: datetime | None  # None when nothing started
+    started: list[int] = field(default_factory=list)
+    not_yet: list[int] = field(default_factory=list)  # due later: nothing changed
+    refused: list[int] = field(default_factory=list)  # the reservation is gone
+    # The due instants of the started runs' first tries (the start-lateness metric).
+    first_tries_due: list[datetime] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,6 +38,7 @@ from cronwheel.domain.model import (
     LeasedAttempt,
     NewJob,
     Page,
+    ReservationsStarted,
     RouteCheck,
     Run,
     Tenant,
@@ -597,14 +598,42 @@ class Store(ABC):
         worker: Worker,
         max: int,
         webhooks_only: bool = False,
+        ahead: float = 0.0,
         now: datetime | None = None,
     ) -> list[LeasedAttempt]:
         """Lease up to ``max`` DISPATCHED runs the worker can execute (its pool, its
         tenant if it has one, required capabilities a subset of its own; with
         ``webhooks_only``, webhook runs only), highest priority then oldest first, in
-        one statement. Each becomes RUNNING with a new attempt and a new, strictly
-        larger fencing token; it loses its ``wait_reason``. Two workers racing never get
-        the same run. The worker counts as seen (see :meth:`runs_route_check`)."""
+        one statement. Each whose instant (``fire_at``) has come becomes RUNNING with a
+        new attempt and a new, strictly larger fencing token; it loses its
+        ``wait_reason``. Two workers racing never get the same run. The worker counts
+        as seen (see :meth:`runs_route_check`).
+
+        With ``ahead`` > 0, runs due within that many seconds are leased too, as
+        *reservations* (``not_before`` set): the run stays DISPATCHED, held for this
+        worker under the attempt id and token it will start with, until it is started
+        by :meth:`attempts_start_many` at its instant, handed back, or the reservation
+        lapses (its instant plus the heartbeat timeout) and any worker may lease it.
+        A cancel or pause before the start wins. A lapsed reservation is taken over by
+        the next lease like any ready run."""
+
+    @abstractmethod
+    async def attempts_start_many(
+        self,
+        *,
+        worker_id: uuid.UUID,
+        tokens: Sequence[int],
+        tenant_id: uuid.UUID | None = None,
+        now: datetime | None = None,
+    ) -> ReservationsStarted:
+        """Start reservations of ``worker_id``, named by their fencing tokens, in one
+        statement: each whose run is still DISPATCHED under that reservation and whose
+        instant has come becomes RUNNING with the attempt (id and token) it was
+        reserved with, exactly as a lease at this moment would have made it. Refused:
+        ``not_yet`` (its instant is still ahead: nothing changed, start it then), and
+        ``refused`` (the reservation is gone: the run was cancelled, paused, or its
+        reservation lapsed and another worker took it; never this worker's or, with
+        ``tenant_id``, that tenant's). The worker drops what was refused."""
 
     @abstractmethod
     async def attempts_heartbeat_many(
@@ -656,7 +685,8 @@ class Store(ABC):
         now: datetime | None = None,
     ) -> list[AttemptOutcome]:
         """A worker shutting down hands attempts back: each run returns to DISPATCHED at
-        once and the try is not counted."""
+        once and the try is not counted. An item naming a reservation that has not
+        started releases the reservation: the run is free for any worker again."""
 
     @abstractmethod
     async def attempts_release_by_worker(
@@ -671,13 +701,16 @@ class Store(ABC):
         mid-long-poll): each of its RUNNING attempts (with ``tenant_id``, only that
         tenant's) is released as by :meth:`attempts_release_many` — the run returns to
         DISPATCHED at once, the try is not counted — and the event records
-        ``released: worker deregistered``. Returns one ok outcome per released attempt
-        (empty for an unknown worker or one holding nothing)."""
+        ``released: worker deregistered``; its reservations are released too. Returns
+        one ok outcome per released attempt or reservation (empty for an unknown worker
+        or one holding nothing)."""
 
     @abstractmethod
     async def attempts_expire(self, *, now: datetime | None = None, limit: int = 1000) -> int:
         """End attempts whose lease expired (LOST) or whose deadline passed (TIMED_OUT)
-        and retry or dead-letter their runs. Returns how many were ended."""
+        and retry or dead-letter their runs, and void reservations not started by their
+        expiry (their runs are back in the ready queue). Returns how many attempts and
+        reservations were ended."""
 
     @abstractmethod
     async def attempts_list(self, tenant_id: uuid.UUID, *, run_id: uuid.UUID) -> list[Attempt]: ...

@@ -18,7 +18,13 @@ from datetime import datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
 
-from cronwheel.domain.model import AttemptOutcome, FiredRun, LeasedAttempt, Worker
+from cronwheel.domain.model import (
+    AttemptOutcome,
+    FiredRun,
+    LeasedAttempt,
+    ReservationsStarted,
+    Worker,
+)
 from cronwheel.domain.states import RunState
 from cronwheel.store.base import LeaseRenewal, ready_notices
 
@@ -31,6 +37,7 @@ __all__ = [
     "insert_planned",
     "lease",
     "renew",
+    "start_many",
 ]
 
 _NOW = "WITH t AS (SELECT COALESCE($1::timestamptz, statement_timestamp()) AS now)"
@@ -55,7 +62,8 @@ _HELD = """ARRAY(SELECT shard FROM shard_leases
 _FIRE = f"""
 {_NOW},
 fired AS (
-    UPDATE runs SET state = 'DISPATCHED', dispatched_at = t.now
+    UPDATE runs SET state = 'DISPATCHED', dispatched_at = t.now, reserved_by = NULL,
+                    reserved_attempt = NULL, reserved_token = NULL, reserved_until = NULL
     FROM t
     -- Rows are locked in the batch's order; a cancel or pause locking the same job's
     -- runs meanwhile can at worst deadlock, which PostgreSQL breaks: the batch fails,
@@ -157,24 +165,42 @@ seen AS (
     WHERE workers.id = $6 AND workers.last_seen_at < t.now - interval '1 second'
 ),
 picked AS (
-    -- fire_at is the run's not-before: a run dispatched ahead of its instant waits
-    -- in the ready queue until then.
+    -- fire_at is the run's not-before: a run dispatched ahead of its instant waits in
+    -- the ready queue until then, or (within $8 seconds of it) is reserved. A reserved
+    -- run is out of the queue until its reservation is used, handed back or lapses.
     SELECT id FROM runs
-    WHERE state = 'DISPATCHED' AND pool = $2 AND fire_at <= (SELECT now FROM t)
+    WHERE state = 'DISPATCHED' AND pool = $2
+      AND fire_at <= (SELECT now FROM t) + make_interval(secs => $8)
+      AND reserved_token IS NULL
       AND ($3::uuid IS NULL OR tenant_id = $3)
       AND requires <@ $4::jsonb
       AND (NOT $7::boolean OR task IS NULL)
     ORDER BY priority, fire_at
     LIMIT $5
     FOR UPDATE SKIP LOCKED
-)
-UPDATE runs r SET state = 'RUNNING', attempt = r.attempt + 1,
-                  started_at = COALESCE(r.started_at, t.now), wait_reason = NULL
-FROM picked, t
-WHERE r.id = picked.id
+),
+numbered AS (SELECT id, row_number() OVER () AS n FROM picked)
+-- Due now: RUNNING with a new attempt. Due later: reserved for this worker under the
+-- attempt id ($9, one per row) and token it will start with.
+UPDATE runs r SET
+    state = CASE WHEN r.fire_at <= t.now THEN 'RUNNING' ELSE 'DISPATCHED' END,
+    attempt = r.attempt + (r.fire_at <= t.now)::int,
+    started_at = CASE WHEN r.fire_at <= t.now THEN COALESCE(r.started_at, t.now)
+                      ELSE r.started_at END,
+    wait_reason = NULL,
+    reserved_by = CASE WHEN r.fire_at <= t.now THEN NULL ELSE $6::uuid END,
+    reserved_attempt = CASE WHEN r.fire_at <= t.now THEN NULL
+                            ELSE ($9::uuid[])[numbered.n] END,
+    reserved_token = CASE WHEN r.fire_at <= t.now THEN NULL
+                          ELSE nextval('fencing_tokens') END,
+    reserved_until = CASE WHEN r.fire_at <= t.now THEN NULL
+                          ELSE r.fire_at + make_interval(secs => r.heartbeat_timeout) END
+FROM numbered, t
+WHERE r.id = numbered.id
 RETURNING r.id, r.tenant_id, r.job_id, r.attempt, r.task, r.webhook, r.payload, r.timeout,
-          r.heartbeat_timeout, r.due_at, r.priority, r.fire_at, t.now AS now,
-          nextval('fencing_tokens') AS token
+          r.heartbeat_timeout, r.due_at, r.priority, r.fire_at, t.now AS now, r.state,
+          r.reserved_attempt, r.reserved_until,
+          COALESCE(r.reserved_token, nextval('fencing_tokens')) AS token
 """
 
 _ATTEMPT_COLUMNS = (
@@ -211,6 +237,7 @@ async def lease(
     max: int,
     new_id: Any,
     webhooks_only: bool = False,
+    ahead: float = 0.0,
 ) -> list[LeasedAttempt]:
     rows = await conn.fetch(
         _LEASE,
@@ -221,6 +248,8 @@ async def lease(
         max,
         worker.id,
         webhooks_only,
+        ahead,
+        [new_id() for _ in range(max)] if ahead > 0 else None,
     )
     if not rows:
         return []
@@ -231,6 +260,26 @@ async def lease(
     actor = f"worker:{worker.id}"
     for r in rows:
         at: datetime = r["now"]
+        if r["state"] == "DISPATCHED":  # reserved: starts at its instant, when confirmed
+            leased.append(
+                LeasedAttempt(
+                    attempt_id=r["reserved_attempt"],
+                    run_id=r["id"],
+                    tenant_id=r["tenant_id"],
+                    job_id=r["job_id"],
+                    number=r["attempt"] + 1,
+                    task=r["task"],
+                    webhook=r["webhook"],
+                    payload=r["payload"],
+                    fencing_token=r["token"],
+                    lease_expires_at=r["reserved_until"],
+                    deadline=r["fire_at"] + timedelta(seconds=r["timeout"]),
+                    due_at=r["due_at"],
+                    heartbeat_timeout=r["heartbeat_timeout"],
+                    not_before=r["fire_at"],
+                )
+            )
+            continue
         attempt_id = new_id()
         lease_until = at + timedelta(seconds=r["heartbeat_timeout"])
         deadline = at + timedelta(seconds=r["timeout"])
@@ -279,9 +328,77 @@ async def lease(
                 heartbeat_timeout=r["heartbeat_timeout"],
             )
         )
-    await conn.copy_records_to_table("attempts", records=attempt_rows, columns=_ATTEMPT_COLUMNS)
-    await conn.copy_records_to_table("events", records=event_rows, columns=_EVENT_COLUMNS)
+    if attempt_rows:
+        await conn.copy_records_to_table("attempts", records=attempt_rows, columns=_ATTEMPT_COLUMNS)
+        await conn.copy_records_to_table("events", records=event_rows, columns=_EVENT_COLUMNS)
     return leased
+
+
+_START = f"""
+{_NOW},
+-- The reservations named, found through the reservation index by token, always: with
+-- statistics that lag a burst the planner would rather read every ready run (IS TRUE
+-- keeps the state condition from pointing it at the ready-queue index).
+picked AS MATERIALIZED (
+    SELECT id, reserved_attempt, reserved_token, fire_at FROM runs
+    WHERE reserved_token = ANY($2::bigint[]) AND reserved_token IS NOT NULL
+      AND (state = 'DISPATCHED') IS TRUE AND reserved_by = $3
+      AND ($4::uuid IS NULL OR tenant_id = $4)
+),
+-- Each by primary key: still DISPATCHED under this reservation, and due. A cancel or
+-- pause that got the row first fails these conditions, re-checked on its new version.
+-- (IS TRUE: the conditions must not lead the planner to another index.)
+started AS (
+    UPDATE runs r SET state = 'RUNNING', attempt = r.attempt + 1,
+                      started_at = COALESCE(r.started_at, t.now), wait_reason = NULL,
+                      reserved_by = NULL, reserved_attempt = NULL, reserved_token = NULL,
+                      reserved_until = NULL
+    FROM t, picked p
+    WHERE r.id = p.id AND p.fire_at <= t.now
+      AND (r.state = 'DISPATCHED' AND r.reserved_token = p.reserved_token
+           AND r.fire_at <= t.now) IS TRUE
+    RETURNING r.id, r.tenant_id, r.job_id, r.attempt, r.due_at, r.heartbeat_timeout, r.timeout,
+              p.reserved_attempt AS attempt_id, p.reserved_token AS token, t.now AS now
+),
+att AS (
+    INSERT INTO attempts (id, tenant_id, run_id, number, worker_id, fencing_token, state,
+                          lease_expires_at, deadline, started_at)
+    SELECT attempt_id, tenant_id, id, attempt, $3, token, 'RUNNING',
+           now + make_interval(secs => heartbeat_timeout), now + make_interval(secs => timeout),
+           now
+    FROM started
+),
+ev AS (
+    INSERT INTO events (tenant_id, at, kind, job_id, run_id, attempt_id, from_state, to_state,
+                        actor, data)
+    SELECT tenant_id, now, 'run.transition', job_id, id, attempt_id, 'DISPATCHED', 'RUNNING',
+           'worker:' || $3::text, jsonb_build_object('attempt', attempt, 'fencing_token', token)
+    FROM started
+)
+SELECT token, now, CASE WHEN attempt = 1 THEN due_at END AS first_due FROM started
+UNION ALL
+SELECT reserved_token, NULL, NULL FROM picked, t WHERE picked.fire_at > t.now
+"""
+
+
+async def start_many(
+    conn: Any,
+    *,
+    now: datetime | None,
+    worker_id: uuid.UUID,
+    tokens: Sequence[int],
+    tenant_id: uuid.UUID | None,
+) -> ReservationsStarted:
+    rows = await conn.fetch(_START, now, list(tokens), worker_id, tenant_id)
+    started = [r for r in rows if r["now"] is not None]
+    done = {r["token"] for r in rows}
+    return ReservationsStarted(
+        started_at=started[0]["now"] if started else None,
+        started=[r["token"] for r in started],
+        not_yet=[r["token"] for r in rows if r["now"] is None],
+        refused=[t for t in tokens if t not in done],
+        first_tries_due=[r["first_due"] for r in started if r["first_due"] is not None],
+    )
 
 
 _HEARTBEAT = f"""

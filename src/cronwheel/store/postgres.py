@@ -18,7 +18,13 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
-from cronwheel.domain.model import AttemptOutcome, FiredRun, LeasedAttempt, Worker
+from cronwheel.domain.model import (
+    AttemptOutcome,
+    FiredRun,
+    LeasedAttempt,
+    ReservationsStarted,
+    Worker,
+)
 from cronwheel.ids import new_id
 from cronwheel.store import pg_hot
 from cronwheel.store.base import (
@@ -121,6 +127,7 @@ class PostgresStore(SqlStore):
         worker: Worker,
         max: int,
         webhooks_only: bool = False,
+        ahead: float = 0.0,
         now: datetime | None = None,
     ) -> list[LeasedAttempt]:
         if max < 1:
@@ -133,6 +140,22 @@ class PostgresStore(SqlStore):
                 max=max,
                 new_id=new_id,
                 webhooks_only=webhooks_only,
+                ahead=ahead,
+            )
+
+    async def attempts_start_many(
+        self,
+        *,
+        worker_id: uuid.UUID,
+        tokens: Sequence[int],
+        tenant_id: uuid.UUID | None = None,
+        now: datetime | None = None,
+    ) -> ReservationsStarted:
+        if not tokens:
+            return ReservationsStarted(started_at=None)
+        async with self._write() as conn:
+            return await pg_hot.start_many(
+                await _raw(conn), now=now, worker_id=worker_id, tokens=tokens, tenant_id=tenant_id
             )
 
     async def attempts_heartbeat_many(

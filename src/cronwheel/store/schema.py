@@ -19,7 +19,10 @@ from cronwheel.domain.states import TERMINAL_STATES, AttemptState, RunState
 
 __all__ = [
     "FENCING_SEQUENCE",
+    "NO_RESERVATION",
     "NUM_SHARDS",
+    "READY",
+    "RESERVED",
     "Json",
     "UtcDateTime",
     "Uuid",
@@ -129,6 +132,20 @@ jobs = sa.Table(
 
 _TERMINAL = _in("state", TERMINAL_STATES)
 
+# The predicate of the reservation index (see ``runs.reserved_*``): few rows, those
+# reserved now and the odd one cancelled while reserved.
+RESERVED = "reserved_token IS NOT NULL"
+# The predicate of the ready queue's index: dispatched and not reserved.
+READY = "state = 'DISPATCHED' AND reserved_token IS NULL"
+
+# Dispatching a run anew voids whatever reservation an earlier stint left behind.
+NO_RESERVATION: dict[str, None] = {
+    "reserved_by": None,
+    "reserved_attempt": None,
+    "reserved_token": None,
+    "reserved_until": None,
+}
+
 runs = sa.Table(
     "runs",
     metadata,
@@ -160,6 +177,15 @@ runs = sa.Table(
     # Why a DISPATCHED run is still waiting: no live worker can take it (set and cleared
     # by the scheduler's routing check, cleared by leasing).
     sa.Column("wait_reason", sa.Text),
+    # A reservation: the run, DISPATCHED ahead of its instant, is held for one worker
+    # (``reserved_by``) under the attempt id and fencing token it will start with; the
+    # worker starts it at ``fire_at`` or later by confirming (a cancel or pause before
+    # then wins). Unconfirmed by ``reserved_until``, it is free for any worker again.
+    # Cleared whenever the run is dispatched anew, so only the current stint's counts.
+    sa.Column("reserved_by", Uuid),
+    sa.Column("reserved_attempt", Uuid),
+    sa.Column("reserved_token", sa.BigInteger),
+    sa.Column("reserved_until", UtcDateTime),
     sa.Column("cancel_requested", sa.Boolean, nullable=False, server_default=sa.false()),
     sa.Column("result", Json),
     sa.Column("last_error", sa.Text),
@@ -184,13 +210,15 @@ runs = sa.Table(
         sqlite_where=sa.text("state = 'SCHEDULED'"),
     ),
     # What workers lease: ready runs by pool, highest priority first, oldest first.
+    # (A reserved run is held for one worker: not in the queue until its reservation
+    # is used, handed back or lapses.)
     sa.Index(
         "ix_runs_ready",
         "pool",
         "priority",
         "fire_at",
-        postgresql_where=sa.text("state = 'DISPATCHED'"),
-        sqlite_where=sa.text("state = 'DISPATCHED'"),
+        postgresql_where=sa.text(READY),
+        sqlite_where=sa.text(READY),
     ),
     # Runs waiting with a reason: what the alerts and the unroutable gauge read.
     sa.Index(
@@ -199,6 +227,13 @@ runs = sa.Table(
         "pool",
         postgresql_where=sa.text("wait_reason IS NOT NULL"),
         sqlite_where=sa.text("wait_reason IS NOT NULL"),
+    ),
+    # Reservations by token: what starting and handing back a reservation find.
+    sa.Index(
+        "ix_runs_reserved",
+        "reserved_token",
+        postgresql_where=sa.text(RESERVED),
+        sqlite_where=sa.text(RESERVED),
     ),
     sa.Index("ix_runs_tenant_id", "tenant_id", "id"),
     sa.Index("ix_runs_tenant_job", "tenant_id", "job_id", "id"),

@@ -48,6 +48,7 @@ from cronwheel.worker.outbox import (
     wait_event,
 )
 from cronwheel.worker.protocol import Completion, Failure, Lease, TokenRef, WorkerProtocol
+from cronwheel.worker.reservations import Reservations
 from cronwheel.worker.tasks import (
     TASK_LOGGER,
     Handler,
@@ -63,6 +64,7 @@ log = logging.getLogger("cronwheel.worker")
 T = TypeVar("T")
 
 _ERROR_LIMIT = 8000
+_LEASE_MAX = 1000  # the most runs one lease request may ask for (the server's limit)
 _IDLE_POLL_SECONDS = 1.0
 # Deregistering must never hold up a shutdown: past this, leases expire on their own.
 _DEREGISTER_SECONDS = 3.0
@@ -82,6 +84,9 @@ class EngineConfig:
     heartbeat_interval: float | None
     backoff_max: float
     log_shipping: LogShipConfig = field(default_factory=LogShipConfig)
+    # Lease runs due within this many seconds as reservations started at their instant
+    # (None: as far ahead as the server allows; 0: never).
+    lease_ahead: float | None = None
 
 
 _CancelReason = Literal["cancel_requested", "lease_lost", "shutdown"]
@@ -134,6 +139,13 @@ class Engine:
         self.running = 0
         self._slot_free = asyncio.Event()
         self._held_changed = asyncio.Event()
+        self.lease_ahead = 0.0
+        self.reservations = Reservations(
+            protocol,
+            on_start=self._start,
+            on_drop=lambda _lease: self._slot_free.set(),
+            backoff_max=config.backoff_max,
+        )
         self.outbox = Outbox(
             protocol,
             stats,
@@ -141,12 +153,14 @@ class Engine:
             flush_size=config.flush_size,
             backoff_max=config.backoff_max,
             on_settled=self._settled,
+            defer_to=self.reservations.busy,
         )
         self._executor = ThreadPoolExecutor(
             max_workers=config.concurrency, thread_name_prefix="cronwheel-task"
         )
         self._task_log = logging.getLogger(TASK_LOGGER)
         self.logs = LogShipper(protocol, config.log_shipping)
+        self._starter: asyncio.Task[None] | None = None
 
     # -- the session -----------------------------------------------------------------
 
@@ -159,6 +173,10 @@ class Engine:
                 asyncio.create_task(self.outbox.run(), name="cronwheel-flush"),
                 asyncio.create_task(self._heartbeat_loop(), name="cronwheel-heartbeat"),
             ]
+            self._starter = asyncio.create_task(
+                self.reservations.run(lambda: self.worker_id), name="cronwheel-start"
+            )
+            background.append(self._starter)
             try:
                 await self._lease_loop()
                 await self._wind_down()
@@ -217,6 +235,10 @@ class Engine:
                 self.heartbeat_interval = reg.heartbeat_interval
             if reg.lease_wait_max is not None:
                 self.lease_wait = min(cfg.lease_wait, reg.lease_wait_max)
+            self.lease_ahead = min(
+                reg.lease_ahead_max if cfg.lease_ahead is None else cfg.lease_ahead,
+                reg.lease_ahead_max,
+            )
             log_event(
                 logging.INFO,
                 "worker.registered",
@@ -279,14 +301,18 @@ class Engine:
         assert self.worker_id is not None
         while not self.stop.is_set():
             self._slot_free.clear()
-            free = self.config.concurrency - self.running
+            # A reservation holds a slot for the moment its run starts.
+            free = self.config.concurrency - self.running - len(self.reservations)
             if free <= 0:
                 await self._wait_slot()
                 continue
             wait = 0.0 if self.drain else self.lease_wait
+            ahead = 0.0 if self.drain else self.lease_ahead
             try:
                 leases = await self._until_stopped(
-                    self.protocol.lease(self.worker_id, max=free, wait=wait)
+                    self.protocol.lease(
+                        self.worker_id, max=min(free, _LEASE_MAX), wait=wait, ahead=ahead
+                    )
                 )
             except _Stopped:
                 return
@@ -307,9 +333,12 @@ class Engine:
                 continue
             backoff.reset()
             for lease in leases:
-                self._start(lease)
+                if lease.not_before is None:
+                    self._start(lease)
+                else:
+                    self.reservations.add(lease)
             if not leases and self.drain:
-                if self.running == 0:
+                if self.running == 0 and not self.reservations:
                     return
                 await self._wait_slot()
             elif not leases and wait == 0:
@@ -533,7 +562,22 @@ class Engine:
 
     # -- shutdown --------------------------------------------------------------------
 
+    async def _hand_back_reservations(self) -> None:
+        """Stop starting reservations, and hand back those not started. One whose start
+        was cut off in flight may have started on the server: handing back its attempt
+        id and token releases that attempt just the same."""
+        if self._starter is not None:
+            self._starter.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._starter
+        reserved = self.reservations.take_all()
+        for lease in reserved:
+            self.outbox.add(TokenRef(lease.attempt_id, lease.fencing_token))
+        if reserved:
+            log_event(logging.INFO, "worker.reservations_released", count=len(reserved))
+
     async def _wind_down(self) -> None:
+        await self._hand_back_reservations()
         if self.running:
             log_event(
                 logging.INFO,

@@ -11,7 +11,7 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from cronwheel.client import ApiError
 from cronwheel.worker.protocol import Completion, Failure, Outcome, TokenRef, WorkerProtocol
@@ -73,6 +73,17 @@ class WorkerStats:
 _Item = Completion | Failure | TokenRef
 
 
+T = TypeVar("T")
+
+_BATCH_MAX = 1000  # items of one kind per batch request: the server's limit
+_MAX_DEFER = 2.0
+_DEFER_POLL = 0.01
+
+
+def _split(items: list[T]) -> tuple[list[T], list[T]]:
+    return items[:_BATCH_MAX], items[_BATCH_MAX:]
+
+
 class Outbox:
     """Outcomes waiting to be reported. ``on_settled(attempt_id)`` is called once the
     server has answered for an attempt (accepted or refused): it is no longer held."""
@@ -86,8 +97,12 @@ class Outbox:
         flush_size: int,
         backoff_max: float,
         on_settled: Callable[[str], None],
+        defer_to: Callable[[], bool] | None = None,
     ) -> None:
         self.protocol = protocol
+        # While this says so (runs are waiting to start), outcomes wait, up to
+        # _MAX_DEFER: at a burst's instant the starts go first.
+        self.defer_to = defer_to
         self.stats = stats
         self.flush_delay = flush_delay
         self.flush_size = flush_size
@@ -118,6 +133,7 @@ class Outbox:
             await self._changed.wait()
             if self.pending() < self.flush_size:
                 await asyncio.sleep(self.flush_delay)  # gather a batch
+            await self._defer()
             self._changed.clear()
             try:
                 flushed = await self.flush_once()
@@ -130,12 +146,23 @@ class Outbox:
                 await asyncio.sleep(backoff.next_delay())
                 self._changed.set()
 
+    async def _defer(self) -> None:
+        if self.defer_to is None:
+            return
+        end = time.monotonic() + _MAX_DEFER
+        # Polled: the condition turns true by the clock (a start falls due), not by an event.
+        while self.defer_to() and time.monotonic() < end:  # noqa: ASYNC110
+            await asyncio.sleep(_DEFER_POLL)
+
     async def flush_once(self) -> bool:
-        """Send everything queued in one request. False when it has to be tried again."""
+        """Send what is queued in one request (up to the server's limit of each kind;
+        the rest on the next flush). False when it has to be tried again."""
         async with self.lock:
-            completions, self._completions = self._completions, []
-            failures, self._failures = self._failures, []
-            releases, self._releases = self._releases, []
+            completions, self._completions = _split(self._completions)
+            failures, self._failures = _split(self._failures)
+            releases, self._releases = _split(self._releases)
+            if self.pending():
+                self._changed.set()  # more than one request's worth: flush again
             if not (completions or failures or releases):
                 return True
             try:

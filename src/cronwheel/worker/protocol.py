@@ -9,9 +9,11 @@ wire format is written down in one place.
 
 from __future__ import annotations
 
+import time
+from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from datetime import datetime
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
 from typing import Any, TypeVar
 from urllib.parse import quote
 
@@ -25,6 +27,7 @@ __all__ = [
     "LogsAppended",
     "Outcome",
     "Registration",
+    "Started",
     "TokenRef",
     "WorkerProtocol",
 ]
@@ -34,6 +37,7 @@ T = TypeVar("T")
 # The server may hold a lease request open for ``wait`` seconds; the HTTP read
 # timeout must outlast it, with room for a slow answer after the wait.
 _LONG_POLL_MARGIN = 15.0
+_OFFSET_WINDOW = 60.0  # seconds of lease answers the clock offset is taken from
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +45,7 @@ class Registration:
     worker_id: str
     heartbeat_interval: float
     lease_wait_max: float | None = None  # the longest long-poll the server accepts
+    lease_ahead_max: float = 0.0  # how far ahead the server lets it reserve runs
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +67,9 @@ class Lease:
     tenant_id: str | None = None
     # Webhook runs only: the tenant's secret the request is signed with (never logged).
     signing_secret: str | None = field(default=None, repr=False)
+    # A reservation: not started; the worker starts it at this instant (server time)
+    # with :meth:`WorkerProtocol.start`, and may run it only if that succeeds.
+    not_before: datetime | None = None
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Lease:
@@ -85,6 +93,18 @@ class Lease:
             signing_secret=(
                 None if data.get("signing_secret") is None else str(data["signing_secret"])
             ),
+            not_before=instant("not_before") if data.get("not_before") else None,
+        )
+
+    def started(self, at: datetime) -> Lease:
+        """This reservation as the attempt its start at ``at`` (server time) made it."""
+        assert self.not_before is not None
+        timeout = self.deadline - self.not_before
+        return replace(
+            self,
+            lease_expires_at=at + timedelta(seconds=self.heartbeat_timeout),
+            deadline=at + timeout,
+            not_before=None,
         )
 
     @property
@@ -157,16 +177,28 @@ class Outcome:
         error = data.get("error")
         if isinstance(error, dict):
             error = error.get("code") or error.get("message")
-        expires = data.get("lease_expires_at")
         return cls(
             attempt_id=str(data["attempt_id"]),
             ok=bool(data.get("ok")),
             error=None if error is None else str(error),
-            lease_expires_at=(
-                datetime.fromisoformat(str(expires).replace("Z", "+00:00")) if expires else None
-            ),
+            lease_expires_at=_instant(data.get("lease_expires_at")),
             cancel_requested=bool(data.get("cancel_requested", False)),
         )
+
+
+def _instant(value: Any) -> datetime | None:
+    return datetime.fromisoformat(str(value).replace("Z", "+00:00")) if value else None
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    """The server's answer to starting reservations: tokens now running (since
+    ``started_at``), due later, and refused (gone: drop them)."""
+
+    started_at: datetime | None
+    started: list[int]
+    not_yet: list[int]
+    refused: list[int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,6 +241,10 @@ class WorkerProtocol:
     def __init__(self, client: AsyncClient, *, webhooks_only: bool = False) -> None:
         self.client = client
         self.webhooks_only = webhooks_only
+        # The server's clock minus ours, in seconds: when a reservation's ``not_before``
+        # comes by our clock. See :meth:`_clock_sample`.
+        self.clock_offset = 0.0
+        self._offsets: deque[tuple[float, float]] = deque()  # (monotonic, lower bound)
 
     async def register(
         self,
@@ -238,18 +274,60 @@ class WorkerProtocol:
                 lease_wait_max=(
                     None if data.get("lease_wait_max") is None else float(data["lease_wait_max"])
                 ),
+                lease_ahead_max=float(data.get("lease_ahead_max") or 0.0),
             ),
         )
 
-    async def lease(self, worker_id: str, *, max: int, wait: float) -> list[Lease]:
+    async def lease(
+        self, worker_id: str, *, max: int, wait: float, ahead: float = 0.0
+    ) -> list[Lease]:
         """Up to ``max`` attempts; the server answers as soon as it has any, or after
-        ``wait`` seconds with none."""
+        ``wait`` seconds with none. With ``ahead``, runs due within that many seconds
+        come as reservations (``not_before`` set). Each answer updates
+        :attr:`clock_offset`."""
         body: dict[str, Any] = {"max": max, "wait": wait}
         if self.webhooks_only:
             body["webhooks_only"] = True
+        if ahead > 0:  # only when set: older servers refuse the field
+            body["ahead"] = ahead
         call = Call("POST", f"/v1/workers/{quote(worker_id, safe='')}/lease", json=body)
         data = await self.client.send(call, read_timeout=wait + _LONG_POLL_MARGIN)
-        return _parsed("lease", lambda: [Lease.from_json(i) for i in data.get("attempts") or []])
+        received = time.time()
+        leases = _parsed("lease", lambda: [Lease.from_json(i) for i in data.get("attempts") or []])
+        server_now = _instant(data.get("now"))
+        if server_now is not None:
+            self._clock_sample(server_now.timestamp() - received)
+        return leases
+
+    def _clock_sample(self, lower_bound: float) -> None:
+        """The server read its clock before we received its answer, so its time minus
+        our receipt time is a lower bound of the offset, the closer the sooner the
+        answer travelled. The offset is the largest such bound of the last
+        ``_OFFSET_WINDOW`` seconds: a slow answer (a busy server) cannot make us start
+        reservations late, and a clock that drifts is followed."""
+        at = time.monotonic()
+        self._offsets.append((at, lower_bound))
+        while self._offsets and self._offsets[0][0] < at - _OFFSET_WINDOW:
+            self._offsets.popleft()
+        self.clock_offset = max(bound for _, bound in self._offsets)
+
+    async def start(self, worker_id: str, tokens: Sequence[int]) -> Started:
+        """Start reservations at their instant, by fencing token."""
+        call = Call(
+            "POST",
+            f"/v1/workers/{quote(worker_id, safe='')}/start",
+            json={"fencing_tokens": list(tokens)},
+        )
+        data = await self.client.send(call)
+        return _parsed(
+            "start",
+            lambda: Started(
+                started_at=_instant(data.get("started_at")),
+                started=[int(t) for t in data["started"]],
+                not_yet=[int(t) for t in data["not_yet"]],
+                refused=[int(t) for t in data["refused"]],
+            ),
+        )
 
     async def deregister(self, worker_id: str, *, timeout: float) -> int:
         """Tell the server this worker is gone: it releases every attempt still counted

@@ -53,6 +53,9 @@ class Worker:
     ``log_shipping`` says which ``ctx.log`` records go to the server, where
     ``cronwheel runs logs`` shows them (default: INFO and above;
     ``LogShipConfig(level=None)``: none).
+    ``lease_ahead``: runs dispatched ahead of their instant and due within this many
+    seconds are leased as reservations, each holding a slot, and started at their
+    instant with one small request (None: as far as the server allows; 0: never).
     """
 
     def __init__(
@@ -75,11 +78,14 @@ class Worker:
         transport: httpx.AsyncBaseTransport | None = None,
         webhook: WebhookCaller | None = None,
         log_shipping: LogShipConfig | None = None,
+        lease_ahead: float | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         if grace_period < 0 or lease_wait < 0 or flush_delay < 0:
             raise ValueError("grace_period, lease_wait and flush_delay cannot be negative")
+        if lease_ahead is not None and lease_ahead < 0:
+            raise ValueError("lease_ahead cannot be negative")
         if heartbeat_interval is not None and heartbeat_interval <= 0:
             raise ValueError("heartbeat_interval must be positive")
         if flush_size < 1:
@@ -105,6 +111,7 @@ class Worker:
             heartbeat_interval=heartbeat_interval,
             backoff_max=backoff_max,
             log_shipping=log_shipping or LogShipConfig(),
+            lease_ahead=lease_ahead,
         )
         self.registry = TaskRegistry()
         self.stats = WorkerStats()

@@ -9,6 +9,7 @@ import json
 import logging
 import uuid
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Generic, TypeVar, cast
@@ -84,14 +85,15 @@ class ReadyNotifier:
     that lands between its empty lease and its wait still wakes it. Notifications are
     only hints: waiters re-poll the store on a timer as well. A notice of runs
     dispatched ahead of their instant wakes the pool's waiters at that instant, by the
-    database's clock (the offset is measured as the scheduler does).
+    database's clock (the offset is measured as the scheduler does), and at once those
+    that lease ahead (reservations).
     """
 
     CLOCK_CHECK = 30.0  # seconds between offset measurements
 
     def __init__(self, store: Store) -> None:
         self._store = store
-        self._tickets: dict[str, asyncio.Event] = {}
+        self._tickets: dict[tuple[str, bool], asyncio.Event] = {}
         self._task: asyncio.Task[None] | None = None
         self._subscription: Subscription | None = None
         self._waiting = 0
@@ -110,12 +112,20 @@ class ReadyNotifier:
         """How many long-polls are blocked right now."""
         return self._waiting
 
-    def ticket(self, pool: str) -> asyncio.Event:
+    def ticket(self, pool: str, *, ahead: bool = False) -> asyncio.Event:
+        """What a waiter on ``pool`` waits on; ``ahead``: it leases ahead, so runs
+        dispatched ahead of their instant wake it at once."""
         self._start()
-        event = self._tickets.get(pool)
+        event = self._tickets.get((pool, ahead))
         if event is None:
-            event = self._tickets[pool] = asyncio.Event()
+            event = self._tickets[(pool, ahead)] = asyncio.Event()
         return event
+
+    async def now(self) -> datetime:
+        """The database's time as this process reckons it: the local clock corrected
+        by an offset measured at most ``CLOCK_CHECK`` seconds ago."""
+        await self._check_clock()
+        return self._clock.now()
 
     async def wait(self, ticket: asyncio.Event, timeout: float) -> None:
         self._waiting += 1
@@ -126,11 +136,16 @@ class ReadyNotifier:
         finally:
             self._waiting -= 1
 
-    def wake(self, pools: list[str] | None = None) -> None:
-        """Wake the waiters of ``pools`` (every waiter when None)."""
-        names = list(self._tickets) if pools is None else pools
-        for name in names:
-            event = self._tickets.pop(name, None)
+    def wake(self, pools: list[str] | None = None, *, only_ahead: bool = False) -> None:
+        """Wake the waiters of ``pools`` (every waiter when None); ``only_ahead``: only
+        those that lease ahead."""
+        keys = (
+            list(self._tickets)
+            if pools is None
+            else [(p, a) for p in pools for a in ((True,) if only_ahead else (False, True))]
+        )
+        for key in keys:
+            event = self._tickets.pop(key, None)
             if event is not None:
                 event.set()
 
@@ -147,6 +162,7 @@ class ReadyNotifier:
             try:
                 if self._subscription is None:
                     self._subscription = self._store.subscribe(CHANNEL_RUNS_READY)
+                await self._check_clock()  # leases tell workers the time by it
                 payloads = await self._subscription.wait(5.0)
                 if payloads:
                     await self._on_notices(payloads)
@@ -177,20 +193,27 @@ class ReadyNotifier:
             self.wake(now_pools)
         if not ahead:
             return
+        self.wake(sorted({pool for pool, _ in ahead}), only_ahead=True)
+        await self._check_clock()
         loop = asyncio.get_running_loop()
-        if loop.time() >= self._next_clock:
-            try:
-                await self._clock.measure(self._store)
-                self._next_clock = loop.time() + self.CLOCK_CHECK
-            except Exception:  # keep the last offset; measure again next time
-                log.warning(
-                    "clock offset not measured", exc_info=True, extra={"event": "api.clock_failed"}
-                )
         for key in ahead:
             if key in self._timers:
                 continue
             delay = (key[1] - self._clock.now()).total_seconds()
             self._timers[key] = loop.call_later(max(0.0, delay), self._fire_timer, key)
+
+    async def _check_clock(self) -> None:
+        loop = asyncio.get_running_loop()
+        if loop.time() < self._next_clock:
+            return
+        self._next_clock = loop.time() + self.CLOCK_CHECK  # one measurement at a time
+        try:
+            await self._clock.measure(self._store)
+        except Exception:  # keep the last offset; measure again soon
+            self._next_clock = loop.time() + 1.0
+            log.warning(
+                "clock offset not measured", exc_info=True, extra={"event": "api.clock_failed"}
+            )
 
     def _fire_timer(self, key: tuple[str, datetime]) -> None:
         self._timers.pop(key, None)
@@ -228,6 +251,36 @@ class ApiState:
     workers: BoundedCache[uuid.UUID, Worker] = field(default_factory=lambda: BoundedCache(10_000))
     # Long-polls re-poll the store this often even without a notification.
     lease_poll_interval: float = 1.0
+    starts: StartsFirst = field(default_factory=lambda: StartsFirst())
+
+
+class StartsFirst:
+    """At a burst's instant, starting reserved runs goes before recording finished
+    ones: a batch of completions or failures waits (up to ``max_wait`` seconds) while
+    any start request is being served, so the runs still waiting to start are not
+    queued behind the results of those that already ran."""
+
+    def __init__(self, max_wait: float = 2.0) -> None:
+        self.max_wait = max_wait
+        self._serving = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    @contextlib.contextmanager
+    def serving(self) -> Iterator[None]:
+        self._serving += 1
+        self._idle.clear()
+        try:
+            yield
+        finally:
+            self._serving -= 1
+            if not self._serving:
+                self._idle.set()
+
+    async def wait(self) -> None:
+        if self._serving:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._idle.wait(), self.max_wait)
 
 
 def api_state(request: Request) -> ApiState:

@@ -10,13 +10,14 @@ is 404, exactly like an unknown id.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Request, Response
 
 from cronwheel.api.auth import Principal, require_worker
 from cronwheel.api.metrics import observe_start_lateness
@@ -36,6 +37,8 @@ from cronwheel.api.schemas import (
     LeaseOut,
     LeaseRequest,
     OutcomeOut,
+    StartOut,
+    StartRequest,
     WorkerDeregistered,
     WorkerRegister,
     WorkerRegistered,
@@ -81,6 +84,7 @@ async def register_worker(
         tenant_id=worker.tenant_id,
         heartbeat_interval=state.settings.heartbeat_interval,
         lease_wait_max=state.settings.lease_wait_max,
+        lease_ahead_max=state.settings.lease_ahead_max,
     )
 
 
@@ -111,6 +115,7 @@ def _leased_out(item: LeasedAttempt, secrets: dict[uuid.UUID, str]) -> LeasedAtt
         due_at=item.due_at,
         heartbeat_timeout=item.heartbeat_timeout,
         signing_secret=None if item.task is not None else secrets.get(item.tenant_id),
+        not_before=item.not_before,
     )
 
 
@@ -126,8 +131,8 @@ async def _signing_secrets(
 def _record_leased(state: ApiState, leased: Sequence[LeasedAttempt]) -> None:
     for item in leased:
         # Only first tries: a retry's due instant lies before its backoff, which would
-        # count the backoff as lateness.
-        if item.number == 1:
+        # count the backoff as lateness. A reservation counts when it starts.
+        if item.number == 1 and item.not_before is None:
             started_at = item.lease_expires_at - timedelta(seconds=item.heartbeat_timeout)
             observe_start_lateness(due_at=item.due_at, started_at=started_at)
 
@@ -147,14 +152,18 @@ async def lease(
         raise ValidationError(
             f"wait: at most {state.settings.lease_wait_max:g} seconds", field="wait"
         )
+    if body.ahead > state.settings.lease_ahead_max:
+        raise ValidationError(
+            f"ahead: at most {state.settings.lease_ahead_max:g} seconds", field="ahead"
+        )
     worker = await _own_worker(state, principal, worker_id)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + body.wait
     while True:
         # The ticket is taken before leasing so that a run dispatched in between wakes us.
-        ticket = state.notifier.ticket(worker.pool) if body.wait > 0 else None
+        ticket = state.notifier.ticket(worker.pool, ahead=body.ahead > 0) if body.wait > 0 else None
         leased = await state.store.attempts_lease(
-            worker=worker, max=body.max, webhooks_only=body.webhooks_only
+            worker=worker, max=body.max, webhooks_only=body.webhooks_only, ahead=body.ahead
         )
         remaining = deadline - loop.time()
         if leased or ticket is None or remaining <= 0 or state.notifier.closed:
@@ -179,7 +188,46 @@ async def lease(
         leased = []
     _record_leased(state, leased)
     secrets = await _signing_secrets(state, leased)
-    return LeaseOut(attempts=[_leased_out(a, secrets) for a in leased])
+    return LeaseOut(
+        attempts=[_leased_out(a, secrets) for a in leased], now=await state.notifier.now()
+    )
+
+
+@router.post(
+    "/v1/workers/{worker_id}/start",
+    summary="Start reservations at their instant",
+    response_model=StartOut,
+)
+async def start(
+    worker_id: str,
+    body: StartRequest,
+    request: Request,
+    principal: Principal = Depends(require_worker),
+) -> Response:
+    """Starts runs this worker reserved (leased with ``not_before``), named by their
+    fencing tokens, in one statement: each whose run is still DISPATCHED under the
+    reservation and whose instant has come becomes RUNNING with the attempt id and
+    token of its lease, and is the worker's to run from now on. ``not_yet`` tokens are
+    due later (try again then); ``refused`` ones are no longer the worker's — the run
+    was cancelled or its job paused before it started, or the reservation lapsed and
+    another worker took it — and must not run."""
+    state = api_state(request)
+    worker = await _own_worker(state, principal, worker_id)
+    with state.starts.serving():
+        done = await state.store.attempts_start_many(
+            worker_id=worker.id, tokens=body.fencing_tokens, tenant_id=principal.tenant_id
+        )
+    if done.started_at is not None:
+        for due_at in done.first_tries_due:
+            observe_start_lateness(due_at=due_at, started_at=done.started_at)
+    return _json_response(
+        {
+            "started_at": _instant(done.started_at),
+            "started": done.started,
+            "not_yet": done.not_yet,
+            "refused": done.refused,
+        }
+    )
 
 
 @router.delete(
@@ -231,6 +279,38 @@ async def _apply(
     if not items:
         return []
     return [_outcome_out(o) for o in await call(items, principal.tenant_id)]
+
+
+def _instant(value: datetime | None) -> str | None:
+    return None if value is None else value.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def _outcome_json(outcome: AttemptOutcome) -> dict[str, Any]:
+    """An :class:`OutcomeOut` as plain JSON, built directly: the batch and start answers
+    carry up to a thousand each, and a model per item costs more than the statement."""
+    return {
+        "attempt_id": str(outcome.attempt_id),
+        "ok": outcome.ok,
+        "error": None if outcome.ok else (outcome.error_code or "stale_fencing_token"),
+        "lease_expires_at": _instant(outcome.lease_expires_at),
+        "cancel_requested": outcome.cancel_requested,
+        "run_state": None if outcome.run_state is None else str(outcome.run_state),
+    }
+
+
+def _json_response(body: dict[str, Any]) -> Response:
+    return Response(json.dumps(body, separators=(",", ":")), media_type="application/json")
+
+
+async def _apply_json(
+    principal: Principal,
+    items: Sequence[Item],
+    call: Callable[[Sequence[Item], uuid.UUID | None], Awaitable[list[AttemptOutcome]]],
+) -> list[dict[str, Any]]:
+    """:func:`_apply`, its outcomes as JSON."""
+    if not items:
+        return []
+    return [_outcome_json(o) for o in await call(items, principal.tenant_id)]
 
 
 def _outcome_out(outcome: AttemptOutcome) -> OutcomeOut:
@@ -368,23 +448,29 @@ def _refs(items: Sequence[AttemptRef]) -> list[HeartbeatItem]:
     return [HeartbeatItem(attempt_id=i.attempt_id, fencing_token=i.fencing_token) for i in items]
 
 
-@router.post("/v1/attempts/batch", summary="Heartbeat, complete, fail and release many")
+@router.post(
+    "/v1/attempts/batch",
+    summary="Heartbeat, complete, fail and release many",
+    response_model=BatchOut,
+)
 async def batch(
     body: BatchRequest, request: Request, principal: Principal = Depends(require_worker)
-) -> BatchOut:
+) -> Response:
     """One request, one store statement per kind. Each item has its own outcome; a stale
     token fails only its item."""
     state = api_state(request)
     limit = state.settings.max_payload_bytes
     for index, completion in enumerate(body.completions):
         check_json_size(completion.result, limit=limit, field=f"completions.{index}.result")
+    if (body.completions or body.failures) and not body.heartbeats:
+        await state.starts.wait()  # runs waiting to start go first
     store = state.store
-    heartbeats = await _apply(
+    heartbeats = await _apply_json(
         principal,
         _refs(body.heartbeats),
         lambda items, tenant: store.attempts_heartbeat_many(items=items, tenant_id=tenant),
     )
-    completions = await _apply(
+    completions = await _apply_json(
         principal,
         [
             CompleteItem(attempt_id=c.attempt_id, fencing_token=c.fencing_token, result=c.result)
@@ -392,7 +478,7 @@ async def batch(
         ],
         lambda items, tenant: store.attempts_complete_many(items=items, tenant_id=tenant),
     )
-    failures = await _apply(
+    failures = await _apply_json(
         principal,
         [
             FailItem(
@@ -406,11 +492,16 @@ async def batch(
         ],
         lambda items, tenant: store.attempts_fail_many(items=items, tenant_id=tenant),
     )
-    releases = await _apply(
+    releases = await _apply_json(
         principal,
         _refs(body.releases),
         lambda items, tenant: store.attempts_release_many(items=items, tenant_id=tenant),
     )
-    return BatchOut(
-        heartbeats=heartbeats, completions=completions, failures=failures, releases=releases
+    return _json_response(
+        {
+            "heartbeats": heartbeats,
+            "completions": completions,
+            "failures": failures,
+            "releases": releases,
+        }
     )

@@ -6,7 +6,6 @@ from cronwheel.store.sql.attempts import AttemptsMixin
 from cronwheel.store.sql.catalog import CatalogMixin
 from cronwheel.store.sql.control import ControlMixin
 from cronwheel.store.sql.dispatch import DispatchMixin
-from cronwheel.store.sql.leasing import LeasingMixin
 from cronwheel.store.sql.redrive import RedriveMixin
 from cronwheel.store.sql.routing import RoutingMixin
 from cronwheel.store.sql.tenancy import TenancyMixin
@@ -20,8 +19,7 @@ class SqlStore(
     ControlMixin,
     RedriveMixin,
     DispatchMixin,
-    LeasingMixin,
-    AttemptsMixin,
+    AttemptsMixin,  # and LeasingMixin, which it builds on
     RoutingMixin,
 ):
     """Implements every method of ``Store``; dialect subclasses fill in the hooks."""

@@ -29,10 +29,11 @@ from cronwheel.store.base import (
     FailItem,
     HeartbeatItem,
 )
-from cronwheel.store.schema import attempts, jobs, runs
+from cronwheel.store.schema import NO_RESERVATION, attempts, jobs, runs
 from cronwheel.store.sql.catalog import ANNOUNCE_HORIZON, ONE_OFF_KINDS, announce
 from cronwheel.store.sql.control import PARKED_FIRE_AT
-from cronwheel.store.sql.core import SqlCore, attempt_from, event_row
+from cronwheel.store.sql.core import attempt_from, event_row
+from cronwheel.store.sql.leasing import LeasingMixin
 
 __all__ = ["AttemptsMixin"]
 
@@ -49,7 +50,7 @@ class _Ended:
     retry_after: float | None = None  # the worker's floor under the backoff, in seconds
 
 
-class AttemptsMixin(SqlCore):
+class AttemptsMixin(LeasingMixin):
     _rng = random.Random()
 
     # -- heartbeats and results ----------------------------------------------------
@@ -284,6 +285,7 @@ class AttemptsMixin(SqlCore):
             if tenant_id is not None:
                 held = held.where(attempts.c.tenant_id == tenant_id)
             items = [HeartbeatItem(r.id, r.fencing_token) for r in await conn.execute(held)]
+            items += await self._reservations_of(conn, worker_id, tenant_id)
             if not items:
                 return []
             outcomes = await self._release(
@@ -342,6 +344,9 @@ class AttemptsMixin(SqlCore):
             if back:
                 await self._notify(conn, CHANNEL_RUNS_READY, sorted({r.pool for r in back}))
         released = {k: AttemptOutcome(k[0], True, run_state=RunState.DISPATCHED) for k in keys}
+        rest = [i for i in items if (i.attempt_id, i.fencing_token) not in keys]
+        if rest:  # reservations that never started: handed back as they are
+            released.update(await self._unreserve(conn, rest, tenant_id))
         return await self._resolve(conn, items, released, tenant_id)
 
     async def attempts_get_live(
@@ -377,7 +382,7 @@ class AttemptsMixin(SqlCore):
         # Most of the time nothing has expired: one read says so, without a transaction.
         async with self._read() as conn:
             probe = await self._statement_now(conn, now)
-            due = (
+            due, lapsed = (
                 await conn.execute(
                     sa.select(
                         sa.exists().where(
@@ -385,14 +390,20 @@ class AttemptsMixin(SqlCore):
                             sa.or_(
                                 attempts.c.lease_expires_at < probe, attempts.c.deadline < probe
                             ),
-                        )
+                        ),
+                        sa.exists().where(
+                            runs.c.reserved_token.is_not(None), runs.c.reserved_until < probe
+                        ),
                     )
                 )
-            ).scalar()
-        if not due:
+            ).one()
+        if not (due or lapsed):
             return 0
         async with self._write() as conn:
             at = await self._now(conn, now)
+            freed = await self._lapse_reservations(conn, at) if lapsed else 0
+            if not due:
+                return freed
             rows = (
                 await conn.execute(
                     sa.select(
@@ -410,7 +421,7 @@ class AttemptsMixin(SqlCore):
                 )
             ).all()
             if not rows:
-                return 0
+                return freed
             ended: list[_Ended] = []
             for r in rows:
                 if r.deadline < at:
@@ -449,7 +460,24 @@ class AttemptsMixin(SqlCore):
                         )
                     )
             await self._after_failures(conn, ended, at, actor="scheduler")
-        return len(ended)
+        return freed + len(ended)
+
+    async def _lapse_reservations(self, conn: AsyncConnection, at: datetime) -> int:
+        """Void reservations not started by their expiry: the runs still DISPATCHED are
+        back in the ready queue (another worker takes them), and the odd one that ended
+        while reserved no longer sits in the reservation index."""
+        rows = (
+            await conn.execute(
+                runs.update()
+                .where(runs.c.reserved_token.is_not(None), runs.c.reserved_until < at)
+                .values(**NO_RESERVATION)
+                .returning(runs.c.pool, runs.c.state)
+            )
+        ).all()
+        ready = sorted({r.pool for r in rows if r.state == RunState.DISPATCHED.value})
+        if ready:
+            await self._notify(conn, CHANNEL_RUNS_READY, ready)
+        return len(rows)
 
     # -- shared steps --------------------------------------------------------------
 

@@ -13,7 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from cronwheel.domain.model import DueRun, FiredRun
 from cronwheel.domain.states import RunState
 from cronwheel.store.base import CHANNEL_RUNS_READY, LeaseRenewal, ready_notices
-from cronwheel.store.schema import events, jobs, runs, scheduler_nodes, shard_leases
+from cronwheel.store.schema import NO_RESERVATION, events, jobs, runs, scheduler_nodes, shard_leases
 from cronwheel.store.sql.firing import FiringMixin
 
 __all__ = ["DispatchMixin"]
@@ -137,7 +137,7 @@ class DispatchMixin(FiringMixin):
                     sa.or_(runs.c.origin != "schedule", runs.c.attempt > 0),
                     held,
                 )
-                .values(state=RunState.DISPATCHED.value, dispatched_at=at)
+                .values(state=RunState.DISPATCHED.value, dispatched_at=at, **NO_RESERVATION)
                 .returning(
                     runs.c.id,
                     runs.c.tenant_id,

@@ -25,7 +25,7 @@ from cronwheel.domain.spec import CronSchedule, IntervalSchedule
 from cronwheel.domain.states import JobState, RunState
 from cronwheel.ids import new_id
 from cronwheel.store.base import CHANNEL_RUNS_NEW, CHANNEL_RUNS_READY, ready_notices
-from cronwheel.store.schema import jobs, runs
+from cronwheel.store.schema import NO_RESERVATION, jobs, runs
 from cronwheel.store.sql.catalog import ANNOUNCE_HORIZON, announce
 from cronwheel.store.sql.control import PARKED_FIRE_AT
 from cronwheel.store.sql.core import SqlCore, event_row, new_run_row
@@ -188,7 +188,7 @@ class FiringMixin(SqlCore):
             await conn.execute(
                 runs.update()
                 .where(self._id_in(runs.c.id, dispatch))
-                .values(state=RunState.DISPATCHED.value, dispatched_at=at)
+                .values(state=RunState.DISPATCHED.value, dispatched_at=at, **NO_RESERVATION)
             )
             await self._update_each(
                 conn,

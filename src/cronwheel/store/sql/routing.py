@@ -46,6 +46,9 @@ from cronwheel.store.sql.core import SqlCore, event_row
 __all__ = ["RoutingMixin", "wait_reason"]
 
 _DISPATCHED = RunState.DISPATCHED.value
+# Runs in the ready queue (the ready-queue index's predicate): a reserved run is held by
+# a live worker already, so it never waits for want of one.
+_QUEUED = (runs.c.state == _DISPATCHED, runs.c.reserved_token.is_(None))
 
 
 def _waited_since(cutoff: datetime) -> sa.ColumnElement[bool]:
@@ -128,7 +131,7 @@ class RoutingMixin(SqlCore):
                     tenant_id=g.tenant_id, pool=g.pool, requires=g.requires, live=live
                 )
                 where = sa.and_(
-                    runs.c.state == _DISPATCHED,
+                    *_QUEUED,
                     in_shards,
                     runs.c.tenant_id == g.tenant_id,
                     runs.c.pool == g.pool,
@@ -245,7 +248,7 @@ class RoutingMixin(SqlCore):
                     old.label("old"),
                     sa.func.count().label("n"),
                 )
-                .where(runs.c.state == _DISPATCHED, in_shards)
+                .where(*_QUEUED, in_shards)
                 .group_by(runs.c.tenant_id, runs.c.pool, runs.c.requires, runs.c.wait_reason)
                 .having(sa.or_(old > 0, runs.c.wait_reason.is_not(None)))
             )

@@ -1,0 +1,207 @@
+"""Reservations: runs dispatched ahead of their instant, leased ahead by a worker, and
+started by it at the instant — unless a cancel or pause came first."""
+
+from __future__ import annotations
+
+import uuid
+
+from cronwheel.domain.model import LeasedAttempt, ReservationsStarted, Run, Worker
+from cronwheel.domain.states import AttemptState, RunState
+from cronwheel.store import Store
+from cronwheel.store.base import CompleteItem, HeartbeatItem
+
+from .helpers import (
+    T0,
+    at,
+    create_job,
+    fire,
+    hold_all_shards,
+    make_tenant,
+    register_worker,
+    transitions_of,
+)
+
+DUE = at(3)  # the runs' instant; they are dispatched at T0, three seconds ahead
+
+
+async def _ahead_run(store: Store, tenant_id: uuid.UUID, **fields: object) -> Run:
+    """A run due at ``DUE``, dispatched at T0 with a five-second lead."""
+    _job, run = await create_job(store, tenant_id, due_at=DUE, now=T0, **fields)
+    await hold_all_shards(store)
+    fired = await store.runs_fire(run_ids=[run.id], node_id="node-a", now=T0, lead=5)
+    assert [f.id for f in fired] == [run.id]
+    return await store.runs_get(tenant_id, run.id)
+
+
+async def _reserve(store: Store, worker: Worker) -> LeasedAttempt:
+    [reserved] = await store.attempts_lease(worker=worker, max=10, ahead=5, now=at(0))
+    return reserved
+
+
+def _ref(a: LeasedAttempt) -> HeartbeatItem:
+    return HeartbeatItem(a.attempt_id, a.fencing_token)
+
+
+async def test_a_reservation_starts_at_its_instant_and_not_before(store: Store) -> None:
+    tenant = await make_tenant(store)
+    run = await _ahead_run(store, tenant.id, timeout=600, heartbeat_timeout=20)
+    worker, other = await register_worker(store, tenant.id), await register_worker(store, tenant.id)
+
+    # Without ``ahead`` a run due later is not leasable at all.
+    assert await store.attempts_lease(worker=worker, max=10, now=at(0)) == []
+    reserved = await _reserve(store, worker)
+    assert (reserved.run_id, reserved.number, reserved.not_before) == (run.id, 1, DUE)
+    assert reserved.lease_expires_at == at(23)  # the instant plus the heartbeat timeout
+    # Reserved: still DISPATCHED, no attempt, not started, and no one else's.
+    got = await store.runs_get(tenant.id, run.id)
+    assert (got.state, got.attempt, got.started_at) == (RunState.DISPATCHED, 0, None)
+    assert await store.attempts_list(tenant.id, run_id=run.id) == []
+    assert await store.attempts_lease(worker=other, max=10, ahead=5, now=at(1)) == []
+
+    token = reserved.fencing_token
+    # Too early: not yet, nothing changes.
+    early = await store.attempts_start_many(worker_id=worker.id, tokens=[token], now=at(2.9))
+    assert early == ReservationsStarted(started_at=None, not_yet=[token])
+    assert (await store.runs_get(tenant.id, run.id)).state == RunState.DISPATCHED
+    # Another worker cannot start it; an unknown token is refused beside it.
+    theirs = await store.attempts_start_many(
+        worker_id=other.id, tokens=[token, token + 1000], now=at(3)
+    )
+    assert theirs == ReservationsStarted(started_at=None, refused=[token, token + 1000])
+
+    started = await store.attempts_start_many(worker_id=worker.id, tokens=[token], now=at(3.5))
+    assert started == ReservationsStarted(
+        started_at=at(3.5), started=[token], first_tries_due=[DUE]
+    )
+    got = await store.runs_get(tenant.id, run.id)
+    assert (got.state, got.attempt, got.started_at) == (RunState.RUNNING, 1, at(3.5))
+    [attempt] = await store.attempts_list(tenant.id, run_id=run.id)
+    assert (attempt.id, attempt.fencing_token, attempt.state, attempt.worker_id) == (
+        reserved.attempt_id,
+        reserved.fencing_token,
+        AttemptState.RUNNING,
+        worker.id,
+    )
+    # The lease and deadline run from the start, not from the instant.
+    assert (attempt.started_at, attempt.lease_expires_at, attempt.deadline) == (
+        at(3.5),
+        at(23.5),
+        at(603.5),
+    )
+    # Started once: a repeat is refused and changes nothing.
+    again = await store.attempts_start_many(worker_id=worker.id, tokens=[token], now=at(4))
+    assert again.refused == [token]
+    assert len(await store.attempts_list(tenant.id, run_id=run.id)) == 1
+    # The attempt is an ordinary one from here on.
+    [done] = await store.attempts_complete_many(
+        items=[CompleteItem(reserved.attempt_id, reserved.fencing_token, {"ok": 1})], now=at(5)
+    )
+    assert done.ok and done.run_state == RunState.SUCCESS
+    assert await transitions_of(store, tenant.id, run.id) == [
+        (None, "SCHEDULED"),
+        ("SCHEDULED", "DISPATCHED"),
+        ("DISPATCHED", "RUNNING"),
+        ("RUNNING", "SUCCESS"),
+    ]
+
+
+async def test_a_cancel_before_the_start_wins(store: Store) -> None:
+    tenant = await make_tenant(store)
+    run = await _ahead_run(store, tenant.id)
+    worker = await register_worker(store, tenant.id)
+    reserved = await _reserve(store, worker)
+
+    await store.runs_cancel(tenant.id, run.id, now=at(2))
+    refused = await store.attempts_start_many(
+        worker_id=worker.id, tokens=[reserved.fencing_token], now=at(3)
+    )
+    assert refused.refused == [reserved.fencing_token]
+    got = await store.runs_get(tenant.id, run.id)
+    assert (got.state, got.attempt, got.started_at) == (RunState.CANCELLED, 0, None)
+    assert await store.attempts_list(tenant.id, run_id=run.id) == []
+
+
+async def test_a_pause_before_the_start_wins_and_resume_dispatches_afresh(store: Store) -> None:
+    tenant = await make_tenant(store)
+    run = await _ahead_run(store, tenant.id)
+    worker = await register_worker(store, tenant.id)
+    reserved = await _reserve(store, worker)
+
+    await store.jobs_pause(tenant.id, run.job_id, now=at(1))
+    refused = await store.attempts_start_many(
+        worker_id=worker.id, tokens=[reserved.fencing_token], now=at(3)
+    )
+    assert refused.refused == [reserved.fencing_token]
+    assert (await store.runs_get(tenant.id, run.id)).state == RunState.SCHEDULED
+
+    # Resumed and fired again, the run is free for anyone: the old reservation is void.
+    await store.jobs_resume(tenant.id, run.job_id, now=at(2))
+    fired = await store.runs_fire(run_ids=[run.id], node_id="node-a", now=at(2), lead=5)
+    assert [f.id for f in fired] == [run.id]
+    stale = await store.attempts_start_many(
+        worker_id=worker.id, tokens=[reserved.fencing_token], now=at(3)
+    )
+    assert stale.refused == [reserved.fencing_token]
+    other = await register_worker(store, tenant.id)
+    [fresh] = await store.attempts_lease(worker=other, max=10, ahead=5, now=at(2))
+    assert fresh.run_id == run.id and fresh.fencing_token > reserved.fencing_token
+
+
+async def test_a_lapsed_reservation_is_taken_by_another_worker(store: Store) -> None:
+    tenant = await make_tenant(store)
+    run = await _ahead_run(store, tenant.id, heartbeat_timeout=10)
+    worker, other = await register_worker(store, tenant.id), await register_worker(store, tenant.id)
+    reserved = await _reserve(store, worker)
+
+    # Held until the instant plus the heartbeat timeout ...
+    assert await store.attempts_expire(now=at(13)) == 0
+    assert await store.attempts_lease(worker=other, max=10, now=at(13)) == []
+    # ... then voided by the expiry sweep, and anyone's: leased now, it starts at once
+    # under a new token.
+    assert await store.attempts_expire(now=at(13.5)) == 1
+    [taken] = await store.attempts_lease(worker=other, max=10, now=at(13.5))
+    assert taken.not_before is None and taken.fencing_token > reserved.fencing_token
+    late = await store.attempts_start_many(
+        worker_id=worker.id, tokens=[reserved.fencing_token], now=at(14)
+    )
+    assert late.refused == [reserved.fencing_token]
+    [attempt] = await store.attempts_list(tenant.id, run_id=run.id)
+    assert attempt.worker_id == other.id
+
+
+async def test_a_reservation_handed_back_is_free_at_once(store: Store) -> None:
+    tenant = await make_tenant(store)
+    run = await _ahead_run(store, tenant.id)
+    worker, other = await register_worker(store, tenant.id), await register_worker(store, tenant.id)
+    reserved = await _reserve(store, worker)
+
+    [released] = await store.attempts_release_many(items=[_ref(reserved)], now=at(1))
+    assert released.ok
+    [again] = await store.attempts_lease(worker=other, max=10, ahead=5, now=at(1))
+    assert again.run_id == run.id and again.not_before == DUE
+    # A worker deregistering hands back the reservations it holds.
+    [gone] = await store.attempts_release_by_worker(worker_id=other.id, now=at(2))
+    assert gone.attempt_id == again.attempt_id
+    got = await store.runs_get(tenant.id, run.id)
+    assert (got.state, got.attempt) == (RunState.DISPATCHED, 0)
+    [third] = await store.attempts_lease(worker=worker, max=10, ahead=5, now=at(2))
+    assert third.run_id == run.id
+
+
+async def test_a_lease_ahead_starts_what_is_due_and_reserves_the_rest(store: Store) -> None:
+    tenant = await make_tenant(store)
+    _job, now_run = await create_job(store, tenant.id, due_at=T0, now=T0)
+    later = await _ahead_run(store, tenant.id)
+    assert [f.id for f in await fire(store, [now_run])] == [now_run.id]
+    worker = await register_worker(store, tenant.id)
+
+    leased = await store.attempts_lease(worker=worker, max=10, ahead=5, now=at(0))
+    assert [(a.run_id, a.not_before) for a in leased] == [(now_run.id, None), (later.id, DUE)]
+    assert (await store.runs_get(tenant.id, now_run.id)).state == RunState.RUNNING
+    assert (await store.runs_get(tenant.id, later.id)).state == RunState.DISPATCHED
+    # Another tenant's key reaches none of it.
+    stranger = await make_tenant(store)
+    refused = await store.attempts_start_many(
+        worker_id=worker.id, tokens=[leased[1].fencing_token], tenant_id=stranger.id, now=at(3)
+    )
+    assert refused.refused == [leased[1].fencing_token]
