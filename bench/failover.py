@@ -27,6 +27,8 @@ from harness import (
     Cluster,
     History,
     Setup,
+    add_ahead_arguments,
+    ahead_env,
     bench_cluster,
     collect,
     console,
@@ -79,13 +81,14 @@ async def main() -> None:
         default=None,
         help="seconds between creating the runs and their instant",
     )
+    add_ahead_arguments(parser)
     parser.add_argument("--timeout", type=float, default=300)
     args = parser.parse_args()
     if args.runs < 1 or args.workers < 1:
         parser.error("--runs and --workers must be at least 1")
     if args.schedulers < 2 or not 0 <= args.victim < args.schedulers:
         parser.error("--schedulers must be at least 2, --victim one of them")
-    env = {}
+    env = ahead_env(args)
     if args.lease_ttl is not None:
         env["CRONWHEEL_SHARD_LEASE_TTL"] = str(args.lease_ttl)
     args.ttl = args.lease_ttl if args.lease_ttl is not None else Settings().shard_lease_ttl

@@ -45,10 +45,13 @@ class Settings(BaseSettings):
     fire_batch_size: int = Field(default=1000, ge=1)
     shard_lease_ttl: float = Field(default=10.0, ge=1)
     expire_interval: float = Field(default=1.0, gt=0)
-    # Dispatch runs this many seconds ahead of their instant: they wait in the ready
-    # queue (not leasable, still cancellable and pausable) until it comes, so a burst
-    # due at one instant is dispatched before it and workers start leasing at once.
-    dispatch_lead: float = Field(default=0.0, ge=0, le=60)
+    # Dispatch the runs of a burst — an instant with at least ``dispatch_lead_burst``
+    # runs due on one node — this many seconds ahead of it: they wait in the ready queue
+    # (not leasable, still cancellable and pausable), or reserved by a worker, until it
+    # comes, so the instant itself costs only their start. A run due alone is
+    # dispatched at its instant. 0 turns it off.
+    dispatch_lead: float = Field(default=5.0, ge=0, le=60)
+    dispatch_lead_burst: int = Field(default=100, ge=1)
     # Dispatched runs no live worker can take: checked this often, once they have
     # waited ``route_wait`` seconds; a worker counts as live for ``worker_ttl`` seconds
     # after its last lease call (longer while it holds an unexpired lease).

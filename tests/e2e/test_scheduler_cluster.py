@@ -27,7 +27,8 @@ from cronwheel.testing import Cluster
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 
 TTL = 2.0  # the shard lease TTL of every node: a lost node's shards move within ~TTL
-NODE_ENV = {"CRONWHEEL_SHARD_LEASE_TTL": str(TTL)}
+# Runs fire at their instant (no dispatch lead for bursts): "never early" holds strictly.
+NODE_ENV = {"CRONWHEEL_SHARD_LEASE_TTL": str(TTL), "CRONWHEEL_DISPATCH_LEAD": "0"}
 # On top of a takeover bound: a loaded 2-core machine, other tests running.
 SLACK = 8.0
 LATE = 1.0  # dispatched later than this after its due time: the event says why

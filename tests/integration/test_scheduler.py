@@ -40,7 +40,7 @@ async def _jobs(store: Store, dues: list[datetime], **spec: object) -> list[obje
 
 
 def _node(store: Store, time: Callable[[], datetime], **kw: object) -> SchedulerNode:
-    settings = Settings(window_seconds=30, shard_lease_ttl=10)
+    settings = Settings(window_seconds=30, shard_lease_ttl=10, dispatch_lead=0)
     node = SchedulerNode(
         store, settings, node_id="node-a", clock=Clock(time, offset=timedelta(0)), **kw
     )  # type: ignore[arg-type]
@@ -75,7 +75,9 @@ async def test_dispatch_lead_hands_runs_to_the_ready_queue_ahead(store: Store) -
     each only from its instant."""
     runs = await _jobs(store, [T0 + timedelta(seconds=s) for s in (1, 3, 10)])
     time = FakeTime(T0)
-    settings = Settings(window_seconds=30, shard_lease_ttl=10, dispatch_lead=5)
+    settings = Settings(
+        window_seconds=30, shard_lease_ttl=10, dispatch_lead=5, dispatch_lead_burst=1
+    )
     node = SchedulerNode(store, settings, node_id="node-a", clock=Clock(time, offset=timedelta(0)))
     assert await node.run_once() == 2
     assert await _states(store, runs) == ["DISPATCHED", "DISPATCHED", "SCHEDULED"]
@@ -94,6 +96,27 @@ async def test_dispatch_lead_hands_runs_to_the_ready_queue_ahead(store: Store) -
     time.value = T0 + timedelta(seconds=5)
     assert await node.run_once() == 1
     assert await _states(store, runs) == ["RUNNING", "DISPATCHED", "DISPATCHED"]
+
+
+async def test_only_bursts_are_dispatched_ahead(store: Store) -> None:
+    """The lead applies to instants with at least ``dispatch_lead_burst`` runs: a burst
+    is dispatched ahead, a run due alone at its instant."""
+    alone = T0 + timedelta(seconds=2)
+    burst = T0 + timedelta(seconds=3)
+    runs = await _jobs(store, [alone, burst, burst, burst])
+    time = FakeTime(T0)
+    settings = Settings(
+        window_seconds=30, shard_lease_ttl=10, dispatch_lead=5, dispatch_lead_burst=3
+    )
+    node = SchedulerNode(store, settings, node_id="node-a", clock=Clock(time, offset=timedelta(0)))
+    assert await node.run_once() == 3
+    assert await _states(store, runs) == ["SCHEDULED", "DISPATCHED", "DISPATCHED", "DISPATCHED"]
+    # Its next wake for firing is the lone run's instant, not that instant less the lead.
+    assert node.window.next_fire_at(node._lead) == alone
+    assert node._sleep_for() > 0
+    time.value = alone
+    assert await node.run_once() == 1
+    assert await _states(store, runs) == ["DISPATCHED"] * 4
 
 
 async def test_a_refill_reads_only_beyond_the_window(store: Store, monkeypatch) -> None:

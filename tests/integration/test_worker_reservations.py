@@ -40,6 +40,7 @@ def settings(tmp_path: Path) -> Settings:
         lease_wait_max=10.0,
         heartbeat_interval=5.0,
         dispatch_lead=LEAD,
+        dispatch_lead_burst=1,  # every run, even one due alone, is dispatched ahead
         lease_ahead_max=LEAD,
     )
 

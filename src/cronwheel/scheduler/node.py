@@ -63,7 +63,7 @@ class SchedulerNode:
         self.settings = settings
         self.node_id = node_id or settings.node_id or default_node_id()
         self.clock = clock or Clock()
-        self.window = DueWindow()
+        self.window = DueWindow(burst=settings.dispatch_lead_burst)
         self.shards: dict[int, int] = {}  # shard -> epoch
         self.poll_interval = poll_interval
         self.fire_concurrency = fire_concurrency
@@ -143,9 +143,9 @@ class SchedulerNode:
         ]
         if self.window.horizon is not None:
             wake.append(self.window.horizon - self._window / 2 - self._lead)
-        nxt = self.window.next_fire_at()
+        nxt = self.window.next_fire_at(self._lead)
         if nxt is not None:
-            wake.append(nxt - self._lead)
+            wake.append(nxt)
         return max(0.0, min(w - now for w in wake).total_seconds())
 
     # -- chores --------------------------------------------------------------------
@@ -263,8 +263,11 @@ class SchedulerNode:
 
     async def _poll(self, now: datetime) -> None:
         """Catch runs whose notification never came (another process on SQLite, a dropped
-        LISTEN connection): everything due within the next poll interval."""
-        until = now + self._lead + timedelta(seconds=self.poll_interval)
+        LISTEN connection): everything due within the next poll interval. (Not within
+        the dispatch lead as well: that would re-read every run due in the next few
+        seconds, each poll, for the rare straggler of a burst, which then goes at its
+        instant rather than ahead.)"""
+        until = now + timedelta(seconds=self.poll_interval)
         due = await self.store.runs_due_scan(shards=list(self.shards), until=until, limit=5_000)
         self.window.push(due)
         self._next_poll = now + timedelta(seconds=self.poll_interval)
@@ -291,7 +294,7 @@ class SchedulerNode:
     # -- firing --------------------------------------------------------------------
 
     async def _fire_due(self) -> int:
-        due = self.window.pop_due(self.clock.now() + self._lead)
+        due = self.window.pop_due(self.clock.now(), self._lead)
         if not due:
             return 0
         size = self.settings.fire_batch_size

@@ -6,8 +6,9 @@
          │  refill: range scan fire_at < horizon           ▲ months-away runs stay here:
          ▼                                                  │ one row, one index entry
     ┌──────────────────────────────┐   pop_due(now)   ┌─────┴─────┐
-    │ heap of (fire_at, run id)    │ ───────────────▶ │  fire     │ one UPDATE per batch
-    │ ids already held (dedupe)    │                  └───────────┘
+    │ heap of instants, runs by    │ ───────────────▶ │  fire     │ one UPDATE per batch
+    │ instant, heap of bursts      │                  └───────────┘
+    │ ids already held (dedupe)    │
     └──────────────────────────────┘
          ▲  push: runs created or retried inside the window (notifications)
 
@@ -16,8 +17,12 @@ Invariants:
 - ``horizon`` is the instant up to which the window holds *every* SCHEDULED run of the
   node's shards (as of the last refill, plus every notification since). Runs due later
   are not in memory; a refill extends the horizon before it is reached.
-- A run id is in the heap at most once. Entries are hints: firing re-checks the state in
-  the database, so a run cancelled meanwhile is simply not fired.
+- A run id is in the window at most once. Entries are hints: firing re-checks the
+  state in the database, so a run cancelled meanwhile is simply not fired.
+- Runs are kept by instant. An instant with at least ``burst`` runs (a top-of-the-hour
+  spike) is also on the burst heap, and is handed out ``lead`` early: dispatched
+  ahead, its runs can be reserved by workers before it comes. A run due alone is
+  dispatched at its instant: reserving it would cost more than leasing it then.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from __future__ import annotations
 import heapq
 import uuid
 from collections.abc import Iterable
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from cronwheel.domain.model import DueRun
 
@@ -33,13 +38,20 @@ __all__ = ["DueWindow"]
 
 
 class DueWindow:
-    def __init__(self) -> None:
-        self._heap: list[tuple[datetime, uuid.UUID, int]] = []
+    """``burst``: an instant with at least this many runs is a *burst*, and
+    :meth:`pop_due` hands its runs out up to ``lead`` seconds early (see
+    ``Settings.dispatch_lead``); other runs go at their instant."""
+
+    def __init__(self, *, burst: int = 1) -> None:
+        self.burst = max(1, burst)
+        self._instants: list[datetime] = []  # heap of instants with runs held
+        self._runs: dict[datetime, list[tuple[uuid.UUID, int]]] = {}  # instant -> runs
+        self._bursts: list[datetime] = []  # heap of instants that reached ``burst`` runs
         self._ids: set[uuid.UUID] = set()
         self.horizon: datetime | None = None
 
     def __len__(self) -> int:
-        return len(self._heap)
+        return len(self._ids)
 
     def push(self, runs: Iterable[DueRun]) -> int:
         """Add runs not yet held; returns how many were new."""
@@ -48,27 +60,56 @@ class DueWindow:
             if run.id in self._ids:
                 continue
             self._ids.add(run.id)
-            heapq.heappush(self._heap, (run.fire_at, run.id, run.shard))
+            at = self._runs.get(run.fire_at)
+            if at is None:
+                at = self._runs[run.fire_at] = []
+                heapq.heappush(self._instants, run.fire_at)
+            at.append((run.id, run.shard))
+            if len(at) == self.burst:
+                heapq.heappush(self._bursts, run.fire_at)
             added += 1
         return added
 
-    def next_fire_at(self) -> datetime | None:
-        return self._heap[0][0] if self._heap else None
+    def _top(self, heap: list[datetime]) -> datetime | None:
+        """The earliest instant of ``heap`` still holding runs (others are dropped)."""
+        while heap and heap[0] not in self._runs:
+            heapq.heappop(heap)
+        return heap[0] if heap else None
 
-    def pop_due(self, now: datetime, limit: int | None = None) -> list[DueRun]:
-        """Remove and return the runs due at ``now``, soonest first."""
+    def next_fire_at(self, lead: timedelta = timedelta(0)) -> datetime | None:
+        """When :meth:`pop_due` next has something: the earliest instant, or a burst's
+        instant less ``lead`` if that comes first."""
+        first = self._top(self._instants)
+        burst = self._top(self._bursts)
+        if burst is not None and (first is None or burst - lead < first):
+            return burst - lead
+        return first
+
+    def pop_due(self, now: datetime, lead: timedelta = timedelta(0)) -> list[DueRun]:
+        """Remove and return the runs due at ``now``, and those of bursts due by
+        ``now + lead``, soonest first."""
         out: list[DueRun] = []
-        while self._heap and self._heap[0][0] <= now and (limit is None or len(out) < limit):
-            fire_at, run_id, shard = heapq.heappop(self._heap)
-            self._ids.discard(run_id)
-            out.append(DueRun(id=run_id, shard=shard, fire_at=fire_at))
+        while (burst := self._top(self._bursts)) is not None and burst <= now + lead:
+            self._take(heapq.heappop(self._bursts), out)
+        while (first := self._top(self._instants)) is not None and first <= now:
+            self._take(heapq.heappop(self._instants), out)
+        out.sort(key=lambda r: r.fire_at)
         return out
+
+    def _take(self, at: datetime, out: list[DueRun]) -> None:
+        for run_id, shard in self._runs.pop(at, ()):
+            self._ids.discard(run_id)
+            out.append(DueRun(id=run_id, shard=shard, fire_at=at))
 
     def drop_shards(self, shards: set[int]) -> None:
         """Forget the runs of shards this node no longer owns."""
         if not shards:
             return
-        kept = [entry for entry in self._heap if entry[2] not in shards]
-        self._ids = {entry[1] for entry in kept}
-        heapq.heapify(kept)
-        self._heap = kept
+        kept = [
+            DueRun(id=run_id, shard=shard, fire_at=at)
+            for at, runs in self._runs.items()
+            for run_id, shard in runs
+            if shard not in shards
+        ]
+        self._instants, self._runs, self._bursts, self._ids = [], {}, [], set()
+        self.push(kept)

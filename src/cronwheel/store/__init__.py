@@ -26,14 +26,27 @@ __all__ = [
 ]
 
 
-def create_store(url: str, *, idle_transaction_timeout: float | None = None) -> Store:
+def create_store(
+    url: str,
+    *,
+    idle_transaction_timeout: float | None = None,
+    pool_size: int | None = None,
+    warm: bool = False,
+) -> Store:
     """A store for a normalised database URL (see ``Settings``); call ``open()`` next.
-    ``idle_transaction_timeout`` (PostgreSQL): how long the server lets a session sit
-    inside a transaction before ending it (see :class:`PostgresStore`)."""
+    PostgreSQL only: ``idle_transaction_timeout``, how long the server lets a session
+    sit inside a transaction before ending it; ``pool_size``, the connections kept
+    open; ``warm``, open them all at ``open()`` rather than on demand (see
+    :class:`PostgresStore`)."""
     if url.startswith("postgresql+asyncpg://"):
         from cronwheel.store.postgres import PostgresStore
 
-        return PostgresStore(url, idle_transaction_timeout=idle_transaction_timeout)
+        return PostgresStore(
+            url,
+            idle_transaction_timeout=idle_transaction_timeout,
+            pool_size=pool_size or 10,
+            warm=warm,
+        )
     if url.startswith("sqlite+aiosqlite://"):
         from cronwheel.store.sqlite import SqliteStore
 

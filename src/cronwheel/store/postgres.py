@@ -69,15 +69,25 @@ class PostgresStore(SqlStore):
     dialect = "postgresql"
 
     def __init__(
-        self, url: str, *, pool_size: int = 10, idle_transaction_timeout: float | None = None
+        self,
+        url: str,
+        *,
+        pool_size: int = 10,
+        idle_transaction_timeout: float | None = None,
+        warm: bool = False,
     ) -> None:
         """``idle_transaction_timeout``: the server ends a session that sits this long
         inside a transaction. A process frozen mid-transaction (SIGSTOP, a long GC, a
         partition) would otherwise keep its row locks — a scheduler node's fire batch,
         say — and stall whoever takes its shards over; keep it well under the shard
-        lease TTL. None: no limit (tools loading data in big batches)."""
+        lease TTL. None: no limit (tools loading data in big batches).
+
+        ``pool_size`` connections are kept open once made; ``warm`` makes them all in
+        :meth:`open`, so that a burst of requests (the API at a burst's instant) does
+        not wait for connections being set up."""
         super().__init__(url)
         self._pool_size = pool_size
+        self._warm = warm
         self._server_settings = (
             {}
             if idle_transaction_timeout is None
@@ -214,6 +224,13 @@ class PostgresStore(SqlStore):
         if rows:
             await pg_hot.copy_events(await _raw(conn), rows)
 
+    async def _warm_pool(self) -> None:
+        """Check out ``pool_size`` connections at once and return them to the pool."""
+        async with contextlib.AsyncExitStack() as stack:
+            await asyncio.gather(
+                *(stack.enter_async_context(self.engine.connect()) for _ in range(self._pool_size))
+            )
+
     def _make_engine(self) -> AsyncEngine:
         return create_async_engine(
             self.url,
@@ -246,7 +263,10 @@ class PostgresStore(SqlStore):
             )
 
     async def open(self) -> None:
+        fresh = self._engine is None
         await super().open()
+        if fresh and self._warm:
+            await self._warm_pool()
         if self._listen_task is None:
             self._listen_task = asyncio.create_task(self._listen_forever(), name="cw-listen")
 

@@ -30,6 +30,10 @@ log = logging.getLogger("cronwheel.worker")
 # An item answered ``not_yet`` is tried again this much later.
 _NOT_YET_SECONDS = 0.005
 _START_BATCH = 1000  # items per start request: the server's limit
+# A start request for fewer than a batch waits this long after its first run fell due
+# for others to join it: runs due one by one (steady load) are started some at a time,
+# not each in a request of its own.
+_LINGER_SECONDS = 0.01
 # Start requests out at once: a burst's batches all go at its instant, not each after
 # the last one's answer (by then this worker is busy running what that one started).
 _IN_FLIGHT = 8
@@ -85,7 +89,8 @@ class Reservations:
         """Start reservations as their instants come, until cancelled. ``worker_id``
         tells the worker's current id (it changes when the worker registers again).
         Up to ``_IN_FLIGHT`` start requests are out at once, so a burst's later batches
-        do not wait for the earlier ones' answers."""
+        do not wait for the earlier ones' answers; a full batch goes at once, a smaller
+        one ``_LINGER_SECONDS`` after its first run fell due."""
         gate = asyncio.Semaphore(_IN_FLIGHT)
         backoff = Backoff(self.backoff_max)
         requests: set[asyncio.Task[None]] = set()
@@ -101,8 +106,17 @@ class Reservations:
                 if delay > 0:
                     await wait_event(self._changed, delay)
                     continue
+                first_due = self._due[0][0]
                 await gate.acquire()
                 batch = self._pop_due()
+                linger = first_due + _LINGER_SECONDS - time.monotonic()
+                if 0 < len(batch) < _START_BATCH and linger > 0:
+                    # A few runs due: give the next ones a moment to join them.
+                    gate.release()
+                    for lease in batch:
+                        heapq.heappush(self._due, (first_due, lease.fencing_token))
+                    await wait_event(self._changed, linger)
+                    continue
                 current = worker_id()
                 if not batch or current is None:
                     gate.release()

@@ -9,7 +9,7 @@ import json
 import logging
 import uuid
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Generic, TypeVar, cast
@@ -260,18 +260,23 @@ class StartsFirst:
     any start request is being served, so the runs still waiting to start are not
     queued behind the results of those that already ran."""
 
-    def __init__(self, max_wait: float = 2.0) -> None:
+    def __init__(self, max_wait: float = 2.0, statements: int = 32) -> None:
         self.max_wait = max_wait
         self._serving = 0
         self._idle = asyncio.Event()
         self._idle.set()
+        # Start statements at once, at most: more would only queue inside the database,
+        # and open pool connections at the busiest moment.
+        self._statements = asyncio.Semaphore(statements)
 
-    @contextlib.contextmanager
-    def serving(self) -> Iterator[None]:
+    @contextlib.asynccontextmanager
+    async def serving(self) -> AsyncIterator[None]:
+        """Around one start request's statement (waits for a statement slot)."""
         self._serving += 1
         self._idle.clear()
         try:
-            yield
+            async with self._statements:
+                yield
         finally:
             self._serving -= 1
             if not self._serving:

@@ -213,7 +213,7 @@ async def start(
     another worker took it — and must not run."""
     state = api_state(request)
     worker = await _own_worker(state, principal, worker_id)
-    with state.starts.serving():
+    async with state.starts.serving():
         done = await state.store.attempts_start_many(
             worker_id=worker.id, tokens=body.fencing_tokens, tenant_id=principal.tenant_id
         )

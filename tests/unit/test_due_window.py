@@ -1,0 +1,67 @@
+"""The due window: runs by instant, and bursts handed out a lead early."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+
+from cronwheel.domain.model import DueRun
+from cronwheel.scheduler.window import DueWindow
+
+T0 = datetime(2031, 3, 4, 12, 0, tzinfo=UTC)
+LEAD = timedelta(seconds=5)
+
+
+def _runs(seconds: float, count: int, shard: int = 0) -> list[DueRun]:
+    at = T0 + timedelta(seconds=seconds)
+    return [DueRun(id=uuid.uuid4(), shard=shard, fire_at=at) for _ in range(count)]
+
+
+def test_a_burst_goes_a_lead_early_and_a_lone_run_at_its_instant() -> None:
+    window = DueWindow(burst=3)
+    alone, burst, later = _runs(2, 1), _runs(3, 3), _runs(9, 3)
+    assert window.push([*alone, *burst, *later]) == 7
+    assert window.push(burst) == 0  # held once
+    assert len(window) == 7
+    # The next thing due is the burst at 3 s, five seconds early: now.
+    assert window.next_fire_at(LEAD) == T0 - timedelta(seconds=2)
+    got = window.pop_due(T0, LEAD)
+    assert {r.id for r in got} == {r.id for r in burst}
+    assert all(r.fire_at == T0 + timedelta(seconds=3) for r in got)
+    # Then the lone run at its own instant, then the burst at 9 s a lead early (4 s).
+    assert window.next_fire_at(LEAD) == T0 + timedelta(seconds=2)
+    assert window.pop_due(T0 + timedelta(seconds=1), LEAD) == []
+    assert [r.id for r in window.pop_due(T0 + timedelta(seconds=2), LEAD)] == [alone[0].id]
+    assert window.next_fire_at(LEAD) == T0 + timedelta(seconds=4)
+    assert {r.id for r in window.pop_due(T0 + timedelta(seconds=4), LEAD)} == {r.id for r in later}
+    assert len(window) == 0 and window.next_fire_at(LEAD) is None
+
+
+def test_without_a_lead_everything_goes_at_its_instant_soonest_first() -> None:
+    window = DueWindow(burst=2)
+    first, second = _runs(1, 2), _runs(2, 1)
+    window.push([*second, *first])
+    assert window.next_fire_at() == T0 + timedelta(seconds=1)
+    got = window.pop_due(T0 + timedelta(seconds=2))
+    assert [r.fire_at for r in got] == [first[0].fire_at] * 2 + [second[0].fire_at]
+
+
+def test_runs_arriving_at_an_instant_already_handed_out_are_held_again() -> None:
+    window = DueWindow(burst=2)
+    window.push(_runs(3, 2))
+    assert len(window.pop_due(T0, LEAD)) == 2
+    late = _runs(3, 1)  # created after its instant's burst went out
+    window.push(late)
+    assert window.next_fire_at(LEAD) == T0 + timedelta(seconds=3)
+    assert window.pop_due(T0, LEAD) == []
+    assert [r.id for r in window.pop_due(T0 + timedelta(seconds=3), LEAD)] == [late[0].id]
+
+
+def test_dropping_shards_keeps_the_rest_and_their_bursts() -> None:
+    window = DueWindow(burst=2)
+    mine, theirs = _runs(3, 2, shard=1), _runs(3, 2, shard=2)
+    window.push([*mine, *theirs])
+    window.drop_shards({2})
+    assert len(window) == 2
+    assert {r.id for r in window.pop_due(T0, LEAD)} == {r.id for r in mine}
+    assert window.push(theirs) == 2  # forgotten, so new again
