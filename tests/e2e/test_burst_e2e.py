@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -23,6 +22,8 @@ from cronwheel.store import Store, create_store
 from cronwheel.store.schema import runs as runs_table
 from cronwheel.store.sql import SqlStore
 from cronwheel.testing import Cluster
+
+from . import history
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 
@@ -129,16 +130,7 @@ async def test_a_burst_is_reserved_ahead_and_a_cancel_before_the_instant_wins(
             [attempt] = await store.attempts_list(tenant, run_id=r.id)
             assert attempt.started_at >= due and attempt.state.value == "SUCCEEDED"
 
-        transitions: dict[uuid.UUID, list[tuple[str | None, str | None]]] = defaultdict(list)
-        cursor = None
-        while True:
-            page = await store.events_list(tenant, cursor=cursor, limit=5000)
-            for e in page.items:
-                if e.kind == "run.transition" and e.run_id is not None:
-                    transitions[e.run_id].append((e.from_state, e.to_state))
-            if page.next_cursor is None:
-                break
-            cursor = page.next_cursor
+        transitions = await history.transitions(store, tenant)
         fired = [(None, "SCHEDULED"), ("SCHEDULED", "DISPATCHED")]
         for run_id in victims:
             assert transitions[run_id] == [*fired, ("DISPATCHED", "CANCELLED")]

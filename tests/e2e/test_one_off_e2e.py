@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections import defaultdict
 from datetime import timedelta
 from pathlib import Path
 
@@ -16,6 +15,8 @@ import pytest
 
 from cronwheel.store import Store, create_store
 from cronwheel.testing import Cluster
+
+from . import history
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 
@@ -92,16 +93,7 @@ async def test_thousand_one_off_jobs_run_exactly_once(pg_url: str, tmp_path: Pat
         early = min((r.dispatched_at - r.due_at).total_seconds() for r in runs if r.dispatched_at)
         assert early >= 0, f"dispatched {-early:.3f} s early"
 
-        transitions: dict[uuid.UUID, list[tuple[str | None, str | None]]] = defaultdict(list)
-        cursor = None
-        while True:
-            events = await store.events_list(tenant, cursor=cursor, limit=5000)
-            for e in events.items:
-                if e.kind == "run.transition" and e.run_id is not None:
-                    transitions[e.run_id].append((e.from_state, e.to_state))
-            if events.next_cursor is None:
-                break
-            cursor = events.next_cursor
+        transitions = await history.transitions(store, tenant)
         expected = [
             (None, "SCHEDULED"),
             ("SCHEDULED", "DISPATCHED"),
