@@ -268,19 +268,6 @@ async def deregister_worker(
 # -- attempts --------------------------------------------------------------------------
 
 
-async def _apply(
-    principal: Principal,
-    items: Sequence[Item],
-    call: Callable[[Sequence[Item], uuid.UUID | None], Awaitable[list[AttemptOutcome]]],
-) -> list[OutcomeOut]:
-    """One store batch over the items, scoped to the principal's tenant by the store
-    itself (another tenant's attempts answer ``not_found``). Outcomes keep the order of
-    ``items``."""
-    if not items:
-        return []
-    return [_outcome_out(o) for o in await call(items, principal.tenant_id)]
-
-
 def _instant(value: datetime | None) -> str | None:
     return None if value is None else value.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
@@ -302,31 +289,22 @@ def _json_response(body: dict[str, Any]) -> Response:
     return Response(json.dumps(body, separators=(",", ":")), media_type="application/json")
 
 
-async def _apply_json(
+async def _apply(
     principal: Principal,
     items: Sequence[Item],
     call: Callable[[Sequence[Item], uuid.UUID | None], Awaitable[list[AttemptOutcome]]],
 ) -> list[dict[str, Any]]:
-    """:func:`_apply`, its outcomes as JSON."""
+    """One store batch over the items, scoped to the principal's tenant by the store
+    itself (another tenant's attempts answer ``not_found``). Outcomes keep the order of
+    ``items``, as JSON (see :func:`_outcome_json`)."""
     if not items:
         return []
     return [_outcome_json(o) for o in await call(items, principal.tenant_id)]
 
 
-def _outcome_out(outcome: AttemptOutcome) -> OutcomeOut:
-    return OutcomeOut(
-        attempt_id=outcome.attempt_id,
-        ok=outcome.ok,
-        error=None if outcome.ok else (outcome.error_code or "stale_fencing_token"),
-        lease_expires_at=outcome.lease_expires_at,
-        cancel_requested=outcome.cancel_requested,
-        run_state=str(outcome.run_state) if outcome.run_state is not None else None,
-    )
-
-
-def _single(outcomes: list[OutcomeOut]) -> OutcomeOut:
+def _single(outcomes: list[dict[str, Any]]) -> OutcomeOut:
     """The one outcome of a single-item call, or its error."""
-    [outcome] = outcomes
+    [outcome] = [OutcomeOut.model_validate(o) for o in outcomes]
     if outcome.ok:
         return outcome
     if outcome.error == "not_found":
@@ -465,12 +443,12 @@ async def batch(
     if (body.completions or body.failures) and not body.heartbeats:
         await state.starts.wait()  # runs waiting to start go first
     store = state.store
-    heartbeats = await _apply_json(
+    heartbeats = await _apply(
         principal,
         _refs(body.heartbeats),
         lambda items, tenant: store.attempts_heartbeat_many(items=items, tenant_id=tenant),
     )
-    completions = await _apply_json(
+    completions = await _apply(
         principal,
         [
             CompleteItem(attempt_id=c.attempt_id, fencing_token=c.fencing_token, result=c.result)
@@ -478,7 +456,7 @@ async def batch(
         ],
         lambda items, tenant: store.attempts_complete_many(items=items, tenant_id=tenant),
     )
-    failures = await _apply_json(
+    failures = await _apply(
         principal,
         [
             FailItem(
@@ -492,7 +470,7 @@ async def batch(
         ],
         lambda items, tenant: store.attempts_fail_many(items=items, tenant_id=tenant),
     )
-    releases = await _apply_json(
+    releases = await _apply(
         principal,
         _refs(body.releases),
         lambda items, tenant: store.attempts_release_many(items=items, tenant_id=tenant),
