@@ -6,9 +6,11 @@ import math
 import random
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cronwheel.domain.bounds import RETRY_DELAY_MAX
 from cronwheel.domain.retry import backoff_delay
 from cronwheel.domain.spec import RetryPolicy
 
@@ -103,3 +105,24 @@ def test_jitter_draws_are_reproducible_and_bounded_by_the_cap(
 def test_first_retry_waits_the_initial_delay() -> None:
     stored = _as_stored(RetryPolicy(initial_delay=7, multiplier=3, max_delay=100, jitter="none"))
     assert [backoff_delay(stored, n) for n in (1, 2, 3, 4)] == [7, 21, 63, 100]
+
+
+@relaxed
+@given(
+    initial=st.floats(0, 1e300, allow_nan=False),
+    cap=st.floats(0, 1e300, allow_nan=False),
+    failed=attempts,
+)
+def test_a_stored_policy_past_the_bounds_never_waits_past_them(
+    initial: float, cap: float, failed: int
+) -> None:
+    """A policy written before the bounds, or by hand, still lands a retry on an
+    instant every backend holds."""
+    policy = {"initial_delay": initial, "max_delay": cap, "multiplier": 2.0, "jitter": "none"}
+    assert 0.0 <= backoff_delay(policy, failed) <= RETRY_DELAY_MAX
+
+
+def test_a_policy_with_no_delay_at_all_is_an_error() -> None:
+    policy = {"initial_delay": 1.0, "max_delay": math.nan, "jitter": "none"}
+    with pytest.raises(ValueError, match="gives no delay"):
+        backoff_delay(policy, 2)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta, timezone
 from itertools import pairwise
 
+import pydantic
 import pytest
 
 from cronwheel.domain.errors import InvalidScheduleError
@@ -166,17 +167,25 @@ def test_fractional_intervals_do_not_drift() -> None:
     assert instant == utc("2026-01-01T03:03:20")  # exactly 11,000 s
 
 
+@pytest.mark.parametrize("seconds", [0.5, 0.999, float("inf"), float("nan"), 400 * 86400.0])
+def test_intervals_out_of_bounds_are_refused_by_the_model(seconds: float) -> None:
+    with pytest.raises(pydantic.ValidationError) as caught:
+        IntervalSchedule(interval=seconds)
+    assert caught.value.errors()[0]["loc"] == ("interval",)
+
+
 @pytest.mark.parametrize("seconds", [0.5, 0.999])
-def test_intervals_shorter_than_a_second_are_refused(seconds: float) -> None:
+def test_a_stored_interval_shorter_than_a_second_is_refused(seconds: float) -> None:
+    """A schedule that never went through the model (a row written by hand)."""
     with pytest.raises(InvalidScheduleError) as caught:
-        validate_schedule(IntervalSchedule(interval=seconds))
+        validate_schedule(IntervalSchedule.model_construct(interval=seconds, start=None))
     assert caught.value.field == "schedule.interval"
     assert "minimum is 1 s" in caught.value.message
 
 
-def test_an_infinite_interval_is_refused() -> None:
+def test_a_stored_infinite_interval_is_refused() -> None:
     with pytest.raises(InvalidScheduleError) as caught:
-        validate_schedule(IntervalSchedule(interval=float("inf")))
+        validate_schedule(IntervalSchedule.model_construct(interval=float("inf"), start=None))
     assert caught.value.field == "schedule.interval"
 
 

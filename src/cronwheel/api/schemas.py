@@ -11,8 +11,9 @@ import uuid
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from cronwheel.domain.bounds import Instant, Label, Name, Seconds
 from cronwheel.domain.spec import MAX_RETRY_AFTER, TenantLimits
 from cronwheel.store.base import REDRIVE_BATCH_MAX
 
@@ -226,13 +227,9 @@ class TriggerRequest(_In):
 
 
 class BackfillRequest(_In):
-    start: AwareDatetime = Field(
-        alias="from", description="the first instant of the range (inclusive)"
-    )
-    end: AwareDatetime = Field(
-        alias="to", description="the end of the range (exclusive); not after now"
-    )
-    rate: float = Field(
+    start: Instant = Field(alias="from", description="the first instant of the range (inclusive)")
+    end: Instant = Field(alias="to", description="the end of the range (exclusive); not after now")
+    rate: Seconds = Field(
         default=10.0, gt=0, le=1000, description="runs released per second, from now"
     )
 
@@ -395,15 +392,11 @@ class DeadLetterRedriveOut(_Out):
 
 
 class WorkerRegister(_In):
-    pool: str = Field(default="default", min_length=1, max_length=100)
-    capabilities: list[Annotated[str, Field(min_length=1, max_length=100)]] = Field(
-        default_factory=list, max_length=100
-    )
-    tags: list[Annotated[str, Field(min_length=1, max_length=100)]] = Field(
-        default_factory=list, max_length=100
-    )
+    pool: Label = "default"
+    capabilities: list[Label] = Field(default_factory=list, max_length=100)
+    tags: list[Label] = Field(default_factory=list, max_length=100)
     capacity: int = Field(default=1, ge=1, le=10_000)
-    name: str | None = Field(default=None, max_length=200)
+    name: Name | None = None
     webhooks_only: bool = Field(
         default=False,
         description="the worker calls webhooks and runs no tasks: it does not count as "
@@ -430,14 +423,21 @@ class WorkerDeregistered(_Out):
 
 class LeaseRequest(_In):
     max: int = Field(default=1, ge=1, le=1000, description="most attempts to lease")
-    wait: float = Field(default=0.0, ge=0, description="seconds to long-poll when none is ready")
+    wait: Seconds = Field(
+        default=0.0,
+        ge=0,
+        le=3600,
+        description="seconds to long-poll when none is ready (at most the server's "
+        "`lease_wait_max`)",
+    )
     webhooks_only: bool = Field(
         default=False,
         description="lease webhook runs only (a worker that calls webhooks and runs no tasks)",
     )
-    ahead: float = Field(
+    ahead: Seconds = Field(
         default=0.0,
         ge=0,
+        le=3600,
         description="seconds: also lease runs due within this long, as reservations the "
         "worker starts at their instant with `POST /v1/workers/{id}/start`",
     )
@@ -486,7 +486,7 @@ class CompleteRequest(FencedRequest):
 class FailRequest(FencedRequest):
     error: str = Field(min_length=1, max_length=20_000)
     retryable: bool = True
-    retry_after: float | None = Field(
+    retry_after: Seconds | None = Field(
         default=None,
         ge=0,
         le=MAX_RETRY_AFTER,
@@ -519,7 +519,7 @@ class CompleteItemIn(AttemptRef):
 class FailItemIn(AttemptRef):
     error: str = Field(min_length=1, max_length=20_000)
     retryable: bool = True
-    retry_after: float | None = Field(
+    retry_after: Seconds | None = Field(
         default=None,
         ge=0,
         le=MAX_RETRY_AFTER,
@@ -581,9 +581,7 @@ LOG_MESSAGE_MAX = 16_384  # characters per line
 
 
 class LogLineIn(_In):
-    ts: Annotated[AwareDatetime, AfterValidator(_to_utc)] = Field(
-        description="when the line was written"
-    )
+    ts: Annotated[Instant, AfterValidator(_to_utc)] = Field(description="when the line was written")
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
     message: str = Field(max_length=LOG_MESSAGE_MAX)
 

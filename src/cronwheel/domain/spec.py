@@ -11,13 +11,27 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import (
-    AwareDatetime,
     BaseModel,
     ConfigDict,
     Field,
     HttpUrl,
     field_validator,
     model_validator,
+)
+
+from cronwheel.domain.bounds import (
+    CATCH_UP_WINDOW_MAX,
+    DELAY_MAX,
+    HEARTBEAT_TIMEOUT_MAX,
+    INTERVAL_MAX,
+    INTERVAL_MIN,
+    RETRY_AFTER_MAX,
+    RETRY_DELAY_MAX,
+    TIMEOUT_MAX,
+    Instant,
+    Label,
+    Name,
+    Seconds,
 )
 
 __all__ = [
@@ -45,13 +59,13 @@ class _Strict(BaseModel):
 class AtSchedule(_Strict):
     """One run at an instant (ISO-8601 with an offset)."""
 
-    at: AwareDatetime
+    at: Instant
 
 
 class DelaySchedule(_Strict):
     """One run ``delay`` seconds after the job is accepted."""
 
-    delay: float = Field(ge=0)
+    delay: Seconds = Field(ge=0, le=DELAY_MAX)
 
 
 class AsapSchedule(_Strict):
@@ -64,21 +78,21 @@ class CronSchedule(_Strict):
     """Recurring runs from a cron expression evaluated on the wall clock of ``timezone``."""
 
     cron: str
-    timezone: str = "UTC"
+    timezone: str = Field(default="UTC", min_length=1, max_length=64)
     on_ambiguous: Literal["first", "all"] = "first"
     on_nonexistent: Literal["shift", "skip"] = "shift"
     catch_up: Literal["replay", "coalesce", "skip"] = "coalesce"
-    catch_up_window: float = Field(default=3600.0, gt=0)
+    catch_up_window: Seconds = Field(default=3600.0, gt=0, le=CATCH_UP_WINDOW_MAX)
     overlap: Literal["allow", "skip", "queue_one", "cancel_previous"] = "allow"
 
 
 class IntervalSchedule(_Strict):
     """Recurring runs every ``interval`` seconds of elapsed time (immune to DST)."""
 
-    interval: float = Field(gt=0)
-    start: AwareDatetime | None = None
+    interval: Seconds = Field(ge=INTERVAL_MIN, le=INTERVAL_MAX)
+    start: Instant | None = None
     catch_up: Literal["replay", "coalesce", "skip"] = "coalesce"
-    catch_up_window: float = Field(default=3600.0, gt=0)
+    catch_up_window: Seconds = Field(default=3600.0, gt=0, le=CATCH_UP_WINDOW_MAX)
     overlap: Literal["allow", "skip", "queue_one", "cancel_previous"] = "allow"
 
 
@@ -115,15 +129,15 @@ def _parse_schedule(value: Any) -> Any:
     return _SCHEDULE_KEYS[kinds[0]].model_validate(value)
 
 
-MAX_RETRY_AFTER = 7 * 86400.0
+MAX_RETRY_AFTER = RETRY_AFTER_MAX
 """The longest wait a worker may ask for before a retry (``retry_after``, seconds)."""
 
 
 class RetryPolicy(_Strict):
     max_attempts: int = Field(default=3, ge=1, le=1000)
-    initial_delay: float = Field(default=1.0, ge=0)
-    multiplier: float = Field(default=2.0, ge=1.0, le=100.0)
-    max_delay: float = Field(default=300.0, ge=0)
+    initial_delay: Seconds = Field(default=1.0, ge=0, le=RETRY_DELAY_MAX)
+    multiplier: Seconds = Field(default=2.0, ge=1.0, le=100.0)
+    max_delay: Seconds = Field(default=300.0, ge=0, le=RETRY_DELAY_MAX)
     jitter: Literal["full", "equal", "none"] = "full"
 
 
@@ -167,28 +181,28 @@ class WebhookSpec(_Strict):
 class JobSpec(_Strict):
     """A job as submitted: its schedule and the template of each of its runs."""
 
-    name: str = Field(min_length=1, max_length=200)
+    name: Name
     schedule: Annotated[
         ScheduleSpec, Field(description="one of at / delay / asap / cron / interval")
     ]
-    task: str | None = Field(default=None, min_length=1, max_length=200)
+    task: Name | None = None
     webhook: WebhookSpec | None = None
     payload: dict[str, Any] = Field(default_factory=dict)
-    pool: str = Field(default="default", min_length=1, max_length=100)
-    requires: list[str] = Field(
+    pool: Label = "default"
+    requires: list[Label] = Field(
         default_factory=list,
         max_length=50,
         description="capabilities a worker needs to lease the job's runs; a webhook job "
         f"always requires {WEBHOOK_CAPABILITY!r} (added when missing)",
     )
-    tags: list[str] = Field(default_factory=list, max_length=50)
+    tags: list[Label] = Field(default_factory=list, max_length=50)
     priority: int = Field(default=2, ge=0, le=3)
     retry: RetryPolicy = Field(default_factory=RetryPolicy)
-    timeout: float = Field(default=3600.0, gt=0, le=7 * 86400)
+    timeout: Seconds = Field(default=3600.0, gt=0, le=TIMEOUT_MAX)
     # 25 s by default: a worker beating every 10 s (the server's suggestion) may miss
     # two beats, and a dead one is detected within 25 s plus one expiry sweep (1 s),
     # under the 30 s liveness bound; at 30 s it never could be.
-    heartbeat_timeout: float = Field(default=25.0, ge=1, le=3600)
+    heartbeat_timeout: Seconds = Field(default=25.0, ge=1, le=HEARTBEAT_TIMEOUT_MAX)
 
     @field_validator("schedule", mode="before")
     @classmethod
@@ -222,9 +236,11 @@ class JobSpec(_Strict):
 class TenantLimits(_Strict):
     """Per-tenant execution limits (enforced by admission control)."""
 
-    max_concurrent_runs: int | None = Field(default=None, ge=1)
-    max_dispatch_rate: float | None = Field(default=None, gt=0, description="runs per second")
-    weight: float = Field(default=1.0, gt=0, le=1000)
+    max_concurrent_runs: int | None = Field(default=None, ge=1, le=1_000_000)
+    max_dispatch_rate: Seconds | None = Field(
+        default=None, gt=0, le=1_000_000, description="runs per second"
+    )
+    weight: Seconds = Field(default=1.0, gt=0, le=1000)
 
 
 def utc_iso(value: datetime) -> str:

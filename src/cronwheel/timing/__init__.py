@@ -111,7 +111,9 @@ def _compile_cron(expr: str, tz: str, on_ambiguous: str, on_nonexistent: str) ->
 
 @lru_cache(maxsize=4096)
 def _compile_interval(interval: float, start: datetime | None) -> CompiledInterval:
-    return compile_interval(IntervalSchedule(interval=interval, start=start))
+    # Constructed, not validated: the model has checked it, or a stored one is checked
+    # by compile_interval itself.
+    return compile_interval(IntervalSchedule.model_construct(interval=interval, start=start))
 
 
 def compile_schedule(schedule: CronSchedule | IntervalSchedule | Compiled) -> Compiled:

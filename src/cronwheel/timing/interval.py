@@ -12,13 +12,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
+from cronwheel.domain.bounds import INTERVAL_MIN
 from cronwheel.domain.errors import InvalidScheduleError
 from cronwheel.domain.spec import IntervalSchedule
 
 __all__ = ["EPOCH", "MIN_INTERVAL_SECONDS", "CompiledInterval", "compile_interval"]
 
 EPOCH = datetime(1970, 1, 1)  # naive UTC, like every instant inside the engine
-MIN_INTERVAL_SECONDS = 1.0  # cron's own resolution; anything finer floods a shard
+# cron's own resolution; anything finer floods a shard. The model refuses it; a stored
+# schedule that bypassed the model is refused here.
+MIN_INTERVAL_SECONDS = INTERVAL_MIN
 _MICRO = timedelta(microseconds=1)
 
 

@@ -38,6 +38,8 @@ from typing import Any, Literal, TypeVar
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from cronwheel.client import ApiError
+from cronwheel.domain.bounds import RESULT_DEPTH_MAX, check_json_tree
+from cronwheel.domain.errors import ValidationError
 from cronwheel.worker.logship import LogShipConfig, LogShipper
 from cronwheel.worker.outbox import (
     FATAL_STATUSES,
@@ -478,6 +480,14 @@ class Engine:
         except PydanticSerializationError as exc:
             return self._failure(
                 held, f"the handler's result is not JSON-serialisable: {exc}", retryable=False
+            )
+        try:
+            # As the server would refuse it (NaN, a NUL, nesting), but with the reason
+            # on the run rather than a refused request.
+            check_json_tree(value, max_depth=RESULT_DEPTH_MAX, prefix="result")
+        except ValidationError as exc:
+            return self._failure(
+                held, f"the handler's result cannot be stored: {exc.message}", retryable=False
             )
         return Completion(held.lease.attempt_id, held.lease.fencing_token, value)
 

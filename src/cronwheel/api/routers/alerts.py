@@ -13,13 +13,16 @@ import uuid
 from fastapi import APIRouter, Depends, Header, Request
 
 from cronwheel.api.auth import TENANT_HEADER, Principal, authenticate, tenant_reader
+from cronwheel.api.jsonbody import StrictJsonRoute
 from cronwheel.api.routers.common import api_state
 from cronwheel.api.schemas import ERROR_RESPONSES, AlertList, AlertOut
 from cronwheel.domain.model import UnroutableRuns
 
 __all__ = ["alert_out", "router"]
 
-router = APIRouter(prefix="/v1/alerts", tags=["alerts"], responses=ERROR_RESPONSES)
+router = APIRouter(
+    prefix="/v1/alerts", tags=["alerts"], responses=ERROR_RESPONSES, route_class=StrictJsonRoute
+)
 
 
 def alert_out(group: UnroutableRuns) -> AlertOut:

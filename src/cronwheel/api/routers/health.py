@@ -8,6 +8,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from cronwheel.api.errors import error_response
+from cronwheel.api.jsonbody import StrictJsonRoute
 from cronwheel.api.metrics import CONTENT_TYPE_LATEST, render
 from cronwheel.api.routers.common import api_state
 from cronwheel.api.schemas import ErrorResponse
@@ -17,7 +18,7 @@ __all__ = ["router"]
 
 log = logging.getLogger("cronwheel.api")
 
-router = APIRouter(tags=["operations"])
+router = APIRouter(tags=["operations"], route_class=StrictJsonRoute)
 
 
 @router.get("/healthz", summary="Liveness: the process answers (no database access)")

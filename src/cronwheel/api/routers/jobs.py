@@ -11,6 +11,7 @@ from fastapi import APIRouter, Body, Depends, Header, Query, Request, Response, 
 from pydantic import BaseModel, ConfigDict, Field
 
 from cronwheel.api.auth import TenantScope, tenant_reader, tenant_writer
+from cronwheel.api.jsonbody import StrictJsonRoute
 from cronwheel.api.routers.common import api_state, check_json_size, parse_id
 from cronwheel.api.routers.runs import run_out
 from cronwheel.api.schemas import (
@@ -45,7 +46,9 @@ from cronwheel.timing.catchup import skipped_before_first
 
 __all__ = ["JobBatch", "job_out", "preview_items", "router", "schedule_of"]
 
-router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=ERROR_RESPONSES)
+router = APIRouter(
+    prefix="/v1/jobs", tags=["jobs"], responses=ERROR_RESPONSES, route_class=StrictJsonRoute
+)
 
 _IDEMPOTENCY_KEY_MAX = 200
 BATCH_MAX = 1000

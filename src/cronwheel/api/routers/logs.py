@@ -15,6 +15,7 @@ from typing import Any, cast
 from fastapi import APIRouter, Depends, Query, Request
 
 from cronwheel.api.auth import Principal, TenantScope, require_worker, tenant_reader
+from cronwheel.api.jsonbody import StrictJsonRoute
 from cronwheel.api.routers.common import api_state, parse_id
 from cronwheel.api.schemas import (
     ERROR_RESPONSES,
@@ -28,7 +29,7 @@ from cronwheel.logstore import LogEntry, LogStore
 
 __all__ = ["log_store", "router"]
 
-router = APIRouter(responses=ERROR_RESPONSES)
+router = APIRouter(responses=ERROR_RESPONSES, route_class=StrictJsonRoute)
 
 _STALE: dict[int | str, dict[str, Any]] = {
     409: {

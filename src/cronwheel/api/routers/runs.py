@@ -7,9 +7,9 @@ import uuid
 from datetime import datetime
 
 from fastapi import APIRouter, Body, Depends, Query, Request
-from pydantic import AwareDatetime
 
 from cronwheel.api.auth import TenantScope, tenant_reader, tenant_writer
+from cronwheel.api.jsonbody import StrictJsonRoute
 from cronwheel.api.routers.common import api_state, parse_id
 from cronwheel.api.schemas import (
     ERROR_RESPONSES,
@@ -24,6 +24,7 @@ from cronwheel.api.schemas import (
     RunOut,
     SkippedRun,
 )
+from cronwheel.domain.bounds import Instant
 from cronwheel.domain.errors import ValidationError
 from cronwheel.domain.model import Attempt, Event, Run
 from cronwheel.domain.states import RunState
@@ -31,7 +32,9 @@ from cronwheel.store.base import RunFilter
 
 __all__ = ["attempt_out", "dead_letters", "event_out", "router", "run_fields", "run_out"]
 
-router = APIRouter(prefix="/v1/runs", tags=["runs"], responses=ERROR_RESPONSES)
+router = APIRouter(
+    prefix="/v1/runs", tags=["runs"], responses=ERROR_RESPONSES, route_class=StrictJsonRoute
+)
 
 _EVENTS_PER_RUN = 500
 
@@ -138,8 +141,8 @@ async def list_runs(
     state: list[str] | None = Query(
         default=None, description="repeat the parameter or separate states by commas"
     ),
-    since: AwareDatetime | None = Query(default=None, description="due at or after"),
-    until: AwareDatetime | None = Query(default=None, description="due before"),
+    since: Instant | None = Query(default=None, description="due at or after"),
+    until: Instant | None = Query(default=None, description="due before"),
     tag: str | None = Query(default=None, max_length=100),
     cursor: str | None = Query(default=None, max_length=500),
     limit: int = Query(default=100, ge=1, le=500),
@@ -233,7 +236,9 @@ async def retry_run(
     return run_out(run)
 
 
-dead_letters = APIRouter(prefix="/v1/dead-letters", tags=["runs"], responses=ERROR_RESPONSES)
+dead_letters = APIRouter(
+    prefix="/v1/dead-letters", tags=["runs"], responses=ERROR_RESPONSES, route_class=StrictJsonRoute
+)
 
 
 @dead_letters.get("", summary="List dead-lettered runs")

@@ -8,6 +8,7 @@ import uuid
 from fastapi import APIRouter, Depends, Query, Request, status
 
 from cronwheel.api.auth import Principal, authenticate, generate_key, require_admin
+from cronwheel.api.jsonbody import StrictJsonRoute
 from cronwheel.api.routers.common import api_state, parse_id
 from cronwheel.api.schemas import (
     ERROR_RESPONSES,
@@ -26,7 +27,9 @@ from cronwheel.domain.spec import TenantLimits
 
 __all__ = ["router"]
 
-router = APIRouter(prefix="/v1/tenants", tags=["tenants"], responses=ERROR_RESPONSES)
+router = APIRouter(
+    prefix="/v1/tenants", tags=["tenants"], responses=ERROR_RESPONSES, route_class=StrictJsonRoute
+)
 
 
 def tenant_out(tenant: Tenant) -> TenantOut:

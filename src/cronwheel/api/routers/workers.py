@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 from fastapi import APIRouter, Depends, Request, Response
 
 from cronwheel.api.auth import Principal, require_worker
+from cronwheel.api.jsonbody import StrictJsonRoute
 from cronwheel.api.metrics import observe_start_lateness
 from cronwheel.api.routers.common import ApiState, api_state, check_json_size, parse_id
 from cronwheel.api.schemas import (
@@ -49,7 +50,7 @@ from cronwheel.store.base import CompleteItem, FailItem, HeartbeatItem
 
 __all__ = ["router"]
 
-router = APIRouter(tags=["worker protocol"], responses=ERROR_RESPONSES)
+router = APIRouter(tags=["worker protocol"], responses=ERROR_RESPONSES, route_class=StrictJsonRoute)
 log = logging.getLogger("cronwheel.api")
 
 _STALE: dict[int | str, dict[str, Any]] = {
