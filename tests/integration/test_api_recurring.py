@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from cronwheel.api.routers.jobs import preview_items
+from cronwheel.domain.spec import MAX_CRON_LENGTH
 from cronwheel.store import Store
 from cronwheel.store.sql.control import PARKED_FIRE_AT
 from cronwheel.timing import iter_occurrences, local_form, occurrences
@@ -382,3 +383,54 @@ async def test_control_endpoints_are_documented(api) -> None:
     [count] = [p for p in preview["parameters"] if p["name"] == "count"]
     assert count["schema"]["maximum"] == 1000 and count["schema"]["default"] == 10
     assert "origin" in spec["components"]["schemas"]["RunOut"]["required"]
+
+
+# -- cron bounds -----------------------------------------------------------------------
+
+
+async def test_a_cron_out_of_bounds_is_refused_and_nothing_is_written(api) -> None:
+    t = await api.tenant()
+    before = await api.snapshot(t)
+    for expr, cron_field, words in [
+        (",".join(["1"] * 15_000) + " * * * *", None, ("at most 256 are allowed",)),
+        ("*/100000000000000000000 * * * *", "minute", ("minute", "from 1 to 60")),
+        ("0 */0 * * *", "hour", ("hour", "step of 0")),
+        ("5-1 * * * *", "minute", ("runs backwards", "'5-59,0-1'")),
+        ("0 9 * * fri-mon", "day-of-week", ("day-of-week", "'fri-sat,sun-mon'")),
+        ("0 0 1 dec-jan *", "month", ("month", "'dec,jan'")),
+        (",".join(["0"] * 61) + " 0 * * * *", "second", ("61 list items; at most 60",)),
+    ]:
+        schedule = {"cron": expr, "timezone": "Europe/Paris"}
+        r = await api.client.post(
+            "/v1/jobs", json={"name": "c", "schedule": schedule, "task": "t"}, headers=t.headers
+        )
+        assert r.status_code == 422, r.text
+        err = error_of(r)
+        assert (err["code"], err["field"]) == ("invalid_schedule", "schedule.cron"), err
+        assert err.get("details", {}).get("cron_field") == cron_field, err
+        assert all(w in err["message"] for w in words), err
+        r = await api.client.post(
+            "/v1/jobs/batch",
+            json={"jobs": [{"name": "c", "schedule": schedule, "task": "t"}]},
+            headers=t.headers,
+        )
+        assert r.status_code == 422 and error_of(r)["field"] == "jobs.0.schedule.cron", r.text
+    assert await api.snapshot(t) == before
+
+
+async def test_a_step_as_long_as_its_field_is_accepted_and_previewed(api) -> None:
+    t = await api.tenant()
+    job = await api.job(t, name="hourly", schedule={"cron": "*/60 */24 * * *"})
+    r = await api.client.get(f"/v1/jobs/{job['id']}/preview?count=3", headers=t.headers)
+    assert r.status_code == 200, r.text
+    instants = [parse(i["due_at"]) for i in r.json()["items"]]
+    assert all((u.hour, u.minute) == (0, 0) for u in instants)
+    assert [b - a for a, b in itertools.pairwise(instants)] == [timedelta(days=1)] * 2
+
+
+async def test_the_cron_bounds_are_in_the_openapi_schema(api) -> None:
+    spec = (await api.client.get("/openapi.json")).json()
+    cron = spec["components"]["schemas"]["CronSchedule"]["properties"]["cron"]
+    assert cron["maxLength"] == MAX_CRON_LENGTH
+    for words in ("At most 256 characters", "a step is 1 to", "does not wrap", "22-23,0-2"):
+        assert words in cron["description"], words

@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from cronwheel.domain.errors import InvalidScheduleError
+from cronwheel.domain.spec import MAX_CRON_LENGTH
 from cronwheel.timing import occurrences, parse_cron
 from cronwheel.timing.cron import MACROS
 
@@ -203,8 +204,109 @@ def test_invalid_shapes_are_explained(expr: str, message: str) -> None:
     assert message in caught.value.message
 
 
-def test_a_range_may_wrap_around_like_croniter_reads_it() -> None:
-    assert parse_cron("0 0 * * fri-mon").weekdays == frozenset({5, 6, 0, 1})
+def refusal(expr: str) -> InvalidScheduleError:
+    with pytest.raises(InvalidScheduleError) as caught:
+        parse_cron(expr)
+    assert (caught.value.field, caught.value.status) == ("schedule.cron", 422)
+    return caught.value
+
+
+@pytest.mark.parametrize(
+    ("expr", "cron_field", "written", "instead"),
+    [
+        ("5-1 * * * *", "minute", "5-1", "5-59,0-1"),
+        ("0 22-2 * * *", "hour", "22-2", "22-23,0-2"),
+        ("0 0 25-5 * *", "day-of-month", "25-5", "25-31,1-5"),
+        ("0 0 1 11-2 *", "month", "11-2", "11-12,1-2"),
+        ("0 0 1 dec-jan *", "month", "dec-jan", "dec,jan"),
+        ("0 0 * * fri-mon", "day-of-week", "fri-mon", "fri-sat,sun-mon"),
+        ("0 0 * * sat-sun", "day-of-week", "sat-sun", "sat,sun"),
+        ("0 0 * * 5-1", "day-of-week", "5-1", "5-6,0-1"),
+        ("0 0 * * 7-1", "day-of-week", "7-1", "0-1"),
+        ("50-10/5 * * * *", "minute", "50-10/5", "50-59/5,0-10/5"),
+        ("0,59-10/5 * * * *", "minute", "59-10/5", "59,0-10/5"),
+        ("30-10 0 * * * *", "second", "30-10", "30-59,0-10"),
+    ],
+)
+def test_a_reversed_range_is_refused_with_the_ranges_that_say_it(
+    expr: str, cron_field: str, written: str, instead: str
+) -> None:
+    error = refusal(expr)
+    assert error.details == {"cron_field": cron_field}
+    assert f"the range '{written}' runs backwards" in error.message
+    assert f"write '{instead}'" in error.message
+    # The advice is itself accepted.
+    assert parse_cron(expr.replace(written, instead, 1))
+
+
+def test_the_advice_for_a_reversed_range_keeps_what_a_wrap_meant() -> None:
+    assert parse_cron("0 0 * * fri-sat,sun-mon").weekdays == frozenset({5, 6, 0, 1})
+    assert parse_cron("0 22-23,0-2 * * *").hours == frozenset({22, 23, 0, 1, 2})
+    assert parse_cron("5-59,0-1 * * * *").minutes == frozenset(range(60)) - {2, 3, 4}
+
+
+@pytest.mark.parametrize(
+    ("expr", "cron_field", "size"),
+    [
+        ("*/0 * * * *", "minute", 60),
+        ("*/61 * * * *", "minute", 60),
+        ("*/100000000000000000000 * * * *", "minute", 60),
+        ("0,15,1-59/61 * * * *", "minute", 60),
+        ("5/99 * * * *", "minute", 60),
+        ("*/61 * * * * *", "second", 60),
+        ("0 */25 * * *", "hour", 24),
+        ("0 0 */32 * *", "day-of-month", 31),
+        ("0 0 ?/32 * mon", "day-of-month", 31),
+        ("0 0 1 */13 *", "month", 12),
+        ("0 0 * * */8", "day-of-week", 7),
+        ("0 0 * * mon-fri/8", "day-of-week", 7),
+    ],
+)
+def test_a_step_is_at_most_the_number_of_values_of_its_field(
+    expr: str, cron_field: str, size: int
+) -> None:
+    error = refusal(expr)
+    assert error.details == {"cron_field": cron_field}
+    assert "has a step of" in error.message
+    assert f"from 1 to {size}, the number of values of the {cron_field} field" in error.message
+
+
+def test_a_step_as_long_as_its_field_names_its_first_value() -> None:
+    assert parse_cron("*/60 * * * *").minutes == frozenset({0})
+    assert parse_cron("*/60 0 * * * *").seconds == frozenset({0})
+    assert parse_cron("0 */24 * * *").hours == frozenset({0})
+    assert parse_cron("0 0 */31 * *").days == frozenset({1})
+    assert parse_cron("0 0 1 */12 *").months == frozenset({1})
+    assert parse_cron("0 0 * * */7").weekdays == frozenset({0})
+    assert parse_cron("0 0 * * 1-7/7").weekdays == frozenset({1})
+
+
+def test_a_field_has_at_most_as_many_list_items_as_values() -> None:
+    every_minute = ",".join(str(m) for m in range(60))
+    assert parse_cron(f"{every_minute} * * * *").minutes == frozenset(range(60))
+    error = refusal(f"{every_minute},0 * * * *")
+    assert error.details == {"cron_field": "minute"}
+    assert "has 61 list items; at most 60" in error.message
+    assert len(parse_cron("0 0 * * sun,mon,tue,wed,thu,fri,sat").weekdays) == 7
+    error = refusal("0 0 * * 0,1,2,3,4,5,6,7")
+    assert error.details == {"cron_field": "day-of-week"}
+    assert "has 8 list items; at most 7" in error.message
+    assert refusal("0 0 1 1,2,3,4,5,6,7,8,9,10,11,12,1 *").details == {"cron_field": "month"}
+
+
+def test_an_expression_is_at_most_max_cron_length_characters() -> None:
+    assert MAX_CRON_LENGTH == 256
+    padded = "0 9 * * mon".ljust(MAX_CRON_LENGTH)
+    assert parse_cron(padded) == parse_cron("0 9 * * mon")
+    error = refusal(padded + " ")
+    assert error.message == (
+        f"the cron expression is {MAX_CRON_LENGTH + 1} characters long; "
+        f"at most {MAX_CRON_LENGTH} are allowed"
+    )
+    assert error.details == {}
+    # The outside probe's 30 KB of list items: refused before any field is read.
+    huge = ",".join(["1"] * 15_000) + " * * * *"
+    assert "at most 256 are allowed" in refusal(huge).message
 
 
 def test_parsing_is_cached() -> None:

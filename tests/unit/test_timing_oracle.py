@@ -16,9 +16,11 @@ from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 from itertools import pairwise
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from cronwheel.domain.errors import InvalidScheduleError
 from cronwheel.domain.spec import CronSchedule
 from cronwheel.timing import (
     CompiledCron,
@@ -26,6 +28,7 @@ from cronwheel.timing import (
     compile_schedule,
     next_after,
     occurrences,
+    parse_cron,
     skipped_nonexistent,
 )
 from cronwheel.timing.zones import get_zone
@@ -83,9 +86,17 @@ class Expr:
 
 @st.composite
 def field(
-    draw: st.DrawFn, low: int, high: int, names: tuple[str, ...] = (), star_weight: int = 1
+    draw: st.DrawFn,
+    low: int,
+    high: int,
+    names: tuple[str, ...] = (),
+    star_weight: int = 1,
+    size: int | None = None,
 ) -> tuple[str, frozenset[int], bool]:
-    """``(text, values, starts_with_star)`` of one field."""
+    """``(text, values, starts_with_star)`` of one field. ``size``: how many distinct
+    values the field has (day-of-week: 7, its 8th value is Sunday again), which bounds
+    a step."""
+    size = size or high - low + 1
 
     def render(v: int) -> str:
         if names and v - low < len(names) and draw(st.booleans()):
@@ -105,7 +116,7 @@ def field(
     b = draw(st.integers(a, high))
     if kind == "range":
         return f"{render(a)}-{render(b)}", frozenset(range(a, b + 1)), False
-    n = draw(st.integers(1, max(1, b - a + 1)))
+    n = draw(st.integers(1, min(size, b - a + 1)))
     return f"{a}-{b}/{n}", frozenset(range(a, b + 1, n)), False
 
 
@@ -116,7 +127,7 @@ def expressions(draw: st.DrawFn, with_seconds: bool) -> Expr:
     hour_text, hours, _ = draw(field(0, 23, star_weight=3))
     dom_text, days, dom_star = draw(field(1, 31, star_weight=8))
     mon_text, months, _ = draw(field(1, 12, MONTHS, star_weight=12))
-    dow_text, weekdays, dow_star = draw(field(0, 7, WEEKDAYS, star_weight=8))
+    dow_text, weekdays, dow_star = draw(field(0, 7, WEEKDAYS, star_weight=8, size=7))
     weekdays = frozenset(v % 7 for v in weekdays)
     fields = [min_text, hour_text, dom_text, mon_text, dow_text]
     if with_seconds:
@@ -328,3 +339,59 @@ def test_the_oracle_sees_both_kinds_of_transition() -> None:
 def test_zone_lookup_accepts_every_zone_the_oracle_draws() -> None:
     for name in ALL_ZONES:
         assert get_zone(name).key == name
+
+
+# (name, position in a 6-field expression, low, high, distinct values, names)
+FIELDS = (
+    ("second", 0, 0, 59, 60, ()),
+    ("minute", 1, 0, 59, 60, ()),
+    ("hour", 2, 0, 23, 24, ()),
+    ("day-of-month", 3, 1, 31, 31, ()),
+    ("month", 4, 1, 12, 12, MONTHS),
+    ("day-of-week", 5, 0, 7, 7, WEEKDAYS),
+)
+_VALUES = ("seconds", "minutes", "hours", "days", "months", "weekdays")
+
+
+@settings(_SETTINGS, max_examples=200)
+@given(data=st.data())
+def test_a_reversed_range_is_refused_and_the_advice_means_its_wrap(data: st.DataObject) -> None:
+    """Every reversed range is refused naming its field, and the ranges the message
+    offers instead name what a wrap would have: ``a`` to the end, the start to ``b``."""
+    name, position, low, high, size, names = data.draw(st.sampled_from(FIELDS))
+    a = data.draw(st.integers(low + 1, high))
+    b = data.draw(st.integers(low, a - 1))
+
+    def render(v: int) -> str:
+        if names and v - low < len(names) and data.draw(st.booleans()):
+            return names[v - low]
+        return str(v)
+
+    fields = ["0", "0", "0", "1", "*", "*"]
+    fields[position] = f"{render(a)}-{render(b)}"
+    with pytest.raises(InvalidScheduleError) as caught:
+        parse_cron(" ".join(fields))
+    assert caught.value.details == {"cron_field": name}
+    assert f"{name} field '{fields[position]}'" in caught.value.message
+    advice = caught.value.message.rsplit("write ", 1)[1].strip("'")
+    fields[position] = advice
+    parsed = parse_cron(" ".join(fields))
+    last = low + size - 1  # day-of-week: 7 is Sunday, the start again
+    wrapped = set(range(a, last + 1)) | set(range(low, b + 1))
+    assert getattr(parsed, _VALUES[position]) == frozenset(wrapped)
+
+
+@settings(_SETTINGS, max_examples=200)
+@given(data=st.data())
+def test_steps_beyond_the_size_of_their_field_are_refused(data: st.DataObject) -> None:
+    name, position, low, high, size, _ = data.draw(st.sampled_from(FIELDS))
+    step = data.draw(st.just(0) | st.integers(size + 1, 2 * size) | st.integers(2 * size, 10**30))
+    base = data.draw(st.sampled_from(["*", f"{low}-{high}", str(low)]))
+    fields = ["0", "0", "0", "1", "*", "*"]
+    fields[position] = f"{base}/{step}"
+    with pytest.raises(InvalidScheduleError) as caught:
+        parse_cron(" ".join(fields))
+    assert caught.value.details == {"cron_field": name}
+    assert f"step of {step}; a step is a whole number from 1 to {size}" in caught.value.message
+    fields[position] = f"{base}/{data.draw(st.integers(1, size))}"
+    assert parse_cron(" ".join(fields))

@@ -35,6 +35,7 @@ from cronwheel.domain.bounds import (
 )
 
 __all__ = [
+    "MAX_CRON_LENGTH",
     "MAX_RETRY_AFTER",
     "WEBHOOK_CAPABILITY",
     "AsapSchedule",
@@ -74,10 +75,27 @@ class AsapSchedule(_Strict):
     asap: Literal[True]
 
 
+MAX_CRON_LENGTH = 256
+"""The longest cron expression accepted, in characters: far more than any real one."""
+
+_CRON_SYNTAX = (
+    "5 fields (minute hour day-of-month month day-of-week), or 6 with a leading second "
+    "field; numbers, month and weekday names, '*', lists 'a,b', ranges 'a-b' and steps "
+    "'*/n' or 'a-b/n'; or a macro (@yearly @annually @monthly @weekly @daily @midnight "
+    f"@hourly). At most {MAX_CRON_LENGTH} characters; a field has at most as many list "
+    "items as it has values (60 for minutes, 7 for weekdays); a step is 1 to that number "
+    "(*/60 is minute 0 of every hour); a range runs from low to high and does not wrap: "
+    "write 22-23,0-2 for 22-2, fri-sat,sun-mon for fri-mon. When both day fields are "
+    "restricted, a day matches if either does."
+)
+
+
 class CronSchedule(_Strict):
     """Recurring runs from a cron expression evaluated on the wall clock of ``timezone``."""
 
-    cron: str
+    # The bound is enforced by the time engine's parser, which refuses with the same
+    # ``invalid_schedule`` error as every other cron rule; the schema only shows it.
+    cron: str = Field(description=_CRON_SYNTAX, json_schema_extra={"maxLength": MAX_CRON_LENGTH})
     timezone: str = Field(default="UTC", min_length=1, max_length=64)
     on_ambiguous: Literal["first", "all"] = "first"
     on_nonexistent: Literal["shift", "skip"] = "shift"

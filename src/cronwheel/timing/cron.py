@@ -7,6 +7,18 @@ field), the classic day-of-month / day-of-week rule, and a fast search for the n
 matching *wall-clock* time. It knows nothing about time zones: it matches naive
 local datetimes, and ``engine`` maps them to instants.
 
+Bounds, so that what is accepted means one thing and costs little to read:
+
+- an expression is at most ``MAX_CRON_LENGTH`` characters;
+- a field has at most as many list items as it has values (60 for minutes, 7 for
+  weekdays): more would name a value twice;
+- a step is a whole number from 1 to the number of values of its field (``*/60``
+  is minute 0 of every hour; ``*/61`` is refused, as is ``*/0``);
+- a range runs from low to high. A reversed one (``22-2``, ``fri-mon``) is refused
+  rather than wrapped: croniter wraps it, cronie refuses it and Vixie cron accepts it
+  but never fires it, so it has no portable meaning. The message spells the two
+  ranges that say it (``22-23,0-2``).
+
 The day rule (cron(5)): when both day fields are restricted — neither starts with
 ``*`` or ``?`` — a day matches if either does; otherwise it must match both (the
 unrestricted one matches every day unless it is a stepped ``*/n``).
@@ -24,6 +36,7 @@ from croniter import croniter
 from croniter.croniter import CroniterError
 
 from cronwheel.domain.errors import InvalidScheduleError
+from cronwheel.domain.spec import MAX_CRON_LENGTH
 
 __all__ = ["MACROS", "CronExpr", "parse_cron"]
 
@@ -57,6 +70,23 @@ class _FieldRule:
     high: int
     names: dict[str, int]
     question_mark: bool = False
+    top: int | None = None  # the highest value that is not another name of a lower one
+
+    @property
+    def last(self) -> int:
+        return self.high if self.top is None else self.top
+
+    @property
+    def size(self) -> int:
+        """How many distinct values the field has: the bound of its steps and lists."""
+        return self.last - self.low + 1
+
+    def spell(self, value: int) -> str:
+        """``value`` as its name where the field has names."""
+        for name, named in self.names.items():
+            if named == value:
+                return name
+        return str(value)
 
     def describe(self) -> str:
         if self.names:
@@ -71,7 +101,8 @@ _RULES_5 = (
     _FieldRule("hour", 0, 23, {}),
     _FieldRule("day-of-month", 1, 31, {}, question_mark=True),
     _FieldRule("month", 1, 12, _MONTH_NAMES),
-    _FieldRule("day-of-week", 0, 7, _DOW_NAMES, question_mark=True),
+    # 7 is Sunday again: the field has 7 distinct values.
+    _FieldRule("day-of-week", 0, 7, _DOW_NAMES, question_mark=True, top=6),
 )
 _RULES_6 = (_SECOND, *_RULES_5)
 
@@ -109,39 +140,82 @@ def _is_extension(token: str, rule: _FieldRule) -> bool:
     return token not in rule.names and bool(_EXTENSION.match(token))
 
 
+def _check_step(step: str, text: str, rule: _FieldRule) -> None:
+    if not step.isdigit():
+        raise _bad(f"{rule.name} field '{text}' has a step that is not a number", rule)
+    if not 1 <= int(step) <= rule.size:
+        raise _bad(
+            f"{rule.name} field '{text}' has a step of {step}; a step is a whole number "
+            f"from 1 to {rule.size}, the number of values of the {rule.name} field",
+            rule,
+        )
+
+
+def _unwrapped(tokens: list[str], values: list[int], step: str | None, rule: _FieldRule) -> str:
+    """A reversed range ``a-b`` written as ranges that do not wrap: ``a`` to the end of
+    the field, then the start of the field to ``b`` (names kept if the range used one)."""
+    (first, last), (first_token, last_token) = values, tokens
+    by_name = not all(t.isdigit() for t in tokens)
+    end = rule.spell(rule.last) if by_name else str(rule.last)
+    start = rule.spell(rule.low) if by_name else str(rule.low)
+    suffix = f"/{step}" if step is not None else ""
+    parts = []
+    if first < rule.last:
+        parts.append(f"{first_token}-{end}{suffix}")
+    elif first == rule.last:
+        parts.append(first_token)
+    # Otherwise ``a`` is day-of-week 7, Sunday, which the second range starts with.
+    parts.append(f"{start}-{last_token}{suffix}" if last > rule.low else last_token)
+    return ",".join(parts)
+
+
+def _check_item(item: str, text: str, rule: _FieldRule) -> str:
+    """One list item of a field, as croniter should read it."""
+    if not item:
+        raise _bad(f"{rule.name} field '{text}' has an empty list item", rule)
+    if "#" in item or any(_is_extension(t, rule) for t in re.split(r"[-/]", item)):
+        raise _bad(
+            f"{rule.name} field '{text}' uses an extension (L, W, #, H or R) that "
+            "cronwheel does not support; use numbers, names, '*', lists, ranges and steps",
+            rule,
+        )
+    match = _ITEM.match(item)
+    if match is None:
+        raise _bad(
+            f"{rule.name} field '{text}' is not valid: '{item}' is not a number, "
+            "a name, '*', a range 'a-b' or a step 'x/n'",
+            rule,
+        )
+    base, step = match["base"], match["step"]
+    if base == "?" and not rule.question_mark:
+        raise _bad(f"{rule.name} field '{text}': '?' is only allowed in day fields", rule)
+    tokens = [] if base in ("*", "?") else base.split("-")
+    values = [_value(t, text, rule) for t in tokens]
+    if step is not None:
+        _check_step(step, text, rule)
+    if len(values) == 2 and values[0] > values[1]:
+        raise _bad(
+            f"{rule.name} field '{text}': the range '{item}' runs backwards; a range goes "
+            f"from low to high and does not wrap around, so write "
+            f"'{_unwrapped(tokens, values, step, rule)}'",
+            rule,
+        )
+    # croniter reads a one-value range such as "5-5" as "*": hand it the value.
+    return str(values[0]) if len(values) == 2 and values[0] == values[1] else item
+
+
 def _check_field(text: str, rule: _FieldRule) -> str:
     """Reject, with a message naming the field, what croniter would reject vaguely or
     accept with a meaning cronwheel does not want; return the field as croniter should
     read it."""
-    items: list[str] = []
-    for item in text.lower().split(","):
-        if not item:
-            raise _bad(f"{rule.name} field '{text}' has an empty list item", rule)
-        if "#" in item or any(_is_extension(t, rule) for t in re.split(r"[-/]", item)):
-            raise _bad(
-                f"{rule.name} field '{text}' uses an extension (L, W, #, H or R) that "
-                "cronwheel does not support; use numbers, names, '*', lists, ranges and steps",
-                rule,
-            )
-        match = _ITEM.match(item)
-        if match is None:
-            raise _bad(
-                f"{rule.name} field '{text}' is not valid: '{item}' is not a number, "
-                "a name, '*', a range 'a-b' or a step 'x/n'",
-                rule,
-            )
-        base, step = match["base"], match["step"]
-        if base == "?" and not rule.question_mark:
-            raise _bad(f"{rule.name} field '{text}': '?' is only allowed in day fields", rule)
-        values = [] if base in ("*", "?") else [_value(t, text, rule) for t in base.split("-")]
-        if step is not None:
-            if not step.isdigit():
-                raise _bad(f"{rule.name} field '{text}' has a step that is not a number", rule)
-            if int(step) == 0:
-                raise _bad(f"{rule.name} field '{text}' has a step of 0; use 1 or more", rule)
-        # croniter reads a one-value range such as "5-5" as "*": hand it the value.
-        items.append(str(values[0]) if len(values) == 2 and values[0] == values[1] else item)
-    return ",".join(items)
+    items = text.lower().split(",")
+    if len(items) > rule.size:
+        raise _bad(
+            f"{rule.name} field '{text}' has {len(items)} list items; at most {rule.size}, "
+            f"the number of values of the {rule.name} field",
+            rule,
+        )
+    return ",".join(_check_item(item, text, rule) for item in items)
 
 
 def _split(expr: str) -> tuple[str, ...]:
@@ -278,8 +352,7 @@ class CronExpr:
 
 def _full(value: list[int | str], rule: _FieldRule) -> frozenset[int]:
     if value == ["*"]:
-        high = 6 if rule.name == "day-of-week" else rule.high
-        return frozenset(range(rule.low, high + 1))
+        return frozenset(range(rule.low, rule.last + 1))
     numbers = {int(v) for v in value}
     if rule.name == "day-of-week":
         numbers = {v % 7 for v in numbers}
@@ -339,6 +412,11 @@ def parse_cron(expr: str) -> CronExpr:
     ``schedule.cron``) whose message names the bad cron field."""
     if not isinstance(expr, str):
         raise _bad("the cron expression must be a string")
+    if len(expr) > MAX_CRON_LENGTH:
+        raise _bad(
+            f"the cron expression is {len(expr)} characters long; "
+            f"at most {MAX_CRON_LENGTH} are allowed"
+        )
     fields = _split(expr)
     rules = _RULES_6 if len(fields) == 6 else _RULES_5
     fields = tuple(_check_field(f, r) for f, r in zip(fields, rules, strict=True))
