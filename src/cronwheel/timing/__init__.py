@@ -5,9 +5,11 @@ Every part of cronwheel that evaluates a schedule goes through this package.
 Cron expressions have 5 fields (minute hour day-of-month month day-of-week) or 6
 with a *leading* second field; lists, ranges, steps, month and weekday names and the
 macros ``@yearly @annually @monthly @weekly @daily @midnight @hourly``. When both day
-fields are restricted a day matches if either does (cron(5)). They are evaluated on
-the wall clock of an IANA zone, and the wall times that occur twice or not at all
-follow the schedule's policies:
+fields are restricted a day matches if either does (cron(5)). An expression has at
+most ``MAX_CRON_LENGTH`` characters, a field at most as many list items as values, a
+step from 1 to that number, and a range never wraps (``cron`` explains why). They are
+evaluated on the wall clock of an IANA zone, and the wall times that occur twice or
+not at all follow the schedule's policies:
 
 - ``on_ambiguous="first"``: a wall time repeated by a fall-back fires once, at its
   earlier instant. ``"all"``: it fires at both; each run's local form carries its
