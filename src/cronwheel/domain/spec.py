@@ -15,6 +15,7 @@ from pydantic import (
     ConfigDict,
     Field,
     HttpUrl,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -221,6 +222,25 @@ class JobSpec(_Strict):
     # two beats, and a dead one is detected within 25 s plus one expiry sweep (1 s),
     # under the 30 s liveness bound; at 30 s it never could be.
     heartbeat_timeout: Seconds = Field(default=25.0, ge=1, le=HEARTBEAT_TIMEOUT_MAX)
+    progress_timeout: Seconds | None = Field(
+        default=None,
+        gt=0,
+        description="seconds (at most `timeout`): the handler must report progress "
+        "(`ctx.heartbeat`) within this long of the attempt's start and of each report, "
+        "or the attempt ends TIMED_OUT and the run is retried; none by default",
+    )
+
+    @field_validator("progress_timeout")
+    @classmethod
+    def _progress_timeout(cls, value: float | None, info: ValidationInfo) -> float | None:
+        # A webhook call reports no progress: on a webhook job the bound would only be a
+        # second, shorter ``timeout``.
+        if value is not None and info.data.get("webhook") is not None:
+            raise ValueError("a webhook job reports no progress; bound the call with 'timeout'")
+        timeout = info.data.get("timeout")
+        if value is not None and timeout is not None and value > timeout:
+            raise ValueError(f"must be at most the job's timeout ({timeout:g} s)")
+        return value
 
     @field_validator("schedule", mode="before")
     @classmethod
