@@ -134,6 +134,7 @@ class Run:
     job_name: str | None = None
     origin: str = "once"  # once | schedule | trigger | backfill | replay
     wait_reason: str | None = None  # why a DISPATCHED run waits: no live worker can take it
+    progress_timeout: float | None = None  # seconds the handler may go without a report
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +153,10 @@ class Attempt:
     finished_at: datetime | None
     error: str | None
     result: Any = None
+    # Under a progress timeout: past this instant (pushed by each report) it times out.
+    progress_deadline: datetime | None = None
+    progress_at: datetime | None = None  # when the handler last reported progress
+    progress_details: Any = None  # the details of that report
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +181,9 @@ class LeasedAttempt:
     # then ``lease_expires_at`` is when the reservation lapses and ``deadline`` what the
     # deadline would be if it started exactly at ``not_before``.
     not_before: datetime | None = None
+    # The run's progress timeout: the handler reports progress within it, or the
+    # attempt times out.
+    progress_timeout: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -78,6 +78,10 @@ class LeaseRenewal:
 class HeartbeatItem:
     attempt_id: uuid.UUID
     fencing_token: int
+    # A progress report rides on the beat (see ``attempts_heartbeat_many``); ``details``
+    # are its JSON (None: none). Ignored by releases.
+    progress: bool = False
+    details: Any = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -645,6 +649,11 @@ class Store(ABC):
     ) -> list[AttemptOutcome]:
         """Extend each live attempt's lease by its run's heartbeat timeout.
 
+        An item with ``progress`` is also a progress report: the attempt records now as
+        ``progress_at`` and the item's ``details`` (replacing the last ones, None
+        included), and under a progress timeout its ``progress_deadline`` moves to now
+        plus that timeout. Of several items for one attempt, the last report wins.
+
         Conventions of every ``attempts_*_many``: one outcome per item, in order. An item
         is applied only when its (attempt id, fencing token) pair is the attempt's live
         lease and, with ``tenant_id``, the attempt is that tenant's; otherwise it gets
@@ -707,8 +716,9 @@ class Store(ABC):
 
     @abstractmethod
     async def attempts_expire(self, *, now: datetime | None = None, limit: int = 1000) -> int:
-        """End attempts whose lease expired (LOST) or whose deadline passed (TIMED_OUT)
-        and retry or dead-letter their runs, and void reservations not started by their
+        """End attempts whose lease expired (LOST), or whose deadline or progress
+        deadline passed (TIMED_OUT, the error saying which), and retry or dead-letter
+        their runs, and void reservations not started by their
         expiry (their runs are back in the ready queue). Returns how many attempts and
         reservations were ended."""
 

@@ -27,13 +27,13 @@ from cronwheel.domain.model import (
 )
 from cronwheel.domain.states import RunState
 from cronwheel.store.base import LeaseRenewal, ready_notices
+from cronwheel.store.sql.progress import progress_deadline
 
 __all__ = [
     "complete_many",
     "copy_events",
     "fire",
     "fire_candidates",
-    "heartbeat_many",
     "insert_planned",
     "lease",
     "renew",
@@ -198,7 +198,8 @@ UPDATE runs r SET
 FROM numbered, t
 WHERE r.id = numbered.id
 RETURNING r.id, r.tenant_id, r.job_id, r.attempt, r.task, r.webhook, r.payload, r.timeout,
-          r.heartbeat_timeout, r.due_at, r.priority, r.fire_at, t.now AS now, r.state,
+          r.heartbeat_timeout, r.progress_timeout, r.due_at, r.priority, r.fire_at,
+          t.now AS now, r.state,
           r.reserved_attempt, r.reserved_until,
           COALESCE(r.reserved_token, nextval('fencing_tokens')) AS token
 """
@@ -214,6 +215,7 @@ _ATTEMPT_COLUMNS = (
     "lease_expires_at",
     "deadline",
     "started_at",
+    "progress_deadline",
 )
 _EVENT_COLUMNS = (
     "tenant_id",
@@ -277,6 +279,7 @@ async def lease(
                     due_at=r["due_at"],
                     heartbeat_timeout=r["heartbeat_timeout"],
                     not_before=r["fire_at"],
+                    progress_timeout=r["progress_timeout"],
                 )
             )
             continue
@@ -295,6 +298,7 @@ async def lease(
                 lease_until,
                 deadline,
                 at,
+                progress_deadline(at, r["progress_timeout"]),
             )
         )
         event_rows.append(
@@ -326,6 +330,7 @@ async def lease(
                 deadline=deadline,
                 due_at=r["due_at"],
                 heartbeat_timeout=r["heartbeat_timeout"],
+                progress_timeout=r["progress_timeout"],
             )
         )
     if attempt_rows:
@@ -358,14 +363,15 @@ started AS (
       AND (r.state = 'DISPATCHED' AND r.reserved_token = p.reserved_token
            AND r.fire_at <= t.now) IS TRUE
     RETURNING r.id, r.tenant_id, r.job_id, r.attempt, r.due_at, r.heartbeat_timeout, r.timeout,
-              p.reserved_attempt AS attempt_id, p.reserved_token AS token, t.now AS now
+              r.progress_timeout, p.reserved_attempt AS attempt_id, p.reserved_token AS token,
+              t.now AS now
 ),
 att AS (
     INSERT INTO attempts (id, tenant_id, run_id, number, worker_id, fencing_token, state,
-                          lease_expires_at, deadline, started_at)
+                          lease_expires_at, deadline, started_at, progress_deadline)
     SELECT attempt_id, tenant_id, id, attempt, $3, token, 'RUNNING',
            now + make_interval(secs => heartbeat_timeout), now + make_interval(secs => timeout),
-           now
+           now, now + make_interval(secs => progress_timeout)
     FROM started
 ),
 ev AS (
@@ -399,38 +405,6 @@ async def start_many(
         refused=[t for t in tokens if t not in done],
         first_tries_due=[r["first_due"] for r in started if r["first_due"] is not None],
     )
-
-
-_HEARTBEAT = f"""
-{_NOW}
-UPDATE attempts a
-SET lease_expires_at = t.now + make_interval(secs => r.heartbeat_timeout), heartbeat_at = t.now
-FROM t, runs r, unnest($2::uuid[], $3::bigint[]) AS v(id, token)
-WHERE a.id = v.id AND a.fencing_token = v.token AND a.state = 'RUNNING' AND r.id = a.run_id
-  AND ($4::uuid IS NULL OR a.tenant_id = $4)
-RETURNING a.id, a.fencing_token, a.lease_expires_at, r.cancel_requested, r.state
-"""
-
-
-async def heartbeat_many(
-    conn: Any,
-    *,
-    now: datetime | None,
-    ids: Sequence[uuid.UUID],
-    tokens: Sequence[int],
-    tenant_id: uuid.UUID | None,
-) -> dict[tuple[uuid.UUID, int], AttemptOutcome]:
-    rows = await conn.fetch(_HEARTBEAT, now, list(ids), list(tokens), tenant_id)
-    return {
-        (r["id"], r["fencing_token"]): AttemptOutcome(
-            r["id"],
-            True,
-            lease_expires_at=r["lease_expires_at"],
-            cancel_requested=r["cancel_requested"],
-            run_state=RunState(r["state"]),
-        )
-        for r in rows
-    }
 
 
 _COMPLETE = f"""
@@ -495,15 +469,16 @@ WITH v AS (
 ins AS (
     INSERT INTO runs (id, tenant_id, job_id, job_name, origin, shard, state, due_at, due_local,
                       fire_at, priority, pool, requires, tags, task, webhook, payload, attempt,
-                      max_attempts, retry, timeout, heartbeat_timeout, reason, created_at,
-                      dispatched_at, finished_at)
+                      max_attempts, retry, timeout, heartbeat_timeout, progress_timeout, reason,
+                      created_at, dispatched_at, finished_at)
     SELECT v.id, r.tenant_id, r.job_id, r.job_name, v.origin, r.shard, v.state, v.due_at,
            v.due_local, v.due_at, (j.template->>'priority')::smallint, j.template->>'pool',
            j.template->'requires', j.template->'tags', j.template->>'task',
            NULLIF(j.template->'webhook', 'null'::jsonb), j.template->'payload', 0,
            (j.template->'retry'->>'max_attempts')::int, j.template->'retry',
            (j.template->>'timeout')::float8, (j.template->>'heartbeat_timeout')::float8,
-           v.reason, $1, CASE WHEN v.state = 'DISPATCHED' THEN $1::timestamptz END,
+           (j.template->>'progress_timeout')::float8, v.reason, $1,
+           CASE WHEN v.state = 'DISPATCHED' THEN $1::timestamptz END,
            CASE WHEN v.state = 'SKIPPED' THEN $1::timestamptz END
     FROM v JOIN runs r ON r.id = v.source JOIN jobs j ON j.id = r.job_id
     ON CONFLICT DO NOTHING

@@ -26,7 +26,7 @@ from cronwheel.domain.model import (
     Worker,
 )
 from cronwheel.ids import new_id
-from cronwheel.store import pg_hot
+from cronwheel.store import pg_heartbeat, pg_hot
 from cronwheel.store.base import (
     CHANNEL_RUNS_NEW,
     CHANNEL_RUNS_READY,
@@ -178,12 +178,8 @@ class PostgresStore(SqlStore):
         if not items:
             return []
         async with self._write() as conn:
-            ok = await pg_hot.heartbeat_many(
-                await _raw(conn),
-                now=now,
-                ids=[i.attempt_id for i in items],
-                tokens=[i.fencing_token for i in items],
-                tenant_id=tenant_id,
+            ok = await pg_heartbeat.heartbeat_many(
+                await _raw(conn), now=now, items=items, tenant_id=tenant_id
             )
             return await self._resolve(conn, items, ok, tenant_id)
 

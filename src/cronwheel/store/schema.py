@@ -21,6 +21,7 @@ __all__ = [
     "FENCING_SEQUENCE",
     "NO_RESERVATION",
     "NUM_SHARDS",
+    "PROGRESS_LIVE",
     "READY",
     "RESERVED",
     "Json",
@@ -146,6 +147,9 @@ NO_RESERVATION: dict[str, None] = {
     "reserved_until": None,
 }
 
+# The predicate of the progress index: live attempts under a progress timeout.
+PROGRESS_LIVE = "state = 'RUNNING' AND progress_deadline IS NOT NULL"
+
 runs = sa.Table(
     "runs",
     metadata,
@@ -173,6 +177,8 @@ runs = sa.Table(
     sa.Column("retry", Json, nullable=False),
     sa.Column("timeout", sa.Float, nullable=False),
     sa.Column("heartbeat_timeout", sa.Float, nullable=False),
+    # Seconds the handler may go without reporting progress (None: no bound).
+    sa.Column("progress_timeout", sa.Float),
     sa.Column("reason", sa.Text),
     # Why a DISPATCHED run is still waiting: no live worker can take it (set and cleared
     # by the scheduler's routing check, cleared by leasing).
@@ -257,6 +263,12 @@ attempts = sa.Table(
     sa.Column("finished_at", UtcDateTime),
     sa.Column("error", sa.Text),
     sa.Column("result", Json),
+    # Progress reported by the handler: when last (server time) and its details. Under a
+    # progress timeout, ``progress_deadline`` is the start, then the last report, plus
+    # the timeout: past it the expiry sweep ends the attempt TIMED_OUT.
+    sa.Column("progress_deadline", UtcDateTime),
+    sa.Column("progress_at", UtcDateTime),
+    sa.Column("progress_details", Json),
     sa.CheckConstraint(_in("state", AttemptState), name="state"),
     sa.Index("ix_attempts_run", "tenant_id", "run_id", "number"),
     sa.Index(
@@ -270,6 +282,13 @@ attempts = sa.Table(
         "deadline",
         postgresql_where=sa.text("state = 'RUNNING'"),
         sqlite_where=sa.text("state = 'RUNNING'"),
+    ),
+    # Only attempts under a progress timeout: the sweep's probe costs nothing for others.
+    sa.Index(
+        "ix_attempts_progress",
+        "progress_deadline",
+        postgresql_where=sa.text(PROGRESS_LIVE),
+        sqlite_where=sa.text(PROGRESS_LIVE),
     ),
     sa.Index(
         "ix_attempts_worker",

@@ -34,8 +34,13 @@ from cronwheel.store.sql.catalog import ANNOUNCE_HORIZON, ONE_OFF_KINDS, announc
 from cronwheel.store.sql.control import PARKED_FIRE_AT
 from cronwheel.store.sql.core import attempt_from, event_row
 from cronwheel.store.sql.leasing import LeasingMixin
+from cronwheel.store.sql.progress import progress_overdue, progress_rows, stalled
 
 __all__ = ["AttemptsMixin"]
+
+
+_PAST_DEADLINE = "the attempt ran past the job's timeout"
+_LEASE_EXPIRED = "the worker stopped heartbeating: lease expired"
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +120,7 @@ class AttemptsMixin(LeasingMixin):
                         attempts.c.id,
                         attempts.c.fencing_token,
                         runs.c.heartbeat_timeout,
+                        runs.c.progress_timeout,
                         runs.c.cancel_requested,
                         runs.c.state,
                     )
@@ -123,6 +129,8 @@ class AttemptsMixin(LeasingMixin):
                 )
             ).all()
             ok: dict[tuple[uuid.UUID, int], AttemptOutcome] = {}
+            # (attempt, token) -> the run's progress timeout, for the beats applied
+            beaten: dict[tuple[uuid.UUID, int], float | None] = {}
             # One UPDATE per distinct heartbeat timeout: almost always just one.
             by_timeout: dict[float, list[uuid.UUID]] = {}
             for r in live:
@@ -141,6 +149,7 @@ class AttemptsMixin(LeasingMixin):
                 done = {u.id for u in updated}
                 for r in live:
                     if r.id in done:
+                        beaten[r.id, r.fencing_token] = r.progress_timeout
                         ok[r.id, r.fencing_token] = AttemptOutcome(
                             r.id,
                             True,
@@ -148,6 +157,7 @@ class AttemptsMixin(LeasingMixin):
                             cancel_requested=bool(r.cancel_requested),
                             run_state=RunState(r.state),
                         )
+            await self._update_each(conn, attempts, progress_rows(items, beaten, at))
             return await self._resolve(conn, items, ok, tenant_id)
 
     async def attempts_complete_many(
@@ -388,7 +398,9 @@ class AttemptsMixin(LeasingMixin):
                         sa.exists().where(
                             attempts.c.state == AttemptState.RUNNING.value,
                             sa.or_(
-                                attempts.c.lease_expires_at < probe, attempts.c.deadline < probe
+                                attempts.c.lease_expires_at < probe,
+                                attempts.c.deadline < probe,
+                                progress_overdue(probe),
                             ),
                         ),
                         sa.exists().where(
@@ -411,10 +423,17 @@ class AttemptsMixin(LeasingMixin):
                         attempts.c.run_id,
                         attempts.c.lease_expires_at,
                         attempts.c.deadline,
+                        attempts.c.started_at,
+                        attempts.c.progress_deadline,
+                        attempts.c.progress_at,
                     )
                     .where(
                         attempts.c.state == AttemptState.RUNNING.value,
-                        sa.or_(attempts.c.lease_expires_at < at, attempts.c.deadline < at),
+                        sa.or_(
+                            attempts.c.lease_expires_at < at,
+                            attempts.c.deadline < at,
+                            progress_overdue(at),
+                        ),
                     )
                     .limit(limit)
                     .with_for_update(skip_locked=True)
@@ -425,40 +444,23 @@ class AttemptsMixin(LeasingMixin):
             ended: list[_Ended] = []
             for r in rows:
                 if r.deadline < at:
-                    ended.append(
-                        _Ended(
-                            r.id,
-                            r.run_id,
-                            AttemptState.TIMED_OUT,
-                            "the attempt ran past the job's timeout",
-                            True,
-                        )
-                    )
+                    state, error = AttemptState.TIMED_OUT, _PAST_DEADLINE
+                elif (no_progress := stalled(r, at)) is not None:
+                    state, error = AttemptState.TIMED_OUT, no_progress
                 else:
-                    ended.append(
-                        _Ended(
-                            r.id,
-                            r.run_id,
-                            AttemptState.LOST,
-                            "the worker stopped heartbeating: lease expired",
-                            True,
-                        )
+                    state, error = AttemptState.LOST, _LEASE_EXPIRED
+                ended.append(_Ended(r.id, r.run_id, state, error, True))
+            # One UPDATE per distinct (state, error): a handful at most.
+            for state, error in dict.fromkeys((e.state, e.error) for e in ended):
+                ids = [e.attempt_id for e in ended if (e.state, e.error) == (state, error)]
+                await conn.execute(
+                    attempts.update()
+                    .where(
+                        self._id_in(attempts.c.id, ids),
+                        attempts.c.state == AttemptState.RUNNING.value,
                     )
-            for state in (AttemptState.TIMED_OUT, AttemptState.LOST):
-                ids = [e.attempt_id for e in ended if e.state is state]
-                if ids:
-                    await conn.execute(
-                        attempts.update()
-                        .where(
-                            self._id_in(attempts.c.id, ids),
-                            attempts.c.state == AttemptState.RUNNING.value,
-                        )
-                        .values(
-                            state=state.value,
-                            finished_at=at,
-                            error=next(e.error for e in ended if e.state is state),
-                        )
-                    )
+                    .values(state=state.value, finished_at=at, error=error)
+                )
             await self._after_failures(conn, ended, at, actor="scheduler")
         return freed + len(ended)
 
@@ -504,14 +506,18 @@ class AttemptsMixin(LeasingMixin):
     async def _timed_out(
         self, conn: AsyncConnection, attempt_ids: list[uuid.UUID], at: datetime
     ) -> set[uuid.UUID]:
-        """Failed attempts whose deadline had passed are TIMED_OUT, as the expiry sweep
-        would have found them: a worker enforcing the timeout reports it only a moment
-        after the deadline, and which comes first must not change the record."""
+        """Failed attempts whose deadline (or progress deadline) had passed are
+        TIMED_OUT, as the expiry sweep would have found them: a worker enforcing the
+        timeout reports it only a moment after the deadline, and which comes first must
+        not change the record."""
         if not attempt_ids:
             return set()
         rows = await conn.execute(
             attempts.update()
-            .where(self._id_in(attempts.c.id, attempt_ids), attempts.c.deadline <= at)
+            .where(
+                self._id_in(attempts.c.id, attempt_ids),
+                sa.or_(attempts.c.deadline <= at, attempts.c.progress_deadline <= at),
+            )
             .values(state=AttemptState.TIMED_OUT.value)
             .returning(attempts.c.id)
         )

@@ -457,6 +457,7 @@ def new_run_row(
         "retry": retry,
         "timeout": template["timeout"],
         "heartbeat_timeout": template["heartbeat_timeout"],
+        "progress_timeout": template.get("progress_timeout"),  # absent from older jobs
         "created_at": at,
     }
 
@@ -556,6 +557,7 @@ def run_from(row: Row[Any]) -> Run:
         last_error=m["last_error"],
         origin=m["origin"],
         wait_reason=m["wait_reason"],
+        progress_timeout=m["progress_timeout"],
     )
 
 
@@ -575,6 +577,9 @@ def attempt_from(row: Row[Any]) -> Attempt:
         finished_at=row.finished_at,
         error=row.error,
         result=row.result,
+        progress_deadline=row.progress_deadline,
+        progress_at=row.progress_at,
+        progress_details=row.progress_details,
     )
 
 

@@ -29,6 +29,7 @@ from cronwheel.ids import new_id
 from cronwheel.store.base import CHANNEL_RUNS_READY, HeartbeatItem
 from cronwheel.store.schema import NO_RESERVATION, attempts, runs, workers
 from cronwheel.store.sql.core import SqlCore, event_row, worker_from
+from cronwheel.store.sql.progress import progress_deadline
 
 __all__ = ["LeasingMixin"]
 
@@ -153,6 +154,7 @@ class LeasingMixin(SqlCore):
                 due_at=r.due_at,
                 heartbeat_timeout=r.heartbeat_timeout,
                 not_before=r.fire_at,
+                progress_timeout=r.progress_timeout,
             )
             for r, token in zip(rows, tokens, strict=True)
         ]
@@ -218,6 +220,7 @@ class LeasingMixin(SqlCore):
                     "lease_expires_at": lease,
                     "deadline": deadline,
                     "started_at": at,
+                    "progress_deadline": progress_deadline(at, r.progress_timeout),
                 }
             )
             event_rows.append(
@@ -249,6 +252,7 @@ class LeasingMixin(SqlCore):
                     deadline=deadline,
                     due_at=r.due_at,
                     heartbeat_timeout=r.heartbeat_timeout,
+                    progress_timeout=r.progress_timeout,
                 )
             )
         await conn.execute(attempts.insert(), attempt_rows)
@@ -360,6 +364,7 @@ _LEASED_COLUMNS = (
     runs.c.payload,
     runs.c.timeout,
     runs.c.heartbeat_timeout,
+    runs.c.progress_timeout,
     runs.c.due_at,
     runs.c.priority,
     runs.c.fire_at,
