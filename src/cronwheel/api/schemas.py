@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from cronwheel.api.progress import ProgressReport
 from cronwheel.domain.bounds import Instant, Label, Name, Seconds
 from cronwheel.domain.spec import MAX_RETRY_AFTER, TenantLimits
 from cronwheel.store.base import REDRIVE_BATCH_MAX
@@ -42,7 +43,9 @@ __all__ = [
     "FailRequest",
     "FencedRequest",
     "FencingToken",
+    "HeartbeatItemIn",
     "HeartbeatOut",
+    "HeartbeatRequest",
     "JobControlRequest",
     "JobList",
     "JobOut",
@@ -193,6 +196,9 @@ class JobOut(_Out):
     retry: dict[str, Any]
     timeout: float
     heartbeat_timeout: float
+    progress_timeout: float | None = Field(
+        default=None, description="seconds a handler may go without reporting progress"
+    )
     next_due_at: UtcInstant | None
     version: int
     created_at: UtcInstant
@@ -285,6 +291,9 @@ class RunOut(_Out):
     max_attempts: int
     timeout: float
     heartbeat_timeout: float
+    progress_timeout: float | None = Field(
+        default=None, description="seconds a handler may go without reporting progress"
+    )
     reason: str | None = Field(description="why the run was skipped, delayed or cancelled")
     wait_reason: str | None = Field(
         default=None,
@@ -315,6 +324,15 @@ class AttemptOut(_Out):
     finished_at: UtcInstant | None
     error: str | None
     result: Any = None
+    progress_at: UtcInstant | None = Field(
+        default=None, description="when the handler last reported progress"
+    )
+    progress_details: Any = Field(default=None, description="the details of that report")
+    progress_deadline: UtcInstant | None = Field(
+        default=None,
+        description="under the job's `progress_timeout`: the attempt times out when no "
+        "progress is reported by then (its start, then each report, plus the timeout)",
+    )
 
 
 class EventOut(_Out):
@@ -457,6 +475,11 @@ class LeasedAttemptOut(_Out):
     deadline: UtcInstant = Field(description="the attempt times out at this instant")
     due_at: UtcInstant
     heartbeat_timeout: float
+    progress_timeout: float | None = Field(
+        default=None,
+        description="seconds: when set, report progress (`progress` on a heartbeat) within "
+        "this long of the start and of each report, or the attempt ends TIMED_OUT",
+    )
     signing_secret: str | None = Field(
         default=None,
         description="webhook runs only: the tenant's secret to sign the request with",
@@ -495,6 +518,10 @@ class FailRequest(FencedRequest):
     )
 
 
+class HeartbeatRequest(FencedRequest, ProgressReport):
+    pass
+
+
 class HeartbeatOut(_Out):
     attempt_id: uuid.UUID
     lease_expires_at: UtcInstant | None
@@ -510,6 +537,10 @@ class AttemptResultOut(_Out):
 class AttemptRef(_In):
     attempt_id: uuid.UUID
     fencing_token: FencingToken
+
+
+class HeartbeatItemIn(AttemptRef, ProgressReport):
+    pass
 
 
 class CompleteItemIn(AttemptRef):
@@ -529,7 +560,7 @@ class FailItemIn(AttemptRef):
 
 
 class BatchRequest(_In):
-    heartbeats: list[AttemptRef] = Field(default_factory=list, max_length=1000)
+    heartbeats: list[HeartbeatItemIn] = Field(default_factory=list, max_length=1000)
     completions: list[CompleteItemIn] = Field(default_factory=list, max_length=1000)
     failures: list[FailItemIn] = Field(default_factory=list, max_length=1000)
     releases: list[AttemptRef] = Field(default_factory=list, max_length=1000)

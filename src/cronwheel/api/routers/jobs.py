@@ -84,6 +84,7 @@ def job_out(job: Job, *, first_run_id: Any = None) -> JobOut:
         retry=t.get("retry") or {},
         timeout=t.get("timeout", 0.0),
         heartbeat_timeout=t.get("heartbeat_timeout", 0.0),
+        progress_timeout=t.get("progress_timeout"),
         next_due_at=job.next_due_at,
         version=job.version,
         created_at=job.created_at,

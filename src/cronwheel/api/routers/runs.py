@@ -75,6 +75,7 @@ def run_fields(run: Run) -> dict[str, object]:
         "max_attempts": run.max_attempts,
         "timeout": run.timeout,
         "heartbeat_timeout": run.heartbeat_timeout,
+        "progress_timeout": run.progress_timeout,
         "reason": run.reason,
         # Only a waiting run waits: a reason a cancel or pause left behind until the
         # next routing check is not shown.
@@ -101,6 +102,9 @@ def attempt_out(attempt: Attempt) -> AttemptOut:
         deadline=attempt.deadline,
         finished_at=attempt.finished_at,
         error=attempt.error,
+        progress_at=attempt.progress_at,
+        progress_details=attempt.progress_details,
+        progress_deadline=attempt.progress_deadline,
         result=attempt.result,
     )
 

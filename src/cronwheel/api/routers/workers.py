@@ -33,7 +33,9 @@ from cronwheel.api.schemas import (
     ErrorResponse,
     FailRequest,
     FencedRequest,
+    HeartbeatItemIn,
     HeartbeatOut,
+    HeartbeatRequest,
     LeasedAttemptOut,
     LeaseOut,
     LeaseRequest,
@@ -115,6 +117,7 @@ def _leased_out(item: LeasedAttempt, secrets: dict[uuid.UUID, str]) -> LeasedAtt
         deadline=item.deadline,
         due_at=item.due_at,
         heartbeat_timeout=item.heartbeat_timeout,
+        progress_timeout=item.progress_timeout,
         signing_secret=None if item.task is not None else secrets.get(item.tenant_id),
         not_before=item.not_before,
     )
@@ -323,16 +326,16 @@ def _result_out(outcome: OutcomeOut) -> AttemptResultOut:
 @router.post("/v1/attempts/{attempt_id}/heartbeat", summary="Extend a lease", responses=_STALE)
 async def heartbeat(
     attempt_id: str,
-    body: FencedRequest,
+    body: HeartbeatRequest,
     request: Request,
     principal: Principal = Depends(require_worker),
 ) -> HeartbeatOut:
     """Extends the lease by the run's heartbeat timeout; ``cancel_requested`` asks the
-    worker to stop the run."""
+    worker to stop the run. With ``progress`` (or ``details``) it also reports the
+    handler's progress: the attempt keeps the time and the details, and under the job's
+    ``progress_timeout`` its progress deadline moves to now plus that timeout."""
     state = api_state(request)
-    item = HeartbeatItem(
-        attempt_id=parse_id(attempt_id, "attempt"), fencing_token=body.fencing_token
-    )
+    item = _beat(parse_id(attempt_id, "attempt"), body)
     outcome = _single(
         await _apply(
             principal,
@@ -427,6 +430,15 @@ def _refs(items: Sequence[AttemptRef]) -> list[HeartbeatItem]:
     return [HeartbeatItem(attempt_id=i.attempt_id, fencing_token=i.fencing_token) for i in items]
 
 
+def _beat(attempt_id: uuid.UUID, body: HeartbeatRequest | HeartbeatItemIn) -> HeartbeatItem:
+    return HeartbeatItem(
+        attempt_id=attempt_id,
+        fencing_token=body.fencing_token,
+        progress=body.reports_progress,
+        details=body.details,
+    )
+
+
 @router.post(
     "/v1/attempts/batch",
     summary="Heartbeat, complete, fail and release many",
@@ -446,7 +458,7 @@ async def batch(
     store = state.store
     heartbeats = await _apply(
         principal,
-        _refs(body.heartbeats),
+        [_beat(h.attempt_id, h) for h in body.heartbeats],
         lambda items, tenant: store.attempts_heartbeat_many(items=items, tenant_id=tenant),
     )
     completions = await _apply(
