@@ -49,6 +49,7 @@ from cronwheel.worker.outbox import (
     log_event,
     wait_event,
 )
+from cronwheel.worker.progress import heartbeats
 from cronwheel.worker.protocol import Completion, Failure, Lease, TokenRef, WorkerProtocol
 from cronwheel.worker.reservations import Reservations
 from cronwheel.worker.tasks import (
@@ -381,6 +382,7 @@ class Engine:
             deadline=lease.deadline,
             due_at=lease.due_at,
             log=adapter,
+            progress_timeout=lease.progress_timeout,
         )
         if lease.task:
             handler = self.registry.get(lease.task)
@@ -513,6 +515,9 @@ class Engine:
         period = self.heartbeat_interval
         for held in self.held.values():
             period = min(period, held.lease.heartbeat_timeout / 3)
+            if held.lease.progress_timeout is not None:
+                # A report must reach the server well before its progress deadline.
+                period = min(period, held.lease.progress_timeout / 4)
         return max(period, 0.05)
 
     async def _heartbeat_loop(self) -> None:
@@ -535,10 +540,12 @@ class Engine:
                 log.exception("worker.heartbeat_error", extra={"event": "worker.heartbeat_error"})
 
     async def _beat(self) -> None:
-        refs = [h.ref for h in self.held.values()]
+        refs, reports = heartbeats((h.lease, h.ctx.unsent_progress) for h in self.held.values())
         try:
             out = await self.protocol.batch(heartbeats=refs)
         except ApiError as exc:
+            for unsent, report in reports:  # they go with the next beat
+                unsent.restore(report)
             log_event(logging.WARNING, "worker.heartbeat_failed", error=str(exc), held=len(refs))
             return
         for outcome in out.heartbeats:

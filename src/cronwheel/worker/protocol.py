@@ -23,6 +23,7 @@ __all__ = [
     "BatchOutcomes",
     "Completion",
     "Failure",
+    "Heartbeat",
     "Lease",
     "LogsAppended",
     "Outcome",
@@ -70,6 +71,10 @@ class Lease:
     # A reservation: not started; the worker starts it at this instant (server time)
     # with :meth:`WorkerProtocol.start`, and may run it only if that succeeds.
     not_before: datetime | None = None
+    # Seconds the handler may go without reporting progress (None: no bound).
+    progress_timeout: float | None = None
+    # The server takes progress reports on heartbeats (it names ``progress_timeout``).
+    takes_progress: bool = False
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Lease:
@@ -94,6 +99,10 @@ class Lease:
                 None if data.get("signing_secret") is None else str(data["signing_secret"])
             ),
             not_before=instant("not_before") if data.get("not_before") else None,
+            progress_timeout=(
+                None if data.get("progress_timeout") is None else float(data["progress_timeout"])
+            ),
+            takes_progress="progress_timeout" in data,
         )
 
     def started(self, at: datetime) -> Lease:
@@ -123,6 +132,25 @@ class TokenRef:
 
     def to_json(self) -> dict[str, Any]:
         return {"attempt_id": self.attempt_id, "fencing_token": self.fencing_token}
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """A beat for one attempt; with ``progress``, it carries the handler's last report
+    since the beat before, and its ``details``."""
+
+    attempt_id: str
+    fencing_token: int
+    progress: bool = False
+    details: Any = None
+
+    def to_json(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"attempt_id": self.attempt_id, "fencing_token": self.fencing_token}
+        if self.progress:  # only then: older servers refuse the fields
+            body["progress"] = True
+            if self.details is not None:
+                body["details"] = self.details
+        return body
 
 
 @dataclass(frozen=True, slots=True)
@@ -339,7 +367,7 @@ class WorkerProtocol:
     async def batch(
         self,
         *,
-        heartbeats: Sequence[TokenRef] = (),
+        heartbeats: Sequence[Heartbeat | TokenRef] = (),
         completions: Sequence[Completion] = (),
         failures: Sequence[Failure] = (),
         releases: Sequence[TokenRef] = (),

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, TypeVar
 
+from cronwheel.worker.progress import UnsentProgress
+
 __all__ = [
     "TASK_LOGGER",
     "Handler",
@@ -65,6 +67,11 @@ class TaskContext:
     log: logging.LoggerAdapter[logging.Logger]
     _cancel: threading.Event = field(default_factory=threading.Event, repr=False)
     lease_lost: bool = False
+    # Seconds the handler may go without reporting progress (:meth:`heartbeat`);
+    # None: the job sets no bound.
+    progress_timeout: float | None = None
+    # The worker's: the report the next heartbeat carries.
+    unsent_progress: UnsentProgress = field(default_factory=UnsentProgress, repr=False)
 
     @property
     def idempotency_key(self) -> str:
@@ -80,6 +87,18 @@ class TaskContext:
 
     def request_cancel(self) -> None:
         self._cancel.set()
+
+    def heartbeat(self, details: Any = None) -> None:
+        """Report progress, from a sync or an async handler alike (it never blocks).
+
+        Under the job's ``progress_timeout`` the handler must report within that many
+        seconds of the attempt's start and of each report, or the server ends the
+        attempt TIMED_OUT and the run is retried. ``details`` — any JSON up to 4 KiB —
+        are kept on the attempt (``GET /v1/runs/{id}``), the last report's winning.
+        Reports travel with the worker's batched heartbeats, which come at least every
+        quarter of ``progress_timeout``: report at least every half of it to be safe.
+        Details that are not JSON or are too large raise TypeError / ValueError here."""
+        self.unsent_progress.put(details)
 
     def wait_cancelled(self, timeout: float | None = None) -> bool:
         """For sync handlers: sleep up to ``timeout`` seconds, waking at once when a
