@@ -255,6 +255,15 @@ def jobs_create(
         int | None,
         typer.Option("--max-attempts", min=1, show_default=False, help="Tries before dead-letter."),
     ] = None,
+    progress_timeout: Annotated[
+        float | None,
+        typer.Option(
+            "--progress-timeout",
+            show_default=False,
+            help="Seconds a handler may go without reporting progress (ctx.heartbeat) "
+            "before its attempt times out [no bound].",
+        ),
+    ] = None,
     idempotency_key: Annotated[
         str | None,
         typer.Option(
@@ -291,6 +300,7 @@ def jobs_create(
         "tags": tag or None,
         "requires": require or None,
         "retry": {"max_attempts": max_attempts} if max_attempts is not None else None,
+        "progress_timeout": progress_timeout,
     }
     with handle_errors(), client_for(url, api_key, tenant) as client:
         job = client.jobs.create(

@@ -519,7 +519,8 @@ class Jobs(_Resource):
         **fields: Any,
     ) -> Json:
         """Create a job. ``fields`` are the other fields of a job (payload, pool,
-        requires, tags, priority, retry, timeout, heartbeat_timeout, webhook)."""
+        requires, tags, priority, retry, timeout, heartbeat_timeout, progress_timeout,
+        webhook)."""
         return self._one(_Calls.jobs_create(name, schedule, task, idempotency_key, fields))
 
     def get(self, job_id: Id) -> Json:

@@ -83,8 +83,11 @@ def test_jobs_create_list_and_cancel(server: Server) -> None:
         "billing",
         "--max-attempts",
         "5",
+        "--progress-timeout",
+        "90",
     )
     assert created["name"] == "nightly" and created["task"] == "report.build"
+    assert created["progress_timeout"] == 90
     assert created["payload"] == {"region": "eu"} and created["pool"] == "reports"
     assert created["priority"] == 1 and created["tags"] == ["billing"]
     assert created["retry"]["max_attempts"] == 5 and created["state"] == "active"
@@ -206,6 +209,8 @@ def test_errors_are_clear_and_change_nothing(server: Server) -> None:
     # refused by the server: the message names the field
     result = server.cli(*create, "--at", "2001-01-01T00:00:00Z")
     assert result.exit_code == 1 and "schedule.at" in result.stderr
+    result = server.cli(*create, "--asap", "--progress-timeout", "0")
+    assert result.exit_code == 1 and "progress_timeout" in result.stderr
 
     result = server.runner.invoke(
         app, ["jobs", "list"], env={"CRONWHEEL_URL": server.url, "CRONWHEEL_API_KEY": ""}
