@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from cronwheel.domain.progress import PROGRESS_DETAILS_MAX_BYTES
+from cronwheel.domain.progress import PROGRESS_DETAILS_DEPTH_MAX, PROGRESS_DETAILS_MAX_BYTES
 from cronwheel.worker.progress import ProgressReport, UnsentProgress, heartbeats
 from cronwheel.worker.protocol import Heartbeat, Lease
 
@@ -55,6 +55,16 @@ def test_details_must_be_small_json() -> None:
         unsent.put(object())
     with pytest.raises(ValueError, match=str(PROGRESS_DETAILS_MAX_BYTES)):
         unsent.put("x" * PROGRESS_DETAILS_MAX_BYTES)
+    # What the server's strict JSON would refuse, and with it the whole batch of beats.
+    with pytest.raises(ValueError, match=r"details\.rate: is not a finite number"):
+        unsent.put({"rate": float("nan")})
+    with pytest.raises(ValueError, match="NUL"):
+        unsent.put(["ok", "bad\x00"])
+    deep: Any = "leaf"
+    for _ in range(PROGRESS_DETAILS_DEPTH_MAX + 1):
+        deep = [deep]
+    with pytest.raises(ValueError, match="nested deeper"):
+        unsent.put(deep)
     assert unsent.take() is None  # nothing refused is kept
 
 

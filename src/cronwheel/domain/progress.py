@@ -13,11 +13,21 @@ from __future__ import annotations
 import json
 from typing import Any
 
-__all__ = ["PROGRESS_DETAILS_MAX_BYTES", "details_size", "no_progress_error"]
+from cronwheel.domain.bounds import JSON_DEPTH_MAX
+
+__all__ = [
+    "PROGRESS_DETAILS_DEPTH_MAX",
+    "PROGRESS_DETAILS_MAX_BYTES",
+    "details_size",
+    "no_progress_error",
+]
 
 PROGRESS_DETAILS_MAX_BYTES = 4096
 """The most a report's details may take as compact JSON (UTF-8). Larger ones are
 refused, never truncated: a cut JSON document would not parse."""
+
+# Details travel as deep as a result: body > heartbeats > item > details.
+PROGRESS_DETAILS_DEPTH_MAX = JSON_DEPTH_MAX - 3
 
 
 def details_size(details: Any) -> int:

@@ -17,7 +17,13 @@ from typing import Any
 
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
-from cronwheel.domain.progress import PROGRESS_DETAILS_MAX_BYTES, details_size
+from cronwheel.domain.bounds import check_json_tree
+from cronwheel.domain.errors import ValidationError
+from cronwheel.domain.progress import (
+    PROGRESS_DETAILS_DEPTH_MAX,
+    PROGRESS_DETAILS_MAX_BYTES,
+    details_size,
+)
 from cronwheel.worker.protocol import Heartbeat, Lease
 
 __all__ = ["ProgressReport", "UnsentProgress", "heartbeats"]
@@ -36,13 +42,19 @@ class UnsentProgress:
         self._report: ProgressReport | None = None
 
     def put(self, details: Any) -> None:
-        """Keep a report, replacing an unsent one. Details that are not JSON, or take
-        more than :data:`PROGRESS_DETAILS_MAX_BYTES` as JSON, raise at once (TypeError,
-        ValueError), so the handler's author sees it where it happens."""
+        """Keep a report, replacing an unsent one. Details that are not JSON, that the
+        server would refuse (NaN, a NUL, nested too deep) or that take more than
+        :data:`PROGRESS_DETAILS_MAX_BYTES` as JSON raise at once (TypeError,
+        ValueError), so the handler's author sees it where it happens — and a refused
+        batch never costs the worker its other attempts' beats."""
         try:
             value = to_jsonable_python(details)
         except PydanticSerializationError as exc:
             raise TypeError(f"progress details must be JSON-serialisable: {exc}") from None
+        try:
+            check_json_tree(value, max_depth=PROGRESS_DETAILS_DEPTH_MAX, prefix="details")
+        except ValidationError as exc:
+            raise ValueError(f"progress details cannot be sent: {exc.message}") from None
         size = details_size(value)
         if size > PROGRESS_DETAILS_MAX_BYTES:
             raise ValueError(
