@@ -26,7 +26,8 @@ def alerts(
     as_json: JsonOpt = False,
 ) -> None:
     """Active alerts, longest-standing first: runs no live worker can take (their pool,
-    tenant and required capabilities). A tenant key shows its tenant's; the admin key
+    tenant and required capabilities), and runs a scheduler step failed on (quarantined
+    dead letters, their job named). A tenant key shows its tenant's; the admin key
     every tenant's (one tenant's with --tenant)."""
     with handle_errors(), client_for(url, api_key, tenant) as client:
         items = client.alerts.list()
@@ -51,7 +52,7 @@ def alerts(
     console.print(
         table(
             f"alerts ({len(rows)})",
-            ["kind", "tenant", "pool", "requires", "runs", "waiting since", "message"],
+            ["kind", "tenant", "pool", "requires", "runs", "since", "message"],
             rows,
         )
     )

@@ -689,7 +689,8 @@ class Runs(_Resource):
 
 class Alerts(_Resource):
     def list(self) -> _Items:
-        """Active alerts (``unroutable_runs``: dispatched runs no live worker can take),
+        """Active alerts (``unroutable_runs``: dispatched runs no live worker can take;
+        ``quarantined_runs``: runs a scheduler step failed on, taken out as dead letters),
         longest-standing first: the tenant's, or with the admin key every tenant's
         (one tenant's when the client names it)."""
         return _items(self._client.send(_Calls.alerts_list()))

@@ -71,6 +71,8 @@ async def test_unroutable_run_shows_its_reason_alert_and_metric(api, store: Stor
         "runs": 1,
         "since": got.json()["dispatched_at"],
         "message": f"1 run waiting: {_reason(pool)}",
+        "job_id": None,
+        "run_ids": [],
     }
     assert _gauge((await api.client.get("/metrics")).text, pool) == 1.0
 

@@ -25,8 +25,10 @@ __all__ = [
     "CONTENT_TYPE_LATEST",
     "DISPATCH_LATENESS",
     "LATENESS_BUCKETS",
+    "QUARANTINED_RUNS",
     "REGISTRY",
     "RUNS_BY_STATE",
+    "RUNS_QUARANTINED",
     "SHARDS_HELD",
     "START_LATENESS",
     "UNROUTABLE_RUNS",
@@ -97,6 +99,18 @@ UNROUTABLE_RUNS = Gauge(
     ["pool"],
     registry=REGISTRY,
 )
+RUNS_QUARANTINED = Counter(
+    "cronwheel_scheduler_runs_quarantined",
+    "Runs this scheduler node took out of a pass because a step failed on them alone "
+    "(poison rows), by step: fire, expire.",
+    ["step"],
+    registry=REGISTRY,
+)
+QUARANTINED_RUNS = Gauge(
+    "cronwheel_runs_quarantined",
+    "Quarantined runs not redriven, of jobs not cancelled (refreshed at scrape time).",
+    registry=REGISTRY,
+)
 API_REQUESTS = Counter(
     "cronwheel_api_requests",
     "API requests by route template, method and status.",
@@ -141,6 +155,7 @@ class RunsByStateRefresher:
         for pool in self._unroutable_pools | set(by_pool):
             UNROUTABLE_RUNS.labels(pool=pool).set(by_pool.get(pool, 0))
         self._unroutable_pools |= set(by_pool)
+        QUARANTINED_RUNS.set(await self._store.runs_count_quarantined())
         self._refreshed_at = now
 
 

@@ -302,6 +302,12 @@ class RunOut(_Out):
     )
     last_error: str | None
     result: Any = None
+    quarantined_at: UtcInstant | None = Field(
+        default=None,
+        description="set when a step of a scheduler pass failed on this run alone: the "
+        "run was taken out of the pass as a DEAD_LETTER, the error in `reason` (a poison "
+        "row never holds up anyone else's runs); a redrive sends it back and clears this",
+    )
 
 
 # Tokens are 64-bit integers (a stale or unknown one answers 409); a number that does
@@ -348,15 +354,25 @@ class EventOut(_Out):
 
 
 class AlertOut(_Out):
-    kind: Literal["unroutable_runs"] = Field(
-        description="unroutable_runs: dispatched runs no live worker can take"
+    kind: Literal["unroutable_runs", "quarantined_runs"] = Field(
+        description="unroutable_runs: dispatched runs no live worker can take; "
+        "quarantined_runs: runs of one job a scheduler step failed on (poison rows), taken "
+        "out of the pass as dead letters until redriven or the job is cancelled"
     )
     tenant_id: uuid.UUID
     pool: str
     requires: list[str]
-    runs: int = Field(description="how many runs wait for this reason")
-    since: UtcInstant = Field(description="when the longest-waiting of them was dispatched")
+    runs: int = Field(description="how many runs the alert is about")
+    since: UtcInstant = Field(
+        description="when the longest-waiting of them was dispatched, or the first of "
+        "them quarantined"
+    )
     message: str
+    job_id: uuid.UUID | None = Field(default=None, description="quarantined_runs: the job")
+    run_ids: list[uuid.UUID] = Field(
+        default_factory=list,
+        description="quarantined_runs: the runs (up to 100, oldest first), to inspect and redrive",
+    )
 
 
 class AlertList(_Out):

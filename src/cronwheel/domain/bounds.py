@@ -10,7 +10,7 @@ finite, shallow enough to walk without recursion limits, and small.
 
     instants     1970-01-01T00:00:00Z … 9999-01-01T00:00:00Z, any offset up to ±23:59
     delay        0 … 10 years (and no further than the server's horizon)
-    interval     1 s … 366 days
+    interval     1 s … 10 years
     retry delays 0 … 30 days (initial_delay, max_delay; a worker's retry_after ≤ 7 days)
     timeout      > 0 … 7 days;  heartbeat_timeout 1 s … 1 h
     catch-up     catch_up_window > 0 … 366 days
@@ -69,7 +69,7 @@ INSTANT_MAX = datetime(9999, 1, 1, tzinfo=UTC)
 
 DELAY_MAX = 10 * 366 * _DAY
 INTERVAL_MIN = 1.0
-INTERVAL_MAX = 366 * _DAY
+INTERVAL_MAX = DELAY_MAX
 RETRY_DELAY_MAX = 30 * _DAY
 RETRY_AFTER_MAX = 7 * _DAY
 TIMEOUT_MAX = 7 * _DAY

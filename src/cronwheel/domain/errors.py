@@ -35,6 +35,7 @@ __all__ = [
     "StaleFencingTokenError",
     "StoreUnavailableError",
     "ValidationError",
+    "describe_error",
 ]
 
 
@@ -113,3 +114,9 @@ class RateLimitedError(CronwheelError):
 class StoreUnavailableError(CronwheelError, ConnectionError):
     status = 503
     code = "store_unavailable"
+
+
+def describe_error(exc: BaseException, *, limit: int = 2000) -> str:
+    """An exception as people read it, in records and alerts: its type and message,
+    bounded."""
+    return f"{type(exc).__name__}: {exc}".strip()[:limit]

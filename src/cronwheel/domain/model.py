@@ -22,6 +22,7 @@ __all__ = [
     "LeasedAttempt",
     "NewJob",
     "Page",
+    "QuarantinedRun",
     "ReservationsStarted",
     "Role",
     "RouteCheck",
@@ -135,6 +136,9 @@ class Run:
     origin: str = "once"  # once | schedule | trigger | backfill | replay
     wait_reason: str | None = None  # why a DISPATCHED run waits: no live worker can take it
     progress_timeout: float | None = None  # seconds the handler may go without a report
+    # When a step of a scheduler pass failed on this run alone and took it out of the
+    # pass (a DEAD_LETTER with the error as its reason); None once redriven.
+    quarantined_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,3 +285,17 @@ class RouteCheck:
     waiting: int  # runs now waiting with a reason
     marked: int  # runs that started waiting for a (new) reason
     cleared: int  # runs whose reason was cleared
+
+
+@dataclass(frozen=True, slots=True)
+class QuarantinedRun:
+    """A run a step of a scheduler pass failed on alone, taken out of the pass as a
+    DEAD_LETTER until it is redriven or its job cancelled."""
+
+    run_id: uuid.UUID
+    tenant_id: uuid.UUID
+    job_id: uuid.UUID
+    job_name: str
+    pool: str
+    quarantined_at: datetime
+    reason: str

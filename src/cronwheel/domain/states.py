@@ -13,6 +13,7 @@
       └────────── retry (backoff) ◀─────────────┘   lease lost, timed out or failed with
                                                     attempts left
     DEAD_LETTER / FAILED / CANCELLED ──redrive / retry──▶ SCHEDULED
+    SCHEDULED / DISPATCHED / RUNNING ──quarantine──▶ DEAD_LETTER (a poison row)
 
 Who moves runs into and out of each state:
 
@@ -25,6 +26,9 @@ Who moves runs into and out of each state:
   token). Left by the worker's completion or failure, by lease expiry or timeout
   (the scheduler), by a cooperative cancel, or back to DISPATCHED when a worker
   shutting down releases it (the try is not counted).
+- DEAD_LETTER: entered when retries are exhausted, or from any live state when a step
+  of a scheduler pass fails on this run alone (quarantine: ``runs.quarantined_at`` is
+  set and the error is the reason), so that one poison row never stops a pass.
 - SUCCESS, FAILED, CANCELLED, DEAD_LETTER, SKIPPED: terminal; ``finished_at`` is set
   exactly in these states (a CHECK constraint holds the store to it). FAILED,
   CANCELLED and DEAD_LETTER can be sent back to SCHEDULED by a retry or a redrive.
@@ -71,8 +75,12 @@ TERMINAL_STATES: frozenset[RunState] = frozenset(
 ACTIVE_STATES: frozenset[RunState] = frozenset(RunState) - TERMINAL_STATES
 
 TRANSITIONS: dict[RunState, frozenset[RunState]] = {
-    RunState.SCHEDULED: frozenset({RunState.DISPATCHED, RunState.SKIPPED, RunState.CANCELLED}),
-    RunState.DISPATCHED: frozenset({RunState.RUNNING, RunState.CANCELLED, RunState.SCHEDULED}),
+    RunState.SCHEDULED: frozenset(
+        {RunState.DISPATCHED, RunState.SKIPPED, RunState.CANCELLED, RunState.DEAD_LETTER}
+    ),
+    RunState.DISPATCHED: frozenset(
+        {RunState.RUNNING, RunState.CANCELLED, RunState.SCHEDULED, RunState.DEAD_LETTER}
+    ),
     RunState.RUNNING: frozenset(
         {
             RunState.DISPATCHED,

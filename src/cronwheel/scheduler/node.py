@@ -29,19 +29,32 @@ import logging
 import os
 import socket
 import uuid
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
-from cronwheel.api.metrics import CLOCK_OFFSET, CLOCK_UNCERTAINTY, DISPATCH_LATENESS, SHARDS_HELD
+from cronwheel.api.metrics import (
+    CLOCK_OFFSET,
+    CLOCK_UNCERTAINTY,
+    DISPATCH_LATENESS,
+    RUNS_QUARANTINED,
+    SHARDS_HELD,
+)
 from cronwheel.clock import Clock
-from cronwheel.domain.model import DueRun
+from cronwheel.domain.errors import StoreUnavailableError, describe_error
+from cronwheel.domain.model import DueRun, FiredRun
 from cronwheel.domain.sharding import NUM_SHARDS
+from cronwheel.scheduler.isolation import QuarantineBudget, isolate
 from cronwheel.scheduler.window import DueWindow
 from cronwheel.settings import Settings
 from cronwheel.store.base import CHANNEL_RUNS_NEW, Store, Subscription
 
-__all__ = ["Clock", "SchedulerNode", "default_node_id"]  # Clock: re-exported
+__all__ = ["QUARANTINE_PER_PASS", "Clock", "SchedulerNode", "default_node_id"]  # Clock: re-exported
 
 log = logging.getLogger("cronwheel.scheduler")
+
+# The most poison rows one pass quarantines: a bug that failed every row alike would
+# otherwise dead-letter them all (see ``isolation.py``).
+QUARANTINE_PER_PASS = 32
 
 
 def default_node_id() -> str:
@@ -77,6 +90,7 @@ class SchedulerNode:
         self._next_clock = datetime.min.replace(tzinfo=UTC)
         self._clock_trusted = True
         self._subscription: Subscription | None = None
+        self._pass_budget = QuarantineBudget(QUARANTINE_PER_PASS)
 
     # -- the loop ------------------------------------------------------------------
 
@@ -106,6 +120,7 @@ class SchedulerNode:
 
     async def run_once(self) -> int:
         """One pass: chores that are due, then fire every due run. Returns runs fired."""
+        self._pass_budget = QuarantineBudget(QUARANTINE_PER_PASS)
         now = self.clock.now()
         if now >= self._next_clock:
             await self._check_clock()
@@ -217,8 +232,29 @@ class SchedulerNode:
 
     async def _expire(self) -> None:
         limit = 1000
-        while await self.store.attempts_expire(now=self.clock.store_now(), limit=limit) >= limit:
-            pass
+        while True:
+            now = self.clock.store_now()
+            try:
+                ended = await self.store.attempts_expire(now=now, limit=limit)
+            except StoreUnavailableError:
+                raise
+            except Exception:
+                # One attempt's run fails the sweep: find it, quarantine it, end the rest.
+                ended = await self._expire_isolating(now, limit)
+            if ended < limit:
+                return
+
+    async def _expire_isolating(self, now: datetime | None, limit: int) -> int:
+        candidates = await self.store.attempts_expire_candidates(now=now, limit=limit)
+
+        async def expire(batch: Sequence[tuple[uuid.UUID, uuid.UUID]]) -> list[int]:
+            ids = [attempt_id for attempt_id, _ in batch]
+            return [await self.store.attempts_expire(now=now, attempt_ids=ids)]
+
+        async def quarantine(item: tuple[uuid.UUID, uuid.UUID], exc: Exception) -> None:
+            await self._quarantine("expire", [item[1]], exc)
+
+        return sum(await isolate(candidates, expire, quarantine, budget=self._pass_budget))
 
     async def _check_routing(self) -> None:
         """Record why dispatched runs of our shards wait when no live worker can take
@@ -301,15 +337,21 @@ class SchedulerNode:
         batches = [due[i : i + size] for i in range(0, len(due), size)]
         gate = asyncio.Semaphore(self.fire_concurrency)
 
+        async def fire_some(batch: Sequence[DueRun]) -> list[FiredRun]:
+            return await self.store.runs_fire(
+                run_ids=[r.id for r in batch],
+                node_id=self.node_id,
+                now=self.clock.store_now(),
+                lead=self.settings.dispatch_lead,
+                epochs=dict(self.shards),
+            )
+
+        async def quarantine(run: DueRun, exc: Exception) -> None:
+            await self._quarantine("fire", [run.id], exc)
+
         async def fire(batch: list[DueRun]) -> int:
             async with gate:
-                fired = await self.store.runs_fire(
-                    run_ids=[r.id for r in batch],
-                    node_id=self.node_id,
-                    now=self.clock.store_now(),
-                    lead=self.settings.dispatch_lead,
-                    epochs=dict(self.shards),
-                )
+                fired = await isolate(batch, fire_some, quarantine, budget=self._pass_budget)
             for run in fired:
                 DISPATCH_LATENESS.observe(
                     max(0.0, (run.dispatched_at - run.fire_at).total_seconds())
@@ -320,6 +362,23 @@ class SchedulerNode:
         total = sum(counts)
         self.fired_total += total
         return total
+
+    async def _quarantine(self, step: str, run_ids: list[uuid.UUID], exc: Exception) -> None:
+        """Take runs a step failed on alone out of the pass (``isolation.py``)."""
+        error = describe_error(exc)
+        done = await self.store.runs_quarantine(
+            run_ids=run_ids, step=step, error=error, actor=self.node_id, now=self.clock.store_now()
+        )
+        RUNS_QUARANTINED.labels(step=step).inc(len(done))
+        log.error(
+            "run quarantined: a step of the pass failed on it alone",
+            extra={
+                "event": "run_quarantined",
+                "step": step,
+                "runs": [str(i) for i in done],
+                "error": error,
+            },
+        )
 
     async def _release(self) -> None:
         with contextlib.suppress(Exception):

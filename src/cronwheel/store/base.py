@@ -38,6 +38,7 @@ from cronwheel.domain.model import (
     LeasedAttempt,
     NewJob,
     Page,
+    QuarantinedRun,
     ReservationsStarted,
     RouteCheck,
     Run,
@@ -596,6 +597,33 @@ class Store(ABC):
         None."""
 
     @abstractmethod
+    async def runs_quarantine(
+        self,
+        *,
+        run_ids: Sequence[uuid.UUID],
+        step: str,
+        error: str,
+        actor: str | None = None,
+        now: datetime | None = None,
+    ) -> list[uuid.UUID]:
+        """Take runs a step of a scheduler pass failed on (``step``: fire, expire,
+        retry) out of it: each live one becomes DEAD_LETTER with ``quarantined_at`` set
+        and ``error`` as its reason, its live attempt ends FAILED, its one-off job
+        finishes. Returns the runs quarantined (finished ones are left alone). See
+        ``store/sql/quarantine.py``."""
+
+    @abstractmethod
+    async def runs_quarantined(
+        self, tenant_id: uuid.UUID | None, *, limit: int = 1000
+    ) -> list[QuarantinedRun]:
+        """Quarantined runs not redriven, of jobs not cancelled: oldest first; only
+        ``tenant_id``'s, or every tenant's when None."""
+
+    @abstractmethod
+    async def runs_count_quarantined(self) -> int:
+        """How many runs :meth:`runs_quarantined` would list, over every tenant."""
+
+    @abstractmethod
     async def attempts_lease(
         self,
         *,
@@ -715,12 +743,26 @@ class Store(ABC):
         or one holding nothing)."""
 
     @abstractmethod
-    async def attempts_expire(self, *, now: datetime | None = None, limit: int = 1000) -> int:
+    async def attempts_expire(
+        self,
+        *,
+        now: datetime | None = None,
+        limit: int = 1000,
+        attempt_ids: Sequence[uuid.UUID] | None = None,
+    ) -> int:
         """End attempts whose lease expired (LOST), or whose deadline or progress
         deadline passed (TIMED_OUT, the error saying which), and retry or dead-letter
         their runs, and void reservations not started by their
         expiry (their runs are back in the ready queue). Returns how many attempts and
-        reservations were ended."""
+        reservations were ended. ``attempt_ids``: only these attempts (of those
+        :meth:`attempts_expire_candidates` found), and no reservations."""
+
+    @abstractmethod
+    async def attempts_expire_candidates(
+        self, *, now: datetime | None = None, limit: int = 1000
+    ) -> list[tuple[uuid.UUID, uuid.UUID]]:
+        """``(attempt id, run id)`` of up to ``limit`` attempts :meth:`attempts_expire`
+        would end now: what the scheduler splits a failed sweep by."""
 
     @abstractmethod
     async def attempts_list(self, tenant_id: uuid.UUID, *, run_id: uuid.UUID) -> list[Attempt]: ...

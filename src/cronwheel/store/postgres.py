@@ -48,6 +48,18 @@ async def _raw(conn: AsyncConnection) -> Any:
     return raw.driver_connection
 
 
+async def _raw_begun(conn: AsyncConnection) -> Any:
+    """:func:`_raw`, with the transaction begun. SQLAlchemy sends BEGIN lazily, before
+    its own first statement: a statement sent straight to asyncpg before any would run
+    on its own and commit, whatever the rest of the transaction does. (A write that
+    read the database clock first has begun already: this costs nothing then.)"""
+    raw = await conn.get_raw_connection()
+    adapted: Any = raw.dbapi_connection
+    if adapted._transaction is None:  # (an autocommit connection begins nothing)
+        await adapted._start_transaction()
+    return raw.driver_connection
+
+
 log = logging.getLogger("cronwheel.store.postgres")
 
 _TRANSIENT = (
@@ -113,8 +125,15 @@ class PostgresStore(SqlStore):
         lead: float,
         epochs: Mapping[int, int] | None,
     ) -> list[FiredRun]:
+        # The first statement of a firing transaction that may go on (policies, next
+        # occurrences): it must roll back with the rest if they fail.
         return await pg_hot.fire(
-            await _raw(conn), now=at, run_ids=run_ids, node_id=node_id, lead=lead, epochs=epochs
+            await _raw_begun(conn),
+            now=at,
+            run_ids=run_ids,
+            node_id=node_id,
+            lead=lead,
+            epochs=epochs,
         )
 
     async def _fire_candidates(

@@ -22,6 +22,7 @@ __all__ = [
     "NO_RESERVATION",
     "NUM_SHARDS",
     "PROGRESS_LIVE",
+    "QUARANTINED",
     "READY",
     "RESERVED",
     "Json",
@@ -139,6 +140,9 @@ RESERVED = "reserved_token IS NOT NULL"
 # The predicate of the ready queue's index: dispatched and not reserved.
 READY = "state = 'DISPATCHED' AND reserved_token IS NULL"
 
+# The predicate of the quarantine index: runs a poison step took out of a pass.
+QUARANTINED = "quarantined_at IS NOT NULL"
+
 # Dispatching a run anew voids whatever reservation an earlier stint left behind.
 NO_RESERVATION: dict[str, None] = {
     "reserved_by": None,
@@ -193,6 +197,10 @@ runs = sa.Table(
     sa.Column("reserved_token", sa.BigInteger),
     sa.Column("reserved_until", UtcDateTime),
     sa.Column("cancel_requested", sa.Boolean, nullable=False, server_default=sa.false()),
+    # Set when a step of a scheduler pass failed on this run alone (a poison row): the
+    # run was taken out of the pass as a DEAD_LETTER, the error in ``reason`` and
+    # ``last_error``. Cleared by a redrive.
+    sa.Column("quarantined_at", UtcDateTime),
     sa.Column("result", Json),
     sa.Column("last_error", sa.Text),
     sa.Column("created_at", UtcDateTime, nullable=False),
@@ -240,6 +248,14 @@ runs = sa.Table(
         "reserved_token",
         postgresql_where=sa.text(RESERVED),
         sqlite_where=sa.text(RESERVED),
+    ),
+    # Quarantined runs: what the alerts and the gauge read.
+    sa.Index(
+        "ix_runs_quarantined",
+        "tenant_id",
+        "quarantined_at",
+        postgresql_where=sa.text(QUARANTINED),
+        sqlite_where=sa.text(QUARANTINED),
     ),
     sa.Index("ix_runs_tenant_id", "tenant_id", "id"),
     sa.Index("ix_runs_tenant_job", "tenant_id", "job_id", "id"),

@@ -16,9 +16,9 @@ from cronwheel.api.auth import TENANT_HEADER, Principal, authenticate, tenant_re
 from cronwheel.api.jsonbody import StrictJsonRoute
 from cronwheel.api.routers.common import api_state
 from cronwheel.api.schemas import ERROR_RESPONSES, AlertList, AlertOut
-from cronwheel.domain.model import UnroutableRuns
+from cronwheel.domain.model import QuarantinedRun, UnroutableRuns
 
-__all__ = ["alert_out", "router"]
+__all__ = ["alert_out", "quarantine_alerts", "router"]
 
 router = APIRouter(
     prefix="/v1/alerts", tags=["alerts"], responses=ERROR_RESPONSES, route_class=StrictJsonRoute
@@ -61,6 +61,36 @@ async def list_alerts(
 ) -> AlertList:
     """Active alerts, longest-standing first. ``unroutable_runs``: runs of one tenant,
     pool and set of required capabilities that no live worker can take; each such run
-    also shows the reason as its ``wait_reason``."""
-    groups = await api_state(request).store.runs_unroutable(tenant_id)
-    return AlertList(items=[alert_out(g) for g in groups])
+    also shows the reason as its ``wait_reason``. ``quarantined_runs``: runs of one job
+    that a step of a scheduler pass failed on alone, taken out of it as dead letters (the
+    error is each run's ``reason``); the alert clears when they are redriven or the job
+    is cancelled."""
+    store = api_state(request).store
+    unroutable = [alert_out(g) for g in await store.runs_unroutable(tenant_id)]
+    quarantined = quarantine_alerts(await store.runs_quarantined(tenant_id))
+    return AlertList(items=sorted([*unroutable, *quarantined], key=lambda a: a.since))
+
+
+def quarantine_alerts(quarantined: list[QuarantinedRun]) -> list[AlertOut]:
+    """One alert per job with quarantined runs, its latest error as the message."""
+    by_job: dict[uuid.UUID, list[QuarantinedRun]] = {}
+    for run in quarantined:
+        by_job.setdefault(run.job_id, []).append(run)
+    alerts: list[AlertOut] = []
+    for job_id, group in by_job.items():
+        first, last = group[0], group[-1]
+        noun = "run" if len(group) == 1 else "runs"
+        alerts.append(
+            AlertOut(
+                kind="quarantined_runs",
+                tenant_id=first.tenant_id,
+                pool=first.pool,
+                requires=[],
+                runs=len(group),
+                since=first.quarantined_at,
+                message=f"{len(group)} {noun} of job {first.job_name!r} quarantined: {last.reason}",
+                job_id=job_id,
+                run_ids=[r.run_id for r in group[:100]],
+            )
+        )
+    return alerts

@@ -82,6 +82,7 @@ def run_fields(run: Run) -> dict[str, object]:
         "wait_reason": run.wait_reason if run.state is RunState.DISPATCHED else None,
         "last_error": run.last_error,
         "result": run.result,
+        "quarantined_at": run.quarantined_at,
     }
 
 

@@ -6,6 +6,7 @@ from cronwheel.store.sql.attempts import AttemptsMixin
 from cronwheel.store.sql.catalog import CatalogMixin
 from cronwheel.store.sql.control import ControlMixin
 from cronwheel.store.sql.dispatch import DispatchMixin
+from cronwheel.store.sql.expiry import ExpiryMixin
 from cronwheel.store.sql.redrive import RedriveMixin
 from cronwheel.store.sql.routing import RoutingMixin
 from cronwheel.store.sql.tenancy import TenancyMixin
@@ -20,6 +21,7 @@ class SqlStore(
     RedriveMixin,
     DispatchMixin,
     AttemptsMixin,  # and LeasingMixin, which it builds on
+    ExpiryMixin,  # and FailuresMixin, QuarantineMixin
     RoutingMixin,
 ):
     """Implements every method of ``Store``; dialect subclasses fill in the hooks."""

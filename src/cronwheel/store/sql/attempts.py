@@ -1,4 +1,5 @@
-"""The worker side of the store: registration, leasing, heartbeats, results, expiry.
+"""The worker side of the store: registration, leasing, heartbeats, results (expiry is
+in ``expiry.py``, what a failed try leads to in ``failures.py``).
 
 Leasing a batch is one UPDATE of runs (DISPATCHED -> RUNNING) with the candidates
 picked under ``FOR UPDATE SKIP LOCKED`` on PostgreSQL, then one INSERT of attempts and
@@ -8,10 +9,8 @@ them: a stale token matches no row, so it changes nothing.
 
 from __future__ import annotations
 
-import random
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, cast
 
@@ -20,44 +19,23 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from cronwheel.domain.errors import StaleFencingTokenError
 from cronwheel.domain.model import Attempt, AttemptOutcome
-from cronwheel.domain.retry import backoff_delay
-from cronwheel.domain.states import AttemptState, JobState, RunState
+from cronwheel.domain.states import AttemptState, RunState
 from cronwheel.store.base import (
-    CHANNEL_RUNS_NEW,
     CHANNEL_RUNS_READY,
     CompleteItem,
     FailItem,
     HeartbeatItem,
 )
-from cronwheel.store.schema import NO_RESERVATION, attempts, jobs, runs
-from cronwheel.store.sql.catalog import ANNOUNCE_HORIZON, ONE_OFF_KINDS, announce
-from cronwheel.store.sql.control import PARKED_FIRE_AT
+from cronwheel.store.schema import attempts, runs
 from cronwheel.store.sql.core import attempt_from, event_row
+from cronwheel.store.sql.failures import Ended, FailuresMixin
 from cronwheel.store.sql.leasing import LeasingMixin
-from cronwheel.store.sql.progress import progress_overdue, progress_rows, stalled
+from cronwheel.store.sql.progress import progress_rows
 
 __all__ = ["AttemptsMixin"]
 
 
-_PAST_DEADLINE = "the attempt ran past the job's timeout"
-_LEASE_EXPIRED = "the worker stopped heartbeating: lease expired"
-
-
-@dataclass(frozen=True, slots=True)
-class _Ended:
-    """An attempt that ended without success, and what its run should do next."""
-
-    attempt_id: uuid.UUID
-    run_id: uuid.UUID
-    state: AttemptState
-    error: str
-    retryable: bool
-    retry_after: float | None = None  # the worker's floor under the backoff, in seconds
-
-
-class AttemptsMixin(LeasingMixin):
-    _rng = random.Random()
-
+class AttemptsMixin(LeasingMixin, FailuresMixin):
     # -- heartbeats and results ----------------------------------------------------
 
     def _live(
@@ -242,7 +220,7 @@ class AttemptsMixin(LeasingMixin):
             ended, keys = await self._end_attempts(conn, items, AttemptState.FAILED, at, tenant_id)
             late = await self._timed_out(conn, list(ended), at)
             failures = [
-                _Ended(
+                Ended(
                     i.attempt_id,
                     ended[i.attempt_id],
                     AttemptState.TIMED_OUT if i.attempt_id in late else AttemptState.FAILED,
@@ -388,99 +366,6 @@ class AttemptsMixin(LeasingMixin):
             )
         return attempt_from(cast("sa.Row[Any]", row))
 
-    async def attempts_expire(self, *, now: datetime | None = None, limit: int = 1000) -> int:
-        # Most of the time nothing has expired: one read says so, without a transaction.
-        async with self._read() as conn:
-            probe = await self._statement_now(conn, now)
-            due, lapsed = (
-                await conn.execute(
-                    sa.select(
-                        sa.exists().where(
-                            attempts.c.state == AttemptState.RUNNING.value,
-                            sa.or_(
-                                attempts.c.lease_expires_at < probe,
-                                attempts.c.deadline < probe,
-                                progress_overdue(probe),
-                            ),
-                        ),
-                        sa.exists().where(
-                            runs.c.reserved_token.is_not(None), runs.c.reserved_until < probe
-                        ),
-                    )
-                )
-            ).one()
-        if not (due or lapsed):
-            return 0
-        async with self._write() as conn:
-            at = await self._now(conn, now)
-            freed = await self._lapse_reservations(conn, at) if lapsed else 0
-            if not due:
-                return freed
-            rows = (
-                await conn.execute(
-                    sa.select(
-                        attempts.c.id,
-                        attempts.c.run_id,
-                        attempts.c.lease_expires_at,
-                        attempts.c.deadline,
-                        attempts.c.started_at,
-                        attempts.c.progress_deadline,
-                        attempts.c.progress_at,
-                    )
-                    .where(
-                        attempts.c.state == AttemptState.RUNNING.value,
-                        sa.or_(
-                            attempts.c.lease_expires_at < at,
-                            attempts.c.deadline < at,
-                            progress_overdue(at),
-                        ),
-                    )
-                    .limit(limit)
-                    .with_for_update(skip_locked=True)
-                )
-            ).all()
-            if not rows:
-                return freed
-            ended: list[_Ended] = []
-            for r in rows:
-                if r.deadline < at:
-                    state, error = AttemptState.TIMED_OUT, _PAST_DEADLINE
-                elif (no_progress := stalled(r, at)) is not None:
-                    state, error = AttemptState.TIMED_OUT, no_progress
-                else:
-                    state, error = AttemptState.LOST, _LEASE_EXPIRED
-                ended.append(_Ended(r.id, r.run_id, state, error, True))
-            # One UPDATE per distinct (state, error): a handful at most.
-            for state, error in dict.fromkeys((e.state, e.error) for e in ended):
-                ids = [e.attempt_id for e in ended if (e.state, e.error) == (state, error)]
-                await conn.execute(
-                    attempts.update()
-                    .where(
-                        self._id_in(attempts.c.id, ids),
-                        attempts.c.state == AttemptState.RUNNING.value,
-                    )
-                    .values(state=state.value, finished_at=at, error=error)
-                )
-            await self._after_failures(conn, ended, at, actor="scheduler")
-        return freed + len(ended)
-
-    async def _lapse_reservations(self, conn: AsyncConnection, at: datetime) -> int:
-        """Void reservations not started by their expiry: the runs still DISPATCHED are
-        back in the ready queue (another worker takes them), and the odd one that ended
-        while reserved no longer sits in the reservation index."""
-        rows = (
-            await conn.execute(
-                runs.update()
-                .where(runs.c.reserved_token.is_not(None), runs.c.reserved_until < at)
-                .values(**NO_RESERVATION)
-                .returning(runs.c.pool, runs.c.state)
-            )
-        ).all()
-        ready = sorted({r.pool for r in rows if r.state == RunState.DISPATCHED.value})
-        if ready:
-            await self._notify(conn, CHANNEL_RUNS_READY, ready)
-        return len(rows)
-
     # -- shared steps --------------------------------------------------------------
 
     async def _end_attempts(
@@ -522,125 +407,3 @@ class AttemptsMixin(LeasingMixin):
             .returning(attempts.c.id)
         )
         return {r.id for r in rows}
-
-    async def _after_failures(
-        self, conn: AsyncConnection, failures: Sequence[_Ended], at: datetime, *, actor: str
-    ) -> dict[uuid.UUID, RunState]:
-        """Retry, dead-letter or fail the runs of attempts that ended without success.
-        Returns each run's new state."""
-        if not failures:
-            return {}
-        by_run = {f.run_id: f for f in failures}
-        rows = (
-            await conn.execute(
-                sa.select(
-                    runs.c.id,
-                    runs.c.tenant_id,
-                    runs.c.job_id,
-                    runs.c.attempt,
-                    runs.c.max_attempts,
-                    runs.c.retry,
-                    runs.c.cancel_requested,
-                    runs.c.shard,
-                )
-                .where(self._id_in(runs.c.id, list(by_run)), runs.c.state == RunState.RUNNING.value)
-                .order_by(runs.c.id)
-                .with_for_update()  # a cancel must not slip between this read and the write
-            )
-        ).all()
-        paused = (
-            {
-                j.id
-                for j in await conn.execute(
-                    sa.select(jobs.c.id).where(
-                        self._id_in(jobs.c.id, list({r.job_id for r in rows})),
-                        jobs.c.state == JobState.PAUSED.value,
-                    )
-                )
-            }
-            if rows
-            else set()
-        )
-        updates: list[dict[str, Any]] = []
-        event_rows: list[dict[str, Any]] = []
-        notices: list[str] = []
-        finished_jobs: list[uuid.UUID] = []
-        for r in rows:
-            f = by_run[r.id]
-            fire_at = None
-            if r.cancel_requested:
-                target, reason = RunState.CANCELLED, "cancelled while running"
-            elif not f.retryable:
-                target, reason = RunState.FAILED, f"failed without retry: {f.error}"
-            elif r.attempt >= r.max_attempts:
-                target = RunState.DEAD_LETTER
-                reason = f"gave up after {r.attempt} attempts: {f.error}"
-            else:
-                target = RunState.SCHEDULED
-                delay = backoff_delay(r.retry, r.attempt, self._rng)
-                waited = ""
-                if f.retry_after is not None and f.retry_after > delay:
-                    delay, waited = f.retry_after, " (as the worker asked: retry_after)"
-                fire_at = at + timedelta(seconds=delay)
-                reason = (
-                    f"retry {r.attempt + 1} of {r.max_attempts} in {delay:.2f} s{waited}: {f.error}"
-                )
-                if r.job_id in paused:  # parked until the job resumes
-                    fire_at, reason = PARKED_FIRE_AT, f"job paused; {reason}"
-            row: dict[str, Any] = {
-                "id": r.id,
-                "state": target.value,
-                "reason": reason[:2000],
-                "last_error": f.error,
-                "finished_at": None,
-                "fire_at": fire_at,
-            }
-            if target is RunState.SCHEDULED:
-                assert fire_at is not None
-                if fire_at < at + ANNOUNCE_HORIZON:
-                    notices.append(announce(r.id, r.shard, fire_at))
-            else:
-                row["finished_at"] = at
-                finished_jobs.append(r.job_id)
-            updates.append(row)
-            event_rows.append(
-                event_row(
-                    at=at,
-                    kind="run.transition",
-                    tenant_id=r.tenant_id,
-                    job_id=r.job_id,
-                    run_id=r.id,
-                    attempt_id=f.attempt_id,
-                    from_state=RunState.RUNNING.value,
-                    to_state=target.value,
-                    actor=actor,
-                    reason=reason[:2000],
-                    data={"attempt": r.attempt, "attempt_state": f.state.value},
-                )
-            )
-        # fire_at only changes for retries; keep the others' value.
-        for row in updates:
-            if row["fire_at"] is None:
-                del row["fire_at"]
-        for keys in {tuple(sorted(u)) for u in updates}:
-            await self._update_each(conn, runs, [u for u in updates if tuple(sorted(u)) == keys])
-        await self._insert_events(conn, event_rows)
-        await self._finish_one_off_jobs(conn, finished_jobs, at)
-        if notices:
-            await self._notify(conn, CHANNEL_RUNS_NEW, notices)
-        return {u["id"]: RunState(u["state"]) for u in updates}
-
-    async def _finish_one_off_jobs(
-        self, conn: AsyncConnection, job_ids: Sequence[uuid.UUID], at: datetime
-    ) -> None:
-        if not job_ids:
-            return
-        await conn.execute(
-            jobs.update()
-            .where(
-                self._id_in(jobs.c.id, list(set(job_ids))),
-                jobs.c.kind.in_(ONE_OFF_KINDS),
-                jobs.c.state == JobState.ACTIVE.value,
-            )
-            .values(state=JobState.FINISHED.value, next_due_at=None, updated_at=at)
-        )

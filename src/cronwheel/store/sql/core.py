@@ -558,6 +558,7 @@ def run_from(row: Row[Any]) -> Run:
         origin=m["origin"],
         wait_reason=m["wait_reason"],
         progress_timeout=m["progress_timeout"],
+        quarantined_at=m.get("quarantined_at"),
     )
 
 

@@ -20,6 +20,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from cronwheel.domain.errors import describe_error
 from cronwheel.domain.model import FiredRun
 from cronwheel.domain.spec import CronSchedule, IntervalSchedule
 from cronwheel.domain.states import JobState, RunState
@@ -28,7 +29,8 @@ from cronwheel.store.base import CHANNEL_RUNS_NEW, CHANNEL_RUNS_READY, ready_not
 from cronwheel.store.schema import NO_RESERVATION, jobs, runs
 from cronwheel.store.sql.catalog import ANNOUNCE_HORIZON, announce
 from cronwheel.store.sql.control import PARKED_FIRE_AT
-from cronwheel.store.sql.core import SqlCore, event_row, new_run_row
+from cronwheel.store.sql.core import event_row, new_run_row
+from cronwheel.store.sql.quarantine import Poison, QuarantineMixin
 from cronwheel.timing.catchup import FirePlan, plan_fire
 
 __all__ = ["WAIT_RETRY", "FiringMixin", "Planned"]
@@ -61,7 +63,7 @@ def _parsed(items: tuple[tuple[str, Any], ...]) -> CronSchedule | IntervalSchedu
     return IntervalSchedule.model_validate(data)
 
 
-class FiringMixin(SqlCore):
+class FiringMixin(QuarantineMixin):
     async def _fire_scheduled(
         self, conn: AsyncConnection, candidates: Sequence[Any], *, at: datetime, node_id: str
     ) -> list[FiredRun]:
@@ -73,6 +75,7 @@ class FiringMixin(SqlCore):
 
         plans: dict[uuid.UUID, FirePlan] = {}
         stray: dict[uuid.UUID, str] = {}
+        poison: dict[uuid.UUID, Poison] = {}
         same: dict[tuple[Any, ...], FirePlan] = {}
         for run in sorted(candidates, key=lambda r: r.due_at):
             if run.job_state != JobState.ACTIVE.value:
@@ -80,21 +83,26 @@ class FiringMixin(SqlCore):
                 # one: settle it now, or it would come back at every poll.
                 stray[run.id] = run.job_state
                 continue
-            items = tuple(sorted(run.schedule.items()))
-            spec = _parsed(items)
             is_busy = bool(busy.get(run.job_id, set()) - {run.id})
             is_waiting = bool(waiting.get(run.job_id, set()) - {run.id})
-            # At the top of the hour thousands of jobs share a schedule and an instant:
-            # their plans are the same, so each distinct one is computed once a batch
-            # (plans are immutable; the runs they create get their own ids later).
-            key = (items, run.due_at, is_busy, is_waiting)
-            plan = same.get(key)
-            if plan is None:
-                plan = same[key] = plan_fire(
-                    spec, due_at=run.due_at, now=at, busy=is_busy, waiting=is_waiting
-                )
+            try:
+                items = tuple(sorted(run.schedule.items()))
+                # At the top of the hour thousands of jobs share a schedule and an
+                # instant: their plans are the same, so each distinct one is computed
+                # once a batch (plans are immutable; the runs they create get their
+                # own ids later).
+                key = (items, run.due_at, is_busy, is_waiting)
+                plan = same.get(key)
+                if plan is None:
+                    plan = same[key] = plan_fire(
+                        _parsed(items), due_at=run.due_at, now=at, busy=is_busy, waiting=is_waiting
+                    )
+            except Exception as exc:  # the job's own schedule: this run alone is poison
+                poison[run.id] = Poison("fire", describe_error(exc))
+                continue
             plans[run.id] = plan
         by_id = {r.id: r for r in candidates}
+        await self._quarantine(conn, poison, at=at, actor=node_id)
         await self._settle_strays(conn, stray, by_id, at=at, node_id=node_id)
         fired = await self._apply_fates(conn, plans, by_id, at=at, node_id=node_id)
         await self._create_planned(conn, plans, by_id, at=at, node_id=node_id)

@@ -165,6 +165,7 @@ class RedriveMixin(SqlCore):
                     cancel_requested=False,
                     reason=reason,
                     max_attempts=runs.c.attempt + series,
+                    quarantined_at=None,
                 )
                 .returning(*runs.c)
             )
