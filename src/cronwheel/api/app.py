@@ -31,6 +31,10 @@ cronwheel decides when a run is due and hands it to workers.
 Authenticate with `Authorization: Bearer <key>`. With the admin key, requests about a
 tenant's jobs and runs name the tenant in the `Cronwheel-Tenant` header.
 Errors are JSON: `{"error": {"code": ..., "message": ..., "field": ...}}`.
+
+Bodies are strict JSON (no `NaN` or `Infinity`, nesting at most 32 levels, no NUL or
+unpaired surrogate in any string) and every value is bounded (each field's schema shows
+its bounds); a value out of bounds is a 4xx naming the field, and nothing is written.
 """
 
 _TAGS = [
