@@ -225,3 +225,22 @@ async def test_an_expiry_the_database_refuses_is_found_and_quarantined(store: St
     await _assert_quarantined(store, poisoned.id, run.id, "expire")
     # The other tenant's expired attempt was ended and its run retried as usual.
     assert (await store.runs_get(other.id, healthy.id)).state is RunState.SCHEDULED
+
+
+async def test_requirements_that_are_no_list_quarantine_their_run_alone(store: Store) -> None:
+    """The routing check reads runs by group; one run's unreadable requirements no
+    longer fail it for every tenant (nor leave the run in the queue for ever)."""
+    poisoned, other = await make_tenant(store), await make_tenant(store)
+    [bad] = await create_jobs(store, poisoned.id, 1, due_at=T0)
+    [waiting] = await create_jobs(store, other.id, 1, due_at=T0, requires=["cuda"])
+    time = FakeTime(T0)
+    node = _node(store, time)
+    assert await node.run_once() == 2
+    await _corrupt(store, runs, bad.id, requires={"cuda": True})
+    time.value = at(10)  # both have waited past the routing check's minimum
+    await node.run_once()
+    await _assert_quarantined(store, poisoned.id, bad.id, "route")
+    # The other tenant's run is told why it waits, as before.
+    run = await store.runs_get(other.id, waiting.id)
+    assert run.state is RunState.DISPATCHED
+    assert run.wait_reason == "no live worker in pool 'default' has capabilities ['cuda']"

@@ -48,7 +48,7 @@ _LIVE = sorted(s.value for s in ACTIVE_STATES)
 class Poison:
     """Why one run is quarantined: the step that failed on it, and the error."""
 
-    step: str  # "fire" | "expire" | "retry"
+    step: str  # "fire" | "expire" | "retry" | "route"
     error: str
 
 
@@ -222,6 +222,7 @@ _STEPS = {
     "fire": "firing it",
     "expire": "ending its expired attempt",
     "retry": "scheduling its retry",
+    "route": "checking which workers can take it",
 }
 
 

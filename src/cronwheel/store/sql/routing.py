@@ -41,7 +41,8 @@ from cronwheel.domain.model import RouteCheck, UnroutableRuns
 from cronwheel.domain.spec import WEBHOOK_CAPABILITY
 from cronwheel.domain.states import AttemptState, RunState
 from cronwheel.store.schema import attempts, runs, workers
-from cronwheel.store.sql.core import SqlCore, event_row
+from cronwheel.store.sql.core import event_row
+from cronwheel.store.sql.quarantine import Poison, QuarantineMixin
 
 __all__ = ["RoutingMixin", "wait_reason"]
 
@@ -93,7 +94,7 @@ def wait_reason(
     return f"no live worker in pool {pool!r} has capabilities {sorted(need)!r}"
 
 
-class RoutingMixin(SqlCore):
+class RoutingMixin(QuarantineMixin):
     async def workers_deregister(
         self, worker_id: uuid.UUID, *, now: datetime | None = None
     ) -> None:
@@ -120,7 +121,9 @@ class RoutingMixin(SqlCore):
             in_shards = self._id_in(runs.c.shard, list(shards))
             cleared = await self._clear_stale(conn, in_shards)
             cutoff = at - timedelta(seconds=min_wait)
-            groups = await self._waiting_groups(conn, in_shards, cutoff)
+            groups, poison = await self._waiting_groups(conn, in_shards, cutoff)
+            if poison:
+                await self._quarantine_groups(conn, in_shards, poison, at)
             if not groups:
                 return RouteCheck(waiting=0, marked=0, cleared=cleared)
             live = await self._live_workers(conn, {g.pool for g in groups}, at, worker_ttl)
@@ -231,12 +234,37 @@ class RoutingMixin(SqlCore):
         )
         return int(done.rowcount)
 
+    async def _quarantine_groups(
+        self,
+        conn: AsyncConnection,
+        in_shards: sa.ColumnElement[bool],
+        poison: list[tuple[uuid.UUID, str, Any]],
+        at: datetime,
+    ) -> None:
+        """Runs whose stored ``requires`` is not a list of capabilities: nothing can
+        route them (nor lease them), so they leave the queue as quarantined."""
+        found: dict[uuid.UUID, Poison] = {}
+        for tenant_id, pool, requires in poison:
+            rows = await conn.execute(
+                sa.select(runs.c.id).where(
+                    *_QUEUED,
+                    in_shards,
+                    runs.c.tenant_id == tenant_id,
+                    runs.c.pool == pool,
+                    self._json_equals(runs.c.requires, requires),
+                )
+            )
+            error = f"ValueError: requires is not a list of capabilities: {requires!r}"[:500]
+            found.update({r.id: Poison("route", error) for r in rows})
+        await self._quarantine(conn, found, at=at, actor="scheduler")
+
     async def _waiting_groups(
         self, conn: AsyncConnection, in_shards: sa.ColumnElement[bool], cutoff: datetime
-    ) -> list[_Group]:
+    ) -> tuple[list[_Group], list[tuple[uuid.UUID, str, Any]]]:
         """The DISPATCHED runs of the shards by (tenant, pool, requires): how many have
         waited since ``cutoff`` or longer, and how many carry each reason. Groups with
-        neither are left out."""
+        neither are left out. Second: the (tenant, pool, requires) of runs whose
+        ``requires`` is no list of strings (a row no API wrote)."""
         old = sa.func.sum(sa.case((_waited_since(cutoff), 1), else_=0))
         rows = (
             await conn.execute(
@@ -254,13 +282,17 @@ class RoutingMixin(SqlCore):
             )
         ).all()
         groups: dict[tuple[uuid.UUID, str, tuple[str, ...]], _Group] = {}
+        poison: list[tuple[uuid.UUID, str, Any]] = []
         for r in rows:
+            if not isinstance(r.requires, list) or not all(isinstance(c, str) for c in r.requires):
+                poison.append((r.tenant_id, r.pool, r.requires))
+                continue
             key = (r.tenant_id, r.pool, tuple(r.requires))
             group = groups.setdefault(key, _Group(r.tenant_id, r.pool, key[2]))
             group.old += int(r.old or 0)
             if r.wait_reason is not None:
                 group.reasons[r.wait_reason] = group.reasons.get(r.wait_reason, 0) + int(r.n)
-        return list(groups.values())
+        return list(groups.values()), poison
 
     async def _live_workers(
         self, conn: AsyncConnection, pools: set[str], at: datetime, ttl: float
@@ -286,17 +318,26 @@ class RoutingMixin(SqlCore):
                 sa.or_(workers.c.last_seen_at >= at - timedelta(seconds=ttl), holding),
             )
         )
+        # A worker whose stored capabilities are no list of strings can take nothing
+        # that requires any: it counts with none, rather than failing the check.
         return [
-            _LiveWorker(r.tenant_id, r.pool, frozenset(r.capabilities), bool(r.webhooks_only))
+            _LiveWorker(
+                r.tenant_id,
+                r.pool,
+                frozenset(r.capabilities)
+                if isinstance(r.capabilities, list)
+                and all(isinstance(c, str) for c in r.capabilities)
+                else frozenset(),
+                bool(r.webhooks_only),
+            )
             for r in rows
         ]
 
-    def _json_equals(
-        self, column: sa.ColumnElement[Any], value: Sequence[str]
-    ) -> sa.ColumnElement[bool]:
-        """The JSON array ``column`` equals ``value``. SQLite compares JSON as text:
-        ``json()`` brings both sides to one spelling."""
-        bound = sa.bindparam(None, list(value), type_=runs.c.requires.type)
+    def _json_equals(self, column: sa.ColumnElement[Any], value: Any) -> sa.ColumnElement[bool]:
+        """The JSON ``column`` equals ``value`` (a tuple stands for an array). SQLite
+        compares JSON as text: ``json()`` brings both sides to one spelling."""
+        stored = list(value) if isinstance(value, tuple) else value
+        bound = sa.bindparam(None, stored, type_=runs.c.requires.type)
         if self.dialect == "sqlite":
             return sa.func.json(column) == sa.func.json(bound)
         return column == bound
