@@ -1,0 +1,102 @@
+"""Strict JSON bodies (api/jsonbody.py): the cheap checks on the raw bytes agree with
+a full walk of the parsed value, whatever the strings hold."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cronwheel.api.jsonbody import InvalidJsonError, _deeper_than, loads_strict
+from cronwheel.domain.bounds import JSON_DEPTH_MAX
+from cronwheel.domain.errors import ValidationError
+
+# Strings full of what could fool a byte scan: brackets, quotes, backslashes.
+tricky = st.text(alphabet='[]{}"\\ab\n', max_size=8)
+scalars = st.none() | st.booleans() | st.integers() | tricky
+
+
+def _trees(max_leaves: int) -> st.SearchStrategy[Any]:
+    return st.recursive(
+        scalars,
+        lambda kids: st.lists(kids, max_size=3) | st.dictionaries(tricky, kids, max_size=3),
+        max_leaves=max_leaves,
+    )
+
+
+def _depth(value: Any) -> int:
+    if isinstance(value, dict):
+        return 1 + max(map(_depth, value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max(map(_depth, value), default=0)
+    return 0
+
+
+def _chain(levels: int, leaf: Any) -> Any:
+    for i in range(levels):
+        leaf = [leaf] if i % 2 else {"k": leaf}
+    return leaf
+
+
+@settings(deadline=None, max_examples=300)
+@given(
+    tree=_trees(40),
+    extra=st.integers(0, 40),
+    ascii_only=st.booleans(),
+    limit=st.integers(1, JSON_DEPTH_MAX),
+)
+def test_the_bracket_skeleton_measures_depth_exactly(
+    tree: Any, extra: int, ascii_only: bool, limit: int
+) -> None:
+    value = _chain(extra, tree)
+    body = json.dumps(value, ensure_ascii=ascii_only).encode()
+    assert _deeper_than(body, limit) == (_depth(value) > limit)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"a": "x\x00y"},
+        {"k\x00": 1},
+        [[{"deep": ["\ud800"]}]],
+        {"a": "\udfff tail"},
+    ],
+)
+@pytest.mark.parametrize("ascii_only", [True, False])
+def test_unstorable_strings_are_found_however_written(value: Any, ascii_only: bool) -> None:
+    # Escaped (\\u0000, \\ud800) or written raw (a surrogate's own UTF-8 bytes).
+    body = json.dumps(value, ensure_ascii=ascii_only).encode("utf-8", "surrogatepass")
+    with pytest.raises(ValidationError):
+        loads_strict(body)
+
+
+def test_a_surrogate_pair_is_text() -> None:
+    assert loads_strict(b'{"emoji": "\\ud83d\\ude00"}') == {"emoji": "\U0001f600"}
+
+
+@pytest.mark.parametrize("token", [b"NaN", b"Infinity", b"-Infinity"])
+def test_non_json_constants_are_refused(token: bytes) -> None:
+    with pytest.raises(InvalidJsonError):
+        loads_strict(b'{"x": ' + token + b"}")
+
+
+def test_an_overflowing_float_is_refused_where_it_is() -> None:
+    with pytest.raises(ValidationError) as caught:
+        loads_strict(b'{"a": [1, 1e999]}')
+    assert caught.value.field == "a.1"
+
+
+def test_an_integer_of_too_many_digits_is_not_json_we_take() -> None:
+    with pytest.raises(InvalidJsonError):
+        loads_strict(b'{"a": ' + b"9" * 5000 + b"}")
+
+
+def test_depth_is_refused_at_the_bound_and_not_before() -> None:
+    ok = json.dumps(_chain(JSON_DEPTH_MAX, 1)).encode()
+    assert loads_strict(ok) is not None
+    too_deep = json.dumps(_chain(JSON_DEPTH_MAX + 1, 1)).encode()
+    with pytest.raises(ValidationError, match="nested deeper than 32"):
+        loads_strict(too_deep)
