@@ -8,8 +8,11 @@ import json
 import uuid
 from typing import Any
 
+import httpx
+from asgi_lifespan import LifespanManager
 from fastapi import FastAPI
 
+from cronwheel.api import create_app
 from cronwheel.domain.states import AttemptState, RunState
 from cronwheel.store import Store
 
@@ -203,3 +206,99 @@ async def test_deregister_is_documented(api) -> None:
     assert op["responses"]["404"]["content"]["application/json"]["schema"]["$ref"].endswith(
         "/ErrorResponse"
     )
+
+
+# -- a deregistered worker gets nothing any more -----------------------------------------
+
+
+async def test_a_deregistered_worker_leases_and_starts_nothing(api, store: Store) -> None:
+    t = await api.tenant()
+    worker = await api.key(t, "worker")
+    wid = await register(api, worker)
+    r = await api.client.delete(f"/v1/workers/{wid}", headers=worker)
+    assert r.status_code == 200, r.text
+    job = await api.job(t)
+    await api.fire()
+
+    for path, body in (("lease", {"max": 10}), ("start", {"fencing_tokens": [1]})):
+        r = await api.client.post(f"/v1/workers/{wid}/{path}", json=body, headers=worker)
+        assert r.status_code == 410, r.text
+        assert error_of(r)["code"] == "worker_deregistered"
+    # The admin key, which reaches every worker, is refused the same way.
+    r = await api.client.post(f"/v1/workers/{wid}/lease", json={"max": 1}, headers=api.admin)
+    assert r.status_code == 410 and error_of(r)["code"] == "worker_deregistered"
+    tid, run_id = uuid.UUID(t.id), uuid.UUID(job["first_run_id"])
+    assert (await store.runs_get(tid, run_id)).state is RunState.DISPATCHED
+    assert await store.attempts_list(tid, run_id=run_id) == []
+    # Another tenant still cannot tell the id from an unknown one.
+    other = await api.key(await api.tenant(), "worker")
+    r = await api.client.post(f"/v1/workers/{wid}/lease", json={"max": 1}, headers=other)
+    assert r.status_code == 404 and error_of(r)["code"] == "not_found"
+
+
+async def test_every_api_node_refuses_a_worker_deregistered_through_another(
+    api, store: Store, settings
+) -> None:
+    """The node that did not serve the DELETE still has the worker cached as live: the
+    store itself refuses the lease."""
+    other_node = create_app(settings, store)
+    async with (
+        LifespanManager(other_node),
+        httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=other_node), base_url="http://cronwheel.test"
+        ) as node_b,
+    ):
+        t = await api.tenant()
+        worker = await api.key(t, "worker")
+        wid = await register(api, worker)
+        r = await node_b.post(f"/v1/workers/{wid}/lease", json={"max": 1}, headers=worker)
+        assert r.status_code == 200 and r.json()["attempts"] == []  # cached there now
+        r = await api.client.delete(f"/v1/workers/{wid}", headers=worker)
+        assert r.status_code == 200, r.text
+        job = await api.job(t)
+        await api.fire()
+
+        r = await node_b.post(f"/v1/workers/{wid}/lease", json={"max": 1}, headers=worker)
+        assert r.status_code == 410, r.text
+        assert error_of(r)["code"] == "worker_deregistered"
+        r = await node_b.post(
+            f"/v1/workers/{wid}/start", json={"fencing_tokens": [1]}, headers=worker
+        )
+        assert r.status_code == 410 and error_of(r)["code"] == "worker_deregistered"
+        run = await store.runs_get(uuid.UUID(t.id), uuid.UUID(job["first_run_id"]))
+        assert (run.state, run.attempt) == (RunState.DISPATCHED, 0)
+
+
+async def test_a_long_poll_waiting_when_its_worker_is_deregistered_gets_no_run(
+    api, app: FastAPI, store: Store
+) -> None:
+    # Only a wake-up ends the wait, never the timer.
+    app.state.api.lease_poll_interval = 60.0
+    t = await api.tenant()
+    worker = await api.key(t, "worker")
+    wid = await register(api, worker)
+    poll = asyncio.create_task(
+        api.client.post(f"/v1/workers/{wid}/lease", json={"max": 1, "wait": 10}, headers=worker)
+    )
+    await api.wait_until(lambda: app.state.api.notifier.waiting == 1)
+
+    r = await api.client.delete(f"/v1/workers/{wid}", headers=worker)
+    assert r.status_code == 200, r.text
+    job = await api.job(t)
+    await api.fire()  # a run the waiting poll would otherwise take
+
+    answer = await asyncio.wait_for(poll, timeout=5)
+    assert answer.status_code == 410, answer.text
+    assert error_of(answer)["code"] == "worker_deregistered"
+    tid, run_id = uuid.UUID(t.id), uuid.UUID(job["first_run_id"])
+    assert (await store.runs_get(tid, run_id)).state is RunState.DISPATCHED
+    assert await store.attempts_list(tid, run_id=run_id) == []
+
+
+async def test_the_410_is_documented(api) -> None:
+    paths = (await api.client.get("/openapi.json")).json()["paths"]
+    for path in ("/v1/workers/{worker_id}/lease", "/v1/workers/{worker_id}/start"):
+        op = paths[path]["post"]
+        assert "worker_deregistered" in op["description"]
+        gone = op["responses"]["410"]
+        assert gone["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorResponse")

@@ -17,6 +17,7 @@ from test_worker_sdk import Env, within
 
 from cronwheel import AsyncClient
 from cronwheel.api import create_app
+from cronwheel.client import Call
 from cronwheel.runtime import serving
 from cronwheel.settings import Settings
 from cronwheel.store import Store
@@ -106,9 +107,10 @@ async def test_a_worker_stopped_mid_long_poll_leaves_no_run_running(
 
         stop.set()
         await within(running, 5)  # no waiting out the long-poll
-        # The server side of the cut-off poll is still waiting: a run dispatched now
-        # wakes it, and it must not lease to a client that is gone.
-        assert tracker.in_flight == 1
+        # The worker deregistered as it stopped: the server side of its cut-off poll,
+        # waiting until then, ends with that (not at a dispatch, nor at its timer a
+        # minute away), so a run dispatched now cannot be leased to a client gone.
+        await until(lambda: tracker.in_flight == 0, seconds=5)
         job = await env.job("work", heartbeat_timeout=LONG_HEARTBEAT)
         assert await env.fire() == 1
         await until(lambda: tracker.in_flight == 0)
@@ -205,3 +207,43 @@ async def test_a_hanging_deregister_does_not_hold_up_shutdown(
 
 async def _never_called(ctx: TaskContext, payload: dict[str, Any]) -> None:
     raise AssertionError(f"run {ctx.run_id} reached a worker that had stopped")
+
+
+async def test_a_worker_deregistered_by_someone_else_registers_again(
+    settings: Settings, store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its old id answers 410 from then on; the SDK takes a new one, as after a 404."""
+    caplog.set_level(logging.INFO, logger="cronwheel.worker")
+    async with open_tracked(settings, store) as (env, _tracker):
+        worker = env.worker(lease_wait=0.2)
+
+        @worker.task("work")
+        async def work(ctx: TaskContext, payload: dict[str, Any]) -> str:
+            return "done"
+
+        stop = asyncio.Event()
+        running = asyncio.create_task(worker.run_async(stop))
+        transport = env.transports[0]
+
+        def leasing_ids() -> list[str]:
+            return list(
+                dict.fromkeys(p.split("/")[3] for p, _ in transport.requests if "/lease" in p)
+            )
+
+        await transport.until(lambda: len(leasing_ids()) == 1)
+        [first_id] = leasing_ids()
+        async with AsyncClient(env.url, api_key=env.worker_key) as client:
+            await client.send(Call("DELETE", f"/v1/workers/{first_id}"))
+
+        await transport.until(lambda: len(leasing_ids()) == 2)
+        job = await env.job("work")
+        await env.fire()
+        await until(lambda: worker.stats.succeeded == 1)
+        stop.set()
+        await within(running, 10)
+        second_id = leasing_ids()[1]
+        assert worker.worker_id == second_id
+        run = await env.run(job["first_run_id"])
+        assert run["state"] == "SUCCESS"
+        assert [a["worker_id"] for a in run["attempts"]] == [second_id]
+        assert [p for p, _ in transport.requests].count("/v1/workers") == 2

@@ -9,6 +9,7 @@
      ├── AuthError                            401  unauthorized
      ├── PermissionDeniedError(PermissionError) 403 forbidden
      ├── NotFoundError(LookupError)           404  not_found
+     ├── WorkerDeregisteredError(LookupError) 410  worker_deregistered
      ├── ConflictError                        409  conflict
      │    ├── IllegalTransitionError               illegal_transition
      │    ├── StaleFencingTokenError               stale_fencing_token
@@ -35,6 +36,7 @@ __all__ = [
     "StaleFencingTokenError",
     "StoreUnavailableError",
     "ValidationError",
+    "WorkerDeregisteredError",
     "describe_error",
 ]
 
@@ -87,6 +89,18 @@ class PermissionDeniedError(CronwheelError, PermissionError):
 class NotFoundError(CronwheelError, LookupError):
     status = 404
     code = "not_found"
+
+
+class WorkerDeregisteredError(CronwheelError, LookupError):
+    """The worker id named was deregistered: it leases and starts nothing any more.
+
+    410, not 404: the id was valid and is retired for good, which a worker can act on
+    (register again for a new id) where 404 — an unknown id, or another tenant's —
+    leaves it guessing. Only the worker's own tenant ever sees it: another tenant's
+    worker id answers 404 before this is known."""
+
+    status = 410
+    code = "worker_deregistered"
 
 
 class ConflictError(CronwheelError):

@@ -565,8 +565,11 @@ class Store(ABC):
         self, worker_id: uuid.UUID, *, now: datetime | None = None
     ) -> None:
         """Record that the worker said goodbye: it no longer counts as live for routing
-        (see :meth:`runs_route_check`). An unknown or already deregistered worker is
-        left as it is."""
+        (see :meth:`runs_route_check`), and it may never lease or start a run again
+        (:meth:`attempts_lease`, :meth:`attempts_start_many`). An unknown or already
+        deregistered worker is left as it is. What it still holds is released by
+        :meth:`attempts_release_by_worker`, called after this: a lease in flight
+        meanwhile has either committed (and is released) or leases nothing."""
 
     # -- routing: runs no live worker can take ---------------------------------------
 
@@ -647,7 +650,12 @@ class Store(ABC):
         by :meth:`attempts_start_many` at its instant, handed back, or the reservation
         lapses (its instant plus the heartbeat timeout) and any worker may lease it.
         A cancel or pause before the start wins. A lapsed reservation is taken over by
-        the next lease like any ready run."""
+        the next lease like any ready run.
+
+        A deregistered worker leases nothing: :class:`WorkerDeregisteredError`, decided
+        inside the statement. A lease racing :meth:`workers_deregister` is ordered with
+        it: either it commits first (and a release after the deregistration finds its
+        attempts) or it sees the deregistration and leases nothing."""
 
     @abstractmethod
     async def attempts_start_many(
@@ -665,7 +673,9 @@ class Store(ABC):
         ``not_yet`` (its instant is still ahead: nothing changed, start it then), and
         ``refused`` (the reservation is gone: the run was cancelled, paused, or its
         reservation lapsed and another worker took it; never this worker's or, with
-        ``tenant_id``, that tenant's). The worker drops what was refused."""
+        ``tenant_id``, that tenant's). The worker drops what was refused. A
+        deregistered worker starts nothing: :class:`WorkerDeregisteredError`, ordered
+        with :meth:`workers_deregister` as :meth:`attempts_lease` is."""
 
     @abstractmethod
     async def attempts_heartbeat_many(

@@ -30,6 +30,7 @@ from cronwheel.store.base import LeaseRenewal, ready_notices
 from cronwheel.store.sql.progress import progress_deadline
 
 __all__ = [
+    "WorkerGone",
     "complete_many",
     "copy_events",
     "fire",
@@ -39,6 +40,16 @@ __all__ = [
     "renew",
     "start_many",
 ]
+
+
+class WorkerGone(Exception):
+    """The worker of a lease or start is not live (deregistered, or no such row): the
+    store turns it into the domain's error, with the row read to tell which."""
+
+    def __init__(self, worker_id: uuid.UUID) -> None:
+        super().__init__(str(worker_id))
+        self.worker_id = worker_id
+
 
 _NOW = "WITH t AS (SELECT COALESCE($1::timestamptz, statement_timestamp()) AS now)"
 
@@ -156,20 +167,35 @@ async def fire_candidates(
     return [SimpleNamespace(**{**dict(r), "schedule": _schedule(r["schedule"])}) for r in rows]
 
 
+# The worker, unless it deregistered, share-locked until the lease commits: a
+# deregistration (an UPDATE of the row) waits for a lease already holding it, so the
+# release that follows it finds what the lease took, and a lease that comes second
+# re-reads the row once the deregistration commits and finds it gone. Shared, so the
+# worker's own leases and starts never wait for each other.
+_LIVE_WORKER = """live AS (
+    SELECT id FROM workers WHERE id = {worker} AND deregistered_at IS NULL FOR SHARE
+)"""
+
 _LEASE = f"""
 {_NOW},
+{_LIVE_WORKER.format(worker="$6")},
 -- The worker is alive: the routing check counts on it. At most one write a second,
--- however often a long-poll re-leases.
+-- however often a long-poll re-leases; skipped rather than waited for while another
+-- of its leases holds the row too (two such would otherwise wait for each other).
 seen AS (
     UPDATE workers SET last_seen_at = t.now FROM t
-    WHERE workers.id = $6 AND workers.last_seen_at < t.now - interval '1 second'
+    WHERE workers.id IN (
+        SELECT w.id FROM workers w, t
+        WHERE w.id = (SELECT id FROM live) AND w.last_seen_at < t.now - interval '1 second'
+        FOR NO KEY UPDATE OF w SKIP LOCKED)
 ),
 picked AS (
     -- fire_at is the run's not-before: a run dispatched ahead of its instant waits in
     -- the ready queue until then, or (within $8 seconds of it) is reserved. A reserved
     -- run is out of the queue until its reservation is used, handed back or lapses.
     SELECT id FROM runs
-    WHERE state = 'DISPATCHED' AND pool = $2
+    WHERE EXISTS (SELECT 1 FROM live)
+      AND state = 'DISPATCHED' AND pool = $2
       AND fire_at <= (SELECT now FROM t) + make_interval(secs => $8)
       AND reserved_token IS NULL
       AND ($3::uuid IS NULL OR tenant_id = $3)
@@ -179,9 +205,10 @@ picked AS (
     LIMIT $5
     FOR UPDATE SKIP LOCKED
 ),
-numbered AS (SELECT id, row_number() OVER () AS n FROM picked)
+numbered AS (SELECT id, row_number() OVER () AS n FROM picked),
 -- Due now: RUNNING with a new attempt. Due later: reserved for this worker under the
 -- attempt id ($9, one per row) and token it will start with.
+leased AS (
 UPDATE runs r SET
     state = CASE WHEN r.fire_at <= t.now THEN 'RUNNING' ELSE 'DISPATCHED' END,
     attempt = r.attempt + (r.fire_at <= t.now)::int,
@@ -202,6 +229,11 @@ RETURNING r.id, r.tenant_id, r.job_id, r.attempt, r.task, r.webhook, r.payload, 
           t.now AS now, r.state,
           r.reserved_attempt, r.reserved_until,
           COALESCE(r.reserved_token, nextval('fencing_tokens')) AS token
+)
+-- One row at least, leased or not: ``gone`` (the worker is not live) comes back in the
+-- same round trip as the runs.
+SELECT leased.*, NOT EXISTS (SELECT 1 FROM live) AS gone
+FROM (SELECT 1) AS one LEFT JOIN leased ON TRUE
 """
 
 _ATTEMPT_COLUMNS = (
@@ -253,7 +285,9 @@ async def lease(
         ahead,
         [new_id() for _ in range(max)] if ahead > 0 else None,
     )
-    if not rows:
+    if rows[0]["gone"]:
+        raise WorkerGone(worker.id)
+    if rows[0]["id"] is None:  # the one row of an empty lease
         return []
     rows = sorted(rows, key=lambda r: (r["priority"], r["fire_at"]))
     leased: list[LeasedAttempt] = []
@@ -341,12 +375,14 @@ async def lease(
 
 _START = f"""
 {_NOW},
+{_LIVE_WORKER.format(worker="$3")},
 -- The reservations named, found through the reservation index by token, always: with
 -- statistics that lag a burst the planner would rather read every ready run (IS TRUE
 -- keeps the state condition from pointing it at the ready-queue index).
 picked AS MATERIALIZED (
     SELECT id, reserved_attempt, reserved_token, fire_at FROM runs
-    WHERE reserved_token = ANY($2::bigint[]) AND reserved_token IS NOT NULL
+    WHERE EXISTS (SELECT 1 FROM live)
+      AND reserved_token = ANY($2::bigint[]) AND reserved_token IS NOT NULL
       AND (state = 'DISPATCHED') IS TRUE AND reserved_by = $3
       AND ($4::uuid IS NULL OR tenant_id = $4)
 ),
@@ -381,9 +417,12 @@ ev AS (
            'worker:' || $3::text, jsonb_build_object('attempt', attempt, 'fencing_token', token)
     FROM started
 )
-SELECT token, now, CASE WHEN attempt = 1 THEN due_at END AS first_due FROM started
+SELECT token, now, CASE WHEN attempt = 1 THEN due_at END AS first_due, FALSE AS gone
+FROM started
 UNION ALL
-SELECT reserved_token, NULL, NULL FROM picked, t WHERE picked.fire_at > t.now
+SELECT reserved_token, NULL, NULL, FALSE FROM picked, t WHERE picked.fire_at > t.now
+UNION ALL
+SELECT NULL, NULL, NULL, TRUE WHERE NOT EXISTS (SELECT 1 FROM live)
 """
 
 
@@ -396,6 +435,8 @@ async def start_many(
     tenant_id: uuid.UUID | None,
 ) -> ReservationsStarted:
     rows = await conn.fetch(_START, now, list(tokens), worker_id, tenant_id)
+    if any(r["gone"] for r in rows):
+        raise WorkerGone(worker_id)
     started = [r for r in rows if r["now"] is not None]
     done = {r["token"] for r in rows}
     return ReservationsStarted(

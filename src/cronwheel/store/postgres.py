@@ -162,15 +162,18 @@ class PostgresStore(SqlStore):
         if max < 1:
             return []
         async with self._write() as conn:
-            return await pg_hot.lease(
-                await _raw(conn),
-                now=now,
-                worker=worker,
-                max=max,
-                new_id=new_id,
-                webhooks_only=webhooks_only,
-                ahead=ahead,
-            )
+            try:
+                return await pg_hot.lease(
+                    await _raw(conn),
+                    now=now,
+                    worker=worker,
+                    max=max,
+                    new_id=new_id,
+                    webhooks_only=webhooks_only,
+                    ahead=ahead,
+                )
+            except pg_hot.WorkerGone as gone:
+                raise await self._worker_gone(conn, gone.worker_id) from None
 
     async def attempts_start_many(
         self,
@@ -183,9 +186,16 @@ class PostgresStore(SqlStore):
         if not tokens:
             return ReservationsStarted(started_at=None)
         async with self._write() as conn:
-            return await pg_hot.start_many(
-                await _raw(conn), now=now, worker_id=worker_id, tokens=tokens, tenant_id=tenant_id
-            )
+            try:
+                return await pg_hot.start_many(
+                    await _raw(conn),
+                    now=now,
+                    worker_id=worker_id,
+                    tokens=tokens,
+                    tenant_id=tenant_id,
+                )
+            except pg_hot.WorkerGone as gone:
+                raise await self._worker_gone(conn, gone.worker_id) from None
 
     async def attempts_heartbeat_many(
         self,

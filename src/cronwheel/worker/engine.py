@@ -67,6 +67,7 @@ log = logging.getLogger("cronwheel.worker")
 T = TypeVar("T")
 
 _ERROR_LIMIT = 8000
+_REGISTER_AGAIN = frozenset({(404, "not_found"), (410, "worker_deregistered")})
 _LEASE_MAX = 1000  # the most runs one lease request may ask for (the server's limit)
 _IDLE_POLL_SECONDS = 1.0
 # Deregistering must never hold up a shutdown: past this, leases expire on their own.
@@ -322,8 +323,10 @@ class Engine:
             except ApiError as exc:
                 if exc.status in FATAL_STATUSES:
                     log_event(logging.ERROR, "worker.unauthorized", error=str(exc))
-                # 404: the server forgot this worker (a reset database): register again.
-                if exc.status == 404 and exc.code == "not_found" and not await self._register():
+                # The server forgot this worker (404: a reset database) or retired its id
+                # (410: deregistered by someone else): register again, as a new worker.
+                forgotten = (exc.status, exc.code) in _REGISTER_AGAIN
+                if forgotten and not await self._register():
                     return
                 delay = backoff.next_delay()
                 log_event(

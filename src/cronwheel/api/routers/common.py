@@ -58,7 +58,9 @@ def check_json_size(value: Any, *, limit: int, field: str) -> None:
 
 class BoundedCache(Generic[K, V]):
     """An LRU map for facts that never change once true (a worker's registration, the
-    tenant of an attempt), so entries need no expiry, only a bound."""
+    tenant of an attempt), so entries need no expiry, only a bound. (A worker's
+    deregistration is put in by the node that served it; other nodes learn of it from
+    the store, which refuses the worker by itself.)"""
 
     def __init__(self, max_entries: int) -> None:
         self._max = max_entries

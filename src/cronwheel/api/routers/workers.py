@@ -46,7 +46,12 @@ from cronwheel.api.schemas import (
     WorkerRegister,
     WorkerRegistered,
 )
-from cronwheel.domain.errors import NotFoundError, StaleFencingTokenError, ValidationError
+from cronwheel.domain.errors import (
+    NotFoundError,
+    StaleFencingTokenError,
+    ValidationError,
+    WorkerDeregisteredError,
+)
 from cronwheel.domain.model import AttemptOutcome, LeasedAttempt, Worker
 from cronwheel.store.base import CompleteItem, FailItem, HeartbeatItem
 
@@ -57,6 +62,13 @@ log = logging.getLogger("cronwheel.api")
 
 _STALE: dict[int | str, dict[str, Any]] = {
     409: {"model": ErrorResponse, "description": "Stale fencing token; nothing changed"}
+}
+_GONE: dict[int | str, dict[str, Any]] = {
+    410: {
+        "model": ErrorResponse,
+        "description": "The worker was deregistered (`worker_deregistered`): it gets no "
+        "run any more; register again for a new worker id",
+    }
 }
 
 Item = TypeVar("Item", HeartbeatItem, CompleteItem, FailItem)
@@ -91,7 +103,13 @@ async def register_worker(
     )
 
 
-async def _own_worker(state: ApiState, principal: Principal, raw_id: str) -> Worker:
+async def _own_worker(
+    state: ApiState, principal: Principal, raw_id: str, *, live: bool = True
+) -> Worker:
+    """The principal's worker named ``raw_id`` (another tenant's is 404, like an unknown
+    one); ``live``: one known here to have deregistered is 410. The cache may not know of
+    a deregistration through another API node: the store refuses such a worker's leases
+    and starts by itself."""
     worker_id = parse_id(raw_id, "worker")
     worker = state.workers.get(worker_id)
     if worker is None:
@@ -99,6 +117,11 @@ async def _own_worker(state: ApiState, principal: Principal, raw_id: str) -> Wor
         state.workers.put(worker_id, worker)
     if not principal.is_admin and worker.tenant_id != principal.tenant_id:
         raise NotFoundError(f"no worker {worker_id}")
+    if live and worker.deregistered_at is not None:
+        raise WorkerDeregisteredError(
+            f"worker {worker_id} was deregistered: it leases and starts nothing any more; "
+            "register again for a new worker id"
+        )
     return worker
 
 
@@ -141,7 +164,7 @@ def _record_leased(state: ApiState, leased: Sequence[LeasedAttempt]) -> None:
             observe_start_lateness(due_at=item.due_at, started_at=started_at)
 
 
-@router.post("/v1/workers/{worker_id}/lease", summary="Lease runs (long-poll)")
+@router.post("/v1/workers/{worker_id}/lease", summary="Lease runs (long-poll)", responses=_GONE)
 async def lease(
     worker_id: str,
     body: LeaseRequest,
@@ -150,7 +173,8 @@ async def lease(
 ) -> LeaseOut:
     """Up to ``max`` runs the worker can execute, highest priority then oldest first.
     When none is ready, waits up to ``wait`` seconds for one and answers as soon as it
-    is dispatched; an empty list means none came."""
+    is dispatched; an empty list means none came. A deregistered worker gets 410
+    ``worker_deregistered``, also when it is deregistered while its long-poll waits."""
     state = api_state(request)
     if body.wait > state.settings.lease_wait_max:
         raise ValidationError(
@@ -201,6 +225,7 @@ async def lease(
     "/v1/workers/{worker_id}/start",
     summary="Start reservations at their instant",
     response_model=StartOut,
+    responses=_GONE,
 )
 async def start(
     worker_id: str,
@@ -214,7 +239,8 @@ async def start(
     token of its lease, and is the worker's to run from now on. ``not_yet`` tokens are
     due later (try again then); ``refused`` ones are no longer the worker's — the run
     was cancelled or its job paused before it started, or the reservation lapsed and
-    another worker took it — and must not run."""
+    another worker took it — and must not run. A deregistered worker gets 410
+    ``worker_deregistered`` and starts nothing."""
     state = api_state(request)
     worker = await _own_worker(state, principal, worker_id)
     async with state.starts.serving():
@@ -248,15 +274,26 @@ async def deregister_worker(
     answer to a long-poll cut off as it stopped, which would otherwise stay RUNNING
     until their heartbeat timeout and then count as a failed try. ``released`` is how
     many there were (0 when the worker had reported everything). A tenant's worker key
-    reaches only that tenant's workers: another tenant's worker id answers 404."""
+    reaches only that tenant's workers: another tenant's worker id answers 404.
+
+    From then on the worker id leases and starts nothing: those calls answer 410
+    ``worker_deregistered`` (a long-poll waiting at that moment too), on every API
+    node. Deregistering again answers 200 with ``released`` 0, so a retried request is
+    harmless."""
     state = api_state(request)
-    worker = await _own_worker(state, principal, worker_id)
+    worker = await _own_worker(state, principal, worker_id, live=False)
+    # Deregistered first: from its commit on the worker leases nothing, and a lease
+    # already under way has committed before it (the store orders the two), so the
+    # release below finds everything the worker was ever handed.
+    await state.store.workers_deregister(worker.id)
+    state.workers.put(worker.id, await state.store.workers_get(worker.id))
+    # Its long-polls waiting here lease again at once, and are refused.
+    state.notifier.wake([worker.pool])
     # The worker's own tenant scopes the release: every attempt of a tenant's worker is
     # that tenant's, and a worker serving every tenant may hold attempts of any.
     released = await state.store.attempts_release_by_worker(
         worker_id=worker.id, tenant_id=worker.tenant_id
     )
-    await state.store.workers_deregister(worker.id)  # no longer live for routing
     if released:
         log.info(
             "worker deregistered holding attempts; released",

@@ -22,7 +22,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from cronwheel.domain.errors import ValidationError
+from cronwheel.domain.errors import NotFoundError, ValidationError, WorkerDeregisteredError
 from cronwheel.domain.model import AttemptOutcome, LeasedAttempt, ReservationsStarted, Worker
 from cronwheel.domain.states import AttemptState, RunState
 from cronwheel.ids import new_id
@@ -80,6 +80,29 @@ class LeasingMixin(SqlCore):
             raise self._not_found("worker", worker_id)
         return worker_from(row)
 
+    async def _worker_live(self, conn: AsyncConnection, worker_id: uuid.UUID) -> bool:
+        """The worker exists and has not deregistered (its row locked against a
+        deregistration until this transaction ends, where the database locks rows)."""
+        stmt = (
+            sa.select(workers.c.id)
+            .where(workers.c.id == worker_id, workers.c.deregistered_at.is_(None))
+            .with_for_update(read=True)
+        )
+        return (await conn.execute(stmt)).first() is not None
+
+    async def _worker_gone(
+        self, conn: AsyncConnection, worker_id: uuid.UUID
+    ) -> WorkerDeregisteredError | NotFoundError:
+        """Why a worker found not live cannot lease: deregistered, or not there at all
+        (only on that failure path: one read by primary key)."""
+        row = (await conn.execute(sa.select(workers.c.id).where(workers.c.id == worker_id))).first()
+        if row is None:
+            return self._not_found("worker", worker_id)
+        return WorkerDeregisteredError(
+            f"worker {worker_id} was deregistered: it leases and starts nothing any more; "
+            "register again for a new worker id"
+        )
+
     # -- leasing -------------------------------------------------------------------
 
     async def attempts_lease(
@@ -95,6 +118,15 @@ class LeasingMixin(SqlCore):
             return []
         async with self._write() as conn:
             at = await self._now(conn, now)
+            # First, in the same write transaction: a deregistered worker leases nothing.
+            # (Writes are serialised here, so a deregistration is wholly before or after.)
+            seen = await conn.execute(
+                workers.update()
+                .where(workers.c.id == worker.id, workers.c.deregistered_at.is_(None))
+                .values(last_seen_at=at)
+            )
+            if not seen.rowcount:
+                raise await self._worker_gone(conn, worker.id)
             pick = (
                 sa.select(*_LEASED_COLUMNS)
                 .where(
@@ -115,9 +147,6 @@ class LeasingMixin(SqlCore):
             if webhooks_only:  # a run has a task or a webhook, never both
                 pick = pick.where(runs.c.task.is_(None))
             picked = (await conn.execute(pick)).all()
-            await conn.execute(
-                workers.update().where(workers.c.id == worker.id).values(last_seen_at=at)
-            )
             due = [r for r in picked if r.fire_at <= at]
             later = [r for r in picked if r.fire_at > at]
             leased = await self._begin_attempts(
@@ -285,6 +314,8 @@ class LeasingMixin(SqlCore):
             return ReservationsStarted(started_at=None)
         async with self._write() as conn:
             at = await self._now(conn, now)
+            if not await self._worker_live(conn, worker_id):
+                raise await self._worker_gone(conn, worker_id)
             rows = (
                 await conn.execute(
                     self._reserved(tokens, tenant_id).where(runs.c.reserved_by == worker_id)
