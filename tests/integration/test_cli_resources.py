@@ -162,6 +162,33 @@ def test_runs_list_and_show(server: Server) -> None:
     assert [e["to_state"] for e in detail["events"]] == ["SCHEDULED", "CANCELLED"]
 
 
+def test_webhook_header_values_never_reach_the_terminal(server: Server) -> None:
+    secret = "Bearer cli-s3cr3t"
+    with Client(server.url, api_key=server.operator_key) as client:
+        job = client.jobs.create(
+            name="hook",
+            schedule={"delay": 600},
+            webhook={"url": "https://example.com/h", "headers": {"Authorization": secret}},
+        )
+    assert job["webhook"]["headers"] == {"Authorization": "[redacted]"}
+    run_id = job["first_run_id"]
+    for args in (
+        ("jobs", "show", job["id"]),
+        ("jobs", "show", job["id"], "--json"),
+        ("jobs", "list", "--json"),
+        ("runs", "show", run_id),
+        ("runs", "show", run_id, "--json"),
+        ("runs", "list", "--json"),
+    ):
+        result = server.cli(*args)
+        assert result.exit_code == 0, result.output
+        assert secret not in result.output and "cli-s3cr3t" not in result.output, args
+        if "show" in args:
+            assert "Authorization" in result.output, args
+    shown = server.json("jobs", "show", job["id"])
+    assert shown["webhook"]["headers"] == {"Authorization": "[redacted]"}
+
+
 def test_tenant_commands_with_the_admin_key(server: Server) -> None:
     made = server.json("tenants", "create", "cli-second", key=ADMIN_KEY)
     assert made["name"] == "cli-second" and made["api_key"].startswith("cw_")

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from cronwheel.api.progress import ProgressReport
+from cronwheel.api.redaction import WEBHOOK_OUT_DESCRIPTION
 from cronwheel.domain.bounds import Instant, Label, Name, Seconds
 from cronwheel.domain.spec import MAX_RETRY_AFTER, TenantLimits
 from cronwheel.store.base import REDRIVE_BATCH_MAX
@@ -187,7 +188,7 @@ class JobOut(_Out):
     state: str = Field(description="active | paused | cancelled | finished")
     schedule: dict[str, Any]
     task: str | None
-    webhook: dict[str, Any] | None
+    webhook: dict[str, Any] | None = Field(description=WEBHOOK_OUT_DESCRIPTION)
     payload: dict[str, Any]
     pool: str
     requires: list[str]
@@ -285,7 +286,7 @@ class RunOut(_Out):
     requires: list[str]
     tags: list[str]
     task: str | None
-    webhook: dict[str, Any] | None
+    webhook: dict[str, Any] | None = Field(description=WEBHOOK_OUT_DESCRIPTION)
     payload: dict[str, Any]
     attempt: int = Field(description="attempts made so far")
     max_attempts: int
@@ -484,7 +485,10 @@ class LeasedAttemptOut(_Out):
     tenant_id: uuid.UUID
     attempt: int = Field(description="the attempt number, 1 for the first try")
     task: str | None
-    webhook: dict[str, Any] | None
+    webhook: dict[str, Any] | None = Field(
+        description="the webhook to call, header values included: the one answer that "
+        "carries them (the worker role's); every other answer hides them"
+    )
     payload: dict[str, Any]
     fencing_token: int = Field(description="send with every call about this attempt")
     lease_expires_at: UtcInstant

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from cronwheel.api.auth import TenantScope, tenant_reader, tenant_writer
 from cronwheel.api.jsonbody import StrictJsonRoute
+from cronwheel.api.redaction import redact_webhook, refuse_redacted
 from cronwheel.api.routers.common import api_state, check_json_size, parse_id
 from cronwheel.api.routers.runs import run_out
 from cronwheel.api.schemas import (
@@ -75,7 +76,7 @@ def job_out(job: Job, *, first_run_id: Any = None) -> JobOut:
         state=str(job.state),
         schedule=job.schedule,
         task=t.get("task"),
-        webhook=t.get("webhook"),
+        webhook=redact_webhook(t.get("webhook")),
         payload=t.get("payload") or {},
         pool=t.get("pool", "default"),
         requires=t.get("requires") or [],
@@ -148,6 +149,7 @@ def _new_job(
     """Validate what the models cannot (payload size, schedule against the clock) and
     resolve the first due instant."""
     check_json_size(spec.payload, limit=settings.max_payload_bytes, field="payload")
+    refuse_redacted(spec)
     due = first_due(
         spec.schedule,
         now,

@@ -10,6 +10,7 @@ from fastapi import APIRouter, Body, Depends, Query, Request
 
 from cronwheel.api.auth import TenantScope, tenant_reader, tenant_writer
 from cronwheel.api.jsonbody import StrictJsonRoute
+from cronwheel.api.redaction import redact_webhook
 from cronwheel.api.routers.common import api_state, parse_id
 from cronwheel.api.schemas import (
     ERROR_RESPONSES,
@@ -69,7 +70,7 @@ def run_fields(run: Run) -> dict[str, object]:
         "requires": run.requires,
         "tags": run.tags,
         "task": run.task,
-        "webhook": run.webhook,
+        "webhook": redact_webhook(run.webhook),
         "payload": run.payload,
         "attempt": run.attempt,
         "max_attempts": run.max_attempts,
