@@ -128,6 +128,9 @@ def _serve(runtime: Runtime, what: str) -> None:
             f"(pid {os.getpid()}; Ctrl-C to stop)",
             highlight=False,
         )
+        if rt.metrics_address is not None:
+            host, port = rt.metrics_address
+            console.print(f"metrics on http://{escape(host)}:{port}/metrics", highlight=False)
         if rt.admin is not None:
             if rt.admin.created:
                 console.print(
@@ -204,7 +207,8 @@ def scheduler(
             max=65535,
             show_default=False,
             help="Serve Prometheus metrics (dispatch lateness, clock offset, shards held) "
-            "on this port, at /metrics.",
+            "on this port, at /metrics, to CRONWHEEL_METRICS_TOKEN or CRONWHEEL_ADMIN_KEY "
+            "as a bearer token.",
         ),
     ] = None,
     metrics_host: Annotated[
@@ -215,19 +219,19 @@ def scheduler(
     """A scheduler node only: owns shards, fires due runs, expires lost leases."""
     setup_logging(log_level)
     settings = _settings(data_dir=data_dir, database_url=database_url, node_id=node_id)
+    address = None
     if metrics_port is not None:
-        from prometheus_client import start_http_server
-
-        from cronwheel.api.metrics import REGISTRY
-
-        try:
-            start_http_server(metrics_port, addr=metrics_host, registry=REGISTRY)
-        except OSError as exc:
-            fail(f"cannot serve metrics on {metrics_host}:{metrics_port}: {exc}")
-        console.print(
-            f"metrics on http://{escape(metrics_host)}:{metrics_port}/metrics", highlight=False
-        )
-    _serve(Runtime(settings, api=False, node_id=node_id or settings.node_id), "scheduler")
+        if not (settings.metrics_token or settings.admin_key):
+            fail(
+                "--metrics-port: /metrics answers only to a bearer token: set "
+                "CRONWHEEL_METRICS_TOKEN (or CRONWHEEL_ADMIN_KEY)",
+                code=2,
+            )
+        address = (metrics_host, metrics_port)
+    runtime = Runtime(
+        settings, api=False, node_id=node_id or settings.node_id, metrics_address=address
+    )
+    _serve(runtime, "scheduler")
 
 
 @db_app.command("upgrade")

@@ -101,7 +101,7 @@ class _Server(uvicorn.Server):
         yield
 
 
-def _bind(host: str, port: int) -> socket.socket:
+def _bind(host: str, port: int, *, what: str = "listen") -> socket.socket:
     """Bind before starting uvicorn, so a port in use is a clear error and port 0
     gives the actual port."""
     try:
@@ -115,7 +115,7 @@ def _bind(host: str, port: int) -> socket.socket:
         sock.bind(address)
     except OSError as exc:
         sock.close()
-        raise StartupError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+        raise StartupError(f"cannot {what} on {host}:{port}: {exc.strerror or exc}") from exc
     return sock
 
 
@@ -166,7 +166,10 @@ class Runtime:
         node_id: str | None = None,
         extras: list[Extra] | None = None,
         webhooks: bool = False,
+        metrics_address: tuple[str, int] | None = None,
     ) -> None:
+        """``metrics_address``: serve ``GET /metrics`` on its own port there (for a
+        process without the API), to the metrics token or the admin key only."""
         self.settings = settings
         self.with_api = api
         self.with_scheduler = scheduler
@@ -178,6 +181,8 @@ class Runtime:
         self.url: str | None = None
         self.ready = asyncio.Event()
         self._store: Store | None = None
+        self.metrics_address = metrics_address
+        self._metrics_sock: socket.socket | None = None
 
     @property
     def store(self) -> Store:
@@ -186,7 +191,29 @@ class Runtime:
         return self._store
 
     async def prepare(self) -> None:
-        """Data directory, store (opened and migrated) and, for the API, the admin key."""
+        """The metrics port, data directory, store (opened and migrated) and, for the
+        API, the admin key."""
+        self._bind_metrics()
+        try:
+            await self._prepare_store()
+        except BaseException:
+            if self._metrics_sock is not None:
+                self._metrics_sock.close()
+                self._metrics_sock = None
+            raise
+
+    def _bind_metrics(self) -> None:
+        if self.metrics_address is None or self._metrics_sock is not None:
+            return
+        if not (self.settings.metrics_token or self.settings.admin_key):
+            raise StartupError(
+                "the metrics port answers only to the metrics token or the admin key: "
+                "set CRONWHEEL_METRICS_TOKEN (or CRONWHEEL_ADMIN_KEY)"
+            )
+        host, port = self.metrics_address
+        self._metrics_sock = _bind(host, port, what="serve metrics")
+
+    async def _prepare_store(self) -> None:
         settings = self.settings
         if not settings.database_url:
             try:
@@ -221,11 +248,24 @@ class Runtime:
         store = self.store
         core: list[asyncio.Task[Any]] = []
         extras: list[asyncio.Task[Any]] = []
-        server: _Server | None = None
+        servers: list[_Server] = []
         scheduler_stop = asyncio.Event()
         try:
+            if self._metrics_sock is not None:
+                from cronwheel.api.metrics import MetricsApp
+
+                metrics = _Server(_uvicorn_config(MetricsApp(self.settings)))
+                servers.append(metrics)
+                core.append(
+                    asyncio.create_task(
+                        self._serve_api(metrics, self._metrics_sock), name="cronwheel-metrics"
+                    )
+                )
+                self._metrics_sock = None  # closed by the server when it stops
+                await self._wait_started(metrics, core[-1])
             if self.with_api:
                 server, sock = self._make_api(store)
+                servers.append(server)
                 core.append(
                     asyncio.create_task(self._serve_api(server, sock), name="cronwheel-api")
                 )
@@ -259,13 +299,15 @@ class Runtime:
             stopper.cancel()
             errors = [t.exception() for t in done if t is not stopper and not t.cancelled()]
             stop.set()
-            await self._stop_all(extras, server, core, scheduler_stop)
+            await self._stop_all(extras, servers, core, scheduler_stop)
             for error in errors:
                 if error is not None:
                     raise error
         finally:
             for task in (*extras, *core):
                 task.cancel()
+            if self._metrics_sock is not None:  # never handed to a server
+                self._metrics_sock.close()
             await store.close()
             log.info("runtime.stopped", extra={"event": "runtime.stopped"})
 
@@ -296,14 +338,14 @@ class Runtime:
     async def _stop_all(
         self,
         extras: list[asyncio.Task[Any]],
-        server: _Server | None,
+        servers: list[_Server],
         core: list[asyncio.Task[Any]],
         scheduler_stop: asyncio.Event,
     ) -> None:
         # Extras (the demo's worker) talk to the API: let them finish first.
         if extras:
             await asyncio.wait(extras, timeout=_STOP_TIMEOUT)
-        if server is not None:
+        for server in servers:
             server.should_exit = True
         scheduler_stop.set()
         if core:

@@ -9,7 +9,10 @@ from typing import Annotated, Any
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-__all__ = ["Settings", "normalise_database_url"]
+__all__ = ["OTHER_POOLS", "Settings", "normalise_database_url"]
+
+OTHER_POOLS = "other"
+"""The ``pool`` label value in metrics of every pool ``metrics_pools`` does not list."""
 
 
 def normalise_database_url(url: str) -> str:
@@ -34,6 +37,18 @@ class Settings(BaseSettings):
     admin_key: str | None = None
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
+
+    # /metrics (API and scheduler) answers only to this bearer token or the admin key;
+    # unset: the admin key only.
+    metrics_token: str | None = Field(default=None, min_length=16)
+    # The pools whose runs get their own value of the ``pool`` label; every other pool
+    # — named by tenants, so unbounded and not for other tenants' eyes — is counted
+    # under ``other`` (which therefore may not be listed).
+    metrics_pools: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: ["default"],
+        description="pools that get their own `pool` label value in /metrics; the "
+        "environment takes a comma-separated list",
+    )
 
     max_payload_bytes: int = Field(default=64 * 1024, ge=1024)
     max_horizon_days: int = Field(default=3 * 366, ge=1)
@@ -90,12 +105,27 @@ class Settings(BaseSettings):
     webhook_timeout: float = Field(default=30.0, gt=0, le=3600)
     webhook_concurrency: int = Field(default=20, ge=1, le=10_000)
 
-    @field_validator("webhook_pools", "webhook_allow", mode="before")
+    @field_validator("webhook_pools", "webhook_allow", "metrics_pools", mode="before")
     @classmethod
     def _comma_list(cls, value: Any) -> Any:
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
+
+    @field_validator("metrics_token", mode="before")
+    @classmethod
+    def _unset_when_empty(cls, value: Any) -> Any:
+        return None if value == "" else value
+
+    @field_validator("metrics_pools")
+    @classmethod
+    def _metrics_pools(cls, value: list[str]) -> list[str]:
+        if OTHER_POOLS in value:
+            raise ValueError(
+                f"{OTHER_POOLS!r} is the label value of every pool not listed: list the "
+                "pool under another name"
+            )
+        return list(dict.fromkeys(value))
 
     @field_validator("webhook_allow")
     @classmethod

@@ -59,6 +59,7 @@ def cluster(pg_template: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
         extra_env={
             "CRONWHEEL_ROUTE_CHECK_INTERVAL": "0.25",
             "CRONWHEEL_ROUTE_WAIT": "1",
+            "CRONWHEEL_METRICS_POOLS": "default,route",  # the gauge test's pool
             "COLUMNS": "250",  # log lines unwrapped
         },
     )
@@ -383,7 +384,8 @@ async def test_a_run_no_worker_can_take_waits_with_its_reason(tenant: Tenant) ->
 
     def gauge_is(value: float) -> Callable[[], Awaitable[bool]]:
         async def check() -> bool:
-            return _gauge((await tenant.api.get("/metrics")).text, pool) == value
+            admin = {"Authorization": f"Bearer {tenant.cluster.admin_key}"}
+            return _gauge((await tenant.api.get("/metrics", headers=admin)).text, pool) == value
 
         return check
 

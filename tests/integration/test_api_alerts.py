@@ -41,9 +41,18 @@ def _gauge(metrics_text: str, pool: str) -> float | None:
     return None if match is None else float(match.group(1))
 
 
+# A pool the operator lists for metrics: it gets a label value of its own.
+LISTED = "gpu-listed"
+
+
+@pytest.fixture
+def settings(settings: Settings) -> Settings:
+    return settings.model_copy(update={"metrics_pools": ["default", LISTED]})
+
+
 async def test_unroutable_run_shows_its_reason_alert_and_metric(api, store: Store) -> None:  # type: ignore[no-untyped-def]
     t, other = await api.tenant(), await api.tenant()
-    pool = f"gpu-{uuid.uuid4().hex[:6]}"
+    pool = LISTED
     job = await api.job(t, pool=pool, requires=["cuda"])
     run_id = job["first_run_id"]
     await api.fire()
@@ -74,7 +83,7 @@ async def test_unroutable_run_shows_its_reason_alert_and_metric(api, store: Stor
         "job_id": None,
         "run_ids": [],
     }
-    assert _gauge((await api.client.get("/metrics")).text, pool) == 1.0
+    assert _gauge((await api.client.get("/metrics", headers=api.admin)).text, pool) == 1.0
 
     # A worker that can take it appears: the next check clears the reason everywhere.
     worker_key = await api.key(t, "worker")
@@ -86,7 +95,7 @@ async def test_unroutable_run_shows_its_reason_alert_and_metric(api, store: Stor
     got = await api.client.get(f"/v1/runs/{run_id}", headers=t.headers)
     assert (got.json()["state"], got.json()["wait_reason"]) == ("DISPATCHED", None)
     assert (await api.client.get("/v1/alerts", headers=t.headers)).json()["items"] == []
-    assert _gauge((await api.client.get("/metrics")).text, pool) == 0.0
+    assert _gauge((await api.client.get("/metrics", headers=api.admin)).text, pool) == 0.0
     assert (await api.client.get("/v1/alerts", headers=other.headers)).json()["items"] == []
 
 

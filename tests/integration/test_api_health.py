@@ -5,11 +5,14 @@ from __future__ import annotations
 import uuid
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from cronwheel.api import create_app
 from cronwheel.settings import Settings
 from cronwheel.store import Store, create_store
+
+ADMIN = {"Authorization": "Bearer test-admin-key-0123456789"}
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -47,13 +50,13 @@ async def test_metrics(api, app, store: Store) -> None:
     worker = await api.key(t, "worker")
     wid = (await api.client.post("/v1/workers", json={}, headers=worker)).json()["worker_id"]
 
-    before = samples((await api.client.get("/metrics")).text)
+    before = samples((await api.client.get("/metrics", headers=api.admin)).text)
     start_count = before.get(("cronwheel_start_lateness_seconds_count", ()), 0.0)
     r = await api.client.post(f"/v1/workers/{wid}/lease", json={"max": 5}, headers=worker)
     assert len(r.json()["attempts"]) == 1
     await api.client.get("/v1/jobs/not-an-id", headers=t.headers)
 
-    r = await api.client.get("/metrics")
+    r = await api.client.get("/metrics", headers=api.admin)
     assert r.status_code == 200
     assert r.headers["content-type"].startswith("text/plain")
     after = samples(r.text)
@@ -78,11 +81,89 @@ async def test_metrics(api, app, store: Store) -> None:
     )
     assert runs(after, "RUNNING") == 0  # the cached count
     app.state.api.runs_by_state.max_age = 0
-    fresh = samples((await api.client.get("/metrics")).text)
+    fresh = samples((await api.client.get("/metrics", headers=api.admin)).text)
     counts = await store.runs_count_by_state()
     for state in ("SCHEDULED", "DISPATCHED", "RUNNING", "SUCCESS"):
         assert runs(fresh, state) == counts.get(state, 0)
     assert (runs(fresh, "DISPATCHED"), runs(fresh, "RUNNING")) == (0, 1)
+
+
+METRICS_TOKEN = "prometheus-scrape-token-42"
+
+
+async def test_metrics_answer_only_to_the_metrics_token_or_the_admin_key(
+    settings: Settings, store: Store
+) -> None:
+    app = create_app(settings.model_copy(update={"metrics_token": METRICS_TOKEN}), store)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://cw") as client:
+        r = await client.post(
+            "/v1/tenants", json={"name": f"m-{uuid.uuid4().hex[:6]}"}, headers=ADMIN
+        )
+        operator = {"Authorization": f"Bearer {r.json()['api_key']}"}
+        for headers, status, code in (
+            ({}, 401, "unauthorized"),
+            ({"Authorization": "Bearer not-the-token"}, 401, "unauthorized"),
+            ({"Authorization": f"Basic {METRICS_TOKEN}"}, 401, "unauthorized"),
+            (operator, 403, "forbidden"),
+        ):
+            r = await client.get("/metrics", headers=headers)
+            assert r.status_code == status, r.text
+            assert r.json()["error"]["code"] == code
+            assert "cronwheel_" not in r.text
+        for headers in ({"Authorization": f"Bearer {METRICS_TOKEN}"}, ADMIN):
+            r = await client.get("/metrics", headers=headers)
+            assert r.status_code == 200, r.text
+            assert "cronwheel_api_requests_total" in r.text
+        # The probes stay open for load balancers.
+        assert (await client.get("/healthz")).status_code == 200
+        assert (await client.get("/readyz")).status_code == 200
+
+
+async def test_without_a_metrics_token_only_the_admin_key_reads_them(api) -> None:
+    assert api.app.state.settings.metrics_token is None
+    worker = await api.key(await api.tenant(), "worker")
+    assert (await api.client.get("/metrics", headers=worker)).status_code == 403
+    assert (await api.client.get("/metrics")).status_code == 401
+    assert (await api.client.get("/metrics", headers=api.admin)).status_code == 200
+    doc = (await api.client.get("/openapi.json")).json()["paths"]["/metrics"]["get"]
+    assert "metrics_token" in doc["description"] and doc["security"]
+
+
+async def test_no_tenant_chosen_pool_name_reaches_the_metrics(api, store: Store) -> None:
+    """Pools are named by tenants: only the operator's list gets label values of its
+    own, whatever a tenant writes (quotes and newlines included)."""
+    t = await api.tenant()
+    named = [
+        f"acme-private-pool-{uuid.uuid4().hex[:8]}",
+        'evil"} 1\ncronwheel_fake{x="',
+        "other-tenant-secret-project",
+    ]
+    for pool in named:
+        await api.job(t, pool=pool, requires=["cuda"])
+    await api.job(t, pool="default", requires=["cuda"])
+    await api.fire()
+    await store.runs_route_check(shards=list(range(256)), min_wait=0.0, worker_ttl=30.0)
+    api.app.state.api.runs_by_state.max_age = 0
+
+    text = (await api.client.get("/metrics", headers=api.admin)).text
+    for pool in named:
+        assert pool not in text
+    assert "acme-private" not in text and "secret-project" not in text
+    assert "cronwheel_fake" not in text
+    unroutable = {
+        labels: value
+        for (name, labels), value in samples(text).items()
+        if name == "cronwheel_runs_unroutable"
+    }
+    assert unroutable[(("pool", "default"),)] == 1.0
+    assert unroutable[(("pool", "other"),)] == 3.0
+
+
+def test_other_cannot_be_listed_as_a_metrics_pool() -> None:
+    with pytest.raises(ValueError, match="other"):
+        Settings(metrics_pools=["default", "other"])
+    assert Settings(metrics_pools="gpu, default,gpu").metrics_pools == ["gpu", "default"]
 
 
 async def test_unknown_routes_are_json_404(api) -> None:

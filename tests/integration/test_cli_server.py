@@ -88,26 +88,54 @@ def test_server_on_a_busy_port_fails_clearly(tmp_path: Path) -> None:
     assert f"cannot listen on 127.0.0.1:{port}" in result.stderr
 
 
+METRICS_TOKEN = "scrape-token-0123456789"
+
+
 def test_scheduler_serves_its_metrics(tmp_path: Path) -> None:
     """``cronwheel scheduler --metrics-port``: the node's clock offset, clock uncertainty
-    and shards held are scraped from its own port."""
+    and shards held are scraped from its own port, with the metrics token or the admin
+    key only."""
     port = free_port()
-    seen: dict[str, str] = {}
+    url = f"http://127.0.0.1:{port}/metrics"
+    seen: dict[str, Any] = {}
 
     def scrape() -> None:
         def holds_every_shard() -> bool:
-            text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=1).text
-            seen["metrics"] = text
-            return "cronwheel_scheduler_shards_held 256.0" in text
+            r = httpx.get(url, headers={"Authorization": f"Bearer {METRICS_TOKEN}"}, timeout=1)
+            seen["metrics"] = r.text
+            return "cronwheel_scheduler_shards_held 256.0" in r.text
 
         wait_until(holds_every_shard)
+        seen["admin"] = httpx.get(url, headers={"Authorization": "Bearer the-admin-key"}).text
+        seen["refused"] = [
+            httpx.get(url, headers=headers, timeout=1)
+            for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": "Basic x"})
+        ]
+        seen["elsewhere"] = httpx.get(f"http://127.0.0.1:{port}/v1/jobs", timeout=1)
 
+    env = {"CRONWHEEL_METRICS_TOKEN": METRICS_TOKEN, "CRONWHEEL_ADMIN_KEY": "the-admin-key"}
     args = ["scheduler", "--data-dir", str(tmp_path), "--metrics-port", str(port)]
-    result = invoke_then_terminate(args, scrape)
+    result = invoke_then_terminate(args, scrape, env)
     assert result.exit_code == 0, result.output
-    assert f"metrics on http://127.0.0.1:{port}/metrics" in result.stdout
+    assert f"metrics on {url}" in result.stdout
     assert "cronwheel_scheduler_clock_offset_seconds " in seen["metrics"]
     assert "cronwheel_scheduler_clock_uncertainty_seconds " in seen["metrics"]
+    assert "cronwheel_scheduler_shards_held" in seen["admin"]
+    for refused in seen["refused"]:
+        assert refused.status_code == 401, refused.text
+        assert refused.json()["error"]["code"] == "unauthorized"
+        assert "cronwheel_" not in refused.text
+    assert seen["elsewhere"].status_code == 404
+    assert seen["elsewhere"].json()["error"]["code"] == "not_found"
+
+
+def test_scheduler_metrics_port_needs_a_token(tmp_path: Path) -> None:
+    args = ["scheduler", "--data-dir", str(tmp_path), "--metrics-port", str(free_port())]
+    result = runner.invoke(
+        app, args, env={"CRONWHEEL_ADMIN_KEY": "", "CRONWHEEL_METRICS_TOKEN": ""}
+    )
+    assert result.exit_code == 2, result.output
+    assert "CRONWHEEL_METRICS_TOKEN" in result.stderr
 
 
 def test_scheduler_metrics_port_taken_fails_clearly(tmp_path: Path) -> None:
@@ -116,7 +144,7 @@ def test_scheduler_metrics_port_taken_fails_clearly(tmp_path: Path) -> None:
         busy.listen()
         port = busy.getsockname()[1]
         args = ["scheduler", "--data-dir", str(tmp_path), "--metrics-port", str(port)]
-        result = runner.invoke(app, args)
+        result = runner.invoke(app, args, env={"CRONWHEEL_METRICS_TOKEN": METRICS_TOKEN})
     assert result.exit_code == 1
     assert f"cannot serve metrics on 127.0.0.1:{port}" in result.stderr
 

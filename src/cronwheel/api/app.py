@@ -125,7 +125,7 @@ def create_app(settings: Settings, store: Store, *, log_store: LogStore | None =
         store=store,
         key_cache=KeyCache(store),
         notifier=ReadyNotifier(store),
-        runs_by_state=RunsByStateRefresher(store),
+        runs_by_state=RunsByStateRefresher(store, pools=settings.metrics_pools),
     )
 
     @asynccontextmanager

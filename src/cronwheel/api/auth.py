@@ -50,7 +50,9 @@ __all__ = [
     "authenticate",
     "generate_key",
     "hash_key",
+    "may_read_metrics",
     "require_admin",
+    "require_metrics_reader",
     "require_worker",
     "tenant_reader",
     "tenant_writer",
@@ -160,6 +162,31 @@ async def authenticate(
     if record is None or record.revoked_at is not None:
         raise AuthError("invalid API key")
     return Principal(role=record.role, tenant_id=record.tenant_id, key_id=record.id)
+
+
+def may_read_metrics(key: str, settings: Settings) -> bool:
+    """``key`` is the metrics token or the admin key (compared in constant time)."""
+    presented = key.strip().encode()
+    return any(
+        secret is not None and hmac.compare_digest(presented, secret.encode())
+        for secret in (settings.metrics_token, settings.admin_key)
+    )
+
+
+async def require_metrics_reader(
+    request: Request,
+    credentials: HTTPAuthorizationCredentials | None = Depends(_bearer),
+) -> None:
+    """The metrics token or the admin key: metrics describe every tenant at once. A
+    tenant's own key is refused (403), anything else is 401."""
+    if credentials is None or not credentials.credentials:
+        raise AuthError(
+            "missing credentials: send 'Authorization: Bearer <metrics token or admin key>'"
+        )
+    if may_read_metrics(credentials.credentials, _settings(request)):
+        return
+    await authenticate(request, credentials)  # 401 unless it is some tenant's key
+    raise PermissionDeniedError("metrics need the metrics token or the admin key")
 
 
 async def require_admin(principal: Principal = Depends(authenticate)) -> Principal:

@@ -8,13 +8,18 @@ metric twice and nothing foreign leaks into ``/metrics``.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from datetime import datetime
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import generate_latest
+from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from cronwheel.api.auth import may_read_metrics
+from cronwheel.api.errors import error_response
 from cronwheel.domain.states import RunState
+from cronwheel.settings import OTHER_POOLS, Settings
 from cronwheel.store.base import Store
 
 __all__ = [
@@ -32,6 +37,7 @@ __all__ = [
     "SHARDS_HELD",
     "START_LATENESS",
     "UNROUTABLE_RUNS",
+    "MetricsApp",
     "MetricsMiddleware",
     "RunsByStateRefresher",
     "observe_start_lateness",
@@ -95,7 +101,8 @@ RUNS_BY_STATE = Gauge(
 )
 UNROUTABLE_RUNS = Gauge(
     "cronwheel_runs_unroutable",
-    "Dispatched runs no live worker can take, by pool (refreshed at scrape time).",
+    "Dispatched runs no live worker can take, by pool: the pools of the setting "
+    "metrics_pools, every other one as 'other' (refreshed at scrape time).",
     ["pool"],
     registry=REGISTRY,
 )
@@ -133,13 +140,21 @@ def observe_start_lateness(*, due_at: datetime, started_at: datetime) -> None:
 class RunsByStateRefresher:
     """The gauges read from the runs table — runs by state, unroutable runs by pool.
     Counting scans a large table: at most one refresh per ``max_age`` seconds, however
-    often Prometheus (or several of them) scrape."""
+    often Prometheus (or several of them) scrape.
 
-    def __init__(self, store: Store, *, max_age: float = 5.0) -> None:
+    Pool names are the tenants' to choose: as label values they would show one tenant's
+    names to whoever reads the metrics and let a tenant create series without bound. So
+    only the operator's ``pools`` get a value of their own; every other pool counts
+    under :data:`OTHER_POOLS`. The label set is fixed, and every value is set at each
+    refresh (0 when none waits)."""
+
+    def __init__(
+        self, store: Store, *, pools: Iterable[str] = ("default",), max_age: float = 5.0
+    ) -> None:
         self._store = store
         self.max_age = max_age
         self._refreshed_at: float | None = None
-        self._unroutable_pools: set[str] = set()
+        self._pools = frozenset(pools) - {OTHER_POOLS}
 
     async def refresh(self) -> None:
         now = time.monotonic()
@@ -148,13 +163,12 @@ class RunsByStateRefresher:
         counts = await self._store.runs_count_by_state()
         for state in RunState:
             RUNS_BY_STATE.labels(state=state.value).set(counts.get(state.value, 0))
-        by_pool: dict[str, int] = {}
+        by_label = dict.fromkeys([*self._pools, OTHER_POOLS], 0)
         for group in await self._store.runs_unroutable(None):
-            by_pool[group.pool] = by_pool.get(group.pool, 0) + group.runs
-        # A pool that had unroutable runs goes back to 0 rather than vanishing.
-        for pool in self._unroutable_pools | set(by_pool):
-            UNROUTABLE_RUNS.labels(pool=pool).set(by_pool.get(pool, 0))
-        self._unroutable_pools |= set(by_pool)
+            label = group.pool if group.pool in self._pools else OTHER_POOLS
+            by_label[label] += group.runs
+        for label, count in by_label.items():
+            UNROUTABLE_RUNS.labels(pool=label).set(count)
         QUARANTINED_RUNS.set(await self._store.runs_count_quarantined())
         self._refreshed_at = now
 
@@ -194,3 +208,53 @@ class MetricsMiddleware:
             method = scope["method"] if scope["method"] in _METHODS else "OTHER"
             API_REQUESTS.labels(route=template, method=method, status=str(status)).inc()
             API_REQUEST_DURATION.labels(route=template).observe(time.perf_counter() - started)
+
+
+class MetricsApp:
+    """``GET /metrics`` and nothing else, for a process without the API (``cronwheel
+    scheduler --metrics-port``): the same rule as the API's route — the metrics token or
+    the admin key — and the same JSON errors."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await _lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        response: Response
+        if scope["path"] != "/metrics":
+            response = error_response(404, "not_found", f"no such endpoint: {scope['path']}")
+        elif scope["method"] not in ("GET", "HEAD"):
+            response = error_response(
+                405, "method_not_allowed", f"method {scope['method']} is not allowed"
+            )
+        elif not self._allowed(scope):
+            response = error_response(
+                401,
+                "unauthorized",
+                "send 'Authorization: Bearer <metrics token or admin key>'",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+        else:
+            response = Response(render(), media_type=CONTENT_TYPE_LATEST)
+        await response(scope, receive, send)
+
+    def _allowed(self, scope: Scope) -> bool:
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                scheme, _, key = value.decode("latin-1").partition(" ")
+                return scheme.lower() == "bearer" and may_read_metrics(key, self.settings)
+        return False
+
+
+async def _lifespan(receive: Receive, send: Send) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return

@@ -1,12 +1,15 @@
-"""Probes and metrics: no API key, so load balancers and Prometheus can reach them."""
+"""Probes and metrics. The probes need no key, so load balancers reach them; metrics
+describe every tenant at once, so they answer only to the metrics token or the admin
+key (see :func:`cronwheel.api.auth.require_metrics_reader`)."""
 
 from __future__ import annotations
 
 import logging
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
+from cronwheel.api.auth import require_metrics_reader
 from cronwheel.api.errors import error_response
 from cronwheel.api.jsonbody import StrictJsonRoute
 from cronwheel.api.metrics import CONTENT_TYPE_LATEST, render
@@ -45,9 +48,18 @@ async def readyz(request: Request) -> JSONResponse:
     "/metrics",
     summary="Prometheus metrics",
     response_class=Response,
-    responses={200: {"content": {CONTENT_TYPE_LATEST: {}}, "description": "text format"}},
+    responses={
+        200: {"content": {CONTENT_TYPE_LATEST: {}}, "description": "text format"},
+        401: {"model": ErrorResponse, "description": "No key, or not a valid one"},
+        403: {"model": ErrorResponse, "description": "A tenant's key"},
+    },
+    dependencies=[Depends(require_metrics_reader)],
 )
 async def metrics(request: Request) -> Response:
+    """Needs `Authorization: Bearer <token>` with the setting `metrics_token` (for the
+    scraper) or the admin key. The `pool` label has a value of its own only for the
+    pools of the setting `metrics_pools`; every other pool — tenants name them — is
+    counted under `other`."""
     try:
         await api_state(request).runs_by_state.refresh()
     except Exception:
