@@ -127,9 +127,17 @@ def _url_of(sock: socket.socket, host: str) -> str:
     return f"http://{shown}:{port}"
 
 
-def _uvicorn_config(app: Any) -> uvicorn.Config:
+def _uvicorn_config(app: Any, settings: Settings | None = None) -> uvicorn.Config:
+    """uvicorn for ``app``, with the request-head limits of ``settings`` (default
+    settings when None) enforced while it parses, and no WebSocket upgrades (cronwheel
+    has no WebSocket route)."""
+    from cronwheel.api.head_limits import HeadLimits, uvicorn_options
+
+    limits = HeadLimits.of(settings or Settings.model_construct())
     return uvicorn.Config(
         app,
+        ws="none",
+        **uvicorn_options(limits),
         log_config=None,
         access_log=False,
         lifespan="on",
@@ -140,11 +148,13 @@ def _uvicorn_config(app: Any) -> uvicorn.Config:
 
 
 @contextlib.asynccontextmanager
-async def serving(app: Any, *, host: str = "127.0.0.1", port: int = 0) -> AsyncIterator[str]:
+async def serving(
+    app: Any, *, host: str = "127.0.0.1", port: int = 0, settings: Settings | None = None
+) -> AsyncIterator[str]:
     """Serve an ASGI app with uvicorn on the running loop for the duration of the block;
-    yields its URL (``port=0``: a free port)."""
+    yields its URL (``port=0``: a free port). ``settings``: its request-head limits."""
     sock = _bind(host, port)
-    server = _Server(_uvicorn_config(app))
+    server = _Server(_uvicorn_config(app, settings))
     task = asyncio.create_task(Runtime._serve_api(server, sock), name="cronwheel-serving")
     try:
         await Runtime._wait_started(server, task)
@@ -254,7 +264,7 @@ class Runtime:
             if self._metrics_sock is not None:
                 from cronwheel.api.metrics import MetricsApp
 
-                metrics = _Server(_uvicorn_config(MetricsApp(self.settings)))
+                metrics = _Server(_uvicorn_config(MetricsApp(self.settings), self.settings))
                 servers.append(metrics)
                 core.append(
                     asyncio.create_task(
@@ -316,7 +326,8 @@ class Runtime:
 
         sock = _bind(self.settings.host, self.settings.port)
         self.url = _url_of(sock, self.settings.host)
-        return _Server(_uvicorn_config(create_app(self.settings, store))), sock
+        app = create_app(self.settings, store)
+        return _Server(_uvicorn_config(app, self.settings)), sock
 
     @staticmethod
     async def _serve_api(server: _Server, sock: socket.socket) -> None:

@@ -50,6 +50,11 @@ class Settings(BaseSettings):
         "environment takes a comma-separated list",
     )
 
+    # A request's head: at most this many headers, and this many bytes of request line
+    # and headers together; more is refused with 431 while it is still arriving.
+    max_header_count: int = Field(default=100, ge=10, le=10_000)
+    max_header_bytes: int = Field(default=32 * 1024, ge=4096, le=1 << 20)
+
     max_payload_bytes: int = Field(default=64 * 1024, ge=1024)
     max_horizon_days: int = Field(default=3 * 366, ge=1)
     past_grace_seconds: float = Field(default=300.0, ge=0)

@@ -16,6 +16,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from cronwheel.api.auth import KeyCache
 from cronwheel.api.errors import error_response, install_error_handlers
+from cronwheel.api.head_limits import HeadLimitMiddleware, HeadLimits
 from cronwheel.api.metrics import MetricsMiddleware, RunsByStateRefresher
 from cronwheel.api.routers import alerts, health, jobs, logs, runs, tenants, workers
 from cronwheel.api.routers.common import ApiState, ReadyNotifier
@@ -35,6 +36,10 @@ Errors are JSON: `{"error": {"code": ..., "message": ..., "field": ...}}`.
 Bodies are strict JSON (no `NaN` or `Infinity`, nesting at most 32 levels, no NUL or
 unpaired surrogate in any string) and every value is bounded (each field's schema shows
 its bounds); a value out of bounds is a 4xx naming the field, and nothing is written.
+
+Every request: more than `max_header_count` headers (100), or a request line and
+headers over `max_header_bytes` (32 KiB), is refused with 431
+`request_headers_too_large` and the connection closed.
 """
 
 _TAGS = [
@@ -153,6 +158,7 @@ def create_app(settings: Settings, store: Store, *, log_store: LogStore | None =
     install_error_handlers(app)
     # Room for a full payload plus the rest of a job, or a batch of worker reports.
     app.add_middleware(BodyLimitMiddleware, max_bytes=max(1 << 20, 4 * settings.max_payload_bytes))
+    app.add_middleware(HeadLimitMiddleware, limits=HeadLimits.of(settings))
     app.add_middleware(MetricsMiddleware)  # added last: outermost, so it sees every answer
 
     for module in (tenants, jobs, runs, alerts, workers, logs, health):
