@@ -466,9 +466,15 @@ async def test_handing_a_reservation_back_frees_the_run_at_once(api: Any) -> Non
     assert_untouched(await run_detail(api, t, run["id"]))
 
     await until_due(api, parse(reserved["not_before"]))
-    for owner, old in ((wid, reserved), (other, again)):  # both handed back: neither starts
-        token = old["fencing_token"]
-        assert await start(api, worker, owner, [token]) == nothing_started(refused=[token])
+    # Both handed back: neither starts (the deregistered worker starts nothing at all).
+    token = reserved["fencing_token"]
+    assert await start(api, worker, wid, [token]) == nothing_started(refused=[token])
+    r = await api.client.post(
+        f"/v1/workers/{other}/start",
+        json={"fencing_tokens": [again["fencing_token"]]},
+        headers=worker,
+    )
+    assert r.status_code == 410 and r.json()["error"]["code"] == "worker_deregistered"
     assert_untouched(await run_detail(api, t, run["id"]))
     # The first worker leases it once more; due now, it starts at once.
     [third], _ = await lease(api, worker, wid, max=10, ahead=LEAD)
