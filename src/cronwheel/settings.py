@@ -55,6 +55,17 @@ class Settings(BaseSettings):
     max_header_count: int = Field(default=100, ge=10, le=10_000)
     max_header_bytes: int = Field(default=32 * 1024, ge=4096, le=1 << 20)
 
+    # Requests per second (token buckets, each API process on its own; 0: no limit):
+    # per operator or viewer key; per worker key and for the admin key (they carry the
+    # worker protocol of whole fleets); per client address for requests without a valid
+    # key. See cronwheel/api/rate_limits.py.
+    rate_limit: float = Field(default=100.0, ge=0)
+    rate_limit_burst: int = Field(default=200, ge=1)
+    worker_rate_limit: float = Field(default=2000.0, ge=0)
+    worker_rate_limit_burst: int = Field(default=4000, ge=1)
+    anonymous_rate_limit: float = Field(default=20.0, ge=0)
+    anonymous_rate_limit_burst: int = Field(default=100, ge=1)
+
     max_payload_bytes: int = Field(default=64 * 1024, ge=1024)
     max_horizon_days: int = Field(default=3 * 366, ge=1)
     past_grace_seconds: float = Field(default=300.0, ge=0)

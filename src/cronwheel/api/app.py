@@ -18,6 +18,7 @@ from cronwheel.api.auth import KeyCache
 from cronwheel.api.errors import error_response, install_error_handlers
 from cronwheel.api.head_limits import HeadLimitMiddleware, HeadLimits
 from cronwheel.api.metrics import MetricsMiddleware, RunsByStateRefresher
+from cronwheel.api.rate_limits import RateLimitMiddleware
 from cronwheel.api.routers import alerts, health, jobs, logs, runs, tenants, workers
 from cronwheel.api.routers.common import ApiState, ReadyNotifier
 from cronwheel.logstore import FileLogStore, LogStore
@@ -39,7 +40,9 @@ its bounds); a value out of bounds is a 4xx naming the field, and nothing is wri
 
 Every request: more than `max_header_count` headers (100), or a request line and
 headers over `max_header_bytes` (32 KiB), is refused with 431
-`request_headers_too_large` and the connection closed.
+`request_headers_too_large` and the connection closed. Requests are rate limited per
+API key (worker keys and the admin key far higher), and per client address without a
+valid key: over the limit the answer is 429 `rate_limited` with `Retry-After`.
 """
 
 _TAGS = [
@@ -158,6 +161,8 @@ def create_app(settings: Settings, store: Store, *, log_store: LogStore | None =
     install_error_handlers(app)
     # Room for a full payload plus the rest of a job, or a batch of worker reports.
     app.add_middleware(BodyLimitMiddleware, max_bytes=max(1 << 20, 4 * settings.max_payload_bytes))
+    # Before the body is read, after the head is judged.
+    app.add_middleware(RateLimitMiddleware, settings=settings, key_cache=state.key_cache)
     app.add_middleware(HeadLimitMiddleware, limits=HeadLimits.of(settings))
     app.add_middleware(MetricsMiddleware)  # added last: outermost, so it sees every answer
 

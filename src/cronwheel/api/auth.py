@@ -43,6 +43,7 @@ from cronwheel.store.base import Store
 __all__ = [
     "KEY_CACHE_TTL",
     "KEY_PREFIX",
+    "MAX_KEY_LENGTH",
     "TENANT_HEADER",
     "KeyCache",
     "Principal",
@@ -62,7 +63,7 @@ KEY_PREFIX = "cw_"
 KEY_CACHE_TTL = 5.0
 TENANT_HEADER = "Cronwheel-Tenant"
 _NEGATIVE_TTL = 1.0
-_MAX_KEY_LENGTH = 256
+MAX_KEY_LENGTH = 256
 
 
 def hash_key(key: str) -> str:
@@ -111,6 +112,21 @@ class KeyCache:
         self._max_entries = max_entries
         self._entries: dict[str, tuple[float, ApiKey | None]] = {}
 
+    def peek(self, key_hash: str, *, stale_for: float = 0.0) -> tuple[bool, ApiKey | None]:
+        """``(known, record)`` from the cache alone, never the store: ``known`` is False
+        when the hash is not cached or its entry expired — except that a key found
+        valid stays known for ``stale_for`` seconds past its expiry (for rate limits,
+        which only need to tell a client that had a key from one that never did;
+        :meth:`lookup`, which authentication uses, never answers stale)."""
+        hit = self._entries.get(key_hash)
+        if hit is None:
+            return False, None
+        expires, record = hit
+        now = time.monotonic()
+        if expires > now or (record is not None and expires + stale_for > now):
+            return True, record
+        return False, None
+
     async def lookup(self, key_hash: str) -> ApiKey | None:
         now = time.monotonic()
         hit = self._entries.get(key_hash)
@@ -156,7 +172,7 @@ async def authenticate(
     admin_key = _settings(request).admin_key
     if admin_key and hmac.compare_digest(key.encode(), admin_key.encode()):
         return Principal(role="admin", tenant_id=None, key_id=None)
-    if not key.startswith(KEY_PREFIX) or len(key) > _MAX_KEY_LENGTH:
+    if not key.startswith(KEY_PREFIX) or len(key) > MAX_KEY_LENGTH:
         raise AuthError("invalid API key")
     record = await _key_cache(request).lookup(hash_key(key))
     if record is None or record.revoked_at is not None:

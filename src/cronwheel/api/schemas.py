@@ -119,6 +119,11 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     404: {"model": ErrorResponse, "description": "Unknown id, or another tenant's"},
     413: {"model": ErrorResponse, "description": "Request body or payload too large"},
     422: {"model": ErrorResponse, "description": "Invalid input; `field` names it"},
+    429: {
+        "model": ErrorResponse,
+        "description": "Too many requests with this key (`rate_limited`): retry after "
+        "`Retry-After` seconds",
+    },
 }
 
 

@@ -76,6 +76,9 @@ _Item = Completion | Failure | TokenRef
 T = TypeVar("T")
 
 _BATCH_MAX = 1000  # items of one kind per batch request: the server's limit
+# Statuses after which a batch is sent again later as it is (the others of 4xx mean the
+# server refuses it: its items are then tried one by one).
+_RETRY_STATUSES = FATAL_STATUSES | {429}
 _MAX_DEFER = 2.0
 _DEFER_POLL = 0.01
 
@@ -170,7 +173,8 @@ class Outbox:
                     completions=completions, failures=failures, releases=releases
                 )
             except ApiError as exc:
-                if 400 <= exc.status < 500 and exc.status not in FATAL_STATUSES:
+                # A refusal of the batch as such (not 429: rate limited, try again later).
+                if 400 <= exc.status < 500 and exc.status not in _RETRY_STATUSES:
                     await self._flush_singly([*completions, *failures, *releases], exc)
                     return True
                 self._completions[:0] = completions
@@ -201,6 +205,9 @@ class Outbox:
                 else:
                     out, kind = (await self.protocol.batch(releases=[item])).releases, "released"
             except ApiError as exc:
+                if exc.status == 429:  # not a refusal of the item: back in the queue
+                    self.add(item)
+                    continue
                 if isinstance(item, Completion) and 400 <= exc.status < 500:
                     # The server will not take this result: report why, as a failure.
                     self.add(
