@@ -74,8 +74,7 @@ async def test_a_lease_waits_for_a_deregistration_in_flight_and_gets_nothing(
 ) -> None:
     """The deregistration holds the worker's row, uncommitted, when the lease comes: the
     lease must wait for it and then lease nothing — never go ahead on the old row."""
-    if engine_of(store).dialect.name != "postgresql":
-        pytest.skip("SQLite runs one write transaction at a time: nothing can overlap")
+    _postgres_only(store)
     tenant = await make_tenant(store)
     worker = await register_worker(store, tenant.id)
     run = await dispatched_run(store, tenant.id)
@@ -101,8 +100,7 @@ async def test_a_deregistration_waits_for_a_lease_in_flight_and_releases_its_run
     """The other order: a lease holds the worker's row (here, as the lease statement
     does, share-locked in an open transaction) when the deregistration comes. It waits
     for the lease to commit, so the release after it finds the runs leased."""
-    if engine_of(store).dialect.name != "postgresql":
-        pytest.skip("SQLite runs one write transaction at a time: nothing can overlap")
+    _postgres_only(store)
     tenant = await make_tenant(store)
     worker = await register_worker(store, tenant.id)
     run = await dispatched_run(store, tenant.id)
@@ -125,6 +123,11 @@ async def test_a_deregistration_waits_for_a_lease_in_flight_and_releases_its_run
     assert (await store.runs_get(tenant.id, run.id)).state is RunState.DISPATCHED
     with pytest.raises(WorkerDeregisteredError):
         await store.attempts_lease(worker=worker, max=10, now=at(2))
+
+
+def _postgres_only(store: Store) -> None:
+    if engine_of(store).dialect.name != "postgresql":
+        pytest.skip("SQLite runs one write transaction at a time: nothing can overlap")
 
 
 async def _until_blocked(watcher: AsyncConnection, task: asyncio.Task[Any]) -> None:

@@ -28,6 +28,7 @@ import hmac
 import secrets
 import time
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import cast
 
@@ -49,6 +50,7 @@ __all__ = [
     "Principal",
     "TenantScope",
     "authenticate",
+    "bearer_token",
     "generate_key",
     "hash_key",
     "may_read_metrics",
@@ -178,6 +180,17 @@ async def authenticate(
     if record is None or record.revoked_at is not None:
         raise AuthError("invalid API key")
     return Principal(role=record.role, tenant_id=record.tenant_id, key_id=record.id)
+
+
+def bearer_token(headers: Iterable[tuple[bytes, bytes]]) -> str | None:
+    """The key of an ``Authorization: Bearer <key>`` header among raw ASGI ``headers``
+    (for the code in front of FastAPI's own parsing: middleware, bare ASGI apps)."""
+    for name, value in headers:
+        if name == b"authorization":
+            scheme, _, key = value.decode("latin-1").partition(" ")
+            key = key.strip()
+            return key if scheme.lower() == "bearer" and key else None
+    return None
 
 
 def may_read_metrics(key: str, settings: Settings) -> bool:

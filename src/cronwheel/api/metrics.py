@@ -16,7 +16,7 @@ from prometheus_client.exposition import generate_latest
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from cronwheel.api.auth import may_read_metrics
+from cronwheel.api.auth import bearer_token, may_read_metrics
 from cronwheel.api.errors import error_response
 from cronwheel.domain.states import RunState
 from cronwheel.settings import OTHER_POOLS, Settings
@@ -243,11 +243,8 @@ class MetricsApp:
         await response(scope, receive, send)
 
     def _allowed(self, scope: Scope) -> bool:
-        for name, value in scope["headers"]:
-            if name == b"authorization":
-                scheme, _, key = value.decode("latin-1").partition(" ")
-                return scheme.lower() == "bearer" and may_read_metrics(key, self.settings)
-        return False
+        key = bearer_token(scope["headers"])
+        return key is not None and may_read_metrics(key, self.settings)
 
 
 async def _lifespan(receive: Receive, send: Send) -> None:

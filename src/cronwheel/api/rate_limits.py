@@ -51,7 +51,7 @@ from typing import TypeGuard
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from cronwheel.api.auth import KEY_PREFIX, MAX_KEY_LENGTH, KeyCache, hash_key
+from cronwheel.api.auth import KEY_PREFIX, MAX_KEY_LENGTH, KeyCache, bearer_token, hash_key
 from cronwheel.domain.errors import RateLimitedError
 from cronwheel.domain.model import ApiKey
 from cronwheel.settings import Settings
@@ -128,14 +128,6 @@ class Buckets:
         return True
 
 
-def _bearer(scope: Scope) -> str | None:
-    for name, value in scope["headers"]:
-        if name == b"authorization":
-            scheme, _, key = value.decode("latin-1").partition(" ")
-            return key.strip() if scheme.lower() == "bearer" and key.strip() else None
-    return None
-
-
 def _usable(record: ApiKey | None) -> TypeGuard[ApiKey]:
     return record is not None and record.revoked_at is None
 
@@ -169,7 +161,7 @@ class RateLimitMiddleware:
         now = _clock()
         client = scope.get("client")
         address = client[0] if client else "unknown"
-        key = _bearer(scope)
+        key = bearer_token(scope["headers"])
         if key is None:
             return self.anonymous, address, self.anonymous.take(address, now)
         if self.admin_key is not None and hmac.compare_digest(key.encode(), self.admin_key):
