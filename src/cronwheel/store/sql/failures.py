@@ -23,7 +23,7 @@ from cronwheel.domain.retry import backoff_delay
 from cronwheel.domain.states import AttemptState, JobState, RunState
 from cronwheel.store.base import CHANNEL_RUNS_NEW
 from cronwheel.store.schema import jobs, runs
-from cronwheel.store.sql.catalog import ANNOUNCE_HORIZON, ONE_OFF_KINDS, announce
+from cronwheel.store.sql.catalog import ANNOUNCE_HORIZON, announce
 from cronwheel.store.sql.control import PARKED_FIRE_AT
 from cronwheel.store.sql.core import event_row
 from cronwheel.store.sql.quarantine import Poison, QuarantineMixin
@@ -160,18 +160,3 @@ class FailuresMixin(QuarantineMixin):
         for run_id in await self._quarantine(conn, poison, at=at, actor=actor):
             states[run_id] = RunState.DEAD_LETTER
         return states
-
-    async def _finish_one_off_jobs(
-        self, conn: AsyncConnection, job_ids: Sequence[uuid.UUID], at: datetime
-    ) -> None:
-        if not job_ids:
-            return
-        await conn.execute(
-            jobs.update()
-            .where(
-                self._id_in(jobs.c.id, list(set(job_ids))),
-                jobs.c.kind.in_(ONE_OFF_KINDS),
-                jobs.c.state == JobState.ACTIVE.value,
-            )
-            .values(state=JobState.FINISHED.value, next_due_at=None, updated_at=at)
-        )

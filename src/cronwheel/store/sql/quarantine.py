@@ -206,16 +206,25 @@ class QuarantineMixin(SqlCore):
                 for r in live
             ],
         )
+        await self._finish_one_off_jobs(conn, [r.job_id for r in live], at)
+        return ids
+
+    async def _finish_one_off_jobs(
+        self, conn: AsyncConnection, job_ids: Sequence[uuid.UUID], at: datetime
+    ) -> None:
+        """A one-off job has one run: it is finished when that run ends, however (every
+        path that ends runs calls this: results, failures, quarantine)."""
+        if not job_ids:
+            return
         await conn.execute(
             jobs.update()
             .where(
-                self._id_in(jobs.c.id, sorted({r.job_id for r in live})),
+                self._id_in(jobs.c.id, list(set(job_ids))),
                 jobs.c.kind.in_(ONE_OFF_KINDS),
                 jobs.c.state == JobState.ACTIVE.value,
             )
             .values(state=JobState.FINISHED.value, next_due_at=None, updated_at=at)
         )
-        return ids
 
 
 _STEPS = {
