@@ -178,6 +178,25 @@ async def test_a_body_nested_past_pythons_recursion_limit_is_refused(api: Any) -
 
 
 @pytest.mark.parametrize(
+    "body",
+    [b"\x80", b'{"name": "\xe6"}', b"\x00\x00\x00[\x00"],
+    ids=["lone continuation byte", "truncated sequence", "truncated utf-32"],
+)
+async def test_a_body_that_is_not_text_is_refused(api: Any, body: bytes) -> None:
+    t = await api.tenant()
+    job = await api.job(t)
+    before = await api.snapshot(t)
+    # A required body, and an optional one (its route once answered 500 for these).
+    for path in ("/v1/jobs", f"/v1/jobs/{job['id']}/pause"):
+        r = await api.client.post(
+            path, content=body, headers={**t.headers, "Content-Type": "application/json"}
+        )
+        assert r.status_code == 400, r.text
+        assert _error(r)["code"] == "invalid_json"
+    assert await api.snapshot(t) == before
+
+
+@pytest.mark.parametrize(
     ("path", "param"),
     [
         ("/v1/jobs", "tag"),
