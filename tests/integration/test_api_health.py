@@ -177,6 +177,23 @@ async def test_unknown_routes_are_json_404(api) -> None:
     assert r.json()["error"]["code"] == "method_not_allowed"
 
 
+async def test_a_wrong_method_is_answered_with_every_method_of_the_resource(api) -> None:
+    t = await api.tenant()
+    job = await api.job(t)
+    # Each of these paths is served by more than one route, one per method.
+    for method, path, allowed in (
+        ("DELETE", "/v1/jobs", {"GET", "POST"}),
+        ("OPTIONS", "/v1/tenants", {"GET", "POST"}),
+        ("PUT", f"/v1/tenants/{t.id}", {"GET", "PATCH"}),
+        ("DELETE", f"/v1/jobs/{job['id']}", {"GET"}),
+        ("GET", "/v1/workers/x", {"DELETE"}),
+    ):
+        r = await api.client.request(method, path, headers=t.headers)
+        assert r.status_code == 405, (method, path, r.text)
+        assert r.json()["error"]["code"] == "method_not_allowed"
+        assert {m.strip() for m in r.headers["allow"].split(",")} == allowed, (path, r.headers)
+
+
 async def test_openapi_documents_every_route(api) -> None:
     r = await api.client.get("/openapi.json")
     assert r.status_code == 200

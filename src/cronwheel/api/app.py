@@ -12,10 +12,12 @@ from contextlib import asynccontextmanager
 from importlib.metadata import PackageNotFoundError, version
 
 from fastapi import FastAPI
+from fastapi.routing import APIRouter
+from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from cronwheel.api.auth import KeyCache
-from cronwheel.api.errors import error_response, install_error_handlers
+from cronwheel.api.errors import AllowedMethods, error_response, install_error_handlers
 from cronwheel.api.head_limits import HeadLimitMiddleware, HeadLimits
 from cronwheel.api.metrics import MetricsMiddleware, RunsByStateRefresher
 from cronwheel.api.rate_limits import RateLimitMiddleware
@@ -166,7 +168,15 @@ def create_app(settings: Settings, store: Store, *, log_store: LogStore | None =
     app.add_middleware(HeadLimitMiddleware, limits=HeadLimits.of(settings))
     app.add_middleware(MetricsMiddleware)  # added last: outermost, so it sees every answer
 
-    for module in (tenants, jobs, runs, alerts, workers, logs, health):
-        app.include_router(module.router)
-    app.include_router(runs.dead_letters)
+    routers: list[APIRouter] = [
+        m.router for m in (tenants, jobs, runs, alerts, workers, logs, health)
+    ]
+    routers.append(runs.dead_letters)
+    for router in routers:
+        app.include_router(router)
+    # The routers' routes carry their full paths; the app's own are the schema and docs.
+    app.state.allowed_methods = AllowedMethods(
+        [r for router in routers for r in router.routes if isinstance(r, Route)]
+        + [r for r in app.router.routes if isinstance(r, Route)]
+    )
     return app

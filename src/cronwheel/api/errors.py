@@ -6,7 +6,9 @@
 - Request validation (FastAPI / Pydantic): 422 ``invalid_request`` naming the first
   offending field as a dotted path without the ``body`` / ``query`` prefix; malformed
   JSON is 400 ``invalid_json``.
-- Starlette's HTTP errors (unknown route, wrong method): their status, a stable code.
+- Starlette's HTTP errors (unknown route, wrong method): their status, a stable code; a
+  405 lists in ``Allow`` every method of the resource, not only those of the one route
+  that matched its path first.
 - Anything else: 500 ``internal_error``, logged with its traceback, never shown.
 """
 
@@ -20,10 +22,12 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Route
 
 from cronwheel.domain.errors import AuthError, CronwheelError
 
 __all__ = [
+    "AllowedMethods",
     "TenantRequiredError",
     "error_response",
     "install_error_handlers",
@@ -42,6 +46,22 @@ _HTTP_CODES = {
     413: "payload_too_large",
     415: "unsupported_media_type",
 }
+
+
+class AllowedMethods:
+    """The methods each path answers, across every route: a resource such as
+    ``/v1/tenants`` is served by one route per method, and the router's 405 names only
+    the methods of the first route whose path matched."""
+
+    def __init__(self, routes: Sequence[Route]) -> None:
+        self._routes = [(r.path_regex, frozenset(r.methods or ())) for r in routes]
+
+    def for_path(self, path: str) -> list[str]:
+        found: set[str] = set()
+        for regex, methods in self._routes:
+            if regex.match(path):
+                found |= methods
+        return sorted(found)
 
 
 class TenantRequiredError(CronwheelError):
@@ -141,7 +161,13 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
         message = f"method {request.method} is not allowed on {request.url.path}"
     else:
         message = str(exc.detail)
-    return error_response(exc.status_code, code, message, headers=exc.headers)
+    headers = dict(exc.headers or {})
+    allowed: AllowedMethods | None = getattr(request.app.state, "allowed_methods", None)
+    if exc.status_code == 405 and allowed is not None:
+        methods = allowed.for_path(request.scope["path"])
+        if methods:
+            headers["Allow"] = ", ".join(methods)
+    return error_response(exc.status_code, code, message, headers=headers or None)
 
 
 async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
