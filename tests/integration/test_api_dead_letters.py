@@ -43,6 +43,12 @@ async def test_dead_letters_are_listed_and_redriven(api, store: Store) -> None:
     again = await api.client.post(f"/v1/runs/{run_id}/redrive", headers=t.headers)
     assert again.status_code == 409
     assert again.json()["error"]["code"] == "illegal_transition"
+    # Nor retried, being under way again; both 409s are in the schema.
+    r = await api.client.post(f"/v1/runs/{run_id}/retry", headers=t.headers)
+    assert r.status_code == 409 and r.json()["error"]["code"] == "illegal_transition"
+    paths = (await api.client.get("/openapi.json")).json()["paths"]
+    for action in ("redrive", "retry"):
+        assert "409" in paths[f"/v1/runs/{{run_id}}/{action}"]["post"]["responses"], action
 
 
 async def test_retry_a_cancelled_run_and_isolation(api, store: Store) -> None:

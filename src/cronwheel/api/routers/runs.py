@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
+from typing import Any
 
 from fastapi import APIRouter, Body, Depends, Query, Request
 
@@ -203,7 +204,16 @@ async def cancel_run(
     return run_out(run)
 
 
-@router.post("/{run_id}/redrive", summary="Send a dead-lettered run back for a new series")
+_NOT_NOW: dict[int | str, dict[str, Any]] = {
+    409: {"model": ErrorResponse, "description": "Not allowed in the run's state"}
+}
+
+
+@router.post(
+    "/{run_id}/redrive",
+    summary="Send a dead-lettered run back for a new series",
+    responses=_NOT_NOW,
+)
 async def redrive_run(
     run_id: str,
     request: Request,
@@ -222,7 +232,7 @@ async def redrive_run(
     return run_out(run)
 
 
-@router.post("/{run_id}/retry", summary="Run a finished run again")
+@router.post("/{run_id}/retry", summary="Run a finished run again", responses=_NOT_NOW)
 async def retry_run(
     run_id: str,
     request: Request,
