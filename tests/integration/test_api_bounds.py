@@ -5,6 +5,7 @@ stored and broke the scheduler later.)"""
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import pytest
@@ -36,6 +37,8 @@ def _nested(depth: int) -> dict[str, Any]:
         value = {"n": value}
     return value
 
+
+_SOON = int(time.time()) + 3600
 
 # (case, fields merged over a valid job, field named by the error)
 _BAD_JOBS: list[tuple[str, dict[str, Any], str]] = [
@@ -92,6 +95,17 @@ _BAD_JOBS: list[tuple[str, dict[str, Any], str]] = [
         {"task": None, "webhook": {"url": "https://example.com", "headers": {"X": "a\x00"}}},
         "webhook.headers.X",
     ),
+    # JSON's types are kept: each of these was once read as another value.
+    ("a boolean delay", {"schedule": {"delay": False}}, "schedule.delay"),
+    ("a delay as text", {"schedule": {"delay": "60"}}, "schedule.delay"),
+    ("asap as a number", {"schedule": {"asap": 1}}, "schedule.asap"),
+    # An hour from now, in seconds since 1970: a valid instant if read as one.
+    ("an instant as a number", {"schedule": {"at": _SOON}}, "schedule.at"),
+    ("an instant as text of a number", {"schedule": {"at": str(_SOON)}}, "schedule.at"),
+    ("a boolean priority", {"priority": True}, "priority"),
+    ("a priority as text", {"priority": "1"}, "priority"),
+    ("max_attempts written as a float", {"retry": {"max_attempts": 2.0}}, "retry.max_attempts"),
+    ("a boolean interval", {"schedule": {"interval": True}}, "schedule.interval"),
 ]
 
 
@@ -214,7 +228,13 @@ async def test_nul_in_a_list_filter_is_refused(api: Any, path: str, param: str) 
 
 
 @pytest.mark.parametrize(
-    "instant", ["0001-01-01T00:00:00+23:59", "9999-12-31T23:59:59-23:59", "1900-01-01T00:00:00Z"]
+    "instant",
+    [
+        "0001-01-01T00:00:00+23:59",
+        "9999-12-31T23:59:59-23:59",
+        "1900-01-01T00:00:00Z",
+        "0.5",  # once read as half a second after 1970
+    ],
 )
 async def test_run_filters_at_the_edges_of_time_are_refused(api: Any, instant: str) -> None:
     t = await api.tenant()
@@ -223,7 +243,7 @@ async def test_run_filters_at_the_edges_of_time_are_refused(api: Any, instant: s
         assert r.status_code == 422, r.text
         err = _error(r)
         assert err["field"] == param
-        assert "1970-01-01T00:00:00Z" in err["message"]
+        assert "1970-01-01T00:00:00Z" in err["message"] or "ISO-8601" in err["message"]
 
 
 @pytest.mark.parametrize("edge", ["0001-01-01T00:00:00+23:59", "9999-12-31T23:59:59-23:59"])
@@ -278,6 +298,41 @@ async def test_worker_protocol_bounds(api: Any) -> None:
         headers={**worker_key, "Content-Type": "application/json"},
     )
     assert r.status_code == 400, r.text
+
+
+async def test_worker_protocol_keeps_json_types(api: Any) -> None:
+    """A boolean is not a number, nor a number a boolean, nor text either: each of these
+    was once read as another value (0 as false, false as no lead, "7" as token 7)."""
+    t = await api.tenant()
+    worker_key = await api.key(t, "worker")
+    r = await api.client.post("/v1/workers", json={"webhooks_only": 0}, headers=worker_key)
+    assert r.status_code == 422, r.text
+    assert _error(r)["field"] == "webhooks_only"
+    r = await api.client.post("/v1/workers", json={"capacity": "2"}, headers=worker_key)
+    assert r.status_code == 422, r.text
+    worker_id = (await api.client.post("/v1/workers", json={}, headers=worker_key)).json()[
+        "worker_id"
+    ]
+    nobody = "00000000-0000-0000-0000-000000000000"
+    for path, body, field in (
+        (f"/v1/workers/{worker_id}/lease", {"ahead": False}, "ahead"),
+        (f"/v1/workers/{worker_id}/lease", {"max": True}, "max"),
+        (f"/v1/workers/{worker_id}/start", {"fencing_tokens": ["7"]}, "fencing_tokens.0"),
+        (f"/v1/attempts/{nobody}/heartbeat", {"fencing_token": True}, "fencing_token"),
+        (
+            f"/v1/attempts/{nobody}/fail",
+            {"fencing_token": 1, "error": "e", "retryable": "no"},
+            "retryable",
+        ),
+        (
+            "/v1/attempts/batch",
+            {"releases": [{"attempt_id": nobody, "fencing_token": "1"}]},
+            "releases.0.fencing_token",
+        ),
+    ):
+        r = await api.client.post(path, json=body, headers=worker_key)
+        assert r.status_code == 422, (path, r.text)
+        assert _error(r)["field"] == field, (path, r.text)
 
 
 def test_the_bounds_test_bodies_are_json() -> None:

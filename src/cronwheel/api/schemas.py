@@ -15,7 +15,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from cronwheel.api.progress import ProgressReport
 from cronwheel.api.redaction import WEBHOOK_OUT_DESCRIPTION
-from cronwheel.domain.bounds import Instant, Label, Name, Seconds
+from cronwheel.domain.bounds import Flag, Instant, Integer, Label, Name, Seconds
 from cronwheel.domain.spec import MAX_RETRY_AFTER, TenantLimits
 from cronwheel.store.base import REDRIVE_BATCH_MAX
 
@@ -319,7 +319,7 @@ class RunOut(_Out):
 # Tokens are 64-bit integers (a stale or unknown one answers 409); a number that does
 # not even fit is refused before the store.
 FencingToken = Annotated[
-    int, Field(ge=-(2**63), le=2**63 - 1, description="the lease's fencing token")
+    Integer, Field(ge=-(2**63), le=2**63 - 1, description="the lease's fencing token")
 ]
 
 
@@ -406,9 +406,9 @@ class DeadLetterRedriveRequest(_In):
         description="these runs; an id that is not one of the tenant's dead letters is skipped",
     )
     job_id: uuid.UUID | None = Field(default=None, description="the dead letters of this job")
-    all: bool = Field(default=False, description="every dead letter of the tenant")
+    all: Flag = Field(default=False, description="every dead letter of the tenant")
     reason: str | None = Field(default=None, max_length=1000, description="recorded in history")
-    limit: int = Field(
+    limit: Integer = Field(
         default=REDRIVE_BATCH_MAX,
         ge=1,
         le=REDRIVE_BATCH_MAX,
@@ -435,9 +435,9 @@ class WorkerRegister(_In):
     pool: Label = "default"
     capabilities: list[Label] = Field(default_factory=list, max_length=100)
     tags: list[Label] = Field(default_factory=list, max_length=100)
-    capacity: int = Field(default=1, ge=1, le=10_000)
+    capacity: Integer = Field(default=1, ge=1, le=10_000)
     name: Name | None = None
-    webhooks_only: bool = Field(
+    webhooks_only: Flag = Field(
         default=False,
         description="the worker calls webhooks and runs no tasks: it does not count as "
         "able to take the pool's task runs",
@@ -462,7 +462,7 @@ class WorkerDeregistered(_Out):
 
 
 class LeaseRequest(_In):
-    max: int = Field(default=1, ge=1, le=1000, description="most attempts to lease")
+    max: Integer = Field(default=1, ge=1, le=1000, description="most attempts to lease")
     wait: Seconds = Field(
         default=0.0,
         ge=0,
@@ -470,7 +470,7 @@ class LeaseRequest(_In):
         description="seconds to long-poll when none is ready (at most the server's "
         "`lease_wait_max`)",
     )
-    webhooks_only: bool = Field(
+    webhooks_only: Flag = Field(
         default=False,
         description="lease webhook runs only (a worker that calls webhooks and runs no tasks)",
     )
@@ -533,7 +533,7 @@ class CompleteRequest(FencedRequest):
 
 class FailRequest(FencedRequest):
     error: str = Field(min_length=1, max_length=20_000)
-    retryable: bool = True
+    retryable: Flag = True
     retry_after: Seconds | None = Field(
         default=None,
         ge=0,
@@ -574,7 +574,7 @@ class CompleteItemIn(AttemptRef):
 
 class FailItemIn(AttemptRef):
     error: str = Field(min_length=1, max_length=20_000)
-    retryable: bool = True
+    retryable: Flag = True
     retry_after: Seconds | None = Field(
         default=None,
         ge=0,

@@ -18,6 +18,9 @@ finite, shallow enough to walk without recursion limits, and small.
                  capabilities are printable text (no control characters)
     JSON         strict (NaN and ±Infinity are not JSON); nesting ≤ 32 levels counted
                  from the request body; a payload ≤ the server's max_payload_bytes
+    types        JSON's own: a number is a number (not a boolean, not text), an
+                 integer is written as one (2, not 2.0), a boolean is true or false,
+                 an instant is ISO-8601 text (never a number of seconds since 1970)
 
 The store trusts what passed these bounds, but the scheduler never trusts a row: a row
 that breaks a step of its pass anyway (written by hand, by an older version) is
@@ -31,7 +34,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, AwareDatetime, Field
+from pydantic import AfterValidator, AwareDatetime, BeforeValidator, Field, Strict
 
 from cronwheel.domain.errors import ValidationError
 
@@ -50,7 +53,9 @@ __all__ = [
     "RETRY_AFTER_MAX",
     "RETRY_DELAY_MAX",
     "TIMEOUT_MAX",
+    "Flag",
     "Instant",
+    "Integer",
     "Label",
     "Name",
     "Seconds",
@@ -125,11 +130,33 @@ def check_text(value: str) -> str:
     return value
 
 
-Instant = Annotated[AwareDatetime, AfterValidator(check_instant)]
-"""An aware instant within the bounds; keeps the offset it was written with."""
+def _instant_text(value: Any) -> Any:
+    """Only text is an instant (or a datetime built in code): Pydantic would also take a
+    number, or text that is one, as seconds since 1970, which the schema never says."""
+    if isinstance(value, datetime):
+        return value
+    if isinstance(value, str):
+        try:
+            float(value)
+        except ValueError:
+            return value
+    raise ValueError("write an ISO-8601 instant with an offset, e.g. 2030-01-31T09:30:00Z")
 
-Seconds = Annotated[float, Field(allow_inf_nan=False)]
-"""A finite number of seconds (each use adds its own range)."""
+
+Instant = Annotated[AwareDatetime, BeforeValidator(_instant_text), AfterValidator(check_instant)]
+"""An aware instant within the bounds, written as ISO-8601 text; keeps the offset it
+was written with."""
+
+# Strict: left lax, Pydantic takes `false` for 0, `true` for 1 and "2" for 2, so a
+# typo'd or mistyped value is quietly read as another one.
+Seconds = Annotated[float, Strict(), Field(allow_inf_nan=False)]
+"""A finite number of seconds, a JSON number (each use adds its own range)."""
+
+Integer = Annotated[int, Strict()]
+"""A JSON integer written as one (2, not 2.0): not a boolean, not text."""
+
+Flag = Annotated[bool, Strict()]
+"""A JSON boolean: true or false, not 0, 1 or text."""
 
 Name = Annotated[str, Field(min_length=1, max_length=NAME_MAX), AfterValidator(check_text)]
 """A job, task or worker name."""

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     HttpUrl,
@@ -30,6 +31,7 @@ from cronwheel.domain.bounds import (
     RETRY_DELAY_MAX,
     TIMEOUT_MAX,
     Instant,
+    Integer,
     Label,
     Name,
     Seconds,
@@ -70,10 +72,17 @@ class DelaySchedule(_Strict):
     delay: Seconds = Field(ge=0, le=DELAY_MAX)
 
 
+def _exactly_true(value: Any) -> Any:
+    # A literal compares by value, so 1 and 1.0 would pass as True.
+    if value is not True:
+        raise ValueError("asap must be true")
+    return value
+
+
 class AsapSchedule(_Strict):
     """One run as soon as possible."""
 
-    asap: Literal[True]
+    asap: Annotated[Literal[True], BeforeValidator(_exactly_true)]
 
 
 MAX_CRON_LENGTH = 256
@@ -153,7 +162,7 @@ MAX_RETRY_AFTER = RETRY_AFTER_MAX
 
 
 class RetryPolicy(_Strict):
-    max_attempts: int = Field(default=3, ge=1, le=1000)
+    max_attempts: Integer = Field(default=3, ge=1, le=1000)
     initial_delay: Seconds = Field(default=1.0, ge=0, le=RETRY_DELAY_MAX)
     multiplier: Seconds = Field(default=2.0, ge=1.0, le=100.0)
     max_delay: Seconds = Field(default=300.0, ge=0, le=RETRY_DELAY_MAX)
@@ -215,7 +224,7 @@ class JobSpec(_Strict):
         f"always requires {WEBHOOK_CAPABILITY!r} (added when missing)",
     )
     tags: list[Label] = Field(default_factory=list, max_length=50)
-    priority: int = Field(default=2, ge=0, le=3)
+    priority: Integer = Field(default=2, ge=0, le=3)
     retry: RetryPolicy = Field(default_factory=RetryPolicy)
     timeout: Seconds = Field(default=3600.0, gt=0, le=TIMEOUT_MAX)
     # 25 s by default: a worker beating every 10 s (the server's suggestion) may miss
@@ -274,7 +283,7 @@ class JobSpec(_Strict):
 class TenantLimits(_Strict):
     """Per-tenant execution limits (enforced by admission control)."""
 
-    max_concurrent_runs: int | None = Field(default=None, ge=1, le=1_000_000)
+    max_concurrent_runs: Integer | None = Field(default=None, ge=1, le=1_000_000)
     max_dispatch_rate: Seconds | None = Field(
         default=None, gt=0, le=1_000_000, description="runs per second"
     )
