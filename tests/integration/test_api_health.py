@@ -187,6 +187,8 @@ async def test_a_wrong_method_is_answered_with_every_method_of_the_resource(api)
         ("PUT", f"/v1/tenants/{t.id}", {"GET", "PATCH"}),
         ("DELETE", f"/v1/jobs/{job['id']}", {"GET"}),
         ("GET", "/v1/workers/x", {"DELETE"}),
+        # The literal path is the resource, not a job named "batch".
+        ("OPTIONS", "/v1/jobs/batch", {"POST"}),
     ):
         r = await api.client.request(method, path, headers=t.headers)
         assert r.status_code == 405, (method, path, r.text)

@@ -51,17 +51,21 @@ _HTTP_CODES = {
 class AllowedMethods:
     """The methods each path answers, across every route: a resource such as
     ``/v1/tenants`` is served by one route per method, and the router's 405 names only
-    the methods of the first route whose path matched."""
+    the methods of the first route whose path matched. Where a literal path and a
+    template both match (``/v1/jobs/batch`` and ``/v1/jobs/{job_id}``), the resource is
+    the one with the fewest parameters: ``batch`` is not a job id."""
 
     def __init__(self, routes: Sequence[Route]) -> None:
-        self._routes = [(r.path_regex, frozenset(r.methods or ())) for r in routes]
+        self._routes = [
+            (r.path_regex, len(r.param_convertors), frozenset(r.methods or ())) for r in routes
+        ]
 
     def for_path(self, path: str) -> list[str]:
-        found: set[str] = set()
-        for regex, methods in self._routes:
+        found: dict[int, set[str]] = {}
+        for regex, params, methods in self._routes:
             if regex.match(path):
-                found |= methods
-        return sorted(found)
+                found.setdefault(params, set()).update(methods)
+        return sorted(found[min(found)]) if found else []
 
 
 class TenantRequiredError(CronwheelError):
