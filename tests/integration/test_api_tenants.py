@@ -99,6 +99,8 @@ async def test_duplicate_tenant_name_conflicts(api) -> None:
     assert error_of(r)["code"] == "conflict"
     r = await api.client.get("/v1/tenants", headers=api.admin)
     assert [t["name"] for t in r.json()["items"]] == ["dup"]
+    paths = (await api.client.get("/openapi.json")).json()["paths"]
+    assert "409" in paths["/v1/tenants"]["post"]["responses"]
 
 
 async def test_bad_tenant_input(api) -> None:

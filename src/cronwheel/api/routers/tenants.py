@@ -12,6 +12,7 @@ from cronwheel.api.jsonbody import StrictJsonRoute
 from cronwheel.api.routers.common import api_state, parse_id
 from cronwheel.api.schemas import (
     ERROR_RESPONSES,
+    ErrorResponse,
     KeyCreate,
     KeyCreated,
     TenantCreate,
@@ -38,7 +39,12 @@ def tenant_out(tenant: Tenant) -> TenantOut:
     )
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, summary="Create a tenant")
+@router.post(
+    "",
+    status_code=status.HTTP_201_CREATED,
+    summary="Create a tenant",
+    responses={409: {"model": ErrorResponse, "description": "A tenant of that name exists"}},
+)
 async def create_tenant(
     body: TenantCreate, request: Request, principal: Principal = Depends(require_admin)
 ) -> TenantCreated:
