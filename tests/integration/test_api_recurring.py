@@ -184,6 +184,9 @@ async def test_backfill_is_idempotent(api, store: Store) -> None:
         ("to in the future", {"from": D1, "to": FUTURE}, "to"),
         ("from in the future", {"from": "2998-01-01T00:00:00Z", "to": FUTURE}, "from"),
         ("zero rate", {"from": D1, "to": D2, "rate": 0}, "rate"),
+        # Runs are spaced 1/rate apart: this spacing once overflowed into a 500.
+        ("the least positive rate", {"from": D1, "to": D2, "rate": 5e-324}, "rate"),
+        ("under a run in 1000 s", {"from": D1, "to": D2, "rate": 0.0009}, "rate"),
         ("unknown field", {"from": D1, "to": D2, "x": 1}, "x"),
         ("too many", {"from": "2000-01-01T00:00:00Z", "to": D1}, "to"),
     ],

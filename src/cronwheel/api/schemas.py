@@ -15,7 +15,16 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from cronwheel.api.progress import ProgressReport
 from cronwheel.api.redaction import WEBHOOK_OUT_DESCRIPTION
-from cronwheel.domain.bounds import Flag, Instant, Integer, Label, Name, Seconds
+from cronwheel.domain.bounds import (
+    BACKFILL_RATE_MAX,
+    BACKFILL_RATE_MIN,
+    Flag,
+    Instant,
+    Integer,
+    Label,
+    Name,
+    Seconds,
+)
 from cronwheel.domain.spec import MAX_RETRY_AFTER, TenantLimits
 from cronwheel.store.base import REDRIVE_BATCH_MAX
 
@@ -242,7 +251,10 @@ class BackfillRequest(_In):
     start: Instant = Field(alias="from", description="the first instant of the range (inclusive)")
     end: Instant = Field(alias="to", description="the end of the range (exclusive); not after now")
     rate: Seconds = Field(
-        default=10.0, gt=0, le=1000, description="runs released per second, from now"
+        default=10.0,
+        ge=BACKFILL_RATE_MIN,
+        le=BACKFILL_RATE_MAX,
+        description="runs released per second, from now",
     )
 
 

@@ -14,6 +14,7 @@ finite, shallow enough to walk without recursion limits, and small.
     retry delays 0 … 30 days (initial_delay, max_delay; a worker's retry_after ≤ 7 days)
     timeout      > 0 … 7 days;  heartbeat_timeout 1 s … 1 h
     catch-up     catch_up_window > 0 … 366 days
+    backfill     rate 0.001 … 1000 runs a second (10,000 runs spread over ≤ 116 days)
     strings      no NUL, no unpaired surrogate; names, tasks, pools, tags and
                  capabilities are printable text (no control characters)
     JSON         strict (NaN and ±Infinity are not JSON); nesting ≤ 32 levels counted
@@ -39,6 +40,8 @@ from pydantic import AfterValidator, AwareDatetime, BeforeValidator, Field, Stri
 from cronwheel.domain.errors import ValidationError
 
 __all__ = [
+    "BACKFILL_RATE_MAX",
+    "BACKFILL_RATE_MIN",
     "CATCH_UP_WINDOW_MAX",
     "DELAY_MAX",
     "HEARTBEAT_TIMEOUT_MAX",
@@ -80,6 +83,10 @@ RETRY_AFTER_MAX = 7 * _DAY
 TIMEOUT_MAX = 7 * _DAY
 HEARTBEAT_TIMEOUT_MAX = 3600.0
 CATCH_UP_WINDOW_MAX = 366 * _DAY
+# Runs a second a backfill releases: its runs are spaced 1/rate seconds apart, so a rate
+# near zero would space them past any instant (a tiny positive float made it infinite).
+BACKFILL_RATE_MIN = 0.001
+BACKFILL_RATE_MAX = 1000.0
 
 NAME_MAX = 200  # job names, task names, worker names
 LABEL_MAX = 100  # pools, tags, capabilities

@@ -28,6 +28,7 @@ from pydantic import BaseModel
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from cronwheel.domain.bounds import BACKFILL_RATE_MAX, BACKFILL_RATE_MIN
 from cronwheel.domain.errors import IllegalTransitionError, ValidationError
 from cronwheel.domain.model import Job, Run
 from cronwheel.domain.sharding import shard_of
@@ -292,8 +293,12 @@ class ControlMixin(SqlCore):
         limit: int = 10_000,
         now: datetime | None = None,
     ) -> list[Run]:
-        if not rate > 0:
-            raise ValidationError(f"rate must be positive, not {rate!r}", field="rate")
+        if not BACKFILL_RATE_MIN <= rate <= BACKFILL_RATE_MAX:
+            raise ValidationError(
+                f"rate must be {BACKFILL_RATE_MIN:g} to {BACKFILL_RATE_MAX:g} runs a second, "
+                f"not {rate!r}",
+                field="rate",
+            )
         async with self._write() as conn:
             at = await self._now(conn, now)
             job = await self._job_for_update(conn, tenant_id, job_id)
