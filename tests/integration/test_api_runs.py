@@ -119,6 +119,8 @@ async def test_bad_run_filters(api) -> None:
     for params, field in [
         ({"state": "WAITING"}, "state"),
         ({"state": "SCHEDULED,nope"}, "state"),
+        ({"state": ""}, "state"),
+        ({"state": "SCHEDULED,"}, "state"),
         ({"since": "2030-01-01T00:00:00"}, "since"),
         ({"until": "yesterday"}, "until"),
         ({"since": "2030-01-02T00:00:00Z", "until": "2030-01-01T00:00:00Z"}, "until"),

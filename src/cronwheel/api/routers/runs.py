@@ -129,7 +129,9 @@ def event_out(event: Event) -> EventOut:
 def _states(values: list[str] | None) -> list[str] | None:
     if not values:
         return None
-    names = [v.strip().upper() for value in values for v in value.split(",") if v.strip()]
+    # An empty name is refused like an unknown one: dropped, "state=" filtered nothing
+    # and listed every run, where GET /v1/jobs refuses an empty state.
+    names = [v.strip().upper() for value in values for v in value.split(",")]
     known = {s.value for s in RunState}
     for name in names:
         if name not in known:
