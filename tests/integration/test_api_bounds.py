@@ -319,6 +319,12 @@ async def test_worker_protocol_keeps_json_types(api: Any) -> None:
         (f"/v1/workers/{worker_id}/lease", {"max": True}, "max"),
         (f"/v1/workers/{worker_id}/start", {"fencing_tokens": ["7"]}, "fencing_tokens.0"),
         (f"/v1/attempts/{nobody}/heartbeat", {"fencing_token": True}, "fencing_token"),
+        (f"/v1/attempts/{nobody}/heartbeat", {"fencing_token": 1, "progress": 0}, "progress"),
+        (
+            "/v1/attempts/batch",
+            {"heartbeats": [{"attempt_id": nobody, "fencing_token": 1, "progress": "yes"}]},
+            "heartbeats.0.progress",
+        ),
         (
             f"/v1/attempts/{nobody}/fail",
             {"fencing_token": 1, "error": "e", "retryable": "no"},

@@ -8,6 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, field_validator
 
+from cronwheel.domain.bounds import Flag
 from cronwheel.domain.progress import PROGRESS_DETAILS_MAX_BYTES, details_size
 
 __all__ = ["ProgressReport"]
@@ -16,7 +17,7 @@ __all__ = ["ProgressReport"]
 class ProgressReport(BaseModel):
     """Mixed into a heartbeat's body: ``progress`` and ``details``."""
 
-    progress: bool = Field(
+    progress: Flag = Field(
         default=False,
         description="the handler reported progress since the last beat: the attempt "
         "records the time and `details`, and under the job's `progress_timeout` its "
