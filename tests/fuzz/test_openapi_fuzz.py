@@ -55,7 +55,7 @@ SEED = os.environ.get("CRONWHEEL_FUZZ_SEED")
 SCENARIOS = max(1, MAX_EXAMPLES * 3 // 2)
 STEPS = 12
 
-_PUBLIC = frozenset({"/healthz", "/readyz", "/metrics"})
+_PUBLIC = frozenset({"/healthz", "/readyz"})
 # 4xx statuses a request may get before its key is looked at: the body is too large or
 # not strict JSON, or a query value cannot be stored.
 _BEFORE_AUTH = frozenset({400, 413, 422})
@@ -92,6 +92,8 @@ def _role_of(path: str) -> str:
         return "public"
     if path.startswith("/v1/tenants"):
         return "operator" if path.endswith(("/webhook-secret", "/rotate")) else "admin"
+    if path == "/metrics":
+        return "admin"  # or the metrics token
     if path.startswith(("/v1/workers", "/v1/attempts")):
         return "worker"
     return "operator"
