@@ -3,6 +3,10 @@
 PostgreSQL: the schema is migrated once per session into a template database; each
 test gets its own database cloned from it (fast) and dropped afterwards.
 SQLite: each test gets its own file, migrated from scratch.
+
+The suite runs on two processes (pytest-xdist, ``-n 2`` in pyproject.toml; ``-n 0``
+runs it in one). Each process has its own template and databases. The end-to-end tests,
+which start real processes and measure them, all run on one process, one at a time.
 """
 
 from __future__ import annotations
@@ -17,6 +21,12 @@ import pytest
 
 from cronwheel.settings import normalise_database_url
 from cronwheel.store import Store, create_store
+
+# The CLI's tables are as wide as COLUMNS says when its console is made; tests that
+# read them set it per call. pytest-xdist sets COLUMNS=80 in its processes: drop it, so
+# the console reads the width of each call.
+os.environ.pop("COLUMNS", None)
+os.environ.pop("LINES", None)
 
 # Per-test databases, dropped at the end of the session.
 _spent: list[str] = []
@@ -97,3 +107,35 @@ async def store(store_url: str) -> AsyncIterator[Store]:
         yield s
     finally:
         await s.close()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """End-to-end tests share one process (``--dist loadgroup``): two clusters of real
+    processes at once would measure each other."""
+    for item in items:
+        if item.get_closest_marker("e2e") is not None:
+            item.add_marker(pytest.mark.xdist_group("e2e"))
+
+
+# What the fuzz tests (tests/fuzz) ran: (backend, requests, stateful steps, 2xx
+# answers, seconds), from each pytest-xdist process or from this one.
+_FUZZ_RUNS: list[list[object]] = []
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: object, error: object) -> None:
+    _FUZZ_RUNS.extend(getattr(node, "workeroutput", {}).get("cronwheel_fuzz", []))
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    runs = _FUZZ_RUNS + getattr(terminalreporter.config, "cronwheel_fuzz", [])
+    totals: dict[str, list[float]] = {}
+    for backend, *counts in runs:
+        sums = totals.setdefault(str(backend), [0, 0, 0, 0.0])
+        for i, value in enumerate(counts):
+            sums[i] += float(value)  # type: ignore[arg-type]
+    for backend, (cases, steps, served, seconds) in sorted(totals.items()):
+        terminalreporter.write_line(
+            f"API fuzzing ({backend}): {cases:.0f} generated requests in {seconds:.1f} s; "
+            f"{steps:.0f} of them steps of stateful scenarios, {served:.0f} served with a 2xx"
+        )

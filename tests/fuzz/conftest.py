@@ -1,4 +1,5 @@
-"""The fuzz run's size in the terminal summary: how many requests each backend got."""
+"""The fuzz run's size, for the terminal summary the root conftest prints: how many
+requests each backend got, summed over the pytest-xdist processes that ran them."""
 
 from __future__ import annotations
 
@@ -7,10 +8,10 @@ import pytest
 from .harness import FUZZ_RESULTS
 
 
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    results = terminalreporter.config.stash.get(FUZZ_RESULTS, [])
-    for backend, cases, steps, served, seconds in results:
-        terminalreporter.write_line(
-            f"API fuzzing ({backend}): {cases} generated requests in {seconds:.1f} s; "
-            f"{steps} of them steps of stateful scenarios, {served} served with a 2xx"
-        )
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    results = [list(r) for r in session.config.stash.get(FUZZ_RESULTS, [])]
+    output = getattr(session.config, "workeroutput", None)
+    if output is not None:  # a pytest-xdist process: its controller prints them
+        output["cronwheel_fuzz"] = results
+    else:
+        session.config.cronwheel_fuzz = results  # type: ignore[attr-defined]
