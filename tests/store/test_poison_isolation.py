@@ -244,3 +244,42 @@ async def test_requirements_that_are_no_list_quarantine_their_run_alone(store: S
     run = await store.runs_get(other.id, waiting.id)
     assert run.state is RunState.DISPATCHED
     assert run.wait_reason == "no live worker in pool 'default' has capabilities ['cuda']"
+
+
+async def test_an_overlap_policy_that_is_not_one_quarantines_its_run_alone(store: Store) -> None:
+    """The overlap step reads the policy of every guarded job in the batch; one job's
+    unreadable policy is its own run's fault, not the batch's."""
+    poisoned, other = await make_tenant(store), await make_tenant(store)
+    job, run = await create_job(
+        store, poisoned.id, due_at=T0, schedule={"cron": "0 * * * *", "overlap": "queue_one"}
+    )
+    await _corrupt(store, jobs, job.id, schedule={"cron": "0 * * * *", "overlap": ["skip"]})
+    guarded, _ = await create_job(
+        store, other.id, due_at=T0, schedule={"cron": "0 * * * *", "overlap": "skip"}
+    )
+    [waiting] = await create_jobs(store, other.id, 1, due_at=T0)
+    node = _node(store, FakeTime(T0))
+
+    assert await node.run_once() == 2
+    assert (await store.runs_get(other.id, waiting.id)).state is RunState.DISPATCHED
+    [fired] = [
+        r
+        for r in (await store.runs_list(other.id, limit=10)).items
+        if r.job_id == guarded.id and r.due_at == T0
+    ]
+    assert fired.state is RunState.DISPATCHED
+    await _assert_quarantined(store, poisoned.id, run.id, "fire")
+
+
+async def test_a_schedule_that_is_no_object_is_found_and_quarantined(store: Store) -> None:
+    """A schedule stored as text fails the batch before any row's own plan is computed:
+    the node splits the batch until the row stands alone."""
+    poisoned, other = await make_tenant(store), await make_tenant(store)
+    job, run = await create_job(store, poisoned.id, due_at=T0, schedule={"cron": "0 * * * *"})
+    await _corrupt(store, jobs, job.id, schedule="hourly")
+    others = await create_jobs(store, other.id, 5, due_at=T0)
+    node = _node(store, FakeTime(T0))
+
+    assert await node.run_once() == 5
+    assert {(await store.runs_get(other.id, r.id)).state for r in others} == {RunState.DISPATCHED}
+    await _assert_quarantined(store, poisoned.id, run.id, "fire")
