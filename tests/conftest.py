@@ -19,6 +19,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
+from cronwheel.domain.states import illegal_transitions
 from cronwheel.settings import normalise_database_url
 from cronwheel.store import Store, create_store
 
@@ -105,6 +106,9 @@ async def store(store_url: str) -> AsyncIterator[Store]:
     await s.open()
     try:
         yield s
+        # Whatever the test did, every transition it recorded is one the state machine
+        # allows (domain/states.TRANSITIONS): the table is the law, not documentation.
+        assert illegal_transitions(await s.events_transitions()) == []
     finally:
         await s.close()
 

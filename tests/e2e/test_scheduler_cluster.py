@@ -22,6 +22,7 @@ import httpx
 import pytest
 
 from cronwheel.domain.sharding import NUM_SHARDS
+from cronwheel.domain.states import illegal_transitions
 from cronwheel.testing import Cluster
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
@@ -249,6 +250,9 @@ def check_exactly_once(
     not_dispatched = {run: d.state for run, d in once.items() if d.state != "DISPATCHED"}
     assert not not_dispatched, f"runs not in DISPATCHED: {_some(not_dispatched)}"
 
+    # Every recorded transition of every run is one the state machine allows.
+    pairs = {(a, b) for h in histories.values() for a, b in h if b is not None}
+    assert illegal_transitions(pairs) == [], "transitions the state machine does not allow"
     wrong = {run: h for run, h in histories.items() if run in once and h != HISTORY}
     assert not wrong, f"{len(wrong)} runs with another history, e.g. {_some(wrong)}"
     assert set(once) <= set(histories)

@@ -123,7 +123,10 @@ async def test_a_gap_before_the_first_run_is_recorded_at_creation(store: Store) 
     skipped = runs[0]
     assert skipped.finished_at == now and "not exist" in (skipped.reason or "")
     events = (await store.events_list(tenant.id, run_id=skipped.id)).items
-    assert [(e.from_state, e.to_state) for e in events] == [(None, "SKIPPED")]
+    assert [(e.from_state, e.to_state) for e in events] == [
+        (None, "SCHEDULED"),
+        ("SCHEDULED", "SKIPPED"),
+    ]
     # Firing the first run does not record the gap a second time.
     await _fire(store, run, run.due_at)
     again = await _runs(store, run)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from cronwheel.store.base import parse_ready_notice, ready_notices
+from cronwheel.store.notices import parse_ready_notice, ready_notices
 
 AT = datetime(2031, 1, 1, 12, 0, tzinfo=UTC)
 

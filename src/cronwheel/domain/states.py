@@ -21,7 +21,9 @@ Who moves runs into and out of each state:
   occurrence), by a retry, or by a redrive. Left when the scheduler fires it, when it
   is skipped (catch-up / overlap policy) or cancelled.
 - DISPATCHED: entered only by the scheduler firing a due run (one conditional UPDATE
-  per batch). Left when a worker leases it, or when it is cancelled.
+  per batch), or by a worker shutting down that hands a leased run back. Left when a
+  worker leases it, when it is cancelled, or back to SCHEDULED when its job is paused
+  (a dispatched run not yet leased waits for the resume).
 - RUNNING: entered when a worker leases the run (a new attempt with a new fencing
   token). Left by the worker's completion or failure, by lease expiry or timeout
   (the scheduler), by a cooperative cancel, or back to DISPATCHED when a worker
@@ -36,18 +38,21 @@ Who moves runs into and out of each state:
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from enum import StrEnum
 
 from cronwheel.domain.errors import IllegalTransitionError
 
 __all__ = [
     "ACTIVE_STATES",
+    "CREATED_AS",
     "TERMINAL_STATES",
     "TRANSITIONS",
     "AttemptState",
     "JobState",
     "RunState",
     "check_transition",
+    "illegal_transitions",
     "sources_of",
 ]
 
@@ -107,6 +112,28 @@ def check_transition(source: RunState, target: RunState) -> None:
             source=source.value,
             target=target.value,
         )
+
+
+# A run's history begins with its creation: no state before it.
+CREATED_AS: frozenset[RunState] = frozenset({RunState.SCHEDULED})
+
+
+def illegal_transitions(
+    pairs: Iterable[tuple[str | None, str]],
+) -> list[tuple[str | None, str]]:
+    """The recorded ``(from_state, to_state)`` pairs that the table does not allow (a
+    run is created SCHEDULED: ``from_state`` None). The invariant the store tests and
+    the scheduler-cluster test hold every recorded history to."""
+    bad: list[tuple[str | None, str]] = []
+    for source, target in pairs:
+        try:
+            to = RunState(target)
+            allowed = to in (CREATED_AS if source is None else TRANSITIONS[RunState(source)])
+        except ValueError:  # a state that is no state
+            allowed = False
+        if not allowed:
+            bad.append((source, target))
+    return sorted(bad, key=lambda p: (p[0] or "", p[1]))
 
 
 def sources_of(target: RunState) -> frozenset[RunState]:

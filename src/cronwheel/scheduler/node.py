@@ -46,7 +46,8 @@ from cronwheel.domain.sharding import NUM_SHARDS
 from cronwheel.scheduler.isolation import QuarantineBudget, isolate
 from cronwheel.scheduler.window import DueWindow
 from cronwheel.settings import Settings
-from cronwheel.store.base import CHANNEL_RUNS_NEW, Store, Subscription
+from cronwheel.store.base import Store, Subscription
+from cronwheel.store.notices import CHANNEL_RUNS_NEW, parse_announcement
 
 __all__ = ["QUARANTINE_PER_PASS", "Clock", "SchedulerNode", "default_node_id"]  # Clock: re-exported
 
@@ -316,15 +317,12 @@ class SchedulerNode:
         fresh: list[DueRun] = []
         for payload in payloads:
             try:
-                shard_s, ms_s, id_s = payload.split(":")
-                shard = int(shard_s)
-                fire_at = datetime.fromtimestamp(int(ms_s) / 1000, UTC)
-                run_id = uuid.UUID(hex=id_s)
+                run = parse_announcement(payload)
             except ValueError:
                 self._next_poll = self.clock.now()  # unreadable: poll instead
                 continue
-            if shard in self.shards and fire_at < horizon:
-                fresh.append(DueRun(id=run_id, shard=shard, fire_at=fire_at))
+            if run.shard in self.shards and run.fire_at < horizon:
+                fresh.append(run)
         self.window.push(fresh)
 
     # -- firing --------------------------------------------------------------------

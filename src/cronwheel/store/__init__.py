@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 from cronwheel.store.base import (
-    CHANNEL_RUNS_NEW,
-    CHANNEL_RUNS_READY,
     CompleteItem,
     FailItem,
     HeartbeatItem,
@@ -12,6 +10,7 @@ from cronwheel.store.base import (
     Store,
     Subscription,
 )
+from cronwheel.store.notices import CHANNEL_RUNS_NEW, CHANNEL_RUNS_READY
 
 __all__ = [
     "CHANNEL_RUNS_NEW",
@@ -37,18 +36,24 @@ def create_store(
     PostgreSQL only: ``idle_transaction_timeout``, how long the server lets a session
     sit inside a transaction before ending it; ``pool_size``, the connections kept
     open; ``warm``, open them all at ``open()`` rather than on demand (see
-    :class:`PostgresStore`)."""
-    if url.startswith("postgresql+asyncpg://"):
-        from cronwheel.store.postgres import PostgresStore
+    :class:`~cronwheel.store.drivers.postgres.PostgresDriver`)."""
+    from cronwheel.store.driver import Driver
+    from cronwheel.store.sql import SqlStore
 
-        return PostgresStore(
+    driver: Driver
+    if url.startswith("postgresql+asyncpg://"):
+        from cronwheel.store.drivers.postgres import PostgresDriver
+
+        driver = PostgresDriver(
             url,
             idle_transaction_timeout=idle_transaction_timeout,
             pool_size=pool_size or 10,
             warm=warm,
         )
-    if url.startswith("sqlite+aiosqlite://"):
-        from cronwheel.store.sqlite import SqliteStore
+    elif url.startswith("sqlite+aiosqlite://"):
+        from cronwheel.store.drivers.sqlite import SqliteDriver
 
-        return SqliteStore(url)
-    raise ValueError(f"unsupported database URL: {url}")
+        driver = SqliteDriver(url)
+    else:
+        raise ValueError(f"unsupported database URL: {url}")
+    return SqlStore(driver)

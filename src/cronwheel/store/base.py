@@ -1,8 +1,8 @@
 """The store interface: every read and write cronwheel makes goes through it.
 
-The contract is documented here once; ``SqlStore`` implements it with SQLAlchemy Core
-for both dialects, and ``PostgresStore`` / ``SqliteStore`` replace only the hot paths
-(fire a batch, lease a batch) with dialect-specific SQL.
+The contract is documented here once. ``SqlStore`` implements it once, for every
+database, over a statement-level driver (``store/driver.py``): one for PostgreSQL, one
+for SQLite.
 
 Conventions:
 
@@ -13,7 +13,7 @@ Conventions:
   (:class:`NotFoundError`).
 - Every time-sensitive call takes ``now``; ``None`` means the database clock, the one
   time authority. Tests pass a fixed instant.
-- Every run transition is checked against ``domain.states`` and appends an event in
+- Every run transition is one of ``domain.states.TRANSITIONS`` and appends an event in
   the same transaction; a rejected transition writes nothing.
 - Batch methods take and return lists: one statement per batch, never one per run.
 """
@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from cronwheel.domain.model import (
@@ -48,8 +48,6 @@ from cronwheel.domain.model import (
 )
 
 __all__ = [
-    "CHANNEL_RUNS_NEW",
-    "CHANNEL_RUNS_READY",
     "REDRIVE_BATCH_MAX",
     "CompleteItem",
     "FailItem",
@@ -59,8 +57,6 @@ __all__ = [
     "RunFilter",
     "Store",
     "Subscription",
-    "parse_ready_notice",
-    "ready_notices",
 ]
 
 
@@ -136,48 +132,6 @@ class Subscription(ABC):
 
     @abstractmethod
     def close(self) -> None: ...
-
-
-# Channels the store notifies on, inside the transaction that makes the change:
-CHANNEL_RUNS_NEW = "cw_runs_new"  # runs created or rescheduled to fire soon: "shard:epoch_ms:id"
-# Runs became DISPATCHED: a ready notice per pool, "pool" when some are leasable now,
-# and "pool<US>ms,ms,…" with the instants (epoch ms) the others may be leased from when
-# they were dispatched ahead of them.
-CHANNEL_RUNS_READY = "cw_runs_ready"
-_NOT_BEFORE = "\x1f"
-_MAX_INSTANTS = 32  # per notice: a batch spread wider is woken at evenly spaced ones
-
-
-def ready_notices(runs: Iterable[tuple[str, datetime]], at: datetime) -> list[str]:
-    """The ready notices for runs ``(pool, fire_at)`` dispatched at ``at``."""
-    now: set[str] = set()
-    ahead: dict[str, set[int]] = {}
-    for pool, fire_at in runs:
-        if fire_at > at:
-            ahead.setdefault(pool, set()).add(int(fire_at.timestamp() * 1000))
-        else:
-            now.add(pool)
-    notices = sorted(now)
-    for pool, instants in sorted(ahead.items()):
-        ordered = sorted(instants)
-        if len(ordered) > _MAX_INSTANTS:  # keep the last: no run waits past its wake
-            step = len(ordered) / _MAX_INSTANTS
-            ordered = [
-                ordered[min(len(ordered) - 1, round((i + 1) * step) - 1)]
-                for i in range(_MAX_INSTANTS)
-            ]
-        notices.append(f"{pool}{_NOT_BEFORE}{','.join(map(str, ordered))}")
-    return notices
-
-
-def parse_ready_notice(payload: str) -> tuple[str, list[datetime]]:
-    """``(pool, instants)`` of a ready notice: the instants its runs may be leased from,
-    none when they may be leased now."""
-    pool, sep, tail = payload.rpartition(_NOT_BEFORE)
-    parts = tail.split(",")
-    if sep and all(p.isdigit() for p in parts):
-        return pool, [datetime.fromtimestamp(int(p) / 1000, UTC) for p in parts]
-    return payload, []
 
 
 class Store(ABC):
@@ -509,13 +463,6 @@ class Store(ABC):
         shard ``node_id`` holds afterwards."""
 
     @abstractmethod
-    async def scheduler_nodes_beat(
-        self, *, node_id: str, ttl: float, now: datetime | None = None
-    ) -> int:
-        """Record that ``node_id`` is alive, forget nodes silent for ``ttl`` seconds, and
-        return how many nodes are alive (this one included)."""
-
-    @abstractmethod
     async def scheduler_nodes_leave(self, *, node_id: str) -> None: ...
 
     @abstractmethod
@@ -533,15 +480,6 @@ class Store(ABC):
 
     @abstractmethod
     async def shard_leases_list(self) -> list[dict[str, Any]]: ...
-
-    @abstractmethod
-    async def shard_leases_next_expiry(
-        self, *, node_id: str, now: datetime | None = None
-    ) -> datetime | None:
-        """When the first lease held by another node runs out (None: no other node holds
-        one): a survivor wakes then to take a dead node's shards over at once."""
-
-    # -- workers and attempts ------------------------------------------------------
 
     @abstractmethod
     async def workers_register(
@@ -808,3 +746,8 @@ class Store(ABC):
         limit: int = 100,
     ) -> Page[Event]:
         """Oldest first (the order things happened)."""
+
+    @abstractmethod
+    async def events_transitions(self) -> dict[tuple[str | None, str], int]:
+        """Every ``(from_state, to_state)`` pair the history records for runs, with how
+        often: what ``domain.states.illegal_transitions`` checks against the table."""

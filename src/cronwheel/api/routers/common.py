@@ -22,7 +22,8 @@ from cronwheel.clock import Clock
 from cronwheel.domain.errors import NotFoundError, PayloadTooLargeError
 from cronwheel.domain.model import Worker
 from cronwheel.settings import Settings
-from cronwheel.store.base import CHANNEL_RUNS_READY, Store, Subscription, parse_ready_notice
+from cronwheel.store.base import Store, Subscription
+from cronwheel.store.notices import CHANNEL_RUNS_READY, parse_ready_notice
 
 __all__ = [
     "ApiState",

@@ -1,4 +1,4 @@
-"""The SQL store shared by both dialects (SQLAlchemy Core)."""
+"""The store's logic, written once over a driver (``store/driver.py``)."""
 
 from __future__ import annotations
 
@@ -24,4 +24,4 @@ class SqlStore(
     ExpiryMixin,  # and FailuresMixin, QuarantineMixin
     RoutingMixin,
 ):
-    """Implements every method of ``Store``; dialect subclasses fill in the hooks."""
+    """Implements every method of ``Store``, once, over the driver it is given."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any, cast
 
 import sqlalchemy as sa
@@ -20,37 +20,19 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from cronwheel.domain.errors import StaleFencingTokenError
 from cronwheel.domain.model import Attempt, AttemptOutcome
 from cronwheel.domain.states import AttemptState, RunState
-from cronwheel.store.base import (
-    CHANNEL_RUNS_READY,
-    CompleteItem,
-    FailItem,
-    HeartbeatItem,
-)
+from cronwheel.store.base import CompleteItem, FailItem, HeartbeatItem
+from cronwheel.store.notices import CHANNEL_RUNS_READY
+from cronwheel.store.rows import attempt_from, event_row
 from cronwheel.store.schema import attempts, runs
-from cronwheel.store.sql.core import attempt_from, event_row
 from cronwheel.store.sql.failures import Ended, FailuresMixin
 from cronwheel.store.sql.leasing import LeasingMixin
-from cronwheel.store.sql.progress import progress_rows
+from cronwheel.store.sql.statements import attempts_end, update_each
 
 __all__ = ["AttemptsMixin"]
 
 
 class AttemptsMixin(LeasingMixin, FailuresMixin):
     # -- heartbeats and results ----------------------------------------------------
-
-    def _live(
-        self,
-        items: Sequence[HeartbeatItem | CompleteItem | FailItem],
-        tenant_id: uuid.UUID | None,
-    ) -> sa.ColumnElement[bool]:
-        """The attempts of ``items`` still live under exactly the (id, token) given (and,
-        for a tenant's worker, that tenant's)."""
-        pairs = [(i.attempt_id, i.fencing_token) for i in items]
-        live = sa.and_(
-            sa.tuple_(attempts.c.id, attempts.c.fencing_token).in_(pairs),
-            attempts.c.state == AttemptState.RUNNING.value,
-        )
-        return live if tenant_id is None else sa.and_(live, attempts.c.tenant_id == tenant_id)
 
     async def _resolve(
         self,
@@ -67,7 +49,7 @@ class AttemptsMixin(LeasingMixin, FailuresMixin):
         refused = [i.attempt_id for i in items if (i.attempt_id, i.fencing_token) not in ok]
         known: set[uuid.UUID] = set()
         if refused:
-            stmt = sa.select(attempts.c.id).where(self._id_in(attempts.c.id, refused))
+            stmt = sa.select(attempts.c.id).where(self.driver.id_in(attempts.c.id, refused))
             if tenant_id is not None:
                 stmt = stmt.where(attempts.c.tenant_id == tenant_id)
             known = {r.id for r in await conn.execute(stmt)}
@@ -91,51 +73,9 @@ class AttemptsMixin(LeasingMixin, FailuresMixin):
         if not items:
             return []
         async with self._write() as conn:
-            at = await self._now(conn, now)
-            live = (
-                await conn.execute(
-                    sa.select(
-                        attempts.c.id,
-                        attempts.c.fencing_token,
-                        runs.c.heartbeat_timeout,
-                        runs.c.progress_timeout,
-                        runs.c.cancel_requested,
-                        runs.c.state,
-                    )
-                    .join(runs, runs.c.id == attempts.c.run_id)
-                    .where(self._live(items, tenant_id))
-                )
-            ).all()
-            ok: dict[tuple[uuid.UUID, int], AttemptOutcome] = {}
-            # (attempt, token) -> the run's progress timeout, for the beats applied
-            beaten: dict[tuple[uuid.UUID, int], float | None] = {}
-            # One UPDATE per distinct heartbeat timeout: almost always just one.
-            by_timeout: dict[float, list[uuid.UUID]] = {}
-            for r in live:
-                by_timeout.setdefault(r.heartbeat_timeout, []).append(r.id)
-            for timeout, ids in by_timeout.items():
-                lease = at + timedelta(seconds=timeout)
-                updated = await conn.execute(
-                    attempts.update()
-                    .where(
-                        self._id_in(attempts.c.id, ids),
-                        attempts.c.state == AttemptState.RUNNING.value,
-                    )
-                    .values(lease_expires_at=lease, heartbeat_at=at)
-                    .returning(attempts.c.id)
-                )
-                done = {u.id for u in updated}
-                for r in live:
-                    if r.id in done:
-                        beaten[r.id, r.fencing_token] = r.progress_timeout
-                        ok[r.id, r.fencing_token] = AttemptOutcome(
-                            r.id,
-                            True,
-                            lease_expires_at=lease,
-                            cancel_requested=bool(r.cancel_requested),
-                            run_state=RunState(r.state),
-                        )
-            await self._update_each(conn, attempts, progress_rows(items, beaten, at))
+            ok = await self.driver.attempts_heartbeat(
+                conn, items=items, tenant_id=tenant_id, now=now
+            )
             return await self._resolve(conn, items, ok, tenant_id)
 
     async def attempts_complete_many(
@@ -148,63 +88,10 @@ class AttemptsMixin(LeasingMixin, FailuresMixin):
         if not items:
             return []
         async with self._write() as conn:
-            at = await self._now(conn, now)
-            ended, keys = await self._end_attempts(
-                conn, items, AttemptState.SUCCEEDED, at, tenant_id
+            done = await self.driver.attempts_complete(
+                conn, items=items, tenant_id=tenant_id, now=now
             )
-            if not ended:
-                return await self._resolve(conn, items, {}, tenant_id)
-            run_ids = list(ended.values())
-            done = (
-                await conn.execute(
-                    runs.update()
-                    .where(self._id_in(runs.c.id, run_ids), runs.c.state == RunState.RUNNING.value)
-                    .values(
-                        state=sa.case(
-                            (runs.c.cancel_requested, RunState.CANCELLED.value),
-                            else_=RunState.SUCCESS.value,
-                        ),
-                        finished_at=at,
-                        reason=None,
-                    )
-                    .returning(runs.c.id, runs.c.tenant_id, runs.c.job_id, runs.c.state)
-                )
-            ).all()
-            results = [
-                {"id": i.attempt_id, "result": i.result}
-                for i in items
-                if i.result is not None and (i.attempt_id, i.fencing_token) in keys
-            ]
-            await self._update_each(conn, attempts, results)
-            await self._update_each(
-                conn, runs, [{"id": ended[r["id"]], "result": r["result"]} for r in results]
-            )
-            attempt_of = {run_id: attempt_id for attempt_id, run_id in ended.items()}
-            await self._insert_events(
-                conn,
-                [
-                    event_row(
-                        at=at,
-                        kind="run.transition",
-                        tenant_id=r.tenant_id,
-                        job_id=r.job_id,
-                        run_id=r.id,
-                        attempt_id=attempt_of[r.id],
-                        from_state=RunState.RUNNING.value,
-                        to_state=r.state,
-                        reason="cancelled while running" if r.state == "CANCELLED" else None,
-                    )
-                    for r in done
-                ],
-            )
-            await self._finish_one_off_jobs(conn, [r.job_id for r in done], at)
-            state_of = {r.id: RunState(r.state) for r in done}
-            return await self._resolve(
-                conn,
-                items,
-                {k: AttemptOutcome(k[0], True, run_state=state_of.get(ended[k[0]])) for k in keys},
-                tenant_id,
-            )
+            return await self._resolve(conn, items, done, tenant_id)
 
     async def attempts_fail_many(
         self,
@@ -217,7 +104,7 @@ class AttemptsMixin(LeasingMixin, FailuresMixin):
             return []
         async with self._write() as conn:
             at = await self._now(conn, now)
-            ended, keys = await self._end_attempts(conn, items, AttemptState.FAILED, at, tenant_id)
+            ended, keys = await attempts_end(conn, items, AttemptState.FAILED, at, tenant_id)
             late = await self._timed_out(conn, list(ended), at)
             failures = [
                 Ended(
@@ -231,7 +118,7 @@ class AttemptsMixin(LeasingMixin, FailuresMixin):
                 for i in items
                 if (i.attempt_id, i.fencing_token) in keys
             ]
-            await self._update_each(
+            await update_each(
                 conn, attempts, [{"id": f.attempt_id, "error": f.error} for f in failures]
             )
             state_of = await self._after_failures(conn, failures, at, actor="worker")
@@ -297,13 +184,13 @@ class AttemptsMixin(LeasingMixin, FailuresMixin):
         reason: str,
         actor: str | None = None,
     ) -> list[AttemptOutcome]:
-        ended, keys = await self._end_attempts(conn, items, AttemptState.RELEASED, at, tenant_id)
+        ended, keys = await attempts_end(conn, items, AttemptState.RELEASED, at, tenant_id)
         if ended:
             back = (
                 await conn.execute(
                     runs.update()
                     .where(
-                        self._id_in(runs.c.id, list(ended.values())),
+                        self.driver.id_in(runs.c.id, list(ended.values())),
                         runs.c.state == RunState.RUNNING.value,
                     )
                     .values(state=RunState.DISPATCHED.value, attempt=runs.c.attempt - 1)
@@ -368,26 +255,6 @@ class AttemptsMixin(LeasingMixin, FailuresMixin):
 
     # -- shared steps --------------------------------------------------------------
 
-    async def _end_attempts(
-        self,
-        conn: AsyncConnection,
-        items: Sequence[HeartbeatItem | CompleteItem | FailItem],
-        state: AttemptState,
-        at: datetime,
-        tenant_id: uuid.UUID | None,
-    ) -> tuple[dict[uuid.UUID, uuid.UUID], set[tuple[uuid.UUID, int]]]:
-        """End the live attempts among ``items``; returns ``{attempt_id: run_id}`` and the
-        (attempt id, token) pairs that ended."""
-        rows = (
-            await conn.execute(
-                attempts.update()
-                .where(self._live(items, tenant_id))
-                .values(state=state.value, finished_at=at)
-                .returning(attempts.c.id, attempts.c.run_id, attempts.c.fencing_token)
-            )
-        ).all()
-        return {r.id: r.run_id for r in rows}, {(r.id, r.fencing_token) for r in rows}
-
     async def _timed_out(
         self, conn: AsyncConnection, attempt_ids: list[uuid.UUID], at: datetime
     ) -> set[uuid.UUID]:
@@ -400,7 +267,7 @@ class AttemptsMixin(LeasingMixin, FailuresMixin):
         rows = await conn.execute(
             attempts.update()
             .where(
-                self._id_in(attempts.c.id, attempt_ids),
+                self.driver.id_in(attempts.c.id, attempt_ids),
                 sa.or_(attempts.c.deadline <= at, attempts.c.progress_deadline <= at),
             )
             .values(state=AttemptState.TIMED_OUT.value)

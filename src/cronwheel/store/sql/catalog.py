@@ -13,37 +13,26 @@ import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from cronwheel.domain.errors import (
-    ConflictError,
-    IdempotencyConflictError,
-    IllegalTransitionError,
-)
-from cronwheel.domain.model import (
-    Attempt,
-    Event,
-    Job,
-    NewJob,
-    Page,
-    Run,
-)
+from cronwheel.domain.errors import ConflictError, IdempotencyConflictError, IllegalTransitionError
+from cronwheel.domain.model import Attempt, Event, Job, NewJob, Page, Run
 from cronwheel.domain.sharding import shard_of
 from cronwheel.domain.spec import schedule_kind
 from cronwheel.domain.states import ACTIVE_STATES, JobState, RunState
 from cronwheel.ids import new_id
-from cronwheel.store.base import CHANNEL_RUNS_NEW, RunFilter
-from cronwheel.store.schema import attempts, events, jobs, runs, tenants
-from cronwheel.store.sql.core import (
-    SqlCore,
+from cronwheel.store.base import RunFilter
+from cronwheel.store.notices import CHANNEL_RUNS_NEW
+from cronwheel.store.rows import (
     attempt_from,
     event_from,
     event_row,
     int_cursor,
     job_from,
-    jobs_select,
     new_run_row,
     run_from,
     uuid_cursor,
 )
+from cronwheel.store.schema import attempts, events, jobs, runs, tenants
+from cronwheel.store.sql.core import SqlCore, jobs_select
 
 __all__ = [
     "ANNOUNCE_HORIZON",
@@ -186,18 +175,25 @@ class CatalogMixin(SqlCore):
                     )
                     | {"reason": skip.reason, "finished_at": at}
                 )
-                event_rows.append(
+                # Created SCHEDULED and skipped at once, as the scheduler records the
+                # occurrences it skips: every history starts in SCHEDULED.
+                event_rows += [
                     event_row(
                         at=at,
                         kind="run.transition",
                         tenant_id=tenant_id,
                         job_id=job_id,
                         run_id=skipped_id,
-                        to_state=RunState.SKIPPED.value,
+                        from_state=source,
+                        to_state=target.value,
                         actor=nj.actor,
                         reason=skip.reason,
                     )
-                )
+                    for source, target in (
+                        (None, RunState.SCHEDULED),
+                        (RunState.SCHEDULED.value, RunState.SKIPPED),
+                    )
+                ]
             if nj.first_due_at is not None:
                 run_id = new_id()
                 run_rows.append(
@@ -250,10 +246,12 @@ class CatalogMixin(SqlCore):
         job_map: dict[uuid.UUID, Job] = {}
         run_map: dict[uuid.UUID, Run] = {}
         if new_ids:
-            for row in await conn.execute(jobs.select().where(self._id_in(jobs.c.id, new_ids))):
+            for row in await conn.execute(
+                jobs.select().where(self.driver.id_in(jobs.c.id, new_ids))
+            ):
                 job_map[row.id] = job_from(row)
             if first_runs:
-                stmt = sa.select(*runs.c).where(self._id_in(runs.c.id, first_runs))
+                stmt = sa.select(*runs.c).where(self.driver.id_in(runs.c.id, first_runs))
                 for row in await conn.execute(stmt):
                     run_map[row.job_id] = run_from(row)
         result: list[tuple[Job, Run | None, bool]] = []
@@ -292,9 +290,9 @@ class CatalogMixin(SqlCore):
         if state is not None:
             stmt = stmt.where(jobs.c.state == state)
         if tag is not None:
-            stmt = stmt.where(self._json_has(jobs.c.tags, tag))
+            stmt = stmt.where(self.driver.json_has(jobs.c.tags, tag))
         if name_prefix:
-            stmt = stmt.where(self._starts_with(jobs.c.name, name_prefix))
+            stmt = stmt.where(self.driver.starts_with(jobs.c.name, name_prefix))
         if before is not None:
             stmt = stmt.where(jobs.c.id < before)
         stmt = stmt.order_by(jobs.c.id.desc()).limit(limit + 1)
@@ -393,7 +391,7 @@ class CatalogMixin(SqlCore):
         if f.until is not None:
             stmt = stmt.where(runs.c.due_at < f.until)
         if f.tag is not None:
-            stmt = stmt.where(self._json_has(runs.c.tags, f.tag))
+            stmt = stmt.where(self.driver.json_has(runs.c.tags, f.tag))
         if before is not None:
             stmt = stmt.where(runs.c.id < before)
         stmt = stmt.order_by(runs.c.id.desc()).limit(limit + 1)
@@ -494,3 +492,13 @@ class CatalogMixin(SqlCore):
             rows = (await conn.execute(stmt)).all()
         items = [event_from(r) for r in rows[:limit]]
         return Page(items, str(items[-1].id) if len(rows) > limit else None)
+
+    async def events_transitions(self) -> dict[tuple[str | None, str], int]:
+        stmt = (
+            sa.select(events.c.from_state, events.c.to_state, sa.func.count())
+            .where(events.c.kind == "run.transition")
+            .group_by(events.c.from_state, events.c.to_state)
+        )
+        async with self._read() as conn:
+            rows = (await conn.execute(stmt)).all()
+        return {(r[0], r[1]): int(r[2]) for r in rows}

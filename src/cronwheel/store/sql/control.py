@@ -42,17 +42,10 @@ from cronwheel.domain.spec import (
 )
 from cronwheel.domain.states import JobState, RunState
 from cronwheel.ids import new_id
-from cronwheel.store.base import CHANNEL_RUNS_NEW
+from cronwheel.store.notices import ANNOUNCE_HORIZON, CHANNEL_RUNS_NEW, announce
+from cronwheel.store.rows import event_row, job_from, new_run_row, run_from
 from cronwheel.store.schema import jobs, runs
-from cronwheel.store.sql.catalog import ANNOUNCE_HORIZON, announce
-from cronwheel.store.sql.core import (
-    SqlCore,
-    event_row,
-    job_from,
-    jobs_select,
-    new_run_row,
-    run_from,
-)
+from cronwheel.store.sql.core import SqlCore, jobs_select
 from cronwheel.timing import due_local, iter_occurrences
 
 __all__ = ["PARKED_FIRE_AT", "ControlMixin", "stored_schedule"]
@@ -242,7 +235,7 @@ class ControlMixin(SqlCore):
                     at=at,
                     origin="trigger",
                 )
-                await conn.execute(self._insert_ignore(runs, [row]))
+                await conn.execute(self.driver.insert_ignore(runs, [row]))
                 created = await self._runs_by_id(conn, tenant_id, [run_id])
                 if created:
                     break
@@ -341,7 +334,7 @@ class ControlMixin(SqlCore):
                 row["reason"] = occurrence.reason
                 rows.append(row)
             for chunk in _chunks(rows):
-                await conn.execute(self._insert_ignore(runs, chunk))
+                await conn.execute(self.driver.insert_ignore(runs, chunk))
             # An occurrence that already had a run kept it: what exists under the new
             # ids is exactly what this call created.
             created = await self._runs_by_id(conn, tenant_id, [r["id"] for r in rows])
@@ -459,7 +452,7 @@ class ControlMixin(SqlCore):
             found += (
                 await conn.execute(
                     sa.select(*runs.c).where(
-                        runs.c.tenant_id == tenant_id, self._id_in(runs.c.id, ids)
+                        runs.c.tenant_id == tenant_id, self.driver.id_in(runs.c.id, ids)
                     )
                 )
             ).all()

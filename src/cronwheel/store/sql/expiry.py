@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from cronwheel.domain.states import AttemptState, RunState
-from cronwheel.store.base import CHANNEL_RUNS_READY
+from cronwheel.store.notices import CHANNEL_RUNS_READY
 from cronwheel.store.schema import NO_RESERVATION, attempts, runs
 from cronwheel.store.sql.failures import Ended, FailuresMixin
 from cronwheel.store.sql.progress import progress_overdue, stalled
@@ -59,7 +59,9 @@ class ExpiryMixin(FailuresMixin):
                 return 0
             async with self._write() as conn:
                 at = await self._now(conn, now)
-                return await self._expire(conn, at, limit, self._id_in(attempts.c.id, attempt_ids))
+                return await self._expire(
+                    conn, at, limit, self.driver.id_in(attempts.c.id, attempt_ids)
+                )
         # Most of the time nothing has expired: one read says so, without a transaction.
         async with self._read() as conn:
             probe = await self._statement_now(conn, now)
@@ -119,7 +121,7 @@ class ExpiryMixin(FailuresMixin):
             await conn.execute(
                 attempts.update()
                 .where(
-                    self._id_in(attempts.c.id, ids),
+                    self.driver.id_in(attempts.c.id, ids),
                     attempts.c.state == AttemptState.RUNNING.value,
                 )
                 .values(state=state.value, finished_at=at, error=error)

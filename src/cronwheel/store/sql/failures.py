@@ -21,12 +21,12 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from cronwheel.domain.errors import describe_error
 from cronwheel.domain.retry import backoff_delay
 from cronwheel.domain.states import AttemptState, JobState, RunState
-from cronwheel.store.base import CHANNEL_RUNS_NEW
+from cronwheel.store.notices import ANNOUNCE_HORIZON, CHANNEL_RUNS_NEW, announce
+from cronwheel.store.rows import event_row
 from cronwheel.store.schema import jobs, runs
-from cronwheel.store.sql.catalog import ANNOUNCE_HORIZON, announce
 from cronwheel.store.sql.control import PARKED_FIRE_AT
-from cronwheel.store.sql.core import event_row
 from cronwheel.store.sql.quarantine import Poison, QuarantineMixin
+from cronwheel.store.sql.statements import jobs_finish_one_off, update_each
 
 __all__ = ["Ended", "FailuresMixin"]
 
@@ -66,7 +66,10 @@ class FailuresMixin(QuarantineMixin):
                     runs.c.cancel_requested,
                     runs.c.shard,
                 )
-                .where(self._id_in(runs.c.id, list(by_run)), runs.c.state == RunState.RUNNING.value)
+                .where(
+                    self.driver.id_in(runs.c.id, list(by_run)),
+                    runs.c.state == RunState.RUNNING.value,
+                )
                 .order_by(runs.c.id)
                 .with_for_update()  # a cancel must not slip between this read and the write
             )
@@ -76,7 +79,7 @@ class FailuresMixin(QuarantineMixin):
                 j.id
                 for j in await conn.execute(
                     sa.select(jobs.c.id).where(
-                        self._id_in(jobs.c.id, list({r.job_id for r in rows})),
+                        self.driver.id_in(jobs.c.id, list({r.job_id for r in rows})),
                         jobs.c.state == JobState.PAUSED.value,
                     )
                 )
@@ -151,9 +154,9 @@ class FailuresMixin(QuarantineMixin):
             if row["fire_at"] is None:
                 del row["fire_at"]
         for keys in {tuple(sorted(u)) for u in updates}:
-            await self._update_each(conn, runs, [u for u in updates if tuple(sorted(u)) == keys])
+            await update_each(conn, runs, [u for u in updates if tuple(sorted(u)) == keys])
         await self._insert_events(conn, event_rows)
-        await self._finish_one_off_jobs(conn, finished_jobs, at)
+        await jobs_finish_one_off(conn, self.driver, finished_jobs, at)
         if notices:
             await self._notify(conn, CHANNEL_RUNS_NEW, notices)
         states = {u["id"]: RunState(u["state"]) for u in updates}

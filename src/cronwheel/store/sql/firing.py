@@ -13,7 +13,6 @@ import functools
 import uuid
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -25,33 +24,27 @@ from cronwheel.domain.model import FiredRun
 from cronwheel.domain.spec import CronSchedule, IntervalSchedule
 from cronwheel.domain.states import JobState, RunState
 from cronwheel.ids import new_id
-from cronwheel.store.base import CHANNEL_RUNS_NEW, CHANNEL_RUNS_READY, ready_notices
-from cronwheel.store.schema import NO_RESERVATION, jobs, runs
-from cronwheel.store.sql.catalog import ANNOUNCE_HORIZON, announce
+from cronwheel.store.driver import FireCandidate, PlannedRun
+from cronwheel.store.notices import (
+    ANNOUNCE_HORIZON,
+    CHANNEL_RUNS_NEW,
+    CHANNEL_RUNS_READY,
+    announce,
+    ready_notices,
+)
+from cronwheel.store.rows import event_row
+from cronwheel.store.schema import NO_RESERVATION, runs
 from cronwheel.store.sql.control import PARKED_FIRE_AT
-from cronwheel.store.sql.core import event_row, new_run_row
 from cronwheel.store.sql.quarantine import Poison, QuarantineMixin
+from cronwheel.store.sql.statements import update_each
 from cronwheel.timing.catchup import FirePlan, plan_fire
 
-__all__ = ["WAIT_RETRY", "FiringMixin", "Planned"]
+__all__ = ["WAIT_RETRY", "FiringMixin"]
 
 # A run queued behind a running one (overlap=queue_one) looks again this often.
 WAIT_RETRY = timedelta(seconds=1)
 
 _ACTIVE = (RunState.DISPATCHED.value, RunState.RUNNING.value)
-
-
-@dataclass(frozen=True, slots=True)
-class Planned:
-    """A run to create beside a fired one, its template taken from the job."""
-
-    source: uuid.UUID  # the fired run it comes from (tenant, job, shard)
-    id: uuid.UUID
-    due_at: datetime
-    due_local: str | None
-    state: str
-    origin: str
-    reason: str | None
 
 
 @functools.lru_cache(maxsize=4096)
@@ -65,7 +58,12 @@ def _parsed(items: tuple[tuple[str, Any], ...]) -> CronSchedule | IntervalSchedu
 
 class FiringMixin(QuarantineMixin):
     async def _fire_scheduled(
-        self, conn: AsyncConnection, candidates: Sequence[Any], *, at: datetime, node_id: str
+        self,
+        conn: AsyncConnection,
+        candidates: Sequence[FireCandidate],
+        *,
+        at: datetime,
+        node_id: str,
     ) -> list[FiredRun]:
         """Fire ``candidates`` — SCHEDULED first tries of recurring jobs, already checked
         due and on a shard ``node_id`` holds — by their jobs' policies."""
@@ -113,7 +111,7 @@ class FiringMixin(QuarantineMixin):
         self,
         conn: AsyncConnection,
         stray: dict[uuid.UUID, str],
-        by_id: dict[uuid.UUID, Any],
+        by_id: dict[uuid.UUID, FireCandidate],
         *,
         at: datetime,
         node_id: str,
@@ -125,13 +123,13 @@ class FiringMixin(QuarantineMixin):
         if parked:
             await conn.execute(
                 runs.update()
-                .where(self._id_in(runs.c.id, parked))
+                .where(self.driver.id_in(runs.c.id, parked))
                 .values(fire_at=PARKED_FIRE_AT, reason="job paused")
             )
         if ended:
             await conn.execute(
                 runs.update()
-                .where(self._id_in(runs.c.id, ended))
+                .where(self.driver.id_in(runs.c.id, ended))
                 .values(state=RunState.CANCELLED.value, finished_at=at, reason="job cancelled")
             )
             await self._insert_events(
@@ -164,8 +162,8 @@ class FiringMixin(QuarantineMixin):
         tenants = list({r.tenant_id for r in candidates})
         rows = await conn.execute(
             sa.select(runs.c.id, runs.c.job_id, runs.c.state, runs.c.reason).where(
-                self._id_in(runs.c.tenant_id, tenants),
-                self._id_in(runs.c.job_id, guarded),
+                self.driver.id_in(runs.c.tenant_id, tenants),
+                self.driver.id_in(runs.c.job_id, guarded),
                 sa.or_(
                     runs.c.state.in_(_ACTIVE),
                     sa.and_(
@@ -183,7 +181,7 @@ class FiringMixin(QuarantineMixin):
         self,
         conn: AsyncConnection,
         plans: dict[uuid.UUID, FirePlan],
-        by_id: dict[uuid.UUID, Any],
+        by_id: dict[uuid.UUID, FireCandidate],
         *,
         at: datetime,
         node_id: str,
@@ -195,10 +193,10 @@ class FiringMixin(QuarantineMixin):
         if dispatch:
             await conn.execute(
                 runs.update()
-                .where(self._id_in(runs.c.id, dispatch))
+                .where(self.driver.id_in(runs.c.id, dispatch))
                 .values(state=RunState.DISPATCHED.value, dispatched_at=at, **NO_RESERVATION)
             )
-            await self._update_each(
+            await update_each(
                 conn,
                 runs,
                 [{"id": i, "reason": plans[i].reason} for i in dispatch if plans[i].reason],
@@ -206,14 +204,12 @@ class FiringMixin(QuarantineMixin):
         if skip:
             await conn.execute(
                 runs.update()
-                .where(self._id_in(runs.c.id, skip))
+                .where(self.driver.id_in(runs.c.id, skip))
                 .values(state=RunState.SKIPPED.value, finished_at=at)
             )
-            await self._update_each(
-                conn, runs, [{"id": i, "reason": plans[i].reason} for i in skip]
-            )
+            await update_each(conn, runs, [{"id": i, "reason": plans[i].reason} for i in skip])
         if wait:
-            await self._update_each(
+            await update_each(
                 conn,
                 runs,
                 [{"id": i, "reason": plans[i].reason, "fire_at": at + WAIT_RETRY} for i in wait],
@@ -255,19 +251,19 @@ class FiringMixin(QuarantineMixin):
         self,
         conn: AsyncConnection,
         plans: dict[uuid.UUID, FirePlan],
-        by_id: dict[uuid.UUID, Any],
+        by_id: dict[uuid.UUID, FireCandidate],
         *,
         at: datetime,
         node_id: str,
     ) -> None:
         """Write the next occurrences and the replayed or skipped ones; each at most once."""
-        planned: list[Planned] = []
+        planned: list[PlannedRun] = []
         for run_id, plan in plans.items():
             run = by_id[run_id]
             cron = "cron" in run.schedule
             for p in plan.created:
                 planned.append(
-                    Planned(
+                    PlannedRun(
                         source=run_id,
                         id=new_id(),
                         due_at=p.due_at,
@@ -277,7 +273,9 @@ class FiringMixin(QuarantineMixin):
                         reason=p.reason,
                     )
                 )
-        created = await self._insert_planned(conn, planned, by_id, at=at, node_id=node_id)
+        created = await self.driver.runs_insert_planned(
+            conn, planned=planned, sources=by_id, at=at, node_id=node_id
+        )
         notices: list[str] = []
         ready: set[str] = set()
         for r in created:
@@ -290,103 +288,11 @@ class FiringMixin(QuarantineMixin):
         if ready:
             await self._notify(conn, CHANNEL_RUNS_READY, sorted(ready))
 
-    async def _insert_planned(
-        self,
-        conn: AsyncConnection,
-        planned: list[Planned],
-        by_id: dict[uuid.UUID, Any],
-        *,
-        at: datetime,
-        node_id: str,
-    ) -> list[Any]:
-        """Insert the planned runs that do not exist yet, with their events; returns the
-        inserted rows (id, tenant_id, job_id, state, reason, shard, fire_at, pool)."""
-        job_ids = list({by_id[p.source].job_id for p in planned})
-        templates = (
-            {
-                j.id: j.template
-                for j in await conn.execute(
-                    sa.select(jobs.c.id, jobs.c.template).where(self._id_in(jobs.c.id, job_ids))
-                )
-            }
-            if planned
-            else {}
-        )
-        rows: list[dict[str, Any]] = []
-        for p in planned:
-            run = by_id[p.source]
-            state = RunState(p.state)
-            rows.append(
-                new_run_row(
-                    run_id=p.id,
-                    tenant_id=run.tenant_id,
-                    job_id=run.job_id,
-                    name=run.job_name,
-                    template=templates[run.job_id],
-                    due_at=p.due_at,
-                    due_local=p.due_local,
-                    shard=run.shard,
-                    at=at,
-                    origin=p.origin,
-                    state=state,
-                )
-                | {
-                    "reason": p.reason,
-                    "dispatched_at": at if state is RunState.DISPATCHED else None,
-                    "finished_at": at if state is RunState.SKIPPED else None,
-                }
-            )
-        created = await self._insert_ignoring(
-            conn,
-            runs,
-            rows,
-            (
-                runs.c.id,
-                runs.c.tenant_id,
-                runs.c.job_id,
-                runs.c.state,
-                runs.c.reason,
-                runs.c.shard,
-                runs.c.fire_at,
-                runs.c.pool,
-            ),
-        )
-        events: list[dict[str, Any]] = []
-        for r in created:
-            events.append(
-                event_row(
-                    at=at,
-                    kind="run.transition",
-                    tenant_id=r.tenant_id,
-                    job_id=r.job_id,
-                    run_id=r.id,
-                    to_state=RunState.SCHEDULED.value,
-                    actor=node_id,
-                    reason="next occurrence",
-                )
-            )
-            if r.state != RunState.SCHEDULED.value:
-                events.append(
-                    event_row(
-                        at=at,
-                        kind="run.transition",
-                        tenant_id=r.tenant_id,
-                        job_id=r.job_id,
-                        run_id=r.id,
-                        from_state=RunState.SCHEDULED.value,
-                        to_state=r.state,
-                        actor=node_id,
-                        reason=r.reason,
-                    )
-                )
-        await self._insert_events(conn, events)
-        return created
-
     async def _cancel_previous(
         self,
         conn: AsyncConnection,
         plans: dict[uuid.UUID, FirePlan],
-        by_id: dict[uuid.UUID, Any],
+        by_id: dict[uuid.UUID, FireCandidate],
         busy: dict[uuid.UUID, set[uuid.UUID]],
         *,
         at: datetime,
@@ -404,7 +310,7 @@ class FiringMixin(QuarantineMixin):
                 events = await self._cancel_runs(
                     conn,
                     tenant_id,
-                    self._id_in(runs.c.id, ids),
+                    self.driver.id_in(runs.c.id, ids),
                     at=at,
                     actor=node_id,
                     reason="a newer run started (overlap=cancel_previous)",

@@ -49,7 +49,7 @@ def progress_rows(
     timeouts: Mapping[tuple[uuid.UUID, int], float | None],
     at: datetime,
 ) -> list[dict[str, Any]]:
-    """Per-row values (for ``_update_each``) recording at ``at`` the reports among
+    """Per-row values (for ``update_each``) recording at ``at`` the reports among
     ``items`` whose (attempt, token) is in ``timeouts`` — the beats applied, each mapped
     to its run's progress timeout; a report under a stale token is not one of them."""
     return [

@@ -34,9 +34,10 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from cronwheel.domain.model import QuarantinedRun
 from cronwheel.domain.states import ACTIVE_STATES, AttemptState, JobState, RunState
+from cronwheel.store.rows import event_row
 from cronwheel.store.schema import NO_RESERVATION, attempts, jobs, runs
-from cronwheel.store.sql.catalog import ONE_OFF_KINDS
-from cronwheel.store.sql.core import SqlCore, event_row
+from cronwheel.store.sql.core import SqlCore
+from cronwheel.store.sql.statements import ONE_OFF_KINDS, jobs_finish_one_off, update_each
 
 __all__ = ["Poison", "QuarantineMixin"]
 
@@ -140,7 +141,7 @@ class QuarantineMixin(SqlCore):
         live = (
             await conn.execute(
                 sa.select(runs.c.id, runs.c.tenant_id, runs.c.job_id, runs.c.state)
-                .where(self._id_in(runs.c.id, sorted(poison)), runs.c.state.in_(_LIVE))
+                .where(self.driver.id_in(runs.c.id, sorted(poison)), runs.c.state.in_(_LIVE))
                 .order_by(runs.c.id)
                 .with_for_update()
             )
@@ -148,7 +149,7 @@ class QuarantineMixin(SqlCore):
         if not live:
             return []
         reasons = {r.id: _reason(poison[r.id]) for r in live}
-        await self._update_each(
+        await update_each(
             conn,
             runs,
             [
@@ -170,14 +171,14 @@ class QuarantineMixin(SqlCore):
             await conn.execute(
                 attempts.update()
                 .where(
-                    self._id_in(attempts.c.run_id, ids),
+                    self.driver.id_in(attempts.c.run_id, ids),
                     attempts.c.state == AttemptState.RUNNING.value,
                 )
                 .values(state=AttemptState.FAILED.value, finished_at=at)
                 .returning(attempts.c.id, attempts.c.run_id)
             )
         ).all()
-        await self._update_each(
+        await update_each(
             conn,
             attempts,
             [{"id": a.id, "error": poison[a.run_id].error} for a in ended],
@@ -206,7 +207,7 @@ class QuarantineMixin(SqlCore):
                 for r in live
             ],
         )
-        await self._finish_one_off_jobs(conn, [r.job_id for r in live], at)
+        await jobs_finish_one_off(conn, self.driver, [r.job_id for r in live], at)
         return ids
 
     async def _finish_one_off_jobs(
@@ -219,7 +220,7 @@ class QuarantineMixin(SqlCore):
         await conn.execute(
             jobs.update()
             .where(
-                self._id_in(jobs.c.id, list(set(job_ids))),
+                self.driver.id_in(jobs.c.id, list(set(job_ids))),
                 jobs.c.kind.in_(ONE_OFF_KINDS),
                 jobs.c.state == JobState.ACTIVE.value,
             )

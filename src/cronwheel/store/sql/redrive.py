@@ -27,10 +27,12 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from cronwheel.domain.errors import IllegalTransitionError, ValidationError
 from cronwheel.domain.model import Run
 from cronwheel.domain.states import JobState, RunState
-from cronwheel.store.base import CHANNEL_RUNS_NEW, REDRIVE_BATCH_MAX, RedriveBatch
+from cronwheel.store.base import REDRIVE_BATCH_MAX, RedriveBatch
+from cronwheel.store.notices import CHANNEL_RUNS_NEW, announce
+from cronwheel.store.rows import event_row, run_from
 from cronwheel.store.schema import jobs, runs
-from cronwheel.store.sql.catalog import ONE_OFF_KINDS, announce
-from cronwheel.store.sql.core import SqlCore, event_row, run_from
+from cronwheel.store.sql.core import SqlCore
+from cronwheel.store.sql.statements import ONE_OFF_KINDS
 
 __all__ = ["RedriveMixin"]
 
@@ -101,7 +103,7 @@ class RedriveMixin(SqlCore):
         if job_id is not None:
             selected.append(runs.c.job_id == job_id)
         if named is not None:
-            selected.append(self._id_in(runs.c.id, named))
+            selected.append(self.driver.id_in(runs.c.id, named))
         async with self._write() as conn:
             at = await self._now(conn, now)
             # In id order, the order every path locks runs in.
@@ -157,7 +159,7 @@ class RedriveMixin(SqlCore):
         rows = (
             await conn.execute(
                 runs.update()
-                .where(runs.c.tenant_id == tenant_id, self._id_in(runs.c.id, list(sources)))
+                .where(runs.c.tenant_id == tenant_id, self.driver.id_in(runs.c.id, list(sources)))
                 .values(
                     state=RunState.SCHEDULED.value,
                     fire_at=at,
@@ -176,7 +178,7 @@ class RedriveMixin(SqlCore):
             jobs.update()
             .where(
                 jobs.c.tenant_id == tenant_id,
-                self._id_in(jobs.c.id, sorted({r.job_id for r in sent})),
+                self.driver.id_in(jobs.c.id, sorted({r.job_id for r in sent})),
                 jobs.c.state == JobState.FINISHED.value,
                 jobs.c.kind.in_(ONE_OFF_KINDS),
             )
@@ -211,7 +213,7 @@ class RedriveMixin(SqlCore):
             return {}
         rows = await conn.execute(
             sa.select(runs.c.id, runs.c.state).where(
-                runs.c.tenant_id == tenant_id, self._id_in(runs.c.id, run_ids)
+                runs.c.tenant_id == tenant_id, self.driver.id_in(runs.c.id, run_ids)
             )
         )
         found: dict[uuid.UUID, str] = {r.id: r.state for r in rows}

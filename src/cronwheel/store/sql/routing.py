@@ -40,8 +40,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from cronwheel.domain.model import RouteCheck, UnroutableRuns
 from cronwheel.domain.spec import WEBHOOK_CAPABILITY
 from cronwheel.domain.states import AttemptState, RunState
+from cronwheel.store.rows import event_row
 from cronwheel.store.schema import attempts, runs, workers
-from cronwheel.store.sql.core import event_row
 from cronwheel.store.sql.quarantine import Poison, QuarantineMixin
 
 __all__ = ["RoutingMixin", "wait_reason"]
@@ -118,7 +118,7 @@ class RoutingMixin(QuarantineMixin):
             return RouteCheck(waiting=0, marked=0, cleared=0)
         async with self._write() as conn:
             at = await self._now(conn, now)
-            in_shards = self._id_in(runs.c.shard, list(shards))
+            in_shards = self.driver.id_in(runs.c.shard, list(shards))
             cleared = await self._clear_stale(conn, in_shards)
             cutoff = at - timedelta(seconds=min_wait)
             groups, poison = await self._waiting_groups(conn, in_shards, cutoff)
@@ -138,7 +138,7 @@ class RoutingMixin(QuarantineMixin):
                     in_shards,
                     runs.c.tenant_id == g.tenant_id,
                     runs.c.pool == g.pool,
-                    self._json_equals(runs.c.requires, g.requires),
+                    self.driver.json_equals(runs.c.requires, g.requires),
                 )
                 if reason is None:
                     if g.flagged:
@@ -251,7 +251,7 @@ class RoutingMixin(QuarantineMixin):
                     in_shards,
                     runs.c.tenant_id == tenant_id,
                     runs.c.pool == pool,
-                    self._json_equals(runs.c.requires, requires),
+                    self.driver.json_equals(runs.c.requires, requires),
                 )
             )
             error = f"ValueError: requires is not a list of capabilities: {requires!r}"[:500]
@@ -332,15 +332,6 @@ class RoutingMixin(QuarantineMixin):
             )
             for r in rows
         ]
-
-    def _json_equals(self, column: sa.ColumnElement[Any], value: Any) -> sa.ColumnElement[bool]:
-        """The JSON ``column`` equals ``value`` (a tuple stands for an array). SQLite
-        compares JSON as text: ``json()`` brings both sides to one spelling."""
-        stored = list(value) if isinstance(value, tuple) else value
-        bound = sa.bindparam(None, stored, type_=runs.c.requires.type)
-        if self.dialect == "sqlite":
-            return sa.func.json(column) == sa.func.json(bound)
-        return column == bound
 
 
 @dataclass(slots=True)

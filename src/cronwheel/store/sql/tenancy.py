@@ -13,8 +13,9 @@ from sqlalchemy.exc import IntegrityError
 from cronwheel.domain.errors import ConflictError, ValidationError
 from cronwheel.domain.model import ApiKey, Page, Tenant
 from cronwheel.ids import new_id
+from cronwheel.store.rows import event_row, tenant_from, uuid_cursor
 from cronwheel.store.schema import api_keys, tenants
-from cronwheel.store.sql.core import SqlCore, event_row, tenant_from, uuid_cursor
+from cronwheel.store.sql.core import SqlCore
 
 __all__ = ["TenancyMixin"]
 

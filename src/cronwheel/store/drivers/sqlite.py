@@ -1,9 +1,11 @@
-"""SQLite store (aiosqlite): the embedded single-machine default.
+"""The SQLite driver (aiosqlite): the embedded single-machine default.
 
 SQLite has one writer at a time. Write transactions start with ``BEGIN IMMEDIATE`` (so
 a read-then-write transaction never fails to upgrade its lock) and are serialised in
 process by a lock; WAL lets readers go on meanwhile. Notifications are in-process only:
-a second process on the same file learns of changes by polling.
+a second process on the same file learns of changes by polling. Its hot statements
+are SQLAlchemy Core, a few statements per batch (``sqlite_firing.py``,
+``sqlite_leasing.py``).
 """
 
 from __future__ import annotations
@@ -20,20 +22,21 @@ from sqlalchemy import event
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
-from cronwheel.store.schema import counters
-from cronwheel.store.sql import SqlStore
+from cronwheel.store.drivers.sqlite_firing import CoreFiring
+from cronwheel.store.drivers.sqlite_leasing import CoreLeasing
+from cronwheel.store.schema import counters, runs
 
-__all__ = ["SqliteStore"]
+__all__ = ["SqliteDriver"]
 
 
-class SqliteStore(SqlStore):
+class SqliteDriver(CoreFiring, CoreLeasing):
     dialect = "sqlite"
 
     def __init__(self, url: str) -> None:
         super().__init__(url)
         self._write_lock = asyncio.Lock()
 
-    def _make_engine(self) -> AsyncEngine:
+    def make_engine(self) -> AsyncEngine:
         path = sa.make_url(self.url).database
         if path and path != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -61,29 +64,29 @@ class SqliteStore(SqlStore):
         return engine
 
     @contextlib.asynccontextmanager
-    async def _begin_write(self) -> AsyncIterator[AsyncConnection]:
-        async with self._write_lock, self.engine.connect() as conn:
+    async def begin_write(self, engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
+        async with self._write_lock, engine.connect() as conn:
             conn = await conn.execution_options(cw_write=True)
             async with conn.begin():
                 yield conn
 
-    async def _db_now(self, conn: AsyncConnection) -> datetime:
+    async def db_now(self, conn: AsyncConnection) -> datetime:
         # The embedded database's clock is this process's clock.
         return datetime.now(UTC)
 
-    async def _notify(self, conn: AsyncConnection, channel: str, payloads: Sequence[str]) -> None:
+    async def notify(self, conn: AsyncConnection, channel: str, payloads: Sequence[str]) -> None:
         pending = conn.info.get("cw_pending")
         if pending is not None:
             pending.append((channel, list(payloads)))
 
-    def _id_in(self, column: sa.ColumnElement[Any], ids: Sequence[Any]) -> sa.ColumnElement[bool]:
+    def id_in(self, column: sa.ColumnElement[Any], ids: Sequence[Any]) -> sa.ColumnElement[bool]:
         return column.in_(list(ids))
 
-    def _json_has(self, column: sa.ColumnElement[Any], value: str) -> sa.ColumnElement[bool]:
+    def json_has(self, column: sa.ColumnElement[Any], value: str) -> sa.ColumnElement[bool]:
         each = sa.func.json_each(column).table_valued("value")
         return sa.select(sa.literal(1)).select_from(each).where(each.c.value == value).exists()
 
-    def _json_subset(
+    def json_subset(
         self, column: sa.ColumnElement[Any], values: Sequence[str]
     ) -> sa.ColumnElement[bool]:
         each = sa.func.json_each(column).table_valued("value")
@@ -94,15 +97,21 @@ class SqliteStore(SqlStore):
             .exists()
         )
 
-    def _starts_with(self, column: sa.ColumnElement[str], prefix: str) -> sa.ColumnElement[bool]:
+    def json_equals(self, column: sa.ColumnElement[Any], value: Any) -> sa.ColumnElement[bool]:
+        # SQLite compares JSON as text: ``json()`` brings both sides to one spelling.
+        stored = list(value) if isinstance(value, tuple) else value
+        bound = sa.bindparam(None, stored, type_=runs.c.requires.type)
+        return sa.func.json(column) == sa.func.json(bound)
+
+    def starts_with(self, column: sa.ColumnElement[str], prefix: str) -> sa.ColumnElement[bool]:
         # SQLite's LIKE ignores case.
         return sa.func.substr(column, 1, len(prefix)) == prefix
 
-    def _insert_ignore(self, table: sa.Table, rows: list[dict[str, Any]]) -> Any:
+    def insert_ignore(self, table: sa.Table, rows: list[dict[str, Any]]) -> Any:
         stmt = sqlite.insert(table)
         return (stmt.values(rows) if rows else stmt).on_conflict_do_nothing()
 
-    async def _fencing_tokens(self, conn: AsyncConnection, count: int) -> list[int]:
+    async def fencing_tokens(self, conn: AsyncConnection, count: int) -> list[int]:
         top = (
             await conn.execute(
                 counters.update()

@@ -1,0 +1,343 @@
+"""The statement level under the store: one protocol, one driver per database.
+
+The store's logic — resolving outcomes, retries, overlap, catch-up, notices — is
+written once, above this line (``store/sql/``). Under it, a :class:`Driver` knows one
+database: how to connect and begin a write, read its clock, notify other processes,
+and say a few things SQL dialects say differently (an id set, JSON containment). It
+also runs the hot statements — fire a batch, lease a batch, start, heartbeat and
+complete a batch, renew shard leases — each in the fewest round trips its database
+allows: one statement per batch on PostgreSQL (data-modifying CTEs, COPY), a few on
+SQLite. Every driver implements every method; the driver conformance suite
+(``tests/store/test_driver.py``) runs the same tests against each, and the store suite
+runs unchanged on both.
+
+Conventions: every method takes the connection of the caller's transaction first
+(``AsyncConnection``; a driver may reach its native connection under it), then keyword
+arguments. ``now: datetime | None`` is the caller's instant, ``None`` meaning the
+database clock; ``at: datetime`` is an instant already read. Rows come back typed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, ClassVar
+
+import sqlalchemy as sa
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from cronwheel.domain.model import (
+    AttemptOutcome,
+    FiredRun,
+    LeasedAttempt,
+    ReservationsStarted,
+    Worker,
+)
+from cronwheel.store.base import CompleteItem, HeartbeatItem, LeaseRenewal
+from cronwheel.store.schema import shard_leases
+
+__all__ = [
+    "CreatedRun",
+    "Driver",
+    "FireCandidate",
+    "Outcomes",
+    "PlannedRun",
+    "WorkerGone",
+    "lease_fence",
+]
+
+# The outcome of each attempt a batch applied to, by (attempt id, fencing token).
+Outcomes = dict[tuple[uuid.UUID, int], AttemptOutcome]
+
+
+class WorkerGone(Exception):
+    """The worker of a lease or start is not live (deregistered, or no such row): the
+    store turns it into the domain's error, with the row read to tell which."""
+
+    def __init__(self, worker_id: uuid.UUID) -> None:
+        super().__init__(str(worker_id))
+        self.worker_id = worker_id
+
+
+@dataclass(frozen=True, slots=True)
+class FireCandidate:
+    """A run whose firing applies its job's policies (the first try of a recurring
+    job's scheduled run), locked, with its job's state and schedule."""
+
+    id: uuid.UUID
+    tenant_id: uuid.UUID
+    job_id: uuid.UUID
+    job_name: str
+    shard: int
+    due_at: datetime
+    fire_at: datetime
+    pool: str
+    job_state: str
+    schedule: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedRun:
+    """A run to create beside a fired one, its template taken from the job."""
+
+    source: uuid.UUID  # the fired run it comes from (tenant, job, shard)
+    id: uuid.UUID
+    due_at: datetime
+    due_local: str | None
+    state: str
+    origin: str
+    reason: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class CreatedRun:
+    """A planned run that did not exist yet and was created."""
+
+    id: uuid.UUID
+    tenant_id: uuid.UUID
+    job_id: uuid.UUID
+    state: str
+    reason: str | None
+    shard: int
+    fire_at: datetime
+    pool: str
+
+
+def lease_fence(
+    node_id: str, at: datetime | sa.ColumnElement[Any], epochs: Mapping[int, int] | None
+) -> list[sa.ColumnElement[bool]]:
+    """The conditions on ``shard_leases`` rows that ``node_id`` may fire for: its own,
+    unexpired at ``at`` and, with ``epochs``, of exactly those epochs."""
+    fence = [shard_leases.c.owner == node_id, shard_leases.c.expires_at > at]
+    if epochs is not None:
+        fence.append(
+            sa.tuple_(shard_leases.c.shard, shard_leases.c.epoch).in_(sorted(epochs.items()))
+        )
+    return fence
+
+
+class Driver(ABC):
+    """One database under the store. See the module's docstring."""
+
+    dialect: ClassVar[str]  # "postgresql" | "sqlite"
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    # -- connections and transactions ------------------------------------------------
+
+    @abstractmethod
+    def make_engine(self) -> AsyncEngine:
+        """The engine (connection pool) the store opens."""
+
+    async def opened(self, engine: AsyncEngine, deliver: Callable[[str, list[str]], None]) -> None:
+        """Called once the store's engine exists: start what the driver keeps running
+        (PostgreSQL: LISTEN, delivering each notification's payloads to ``deliver``)."""
+        return None
+
+    async def closing(self) -> None:
+        """Stop what :meth:`opened` started."""
+        return None
+
+    def begin_write(self, engine: AsyncEngine) -> contextlib.AbstractAsyncContextManager[Any]:
+        """A write transaction on a connection of ``engine``: yields the connection."""
+        return engine.begin()
+
+    def begin_renewal(self, engine: AsyncEngine) -> contextlib.AbstractAsyncContextManager[Any]:
+        """The transaction of :meth:`shard_leases_renew`: a write transaction, unless the
+        driver renews in one statement that is a transaction of its own."""
+        return self.begin_write(engine)
+
+    async def prepare_read(self, conn: AsyncConnection) -> None:
+        """Set up a connection for reads (and single statements that are a transaction
+        of their own)."""
+        return None
+
+    @abstractmethod
+    async def db_now(self, conn: AsyncConnection) -> datetime:
+        """The database clock, the one time authority."""
+
+    async def instant(self, conn: AsyncConnection, now: datetime | None) -> datetime:
+        """``now`` in UTC, or the database clock when it is None."""
+        if now is not None:
+            if now.tzinfo is None:
+                raise ValueError("now must be an aware datetime")
+            return now.astimezone(UTC)
+        return await self.db_now(conn)
+
+    # Whether a statement can read the database clock itself (no round trip of its own).
+    now_in_statement: ClassVar[bool] = False
+
+    async def migration_lock(self, conn: AsyncConnection) -> None:
+        """Serialise migrations of processes starting together, inside the migrating
+        transaction (SQLite: the write transaction already does)."""
+        return None
+
+    def transient(self, exc: BaseException) -> bool:
+        """A failure worth retrying (lost connection, lock conflict)."""
+        return isinstance(exc, OperationalError | OSError)
+
+    @abstractmethod
+    async def notify(self, conn: AsyncConnection, channel: str, payloads: Sequence[str]) -> None:
+        """Queue notifications; they are delivered when ``conn``'s transaction commits."""
+
+    # -- what dialects say differently -------------------------------------------------
+
+    @abstractmethod
+    def id_in(self, column: sa.ColumnElement[Any], ids: Sequence[Any]) -> sa.ColumnElement[bool]:
+        """``column IN ids`` as the dialect does it best (``= ANY(array)`` on PostgreSQL)."""
+
+    @abstractmethod
+    def json_has(self, column: sa.ColumnElement[Any], value: str) -> sa.ColumnElement[bool]:
+        """The JSON array ``column`` contains the string ``value``."""
+
+    @abstractmethod
+    def json_subset(
+        self, column: sa.ColumnElement[Any], values: Sequence[str]
+    ) -> sa.ColumnElement[bool]:
+        """Every element of the JSON array ``column`` is in ``values``."""
+
+    @abstractmethod
+    def json_equals(self, column: sa.ColumnElement[Any], value: Any) -> sa.ColumnElement[bool]:
+        """The JSON ``column`` equals the JSON value ``value``."""
+
+    def starts_with(self, column: sa.ColumnElement[str], prefix: str) -> sa.ColumnElement[bool]:
+        """Case-sensitive prefix match."""
+        return column.startswith(prefix, autoescape=True)
+
+    @abstractmethod
+    def insert_ignore(self, table: sa.Table, rows: list[dict[str, Any]]) -> Any:
+        """INSERT of ``rows`` that skips rows whose key exists (no rows: a statement to
+        execute with many parameter sets)."""
+
+    @abstractmethod
+    async def fencing_tokens(self, conn: AsyncConnection, count: int) -> list[int]:
+        """``count`` new fencing tokens, each larger than any handed out before."""
+
+    # -- events ----------------------------------------------------------------------
+
+    @abstractmethod
+    async def events_insert(self, conn: AsyncConnection, rows: Sequence[dict[str, Any]]) -> None:
+        """Append event rows (``store.sql.core.event_row``); no ids come back."""
+
+    # -- firing ------------------------------------------------------------------------
+
+    @abstractmethod
+    async def runs_fire(
+        self,
+        conn: AsyncConnection,
+        *,
+        run_ids: Sequence[uuid.UUID],
+        node_id: str,
+        at: datetime,
+        lead: float,
+        epochs: Mapping[int, int] | None,
+    ) -> list[FiredRun]:
+        """Dispatch the runs of ``run_ids`` that need no policy — SCHEDULED, due within
+        ``lead`` of ``at``, not the first try of a recurring job's scheduled run, on a
+        shard ``node_id`` holds (of ``epochs``, when given) — with their events and
+        ready notices. The first statement of a transaction that may go on."""
+
+    @abstractmethod
+    async def runs_fire_candidates(
+        self,
+        conn: AsyncConnection,
+        *,
+        run_ids: Sequence[uuid.UUID],
+        node_id: str,
+        at: datetime,
+        lead: float,
+        epochs: Mapping[int, int] | None,
+    ) -> list[FireCandidate]:
+        """The runs of ``run_ids`` whose firing applies their job's policies — first
+        tries of recurring jobs' scheduled runs, due, on a shard ``node_id`` holds —
+        locked (skipping runs locked elsewhere), with their job's state and schedule."""
+
+    @abstractmethod
+    async def runs_insert_planned(
+        self,
+        conn: AsyncConnection,
+        *,
+        planned: Sequence[PlannedRun],
+        sources: Mapping[uuid.UUID, FireCandidate],
+        at: datetime,
+        node_id: str,
+    ) -> list[CreatedRun]:
+        """Create the planned runs that do not exist yet (their template read from the
+        job of their source run), with their events; return those created."""
+
+    # -- leasing and results -------------------------------------------------------
+
+    @abstractmethod
+    async def attempts_lease(
+        self,
+        conn: AsyncConnection,
+        *,
+        worker: Worker,
+        max: int,
+        webhooks_only: bool,
+        ahead: float,
+        now: datetime | None,
+    ) -> list[LeasedAttempt]:
+        """Lease up to ``max`` ready runs of the worker's pool that it can take, by
+        priority then instant: each due one becomes RUNNING with a new attempt and
+        token; each due within ``ahead`` is reserved for the worker. Raises
+        :class:`WorkerGone` when the worker is not live. Ordered by ``not_before``."""
+
+    @abstractmethod
+    async def attempts_start(
+        self,
+        conn: AsyncConnection,
+        *,
+        worker_id: uuid.UUID,
+        tokens: Sequence[int],
+        tenant_id: uuid.UUID | None,
+        now: datetime | None,
+    ) -> ReservationsStarted:
+        """Start the worker's reservations of ``tokens`` that are due. Raises
+        :class:`WorkerGone` when the worker is not live."""
+
+    @abstractmethod
+    async def attempts_heartbeat(
+        self,
+        conn: AsyncConnection,
+        *,
+        items: Sequence[HeartbeatItem],
+        tenant_id: uuid.UUID | None,
+        now: datetime | None,
+    ) -> Outcomes:
+        """Extend the leases of the live attempts named exactly (id and token) and keep
+        the progress reports riding on the beats; the outcome of each one applied."""
+
+    @abstractmethod
+    async def attempts_complete(
+        self,
+        conn: AsyncConnection,
+        *,
+        items: Sequence[CompleteItem],
+        tenant_id: uuid.UUID | None,
+        now: datetime | None,
+    ) -> Outcomes:
+        """End the live attempts named exactly as SUCCEEDED with their results, their
+        runs SUCCESS (CANCELLED when a cancel was requested), one-off jobs finished;
+        the outcome of each one applied."""
+
+    # -- shard leases ------------------------------------------------------------------
+
+    @abstractmethod
+    async def shard_leases_renew(
+        self,
+        conn: AsyncConnection,
+        *,
+        node_id: str,
+        ttl: float,
+        shards: int,
+        now: datetime | None,
+    ) -> LeaseRenewal:
+        """A scheduler node's beat: record it live, count the live nodes, renew its
+        leases and take expired then free ones up to its fair share of ``shards``."""

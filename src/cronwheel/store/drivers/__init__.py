@@ -1,0 +1,1 @@
+"""The drivers under the store, one per database (see ``store/driver.py``)."""

@@ -1,0 +1,366 @@
+"""The PostgreSQL driver (asyncpg): ``= ANY(array)`` for id sets, JSONB containment, a
+sequence for fencing tokens, LISTEN/NOTIFY for wake-ups across processes, and the hot
+statements in one round trip per batch (``postgres_firing.py``, ``postgres_leasing.py``)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+
+from cronwheel.domain.model import FiredRun, LeasedAttempt, ReservationsStarted, Worker
+from cronwheel.ids import new_id
+from cronwheel.store.base import CompleteItem, HeartbeatItem, LeaseRenewal
+from cronwheel.store.driver import CreatedRun, Driver, FireCandidate, Outcomes, PlannedRun
+from cronwheel.store.drivers import postgres_firing as firing
+from cronwheel.store.drivers import postgres_leasing as leasing
+from cronwheel.store.notices import CHANNEL_RUNS_NEW, CHANNEL_RUNS_READY
+from cronwheel.store.schema import runs
+
+__all__ = ["PostgresDriver"]
+
+log = logging.getLogger("cronwheel.store.postgres")
+
+_TRANSIENT = (
+    asyncpg.DeadlockDetectedError,
+    asyncpg.SerializationError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.InterfaceError,
+    ConnectionError,
+)
+
+# Any constant: the advisory lock that serialises migrations.
+_MIGRATION_LOCK = 0x63776D67  # "cwmg"
+
+# A NOTIFY payload must stay under 8000 bytes.
+_NOTIFY_CHUNK = 7000
+
+
+async def _raw(conn: AsyncConnection) -> firing.Raw:
+    """The asyncpg connection under ``conn``, inside the same transaction."""
+    raw = await conn.get_raw_connection()
+    return raw.driver_connection
+
+
+async def _raw_begun(conn: AsyncConnection) -> firing.Raw:
+    """:func:`_raw`, with the transaction begun. SQLAlchemy sends BEGIN lazily, before
+    its own first statement: a statement sent straight to asyncpg before any would run
+    on its own and commit, whatever the rest of the transaction does. (A write that
+    read the database clock first has begun already: this costs nothing then.)"""
+    raw = await conn.get_raw_connection()
+    adapted: Any = raw.dbapi_connection
+    if adapted._transaction is None:  # (an autocommit connection begins nothing)
+        await adapted._start_transaction()
+    return raw.driver_connection
+
+
+class PostgresDriver(Driver):
+    dialect = "postgresql"
+    now_in_statement = True
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        pool_size: int = 10,
+        idle_transaction_timeout: float | None = None,
+        warm: bool = False,
+    ) -> None:
+        """``idle_transaction_timeout``: the server ends a session that sits this long
+        inside a transaction. A process frozen mid-transaction (SIGSTOP, a long GC, a
+        partition) would otherwise keep its row locks — a scheduler node's fire batch,
+        say — and stall whoever takes its shards over; keep it well under the shard
+        lease TTL. None: no limit (tools loading data in big batches).
+
+        ``pool_size`` connections are kept open once made; ``warm`` makes them all when
+        the store opens, so that a burst of requests (the API at a burst's instant)
+        does not wait for connections being set up."""
+        super().__init__(url)
+        self._pool_size = pool_size
+        self._warm = warm
+        self._server_settings = (
+            {}
+            if idle_transaction_timeout is None
+            else {
+                "idle_in_transaction_session_timeout": str(
+                    max(1, round(idle_transaction_timeout * 1000))
+                )
+            }
+        )
+        self._listener: asyncpg.Connection | None = None
+        self._listen_task: asyncio.Task[None] | None = None
+
+    # -- connections and transactions ------------------------------------------------
+
+    def make_engine(self) -> AsyncEngine:
+        return create_async_engine(
+            self.url,
+            pool_size=self._pool_size,
+            max_overflow=self._pool_size * 2,
+            pool_recycle=3600,
+            connect_args={"server_settings": self._server_settings},
+        )
+
+    async def opened(self, engine: AsyncEngine, deliver: Callable[[str, list[str]], None]) -> None:
+        if self._warm:
+            # Check out ``pool_size`` connections at once and return them to the pool.
+            async with contextlib.AsyncExitStack() as stack:
+                await asyncio.gather(
+                    *(stack.enter_async_context(engine.connect()) for _ in range(self._pool_size))
+                )
+        if self._listen_task is None:
+            self._listen_task = asyncio.create_task(self._listen_forever(deliver), name="cw-listen")
+
+    async def closing(self) -> None:
+        if self._listen_task is not None:
+            self._listen_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._listen_task
+            self._listen_task = None
+        if self._listener is not None:
+            with contextlib.suppress(Exception):
+                await self._listener.close(timeout=2)
+            self._listener = None
+
+    async def _listen_forever(self, deliver: Callable[[str, list[str]], None]) -> None:
+        """Keep one LISTEN connection; reconnect when it drops. Notifications are only
+        wake-ups, so a gap costs latency (the loops also poll), never correctness."""
+
+        def on_notify(_conn: Any, _pid: int, channel: str, payload: str) -> None:
+            deliver(channel, payload.split("\n") if payload else [""])
+
+        dsn = self.url.replace("postgresql+asyncpg://", "postgresql://", 1)
+        while True:
+            try:
+                conn = await asyncpg.connect(dsn)
+                self._listener = conn
+                for channel in (CHANNEL_RUNS_NEW, CHANNEL_RUNS_READY):
+                    await conn.add_listener(channel, on_notify)
+                closed = asyncio.Event()
+                conn.add_termination_listener(lambda _c, done=closed: done.set())
+                await closed.wait()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning(
+                    "listen connection failed", extra={"event": "listen_failed", "error": str(exc)}
+                )
+            await asyncio.sleep(1)
+
+    @contextlib.asynccontextmanager
+    async def _autocommit(self, engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
+        async with engine.connect() as conn:
+            await self.prepare_read(conn)
+            yield conn
+
+    def begin_renewal(self, engine: AsyncEngine) -> contextlib.AbstractAsyncContextManager[Any]:
+        # The renewal is one statement: its own transaction.
+        return self._autocommit(engine)
+
+    async def prepare_read(self, conn: AsyncConnection) -> None:
+        # Reads — and single statements that are a transaction of their own — run in
+        # autocommit: under READ COMMITTED a BEGIN and a COMMIT around them add two
+        # round trips and nothing else (each statement sees its own snapshot either way).
+        await conn.execution_options(isolation_level="AUTOCOMMIT")
+
+    async def db_now(self, conn: AsyncConnection) -> datetime:
+        value = (await conn.execute(sa.text("SELECT clock_timestamp()"))).scalar_one()
+        assert isinstance(value, datetime)
+        return value
+
+    async def migration_lock(self, conn: AsyncConnection) -> None:
+        # An api and a scheduler starting at once would both create alembic_version.
+        await conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": _MIGRATION_LOCK})
+
+    def transient(self, exc: BaseException) -> bool:
+        # The hot statements speak asyncpg directly, so its errors arrive untranslated.
+        cause = exc.orig if isinstance(exc, DBAPIError) else exc
+        cause = getattr(cause, "__cause__", None) or cause
+        return super().transient(exc) or isinstance(cause, _TRANSIENT)
+
+    async def notify(self, conn: AsyncConnection, channel: str, payloads: Sequence[str]) -> None:
+        chunks: list[str] = []
+        current: list[str] = []
+        size = 0
+        for p in payloads:
+            if current and size + len(p) + 1 > _NOTIFY_CHUNK:
+                chunks.append("\n".join(current))
+                current, size = [], 0
+            current.append(p)
+            size += len(p) + 1
+        if current:
+            chunks.append("\n".join(current))
+        await conn.execute(
+            sa.text("SELECT pg_notify(:channel, p) FROM unnest(CAST(:payloads AS text[])) AS p"),
+            {"channel": channel, "payloads": chunks},
+        )
+
+    # -- what dialects say differently -------------------------------------------------
+
+    def id_in(self, column: sa.ColumnElement[Any], ids: Sequence[Any]) -> sa.ColumnElement[bool]:
+        return column == sa.any_(sa.bindparam(None, list(ids), type_=postgresql.ARRAY(column.type)))
+
+    def json_has(self, column: sa.ColumnElement[Any], value: str) -> sa.ColumnElement[bool]:
+        return sa.type_coerce(column, postgresql.JSONB).contains([value])
+
+    def json_subset(
+        self, column: sa.ColumnElement[Any], values: Sequence[str]
+    ) -> sa.ColumnElement[bool]:
+        subset: sa.ColumnElement[bool] = sa.type_coerce(column, postgresql.JSONB).contained_by(
+            list(values)
+        )
+        return subset
+
+    def json_equals(self, column: sa.ColumnElement[Any], value: Any) -> sa.ColumnElement[bool]:
+        stored = list(value) if isinstance(value, tuple) else value
+        return column == sa.bindparam(None, stored, type_=runs.c.requires.type)
+
+    def insert_ignore(self, table: sa.Table, rows: list[dict[str, Any]]) -> Any:
+        stmt = postgresql.insert(table)
+        return (stmt.values(rows) if rows else stmt).on_conflict_do_nothing()
+
+    async def fencing_tokens(self, conn: AsyncConnection, count: int) -> list[int]:
+        rows = await conn.execute(
+            sa.text("SELECT nextval('fencing_tokens') FROM generate_series(1, :n)"), {"n": count}
+        )
+        return sorted(int(r[0]) for r in rows)
+
+    # -- hot statements: one round trip per batch ----------------------------------------
+
+    async def events_insert(self, conn: AsyncConnection, rows: Sequence[dict[str, Any]]) -> None:
+        if rows:
+            await firing.copy_events(await _raw(conn), rows)
+
+    async def runs_fire(
+        self,
+        conn: AsyncConnection,
+        *,
+        run_ids: Sequence[uuid.UUID],
+        node_id: str,
+        at: datetime,
+        lead: float,
+        epochs: Mapping[int, int] | None,
+    ) -> list[FiredRun]:
+        # The first statement of a firing transaction that may go on (policies, next
+        # occurrences): it must roll back with the rest if they fail.
+        return await firing.fire(
+            await _raw_begun(conn),
+            now=at,
+            run_ids=run_ids,
+            node_id=node_id,
+            lead=lead,
+            epochs=epochs,
+        )
+
+    async def runs_fire_candidates(
+        self,
+        conn: AsyncConnection,
+        *,
+        run_ids: Sequence[uuid.UUID],
+        node_id: str,
+        at: datetime,
+        lead: float,
+        epochs: Mapping[int, int] | None,
+    ) -> list[FireCandidate]:
+        return await firing.fire_candidates(
+            await _raw(conn), at=at, run_ids=run_ids, node_id=node_id, lead=lead, epochs=epochs
+        )
+
+    async def runs_insert_planned(
+        self,
+        conn: AsyncConnection,
+        *,
+        planned: Sequence[PlannedRun],
+        sources: Mapping[uuid.UUID, FireCandidate],
+        at: datetime,
+        node_id: str,
+    ) -> list[CreatedRun]:
+        # The templates are read from the jobs inside the statement.
+        return await firing.insert_planned(
+            await _raw(conn), at=at, planned=planned, node_id=node_id
+        )
+
+    async def attempts_lease(
+        self,
+        conn: AsyncConnection,
+        *,
+        worker: Worker,
+        max: int,
+        webhooks_only: bool,
+        ahead: float,
+        now: datetime | None,
+    ) -> list[LeasedAttempt]:
+        return await leasing.lease(
+            await _raw_begun(conn),
+            now=now,
+            worker=worker,
+            max=max,
+            new_id=new_id,
+            webhooks_only=webhooks_only,
+            ahead=ahead,
+        )
+
+    async def attempts_start(
+        self,
+        conn: AsyncConnection,
+        *,
+        worker_id: uuid.UUID,
+        tokens: Sequence[int],
+        tenant_id: uuid.UUID | None,
+        now: datetime | None,
+    ) -> ReservationsStarted:
+        return await leasing.start_many(
+            await _raw(conn), now=now, worker_id=worker_id, tokens=tokens, tenant_id=tenant_id
+        )
+
+    async def attempts_heartbeat(
+        self,
+        conn: AsyncConnection,
+        *,
+        items: Sequence[HeartbeatItem],
+        tenant_id: uuid.UUID | None,
+        now: datetime | None,
+    ) -> Outcomes:
+        return await leasing.heartbeat_many(
+            await _raw(conn), now=now, items=items, tenant_id=tenant_id
+        )
+
+    async def attempts_complete(
+        self,
+        conn: AsyncConnection,
+        *,
+        items: Sequence[CompleteItem],
+        tenant_id: uuid.UUID | None,
+        now: datetime | None,
+    ) -> Outcomes:
+        return await leasing.complete_many(
+            await _raw(conn),
+            now=now,
+            ids=[i.attempt_id for i in items],
+            tokens=[i.fencing_token for i in items],
+            results=[i.result for i in items],
+            tenant_id=tenant_id,
+        )
+
+    async def shard_leases_renew(
+        self,
+        conn: AsyncConnection,
+        *,
+        node_id: str,
+        ttl: float,
+        shards: int,
+        now: datetime | None,
+    ) -> LeaseRenewal:
+        return await firing.renew(
+            await _raw(conn), node_id=node_id, ttl=ttl, shards=shards, now=now
+        )

@@ -1,0 +1,416 @@
+"""The SQLite driver's statements for workers, in SQLAlchemy Core: a few statements
+per batch (one UPDATE of the runs, one INSERT of attempts, one of events), never one
+per run.
+
+Leasing picks the candidates and starts them (DISPATCHED -> RUNNING, a new attempt and
+a new, strictly larger fencing token each); a worker leasing *ahead* also gets runs
+dispatched ahead of their instant as reservations: the run stays DISPATCHED, held for
+the worker under the attempt id and token it will start with (``attempts_start``).
+Results are validated by fencing token inside the UPDATE that applies them: a stale
+token matches no row, so it changes nothing.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from cronwheel.domain.model import AttemptOutcome, LeasedAttempt, ReservationsStarted, Worker
+from cronwheel.domain.states import AttemptState, RunState
+from cronwheel.ids import new_id
+from cronwheel.store.base import CompleteItem, HeartbeatItem
+from cronwheel.store.driver import (
+    Driver,
+    Outcomes,
+    WorkerGone,
+)
+from cronwheel.store.rows import event_row
+from cronwheel.store.schema import (
+    NO_RESERVATION,
+    attempts,
+    runs,
+    workers,
+)
+from cronwheel.store.sql.progress import progress_deadline, progress_rows
+from cronwheel.store.sql.statements import (
+    attempts_end,
+    attempts_live,
+    jobs_finish_one_off,
+    update_each,
+)
+
+__all__ = ["CoreLeasing"]
+
+
+class CoreLeasing(Driver):
+    """The workers' statements of a driver that speaks SQLAlchemy Core only."""
+
+    # -- leasing -------------------------------------------------------------------
+
+    async def attempts_lease(
+        self,
+        conn: AsyncConnection,
+        *,
+        worker: Worker,
+        max: int,
+        webhooks_only: bool,
+        ahead: float,
+        now: datetime | None,
+    ) -> list[LeasedAttempt]:
+        at = await self.instant(conn, now)
+        # First, in the same write transaction: a deregistered worker leases nothing.
+        # (Writes are serialised here, so a deregistration is wholly before or after.)
+        seen = await conn.execute(
+            workers.update()
+            .where(workers.c.id == worker.id, workers.c.deregistered_at.is_(None))
+            .values(last_seen_at=at)
+        )
+        if not seen.rowcount:
+            raise WorkerGone(worker.id)
+        pick = (
+            sa.select(*_LEASED_COLUMNS)
+            .where(
+                runs.c.state == RunState.DISPATCHED.value,
+                runs.c.pool == worker.pool,
+                # fire_at is the run's not-before: dispatched ahead, it waits in the
+                # ready queue until then, or (within ``ahead`` of it) is reserved.
+                runs.c.fire_at <= at + timedelta(seconds=ahead),
+                runs.c.reserved_token.is_(None),  # reserved: not in the queue
+                self.json_subset(runs.c.requires, worker.capabilities),
+            )
+            .order_by(runs.c.priority, runs.c.fire_at)
+            .limit(max)
+            .with_for_update(skip_locked=True)
+        )
+        if worker.tenant_id is not None:
+            pick = pick.where(runs.c.tenant_id == worker.tenant_id)
+        if webhooks_only:  # a run has a task or a webhook, never both
+            pick = pick.where(runs.c.task.is_(None))
+        picked = (await conn.execute(pick)).all()
+        due = [r for r in picked if r.fire_at <= at]
+        later = [r for r in picked if r.fire_at > at]
+        leased = await self._begin_attempts(
+            conn,
+            due,
+            worker_id=worker.id,
+            at=at,
+            attempt_ids=[new_id() for _ in due],
+            tokens=await self.fencing_tokens(conn, len(due)) if due else [],
+        )
+        leased += await self._reserve(conn, later, worker_id=worker.id)
+        return sorted(leased, key=lambda a: (a.not_before is not None, a.not_before or at))
+
+    async def _reserve(
+        self, conn: AsyncConnection, rows: Sequence[Any], *, worker_id: uuid.UUID
+    ) -> list[LeasedAttempt]:
+        """Reserve ``rows`` (DISPATCHED, locked, due later) for the worker."""
+        if not rows:
+            return []
+        tokens = await self.fencing_tokens(conn, len(rows))
+        reserved = [
+            LeasedAttempt(
+                attempt_id=new_id(),
+                run_id=r.id,
+                tenant_id=r.tenant_id,
+                job_id=r.job_id,
+                number=r.attempt + 1,
+                task=r.task,
+                webhook=r.webhook,
+                payload=r.payload,
+                fencing_token=token,
+                lease_expires_at=r.fire_at + timedelta(seconds=r.heartbeat_timeout),
+                deadline=r.fire_at + timedelta(seconds=r.timeout),
+                due_at=r.due_at,
+                heartbeat_timeout=r.heartbeat_timeout,
+                not_before=r.fire_at,
+                progress_timeout=r.progress_timeout,
+            )
+            for r, token in zip(rows, tokens, strict=True)
+        ]
+        await update_each(
+            conn,
+            runs,
+            [
+                {
+                    "id": a.run_id,
+                    "reserved_by": worker_id,
+                    "reserved_attempt": a.attempt_id,
+                    "reserved_token": a.fencing_token,
+                    "reserved_until": a.lease_expires_at,
+                    "wait_reason": None,
+                }
+                for a in reserved
+            ],
+        )
+        return reserved
+
+    async def _begin_attempts(
+        self,
+        conn: AsyncConnection,
+        rows: Sequence[Any],
+        *,
+        worker_id: uuid.UUID,
+        at: datetime,
+        attempt_ids: Sequence[uuid.UUID],
+        tokens: Sequence[int],
+    ) -> list[LeasedAttempt]:
+        """Start ``rows`` (DISPATCHED, locked, due; as read before this): each becomes
+        RUNNING with a new attempt (of ``attempt_ids`` and ``tokens``, in order), its
+        reservation, if any, used up."""
+        if not rows:
+            return []
+        await conn.execute(
+            runs.update()
+            .where(self.id_in(runs.c.id, [r.id for r in rows]))
+            .values(
+                state=RunState.RUNNING.value,
+                attempt=runs.c.attempt + 1,
+                started_at=sa.func.coalesce(runs.c.started_at, at),
+                wait_reason=None,
+                **NO_RESERVATION,
+            )
+        )
+        leased: list[LeasedAttempt] = []
+        attempt_rows: list[dict[str, Any]] = []
+        event_rows: list[dict[str, Any]] = []
+        for r, attempt_id, token in zip(rows, attempt_ids, tokens, strict=True):
+            number = r.attempt + 1
+            lease = at + timedelta(seconds=r.heartbeat_timeout)
+            deadline = at + timedelta(seconds=r.timeout)
+            attempt_rows.append(
+                {
+                    "id": attempt_id,
+                    "tenant_id": r.tenant_id,
+                    "run_id": r.id,
+                    "number": number,
+                    "worker_id": worker_id,
+                    "fencing_token": token,
+                    "state": AttemptState.RUNNING.value,
+                    "lease_expires_at": lease,
+                    "deadline": deadline,
+                    "started_at": at,
+                    "progress_deadline": progress_deadline(at, r.progress_timeout),
+                }
+            )
+            event_rows.append(
+                event_row(
+                    at=at,
+                    kind="run.transition",
+                    tenant_id=r.tenant_id,
+                    job_id=r.job_id,
+                    run_id=r.id,
+                    attempt_id=attempt_id,
+                    from_state=RunState.DISPATCHED.value,
+                    to_state=RunState.RUNNING.value,
+                    actor=f"worker:{worker_id}",
+                    data={"attempt": number, "fencing_token": token},
+                )
+            )
+            leased.append(
+                LeasedAttempt(
+                    attempt_id=attempt_id,
+                    run_id=r.id,
+                    tenant_id=r.tenant_id,
+                    job_id=r.job_id,
+                    number=number,
+                    task=r.task,
+                    webhook=r.webhook,
+                    payload=r.payload,
+                    fencing_token=token,
+                    lease_expires_at=lease,
+                    deadline=deadline,
+                    due_at=r.due_at,
+                    heartbeat_timeout=r.heartbeat_timeout,
+                    progress_timeout=r.progress_timeout,
+                )
+            )
+        await conn.execute(attempts.insert(), attempt_rows)
+        await self.events_insert(conn, event_rows)
+        return leased
+
+    async def attempts_start(
+        self,
+        conn: AsyncConnection,
+        *,
+        worker_id: uuid.UUID,
+        tokens: Sequence[int],
+        tenant_id: uuid.UUID | None,
+        now: datetime | None,
+    ) -> ReservationsStarted:
+        at = await self.instant(conn, now)
+        live = (
+            sa.select(workers.c.id)
+            .where(workers.c.id == worker_id, workers.c.deregistered_at.is_(None))
+            .with_for_update(read=True)
+        )
+        if (await conn.execute(live)).first() is None:
+            raise WorkerGone(worker_id)
+        stmt = (
+            sa.select(*_LEASED_COLUMNS, runs.c.reserved_attempt, runs.c.reserved_token)
+            .where(
+                runs.c.reserved_token.in_(list(tokens)),
+                runs.c.state == RunState.DISPATCHED.value,
+                runs.c.reserved_by == worker_id,
+            )
+            .with_for_update()
+        )
+        if tenant_id is not None:
+            stmt = stmt.where(runs.c.tenant_id == tenant_id)
+        rows = (await conn.execute(stmt)).all()
+        due = [r for r in rows if r.fire_at <= at]
+        await self._begin_attempts(
+            conn,
+            due,
+            worker_id=worker_id,
+            at=at,
+            attempt_ids=[r.reserved_attempt for r in due],
+            tokens=[r.reserved_token for r in due],
+        )
+        found = {r.reserved_token for r in rows}
+        return ReservationsStarted(
+            started_at=at if due else None,
+            started=[r.reserved_token for r in due],
+            not_yet=[r.reserved_token for r in rows if r.fire_at > at],
+            refused=[t for t in tokens if t not in found],
+            first_tries_due=[r.due_at for r in due if r.attempt == 0],
+        )
+
+    # -- heartbeats and results ----------------------------------------------------
+
+    async def attempts_heartbeat(
+        self,
+        conn: AsyncConnection,
+        *,
+        items: Sequence[HeartbeatItem],
+        tenant_id: uuid.UUID | None,
+        now: datetime | None,
+    ) -> Outcomes:
+        at = await self.instant(conn, now)
+        live = (
+            await conn.execute(
+                sa.select(
+                    attempts.c.id,
+                    attempts.c.fencing_token,
+                    runs.c.heartbeat_timeout,
+                    runs.c.progress_timeout,
+                    runs.c.cancel_requested,
+                    runs.c.state,
+                )
+                .join(runs, runs.c.id == attempts.c.run_id)
+                .where(attempts_live(items, tenant_id))
+            )
+        ).all()
+        ok: Outcomes = {}
+        # (attempt, token) -> the run's progress timeout, for the beats applied
+        beaten: dict[tuple[uuid.UUID, int], float | None] = {}
+        # One UPDATE per distinct heartbeat timeout: almost always just one.
+        by_timeout: dict[float, list[uuid.UUID]] = {}
+        for r in live:
+            by_timeout.setdefault(r.heartbeat_timeout, []).append(r.id)
+        for timeout, ids in by_timeout.items():
+            lease = at + timedelta(seconds=timeout)
+            updated = await conn.execute(
+                attempts.update()
+                .where(
+                    self.id_in(attempts.c.id, ids),
+                    attempts.c.state == AttemptState.RUNNING.value,
+                )
+                .values(lease_expires_at=lease, heartbeat_at=at)
+                .returning(attempts.c.id)
+            )
+            done = {u.id for u in updated}
+            for r in live:
+                if r.id in done:
+                    beaten[r.id, r.fencing_token] = r.progress_timeout
+                    ok[r.id, r.fencing_token] = AttemptOutcome(
+                        r.id,
+                        True,
+                        lease_expires_at=lease,
+                        cancel_requested=bool(r.cancel_requested),
+                        run_state=RunState(r.state),
+                    )
+        await update_each(conn, attempts, progress_rows(items, beaten, at))
+        return ok
+
+    async def attempts_complete(
+        self,
+        conn: AsyncConnection,
+        *,
+        items: Sequence[CompleteItem],
+        tenant_id: uuid.UUID | None,
+        now: datetime | None,
+    ) -> Outcomes:
+        at = await self.instant(conn, now)
+        ended, keys = await attempts_end(conn, items, AttemptState.SUCCEEDED, at, tenant_id)
+        if not ended:
+            return {}
+        done = (
+            await conn.execute(
+                runs.update()
+                .where(
+                    self.id_in(runs.c.id, list(ended.values())),
+                    runs.c.state == RunState.RUNNING.value,
+                )
+                .values(
+                    state=sa.case(
+                        (runs.c.cancel_requested, RunState.CANCELLED.value),
+                        else_=RunState.SUCCESS.value,
+                    ),
+                    finished_at=at,
+                    reason=None,
+                )
+                .returning(runs.c.id, runs.c.tenant_id, runs.c.job_id, runs.c.state)
+            )
+        ).all()
+        results = [
+            {"id": i.attempt_id, "result": i.result}
+            for i in items
+            if i.result is not None and (i.attempt_id, i.fencing_token) in keys
+        ]
+        await update_each(conn, attempts, results)
+        await update_each(
+            conn, runs, [{"id": ended[r["id"]], "result": r["result"]} for r in results]
+        )
+        attempt_of = {run_id: attempt_id for attempt_id, run_id in ended.items()}
+        await self.events_insert(
+            conn,
+            [
+                event_row(
+                    at=at,
+                    kind="run.transition",
+                    tenant_id=r.tenant_id,
+                    job_id=r.job_id,
+                    run_id=r.id,
+                    attempt_id=attempt_of[r.id],
+                    from_state=RunState.RUNNING.value,
+                    to_state=r.state,
+                    reason="cancelled while running" if r.state == "CANCELLED" else None,
+                )
+                for r in done
+            ],
+        )
+        await jobs_finish_one_off(conn, self, [r.job_id for r in done], at)
+        state_of = {r.id: RunState(r.state) for r in done}
+        return {k: AttemptOutcome(k[0], True, run_state=state_of.get(ended[k[0]])) for k in keys}
+
+
+_LEASED_COLUMNS = (
+    runs.c.id,
+    runs.c.tenant_id,
+    runs.c.job_id,
+    runs.c.attempt,
+    runs.c.task,
+    runs.c.webhook,
+    runs.c.payload,
+    runs.c.timeout,
+    runs.c.heartbeat_timeout,
+    runs.c.progress_timeout,
+    runs.c.due_at,
+    runs.c.priority,
+    runs.c.fire_at,
+)

@@ -1,0 +1,247 @@
+"""Rows written and records read: the one place a table's row turns into a domain
+record, and a new run's or event's row is built."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy.engine import Row
+
+from cronwheel.domain.errors import ValidationError
+from cronwheel.domain.model import Attempt, Event, Job, Run, Tenant, Worker
+from cronwheel.domain.states import AttemptState, JobState, RunState
+
+__all__ = [
+    "attempt_from",
+    "event_from",
+    "event_row",
+    "int_cursor",
+    "job_from",
+    "lateness_reason",
+    "new_run_row",
+    "run_from",
+    "tenant_from",
+    "uuid_cursor",
+    "worker_from",
+]
+
+
+def event_row(
+    *,
+    at: datetime,
+    kind: str,
+    tenant_id: uuid.UUID | None,
+    job_id: uuid.UUID | None = None,
+    run_id: uuid.UUID | None = None,
+    attempt_id: uuid.UUID | None = None,
+    from_state: str | None = None,
+    to_state: str | None = None,
+    actor: str | None = None,
+    reason: str | None = None,
+    data: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    return {
+        "tenant_id": tenant_id,
+        "at": at,
+        "kind": kind,
+        "job_id": job_id,
+        "run_id": run_id,
+        "attempt_id": attempt_id,
+        "from_state": from_state,
+        "to_state": to_state,
+        "actor": actor,
+        "reason": reason,
+        "data": data,
+    }
+
+
+def lateness_reason(fire_at: datetime, at: datetime) -> str | None:
+    """Say why a run went out late, when it did by more than a second."""
+    late = (at - fire_at).total_seconds()
+    if late <= 1.0:
+        return None
+    return f"dispatched {late:.1f} s after its due time (scheduler catching up)"
+
+
+def new_run_row(
+    *,
+    run_id: uuid.UUID,
+    tenant_id: uuid.UUID,
+    job_id: uuid.UUID,
+    name: str,
+    template: dict[str, Any],
+    due_at: datetime,
+    due_local: str | None,
+    shard: int,
+    at: datetime,
+    origin: str = "once",
+    fire_at: datetime | None = None,
+    state: RunState = RunState.SCHEDULED,
+) -> dict[str, Any]:
+    """A new run's row, its template copied from the job's (so leasing needs no join)."""
+    retry = template["retry"]
+    return {
+        "id": run_id,
+        "tenant_id": tenant_id,
+        "job_id": job_id,
+        "job_name": name,
+        "shard": shard,
+        "state": state.value,
+        "origin": origin,
+        "due_at": due_at,
+        "due_local": due_local,
+        "fire_at": fire_at or due_at,
+        "priority": template["priority"],
+        "pool": template["pool"],
+        "requires": template["requires"],
+        "tags": template["tags"],
+        "task": template.get("task"),
+        "webhook": template.get("webhook"),
+        "payload": template["payload"],
+        "attempt": 0,
+        "max_attempts": retry["max_attempts"],
+        "retry": retry,
+        "timeout": template["timeout"],
+        "heartbeat_timeout": template["heartbeat_timeout"],
+        "progress_timeout": template.get("progress_timeout"),  # absent from older jobs
+        "created_at": at,
+    }
+
+
+# -- cursors -------------------------------------------------------------------
+
+
+def uuid_cursor(cursor: str | None) -> uuid.UUID | None:
+    if cursor is None:
+        return None
+    try:
+        return uuid.UUID(cursor)
+    except ValueError:
+        raise ValidationError("malformed cursor", field="cursor") from None
+
+
+def int_cursor(cursor: str | None) -> int | None:
+    if cursor is None:
+        return None
+    if not cursor.isdigit():
+        raise ValidationError("malformed cursor", field="cursor")
+    return int(cursor)
+
+
+# -- rows to records ---------------------------------------------------------------
+
+
+def tenant_from(row: Row[Any]) -> Tenant:
+    return Tenant(id=row.id, name=row.name, limits=dict(row.limits), created_at=row.created_at)
+
+
+def job_from(row: Row[Any]) -> Job:
+    return Job(
+        id=row.id,
+        tenant_id=row.tenant_id,
+        name=row.name,
+        state=JobState(row.state),
+        kind=row.kind,
+        schedule=row.schedule,
+        template=row.template,
+        version=row.version,
+        next_due_at=row.next_due_at,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+        idempotency_key=row.idempotency_key,
+    )
+
+
+def run_from(row: Row[Any]) -> Run:
+    m = row._mapping
+    return Run(
+        id=m["id"],
+        tenant_id=m["tenant_id"],
+        job_id=m["job_id"],
+        job_name=m["job_name"],
+        shard=m["shard"],
+        state=RunState(m["state"]),
+        due_at=m["due_at"],
+        due_local=m["due_local"],
+        fire_at=m["fire_at"],
+        priority=m["priority"],
+        pool=m["pool"],
+        requires=list(m["requires"]),
+        tags=list(m["tags"]),
+        task=m["task"],
+        webhook=m["webhook"],
+        payload=m["payload"],
+        attempt=m["attempt"],
+        max_attempts=m["max_attempts"],
+        retry=m["retry"],
+        timeout=m["timeout"],
+        heartbeat_timeout=m["heartbeat_timeout"],
+        reason=m["reason"],
+        created_at=m["created_at"],
+        dispatched_at=m["dispatched_at"],
+        started_at=m["started_at"],
+        finished_at=m["finished_at"],
+        result=m["result"],
+        last_error=m["last_error"],
+        origin=m["origin"],
+        wait_reason=m["wait_reason"],
+        progress_timeout=m["progress_timeout"],
+        quarantined_at=m.get("quarantined_at"),
+    )
+
+
+def attempt_from(row: Row[Any]) -> Attempt:
+    return Attempt(
+        id=row.id,
+        tenant_id=row.tenant_id,
+        run_id=row.run_id,
+        number=row.number,
+        worker_id=row.worker_id,
+        fencing_token=row.fencing_token,
+        state=AttemptState(row.state),
+        lease_expires_at=row.lease_expires_at,
+        deadline=row.deadline,
+        started_at=row.started_at,
+        heartbeat_at=row.heartbeat_at,
+        finished_at=row.finished_at,
+        error=row.error,
+        result=row.result,
+        progress_deadline=row.progress_deadline,
+        progress_at=row.progress_at,
+        progress_details=row.progress_details,
+    )
+
+
+def event_from(row: Row[Any]) -> Event:
+    return Event(
+        id=row.id,
+        tenant_id=row.tenant_id,
+        at=row.at,
+        kind=row.kind,
+        job_id=row.job_id,
+        run_id=row.run_id,
+        attempt_id=row.attempt_id,
+        from_state=row.from_state,
+        to_state=row.to_state,
+        actor=row.actor,
+        reason=row.reason,
+        data=dict(row.data or {}),
+    )
+
+
+def worker_from(row: Row[Any]) -> Worker:
+    return Worker(
+        id=row.id,
+        tenant_id=row.tenant_id,
+        name=row.name,
+        pool=row.pool,
+        capabilities=list(row.capabilities),
+        tags=list(row.tags),
+        capacity=row.capacity,
+        registered_at=row.registered_at,
+        last_seen_at=row.last_seen_at,
+        deregistered_at=row.deregistered_at,
+        webhooks_only=bool(row.webhooks_only),
+    )

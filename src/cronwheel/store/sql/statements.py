@@ -1,0 +1,201 @@
+"""Portable statements (SQLAlchemy Core) that both the store's logic and a driver's
+own statements are built from: written once, with the driver's dialect hooks."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from cronwheel.domain.states import AttemptState, JobState
+from cronwheel.store.base import CompleteItem, FailItem, HeartbeatItem
+from cronwheel.store.driver import Driver, lease_fence
+from cronwheel.store.schema import attempts, jobs, shard_leases
+
+__all__ = [
+    "ONE_OFF_KINDS",
+    "attempts_end",
+    "attempts_live",
+    "insert_ignoring",
+    "jobs_finish_one_off",
+    "shard_held",
+    "shard_leases_take",
+    "update_each",
+]
+
+ONE_OFF_KINDS = ("at", "delay", "asap")
+
+
+async def update_each(conn: AsyncConnection, table: sa.Table, rows: list[dict[str, Any]]) -> None:
+    """Per-row values in one executemany: each row is ``{"id": …, column: value}``."""
+    if not rows:
+        return
+    columns = [k for k in rows[0] if k != "id"]
+    stmt = (
+        table.update()
+        .where(table.c.id == sa.bindparam("b_id"))
+        .values({c: sa.bindparam(f"b_{c}") for c in columns})
+    )
+    await conn.execute(stmt, [{f"b_{k}": v for k, v in row.items()} for row in rows])
+
+
+async def insert_ignoring(
+    conn: AsyncConnection,
+    driver: Driver,
+    table: sa.Table,
+    rows: list[dict[str, Any]],
+    returning: Sequence[sa.ColumnElement[Any]] = (),
+) -> list[Any]:
+    """INSERT ``rows``, skipping those whose key exists; returns ``returning`` of the
+    rows inserted. Executed as one executemany (SQLAlchemy's "insertmanyvalues"): the
+    statement is compiled once, whatever the number of rows."""
+    if not rows:
+        return []
+    stmt = driver.insert_ignore(table, [])
+    if returning:
+        return list((await conn.execute(stmt.returning(*returning), rows)).all())
+    await conn.execute(stmt, rows)
+    return []
+
+
+def attempts_live(
+    items: Sequence[HeartbeatItem | CompleteItem | FailItem], tenant_id: uuid.UUID | None
+) -> sa.ColumnElement[bool]:
+    """The attempts of ``items`` still live under exactly the (id, token) given (and,
+    for a tenant's worker, that tenant's)."""
+    pairs = [(i.attempt_id, i.fencing_token) for i in items]
+    live = sa.and_(
+        sa.tuple_(attempts.c.id, attempts.c.fencing_token).in_(pairs),
+        attempts.c.state == AttemptState.RUNNING.value,
+    )
+    return live if tenant_id is None else sa.and_(live, attempts.c.tenant_id == tenant_id)
+
+
+async def attempts_end(
+    conn: AsyncConnection,
+    items: Sequence[HeartbeatItem | CompleteItem | FailItem],
+    state: AttemptState,
+    at: datetime,
+    tenant_id: uuid.UUID | None,
+) -> tuple[dict[uuid.UUID, uuid.UUID], set[tuple[uuid.UUID, int]]]:
+    """End the live attempts among ``items``; returns ``{attempt_id: run_id}`` and the
+    (attempt id, token) pairs that ended."""
+    rows = (
+        await conn.execute(
+            attempts.update()
+            .where(attempts_live(items, tenant_id))
+            .values(state=state.value, finished_at=at)
+            .returning(attempts.c.id, attempts.c.run_id, attempts.c.fencing_token)
+        )
+    ).all()
+    return {r.id: r.run_id for r in rows}, {(r.id, r.fencing_token) for r in rows}
+
+
+async def jobs_finish_one_off(
+    conn: AsyncConnection, driver: Driver, job_ids: Sequence[uuid.UUID], at: datetime
+) -> None:
+    """A one-off job has one run: it is finished when that run ends, however (every
+    path that ends runs calls this: results, failures, quarantine)."""
+    if not job_ids:
+        return
+    await conn.execute(
+        jobs.update()
+        .where(
+            driver.id_in(jobs.c.id, list(set(job_ids))),
+            jobs.c.kind.in_(ONE_OFF_KINDS),
+            jobs.c.state == JobState.ACTIVE.value,
+        )
+        .values(state=JobState.FINISHED.value, next_due_at=None, updated_at=at)
+    )
+
+
+def shard_held(
+    shard: sa.ColumnElement[Any],
+    *,
+    node_id: str,
+    at: datetime,
+    epochs: dict[int, int] | None = None,
+) -> sa.ColumnElement[bool]:
+    """``shard`` is leased by ``node_id``, the lease is unexpired at ``at`` and, with
+    ``epochs``, it is the lease of that epoch."""
+    held = sa.select(shard_leases.c.shard).where(*lease_fence(node_id, at, epochs))
+    return shard.in_(held.scalar_subquery())
+
+
+async def shard_leases_take(
+    conn: AsyncConnection,
+    driver: Driver,
+    *,
+    node_id: str,
+    shards: Sequence[int],
+    ttl: float,
+    limit: int | None,
+    at: datetime,
+) -> dict[int, int]:
+    """Renew ``node_id``'s own leases among ``shards`` (the epoch stays) and take up to
+    ``limit`` more: expired leases first (their owner died or stalled: failover comes
+    first), then free ones (never owned, or handed back), in shard order, skipping rows
+    locked by a node taking at the same moment. A change of owner bumps the epoch.
+    Returns every lease ``node_id`` holds, shard → epoch."""
+    expires = at + timedelta(seconds=ttl)
+    wanted = list(shards)
+    if wanted:
+        existing = {
+            r.shard
+            for r in await conn.execute(
+                sa.select(shard_leases.c.shard).where(driver.id_in(shard_leases.c.shard, wanted))
+            )
+        }
+        missing = [s for s in wanted if s not in existing]
+        if missing:
+            await conn.execute(
+                driver.insert_ignore(
+                    shard_leases,
+                    [{"shard": s, "owner": None, "epoch": 0, "expires_at": None} for s in missing],
+                )
+            )
+        await conn.execute(
+            shard_leases.update()
+            .where(
+                driver.id_in(shard_leases.c.shard, wanted),
+                shard_leases.c.owner == node_id,
+                shard_leases.c.expires_at > at,
+            )
+            .values(expires_at=expires)
+        )
+        own = (
+            await conn.execute(
+                sa.select(sa.func.count()).where(
+                    shard_leases.c.owner == node_id, shard_leases.c.expires_at > at
+                )
+            )
+        ).scalar_one()
+        room = len(wanted) if limit is None else max(0, limit - own)
+        if room:
+            takeable = (
+                sa.select(shard_leases.c.shard)
+                .where(
+                    driver.id_in(shard_leases.c.shard, wanted),
+                    sa.or_(shard_leases.c.owner.is_(None), shard_leases.c.expires_at <= at),
+                )
+                .order_by(shard_leases.c.owner.is_(None), shard_leases.c.shard)
+                .limit(room)
+                .with_for_update(skip_locked=True)
+            )
+            picked = [r.shard for r in await conn.execute(takeable)]
+            if picked:
+                await conn.execute(
+                    shard_leases.update()
+                    .where(driver.id_in(shard_leases.c.shard, picked))
+                    .values(owner=node_id, expires_at=expires, epoch=shard_leases.c.epoch + 1)
+                )
+    held = await conn.execute(
+        sa.select(shard_leases.c.shard, shard_leases.c.epoch).where(
+            shard_leases.c.owner == node_id, shard_leases.c.expires_at > at
+        )
+    )
+    return {r.shard: r.epoch for r in held}

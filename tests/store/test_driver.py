@@ -1,0 +1,316 @@
+"""Driver conformance: every statement of ``store/driver.py``, called directly on each
+driver (SQLite and PostgreSQL) inside one transaction, answers the same.
+
+The store suite runs the drivers through the store's logic; these tests hold each
+driver method to its contract on its own, so a driver that answers differently fails
+here, named, rather than somewhere above it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import uuid
+from collections.abc import AsyncIterator
+from datetime import timedelta
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from cronwheel.domain.model import FiredRun, LeasedAttempt
+from cronwheel.domain.states import JobState, RunState
+from cronwheel.store import CompleteItem, HeartbeatItem, Store
+from cronwheel.store.driver import CreatedRun, Driver, FireCandidate, PlannedRun, WorkerGone
+from cronwheel.store.rows import event_row
+from cronwheel.store.schema import NUM_SHARDS, runs
+from cronwheel.store.sql import SqlStore
+
+from .helpers import (
+    NODE,
+    T0,
+    at,
+    create_job,
+    create_jobs,
+    dispatched_run,
+    hold_all_shards,
+    make_tenant,
+    register_worker,
+)
+
+
+def _driver(store: Store) -> Driver:
+    assert isinstance(store, SqlStore)
+    return store.driver
+
+
+@contextlib.asynccontextmanager
+async def _tx(store: Store) -> AsyncIterator[AsyncConnection]:
+    driver = _driver(store)
+    assert isinstance(store, SqlStore)
+    async with driver.begin_write(store.engine) as conn:
+        yield conn
+
+
+async def test_fencing_tokens_only_grow(store: Store) -> None:
+    async with _tx(store) as conn:
+        first = await _driver(store).fencing_tokens(conn, 3)
+        second = await _driver(store).fencing_tokens(conn, 2)
+    assert len(set(first)) == 3 and first == sorted(first)
+    assert min(second) > max(first)
+
+
+async def test_expression_hooks_mean_the_same_on_every_driver(store: Store) -> None:
+    tenant = await make_tenant(store)
+    a, b = await create_jobs(store, tenant.id, 2, requires=["gpu", "ssd"], tags=["red"])
+    [c] = await create_jobs(store, tenant.id, 1, requires=[], tags=["blue"])
+    driver = _driver(store)
+
+    async def ids(where: sa.ColumnElement[bool]) -> set[uuid.UUID]:
+        async with _tx(store) as conn:
+            rows = await conn.execute(
+                sa.select(runs.c.id).where(runs.c.tenant_id == tenant.id, where)
+            )
+            return {r.id for r in rows}
+
+    assert await ids(driver.id_in(runs.c.id, [a.id, c.id])) == {a.id, c.id}
+    assert await ids(driver.id_in(runs.c.id, [])) == set()
+    assert await ids(driver.json_has(runs.c.tags, "red")) == {a.id, b.id}
+    assert await ids(driver.json_subset(runs.c.requires, ["gpu"])) == {c.id}
+    assert await ids(driver.json_subset(runs.c.requires, ["ssd", "gpu", "x"])) == {a.id, b.id, c.id}
+    assert await ids(driver.json_equals(runs.c.requires, ("gpu", "ssd"))) == {a.id, b.id}
+    assert await ids(driver.starts_with(runs.c.job_name, "no such")) == set()
+
+
+async def test_events_insert_appends_rows(store: Store) -> None:
+    tenant = await make_tenant(store)
+    [run] = await create_jobs(store, tenant.id, 1)
+    row = event_row(
+        at=T0,
+        kind="run.note",
+        tenant_id=tenant.id,
+        job_id=run.job_id,
+        run_id=run.id,
+        actor="test",
+        data={"n": 1},
+    )
+    async with _tx(store) as conn:
+        await _driver(store).events_insert(conn, [row, row | {"data": None}])
+    page = await store.events_list(tenant.id, run_id=run.id)
+    notes = [e for e in page.items if e.kind == "run.note"]
+    assert [(e.actor, e.data) for e in notes] == [("test", {"n": 1}), ("test", {})]
+
+
+async def test_runs_fire_is_fenced_and_bounded_by_the_lead(store: Store) -> None:
+    tenant = await make_tenant(store)
+    now_run, soon, later = [
+        (await create_jobs(store, tenant.id, 1, due_at=due))[0] for due in (T0, at(2), at(60))
+    ]
+    epochs = await hold_all_shards(store)
+    driver = _driver(store)
+    ids = [now_run.id, soon.id, later.id]
+    async with _tx(store) as conn:
+        # Another node fires nothing; a stale epoch fires nothing.
+        assert (
+            await driver.runs_fire(conn, run_ids=ids, node_id="other", at=T0, lead=5, epochs=None)
+            == []
+        )
+        stale = {shard: epoch - 1 for shard, epoch in epochs.items()}
+        assert (
+            await driver.runs_fire(conn, run_ids=ids, node_id=NODE, at=T0, lead=5, epochs=stale)
+            == []
+        )
+        fired = await driver.runs_fire(
+            conn, run_ids=ids, node_id=NODE, at=T0, lead=5, epochs=epochs
+        )
+    assert all(isinstance(f, FiredRun) for f in fired)
+    assert {f.id for f in fired} == {now_run.id, soon.id}
+    assert {f.dispatched_at for f in fired} == {T0}
+    assert (await store.runs_get(tenant.id, later.id)).state is RunState.SCHEDULED
+    assert (await store.runs_get(tenant.id, soon.id)).state is RunState.DISPATCHED
+
+
+async def test_recurring_first_tries_are_candidates_not_plain_fires(store: Store) -> None:
+    tenant = await make_tenant(store)
+    job, run = await create_job(store, tenant.id, due_at=T0, schedule={"cron": "0 * * * *"})
+    await hold_all_shards(store)
+    driver = _driver(store)
+    fence = {"run_ids": [run.id], "node_id": NODE, "at": T0, "lead": 0.0, "epochs": None}
+    async with _tx(store) as conn:
+        assert await driver.runs_fire(conn, **fence) == []  # type: ignore[arg-type]
+        [candidate] = await driver.runs_fire_candidates(conn, **fence)  # type: ignore[arg-type]
+    assert isinstance(candidate, FireCandidate)
+    assert (candidate.id, candidate.job_id, candidate.shard) == (run.id, job.id, run.shard)
+    assert candidate.job_state == JobState.ACTIVE.value
+    assert candidate.schedule["cron"] == "0 * * * *"
+
+    planned = PlannedRun(
+        source=run.id,
+        id=uuid.uuid4(),
+        due_at=T0 + timedelta(hours=1),
+        due_local=None,
+        state=RunState.SCHEDULED.value,
+        origin="schedule",
+        reason=None,
+    )
+    async with _tx(store) as conn:
+        created = await driver.runs_insert_planned(
+            conn, planned=[planned], sources={run.id: candidate}, at=T0, node_id=NODE
+        )
+    assert created == [
+        CreatedRun(
+            id=planned.id,
+            tenant_id=tenant.id,
+            job_id=job.id,
+            state="SCHEDULED",
+            reason=None,
+            shard=run.shard,
+            fire_at=planned.due_at,
+            pool=run.pool,
+        )
+    ]
+    # The same occurrence again (another id): it exists, nothing is created.
+    again = PlannedRun(**{**_fields(planned), "id": uuid.uuid4()})
+    async with _tx(store) as conn:
+        assert (
+            await driver.runs_insert_planned(
+                conn, planned=[again], sources={run.id: candidate}, at=T0, node_id=NODE
+            )
+            == []
+        )
+
+
+def _fields(p: PlannedRun) -> dict[str, object]:
+    return {name: getattr(p, name) for name in PlannedRun.__dataclass_fields__}
+
+
+async def test_lease_start_heartbeat_and_complete(store: Store) -> None:
+    tenant = await make_tenant(store)
+    due = await dispatched_run(store, tenant.id, now=T0)
+    worker = await register_worker(store, tenant.id, pool=due.pool)
+    driver = _driver(store)
+    async with _tx(store) as conn:
+        [leased] = await driver.attempts_lease(
+            conn, worker=worker, max=10, webhooks_only=False, ahead=0, now=at(1)
+        )
+    assert isinstance(leased, LeasedAttempt)
+    assert (leased.run_id, leased.number, leased.not_before) == (due.id, 1, None)
+    assert leased.lease_expires_at == at(1) + timedelta(seconds=due.heartbeat_timeout)
+
+    beat = HeartbeatItem(leased.attempt_id, leased.fencing_token, progress=True, details={"p": 1})
+    stale = HeartbeatItem(leased.attempt_id, leased.fencing_token + 1)
+    async with _tx(store) as conn:
+        beaten = await driver.attempts_heartbeat(
+            conn, items=[beat, stale], tenant_id=tenant.id, now=at(2)
+        )
+    key = (leased.attempt_id, leased.fencing_token)
+    assert list(beaten) == [key]
+    assert beaten[key].lease_expires_at == at(2) + timedelta(seconds=due.heartbeat_timeout)
+    assert beaten[key].run_state is RunState.RUNNING
+    [attempt] = await store.attempts_list(tenant.id, run_id=due.id)
+    assert attempt.progress_details == {"p": 1}
+
+    async with _tx(store) as conn:
+        # Another tenant's worker completes nothing of this tenant's.
+        assert (
+            await driver.attempts_complete(
+                conn,
+                items=[CompleteItem(*key, result={"ok": True})],
+                tenant_id=uuid.uuid4(),
+                now=at(3),
+            )
+            == {}
+        )
+        done = await driver.attempts_complete(
+            conn, items=[CompleteItem(*key, result={"ok": True})], tenant_id=tenant.id, now=at(3)
+        )
+    assert done[key].ok and done[key].run_state is RunState.SUCCESS
+    run = await store.runs_get(tenant.id, due.id)
+    assert (run.state, run.result, run.finished_at) == (RunState.SUCCESS, {"ok": True}, at(3))
+    assert (await store.jobs_get(tenant.id, run.job_id)).state is JobState.FINISHED
+
+
+async def test_reservations_start_at_their_instant(store: Store) -> None:
+    tenant = await make_tenant(store)
+    [run] = await create_jobs(store, tenant.id, 1, due_at=at(3))
+    await hold_all_shards(store)
+    assert await store.runs_fire(run_ids=[run.id], node_id=NODE, now=T0, lead=5)
+    worker = await register_worker(store, tenant.id, pool=run.pool)
+    driver = _driver(store)
+    async with _tx(store) as conn:
+        assert (
+            await driver.attempts_lease(
+                conn, worker=worker, max=10, webhooks_only=False, ahead=0, now=T0
+            )
+            == []
+        )  # not leasable before its instant without asking ahead
+        [reserved] = await driver.attempts_lease(
+            conn, worker=worker, max=10, webhooks_only=False, ahead=5, now=T0
+        )
+    assert reserved.not_before == at(3)
+    token = reserved.fencing_token
+    async with _tx(store) as conn:
+        early = await driver.attempts_start(
+            conn, worker_id=worker.id, tokens=[token, token + 99], tenant_id=None, now=at(1)
+        )
+        started = await driver.attempts_start(
+            conn, worker_id=worker.id, tokens=[token], tenant_id=None, now=at(3)
+        )
+    assert (early.started, early.not_yet, early.refused) == ([], [token], [token + 99])
+    assert (started.started_at, started.started, started.first_tries_due) == (
+        at(3),
+        [token],
+        [run.due_at],
+    )
+    [attempt] = await store.attempts_list(tenant.id, run_id=run.id)
+    assert (attempt.id, attempt.fencing_token) == (reserved.attempt_id, token)
+
+
+async def test_a_worker_not_live_leases_and_starts_nothing(store: Store) -> None:
+    tenant = await make_tenant(store)
+    await dispatched_run(store, tenant.id, now=T0)
+    worker = await register_worker(store, tenant.id)
+    await store.workers_deregister(worker.id, now=T0)
+    ghost = dataclasses.replace(worker, id=uuid.uuid4())  # no such worker at all
+    driver = _driver(store)
+    for who in [worker, ghost]:
+        async with _tx(store) as conn:
+            try:
+                await driver.attempts_lease(
+                    conn, worker=who, max=1, webhooks_only=False, ahead=0, now=at(1)
+                )
+            except WorkerGone as gone:
+                assert gone.worker_id == who.id
+            else:
+                raise AssertionError("a worker that is not live leased")
+        async with _tx(store) as conn:
+            try:
+                await driver.attempts_start(
+                    conn, worker_id=who.id, tokens=[1], tenant_id=None, now=at(1)
+                )
+            except WorkerGone as gone:
+                assert gone.worker_id == who.id
+            else:
+                raise AssertionError("a worker that is not live started")
+
+
+async def test_shard_leases_renew_shares_the_shards(store: Store) -> None:
+    # The rows exist once the store's first renewal seeded them.
+    alone = await store.scheduler_renew(node_id="a", ttl=10, shards=NUM_SHARDS, now=T0)
+    assert (alone.live, alone.share, len(alone.held)) == (1, NUM_SHARDS, NUM_SHARDS)
+    driver = _driver(store)
+    assert isinstance(store, SqlStore)
+    async with driver.begin_renewal(store.engine) as conn:
+        second = await driver.shard_leases_renew(
+            conn, node_id="b", ttl=10, shards=NUM_SHARDS, now=at(1)
+        )
+    # b counts two nodes but takes nothing a live lease holds.
+    assert (second.live, second.share, second.held) == (2, NUM_SHARDS // 2, {})
+    assert second.others_expire_at == T0 + timedelta(seconds=10)
+    async with driver.begin_renewal(store.engine) as conn:
+        # a fell silent past the TTL and its leases ran out: b, alone now, takes them
+        # all, each under a new epoch.
+        taken = await driver.shard_leases_renew(
+            conn, node_id="b", ttl=10, shards=NUM_SHARDS, now=at(11)
+        )
+    assert (taken.live, len(taken.held)) == (1, NUM_SHARDS)
+    assert all(taken.held[s] == alone.held[s] + 1 for s in taken.held)
