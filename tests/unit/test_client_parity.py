@@ -254,20 +254,10 @@ class _AsyncFake:
         pass
 
 
-class _SyncMissing:
-    def get(self, box_id: str, *, limit: int | None = None) -> dict[str, Any]:
-        return {}
-
-    def iter(self, *, page_size: int = 10) -> Iterator[dict[str, Any]]:
-        yield {}
-
-
-class _AsyncMissing:
-    async def get(self, box_id: str, *, limit: int | None = None) -> dict[str, Any]:
-        return {}
-
-    async def iter(self, *, page_size: int = 10) -> AsyncIterator[dict[str, Any]]:
-        yield {}
+def _without(cls: type, method: str) -> type:
+    """A copy of ``cls`` that lacks ``method``."""
+    members = {k: v for k, v in vars(cls).items() if k != method and not k.startswith("__")}
+    return type(f"{cls.__name__}Without{method.title()}", (), members)
 
 
 class _AsyncDrifted:
@@ -289,11 +279,11 @@ def test_the_checker_accepts_twins_that_differ_only_in_awaiting() -> None:
 
 
 def test_the_checker_finds_a_method_missing_on_either_side() -> None:
-    assert class_differences(_SyncFake, _AsyncMissing, twins=ASYNC_TYPES) == [
-        "_SyncFake.drop: no _AsyncMissing.drop"
+    assert class_differences(_SyncFake, _without(_AsyncFake, "drop"), twins=ASYNC_TYPES) == [
+        "_SyncFake.drop: no _AsyncFakeWithoutDrop.drop"
     ]
-    assert class_differences(_SyncMissing, _AsyncFake, twins=ASYNC_TYPES) == [
-        "_AsyncFake.drop: no _SyncMissing twin"
+    assert class_differences(_without(_SyncFake, "drop"), _AsyncFake, twins=ASYNC_TYPES) == [
+        "_AsyncFake.drop: no _SyncFakeWithoutDrop twin"
     ]
 
 
