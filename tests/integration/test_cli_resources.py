@@ -16,8 +16,8 @@ import pytest
 from click.testing import Result
 from typer.testing import CliRunner
 
-from cronwheel import ApiError, Client, cli_dlq
-from cronwheel.cli import app
+from cronwheel import ApiError, Client
+from cronwheel.cli import app, dlq
 from cronwheel.runtime import BackgroundRuntime, Runtime
 from cronwheel.settings import Settings
 from cronwheel.store import FailItem, create_store
@@ -406,7 +406,7 @@ async def test_dlq_redrive_in_bulk(
     assert _dead_ids(server) == [dead[3]]
 
     # At a terminal --all asks first.
-    monkeypatch.setattr(cli_dlq, "_interactive", lambda: True)
+    monkeypatch.setattr(dlq, "_interactive", lambda: True)
     result = server.cli("dlq", "redrive", "--all", input="n\n")
     assert result.exit_code == 1 and "Send back every dead letter" in result.output
     assert _dead_ids(server) == [dead[3]]

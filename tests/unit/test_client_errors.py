@@ -9,7 +9,8 @@ import httpx
 import pytest
 
 from cronwheel import ApiConnectionError, ApiError, AsyncClient, Client
-from cronwheel.client import Call, _Calls, error_from_response
+from cronwheel.client import Call, error_from_response
+from cronwheel.client.calls import Calls
 from cronwheel.domain.errors import CronwheelError
 
 
@@ -74,18 +75,18 @@ def test_detail_string_and_foreign_pages_get_an_http_code() -> None:
 
 
 def test_ids_cannot_climb_out_of_their_route() -> None:
-    call = _Calls.jobs_get("../tenants")
+    call = Calls.jobs_get("../tenants")
     assert call.path == "/v1/jobs/..%2Ftenants"
-    assert _Calls.runs_cancel("a/b?c", None).path == "/v1/runs/a%2Fb%3Fc/cancel"
+    assert Calls.runs_cancel("a/b?c", None).path == "/v1/runs/a%2Fb%3Fc/cancel"
 
 
 def test_list_filters_skip_none_and_join_many_states() -> None:
-    call = _Calls.runs_list(None, ["FAILED", "DEAD_LETTER"], None, None, None, None, 10)
+    call = Calls.runs_list(None, ["FAILED", "DEAD_LETTER"], None, None, None, None, 10)
     assert call.params == {"state": "FAILED,DEAD_LETTER", "limit": "10"}
 
 
 def test_job_body_carries_extra_fields_and_the_idempotency_header() -> None:
-    call = _Calls.jobs_create(
+    call = Calls.jobs_create(
         "n", {"delay": 5}, "t", "key-1", {"payload": {"a": 1}, "pool": None, "priority": 0}
     )
     assert call == Call(

@@ -1,7 +1,6 @@
-"""``cronwheel``: run the server, its parts, a worker or the demo; talk to the API.
-
-Exit codes: 0 success, 1 an error (printed in red on stderr), 2 a usage error.
-"""
+"""The commands that run cronwheel's processes — ``server``, ``api``, ``scheduler``,
+``demo``, ``worker`` (the root app of :mod:`cronwheel.cli` holds them) — and
+``cronwheel db upgrade``, which prepares their database."""
 
 from __future__ import annotations
 
@@ -16,19 +15,8 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from cronwheel.cli_alerts import alerts
-from cronwheel.cli_common import (
-    DEFAULT_URL,
-    UrlOpt,
-    console,
-    err,
-    fail,
-    handle_errors,
-    setup_logging,
-)
-from cronwheel.cli_dlq import dlq_app
-from cronwheel.cli_resources import jobs_app, runs_app, tenants_app
-from cronwheel.cli_schedule import schedule_app
+from cronwheel.cli.options import DEFAULT_URL, UrlOpt
+from cronwheel.cli.output import console, err, fail, handle_errors, setup_logging
 from cronwheel.runtime import Runtime, StartupError
 from cronwheel.settings import Settings
 
@@ -39,31 +27,16 @@ __all__ = [
     "LogLevelOpt",
     "PortOpt",
     "api",
-    "app",
     "db_app",
     "db_upgrade",
     "demo",
-    "main",
     "scheduler",
     "server",
     "worker",
 ]
 
-app = typer.Typer(
-    name="cronwheel",
-    help="cronwheel: a multi-tenant distributed job scheduler.",
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    context_settings={"help_option_names": ["-h", "--help"]},
-)
 db_app = typer.Typer(help="The database: migrations.", no_args_is_help=True)
-app.add_typer(jobs_app, name="jobs")
-app.add_typer(runs_app, name="runs")
-app.add_typer(tenants_app, name="tenants")
-app.add_typer(schedule_app, name="schedule")
-app.add_typer(dlq_app, name="dlq")
-app.add_typer(db_app, name="db")
-app.command("alerts")(alerts)
+
 
 HostOpt = Annotated[
     str | None,
@@ -158,7 +131,6 @@ def _serve(runtime: Runtime, what: str) -> None:
     console.print(f"cronwheel {what} stopped", highlight=False)
 
 
-@app.command()
 def server(
     host: HostOpt = None,
     port: PortOpt = None,
@@ -177,7 +149,6 @@ def server(
     _serve(Runtime(settings, webhooks=True), "server")
 
 
-@app.command()
 def api(
     host: HostOpt = None,
     port: PortOpt = None,
@@ -191,7 +162,6 @@ def api(
     _serve(Runtime(settings, scheduler=False), "api")
 
 
-@app.command()
 def scheduler(
     node_id: Annotated[
         str | None,
@@ -262,7 +232,6 @@ def db_upgrade(
     console.print(f"[green]up to date:[/] {escape(_redacted(url))}", highlight=False)
 
 
-@app.command()
 def demo(
     host: HostOpt = None,
     port: PortOpt = None,
@@ -284,7 +253,6 @@ def demo(
     _serve(runtime, "demo")
 
 
-@app.command()
 def worker(
     modules: Annotated[
         list[str] | None,
@@ -438,11 +406,3 @@ def worker(
         f"{w.stats.released} released",
         highlight=False,
     )
-
-
-def main() -> None:
-    app()
-
-
-if __name__ == "__main__":
-    main()

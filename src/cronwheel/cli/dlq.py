@@ -1,5 +1,6 @@
 """``cronwheel dlq``: dead letters — runs that gave up after their last attempt — listed,
-shown and redriven; ``cronwheel runs retry`` sends any failed run back."""
+shown and redriven (``cronwheel runs retry``, beside the other run commands, sends any
+failed run back)."""
 
 from __future__ import annotations
 
@@ -8,31 +9,22 @@ from typing import Annotated, Any
 
 import typer
 
-from cronwheel.cli_common import (
+from cronwheel.cli.options import (
     DEFAULT_URL,
     ApiKeyOpt,
     JsonOpt,
+    ReasonOpt,
     TenantOpt,
     UrlOpt,
     client_for,
-    console,
-    fail,
-    handle_errors,
-    print_json,
-    short_time,
-    table,
 )
-from cronwheel.cli_resources import runs_app, runs_show
+from cronwheel.cli.output import console, fail, handle_errors, print_json, short_time, table
+from cronwheel.cli.runs import runs_show, send_back
 from cronwheel.store.base import REDRIVE_BATCH_MAX
 
-__all__ = ["ReasonOpt", "RunArg", "dlq_app", "dlq_list", "dlq_redrive", "runs_retry"]
+__all__ = ["dlq_app", "dlq_list", "dlq_redrive"]
 
 dlq_app = typer.Typer(help="Dead letters: list, show, redrive.", no_args_is_help=True)
-
-RunArg = Annotated[str, typer.Argument(help="The run id.")]
-ReasonOpt = Annotated[
-    str | None, typer.Option("--reason", help="Recorded in the history.", show_default=False)
-]
 
 
 @dlq_app.command("list")
@@ -74,24 +66,6 @@ def dlq_list(
 
 
 dlq_app.command("show", help="One dead letter: the run, its attempts and its events.")(runs_show)
-
-
-def _send_back(
-    run_id: str,
-    action: str,
-    reason: str | None,
-    url: str,
-    api_key: str | None,
-    tenant: str | None,
-    as_json: bool,
-) -> None:
-    with handle_errors(), client_for(url, api_key, tenant) as client:
-        send = client.runs.redrive if action == "redrive" else client.runs.retry
-        run = send(run_id, reason=reason)
-    if as_json:
-        print_json(run)
-        return
-    console.print(f"run [bold]{run['id']}[/] is {run['state']} again", highlight=False)
 
 
 @dlq_app.command("redrive")
@@ -136,7 +110,7 @@ def dlq_redrive(
         got = f" (got {' and '.join(given)})" if given else ""
         fail(f"give run ids, --job ID or --all: exactly one of them{got}", code=2)
     if run_ids and len(run_ids) == 1:
-        _send_back(run_ids[0], "redrive", reason, url, api_key, tenant, as_json)
+        send_back(run_ids[0], "redrive", reason, url, api_key, tenant, as_json)
         return
     if every and not yes:
         _confirm_all(limit)
@@ -173,16 +147,3 @@ def _print_batch(out: dict[str, Any]) -> None:
     caption = "more dead letters match: run the command again" if out["more"] else None
     title = f"redriven {out['redriven']}, skipped {len(out['skipped'])}"
     console.print(table(title, ["run", "outcome", "reason"], rows, caption=caption))
-
-
-@runs_app.command("retry")
-def runs_retry(
-    run_id: RunArg,
-    reason: ReasonOpt = None,
-    url: UrlOpt = DEFAULT_URL,
-    api_key: ApiKeyOpt = None,
-    tenant: TenantOpt = None,
-    as_json: JsonOpt = False,
-) -> None:
-    """Run a failed, cancelled or dead-lettered run again."""
-    _send_back(run_id, "retry", reason, url, api_key, tenant, as_json)

@@ -1,5 +1,5 @@
-"""What every ``cronwheel`` command shares: the consoles, error reporting, the
-connection options and the JSON / table output."""
+"""What ``cronwheel`` commands print and how they fail: the consoles, tables, JSON,
+instants, logging, and the errors a user can cause as a red line and an exit code."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import logging
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime
-from typing import Annotated, Any, NoReturn
+from typing import Any, NoReturn
 
 import typer
 from pydantic import ValidationError as PydanticValidationError
@@ -18,16 +18,10 @@ from rich.logging import RichHandler
 from rich.markup import escape
 from rich.table import Table
 
-from cronwheel.client import ApiError, Client
+from cronwheel.client import ApiError
 from cronwheel.domain.errors import CronwheelError
 
 __all__ = [
-    "DEFAULT_URL",
-    "ApiKeyOpt",
-    "JsonOpt",
-    "TenantOpt",
-    "UrlOpt",
-    "client_for",
     "console",
     "err",
     "fail",
@@ -41,31 +35,6 @@ __all__ = [
 
 console = Console(soft_wrap=True)  # keys and ids must stay on one line to be copied
 err = Console(stderr=True, soft_wrap=True)
-
-DEFAULT_URL = "http://127.0.0.1:8000"
-
-UrlOpt = Annotated[
-    str, typer.Option("--url", envvar="CRONWHEEL_URL", help="The cronwheel API.", show_default=True)
-]
-ApiKeyOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--api-key",
-        envvar="CRONWHEEL_API_KEY",
-        show_default=False,
-        help="An API key (operator or viewer; the admin key needs --tenant).",
-    ),
-]
-TenantOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--tenant",
-        envvar="CRONWHEEL_TENANT",
-        show_default=False,
-        help="The tenant id an admin key acts for.",
-    ),
-]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
 
 
 def fail(message: str, *, code: int = 1) -> NoReturn:
@@ -101,15 +70,6 @@ def handle_errors() -> Iterator[None]:
         fail(exc.message)
     except (ValueError, OSError) as exc:
         fail(str(exc))
-
-
-def client_for(url: str, api_key: str | None, tenant: str | None) -> Client:
-    if not api_key:
-        fail("no API key: pass --api-key or set CRONWHEEL_API_KEY", code=2)
-    try:
-        return Client(url, api_key=api_key, tenant=tenant)
-    except ValueError as exc:
-        fail(f"--url: {exc}", code=2)
 
 
 def print_json(value: Any) -> None:

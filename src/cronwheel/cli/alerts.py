@@ -2,19 +2,8 @@
 
 from __future__ import annotations
 
-from cronwheel.cli_common import (
-    DEFAULT_URL,
-    ApiKeyOpt,
-    JsonOpt,
-    TenantOpt,
-    UrlOpt,
-    client_for,
-    console,
-    handle_errors,
-    print_json,
-    short_time,
-    table,
-)
+from cronwheel.cli.options import DEFAULT_URL, ApiKeyOpt, JsonOpt, TenantOpt, UrlOpt, client_for
+from cronwheel.cli.output import console, handle_errors, print_json, short_time, table
 
 __all__ = ["alerts"]
 

@@ -1,68 +1,55 @@
-"""``cronwheel jobs …``, ``cronwheel runs …`` and ``cronwheel tenants …``: the API
-from the command line (the control of recurring jobs is in ``cli_schedule``)."""
+"""``cronwheel jobs …``: create, list, show and cancel jobs; pause, resume, trigger,
+backfill and preview them."""
 
 from __future__ import annotations
 
 import json
-import time
 from datetime import datetime
 from typing import Annotated, Any
 
 import typer
-from rich.text import Text
 
-from cronwheel.cli_common import (
+from cronwheel.cli.options import (
     DEFAULT_URL,
     ApiKeyOpt,
     JsonOpt,
+    ReasonOpt,
     TenantOpt,
     UrlOpt,
     client_for,
-    console,
-    err,
-    handle_errors,
-    key_values,
-    print_json,
-    short_time,
-    table,
-)
-from cronwheel.cli_schedule import (
-    Ambiguous,
-    CatchUp,
-    Nonexistent,
-    Overlap,
     parse_instant,
     parse_json_object,
-    register_job_controls,
 )
-from cronwheel.domain.states import TERMINAL_STATES
+from cronwheel.cli.output import console, handle_errors, key_values, print_json, short_time, table
+from cronwheel.cli.schedule import (
+    Ambiguous,
+    CatchUp,
+    CountOpt,
+    Nonexistent,
+    Overlap,
+    occurrence_table,
+)
 
 __all__ = [
+    "IdArg",
     "jobs_app",
+    "jobs_backfill",
     "jobs_cancel",
     "jobs_create",
     "jobs_list",
+    "jobs_pause",
+    "jobs_preview",
+    "jobs_resume",
     "jobs_show",
-    "runs_app",
-    "runs_cancel",
-    "runs_list",
-    "runs_logs",
-    "runs_show",
-    "tenants_app",
-    "tenants_create",
-    "tenants_create_key",
-    "tenants_list",
+    "jobs_trigger",
 ]
 
 jobs_app = typer.Typer(
     help="Create, list, preview and control jobs (cancel, pause, resume, trigger, backfill).",
     no_args_is_help=True,
 )
-runs_app = typer.Typer(
-    help="Run history: list runs, show one with its attempts and events, read its logs.",
-    no_args_is_help=True,
-)
-tenants_app = typer.Typer(help="Tenants and their keys (admin key).", no_args_is_help=True)
+
+IdArg = Annotated[str, typer.Argument(help="The job id.")]
 
 
 def _instant(value: str | None, option: str = "--at") -> datetime | None:
@@ -86,8 +73,6 @@ def _schedule_text(schedule: dict[str, Any]) -> str:
             return f"at {short_time(value)}"
     return json.dumps(schedule)
 
-
-# -- jobs ----------------------------------------------------------------------------
 
 _OPTION_NAMES = {
     "timezone": "--tz",
@@ -405,253 +390,119 @@ def jobs_cancel(
     console.print(f"[yellow]cancelled[/] job [bold]{job['id']}[/] ({job['name']})", highlight=False)
 
 
-register_job_controls(jobs_app)
+# -- a job's control -----------------------------------------------------------------
 
 
-# -- runs ----------------------------------------------------------------------------
+@jobs_app.command("pause")
+def jobs_pause(
+    job_id: IdArg,
+    reason: ReasonOpt = None,
+    url: UrlOpt = DEFAULT_URL,
+    api_key: ApiKeyOpt = None,
+    tenant: TenantOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Pause a job: its runs are held until it is resumed; running ones finish."""
+    with handle_errors(), client_for(url, api_key, tenant) as client:
+        job = client.jobs.pause(job_id, reason=reason)
+    if as_json:
+        print_json(job)
+        return
+    console.print(f"[yellow]paused[/] job [bold]{job['id']}[/] ({job['name']})", highlight=False)
 
 
-@runs_app.command("list")
-def runs_list(
-    job_id: Annotated[str | None, typer.Option("--job-id", show_default=False)] = None,
-    state: Annotated[
+@jobs_app.command("resume")
+def jobs_resume(
+    job_id: IdArg,
+    reason: ReasonOpt = None,
+    url: UrlOpt = DEFAULT_URL,
+    api_key: ApiKeyOpt = None,
+    tenant: TenantOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Resume a paused job: held runs are due again (missed ones at once, per its
+    catch-up policy)."""
+    with handle_errors(), client_for(url, api_key, tenant) as client:
+        job = client.jobs.resume(job_id, reason=reason)
+    if as_json:
+        print_json(job)
+        return
+    console.print(f"[green]resumed[/] job [bold]{job['id']}[/] ({job['name']})", highlight=False)
+
+
+@jobs_app.command("trigger")
+def jobs_trigger(
+    job_id: IdArg,
+    payload: Annotated[
         str | None,
         typer.Option(
-            "--state",
-            help="A run state, or several separated by commas (e.g. FAILED,DEAD_LETTER).",
-            show_default=False,
+            "--payload", help="A JSON object merged over the job's payload.", show_default=False
         ),
     ] = None,
-    limit: Annotated[int, typer.Option("--limit", min=1, max=500)] = 50,
-    cursor: Annotated[str | None, typer.Option("--cursor", show_default=False)] = None,
     url: UrlOpt = DEFAULT_URL,
     api_key: ApiKeyOpt = None,
     tenant: TenantOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Runs, newest first."""
+    """Run a job now, outside its schedule."""
+    merged = None if payload is None else parse_json_object(payload, "--payload")
     with handle_errors(), client_for(url, api_key, tenant) as client:
-        page = client.runs.list(job_id=job_id, state=state, limit=limit, cursor=cursor)
-    if as_json:
-        print_json({"items": page.items, "next_cursor": page.next_cursor})
-        return
-    rows = [
-        (
-            r["id"],
-            r.get("job_name") or r["job_id"],
-            r["state"],
-            short_time(r.get("due_at")),
-            f"{r.get('attempt', 0)}/{r.get('max_attempts', '?')}",
-            r.get("task") or "webhook",
-            short_time(r.get("finished_at")),
-        )
-        for r in page.items
-    ]
-    caption = f"more: --cursor {page.next_cursor}" if page.next_cursor else None
-    console.print(
-        table(
-            f"runs ({len(rows)})",
-            ["id", "job", "state", "due", "attempt", "task", "finished"],
-            rows,
-            caption=caption,
-        )
-    )
-
-
-@runs_app.command("show")
-def runs_show(
-    run_id: Annotated[str, typer.Argument(help="The run id.")],
-    url: UrlOpt = DEFAULT_URL,
-    api_key: ApiKeyOpt = None,
-    tenant: TenantOpt = None,
-    as_json: JsonOpt = False,
-) -> None:
-    """One run, its attempts and its events."""
-    with handle_errors(), client_for(url, api_key, tenant) as client:
-        run = client.runs.get(run_id)
+        run = client.jobs.trigger(job_id, payload=merged)
     if as_json:
         print_json(run)
         return
-    attempts = run.pop("attempts", []) or []
-    events = run.pop("events", []) or []
-    run.pop("events_next_cursor", None)
-    console.print(key_values(f"run {run['id']}", run))
     console.print(
-        table(
-            "attempts",
-            ["#", "id", "state", "worker", "token", "started", "finished", "error"],
-            [
-                (
-                    a.get("number"),
-                    a.get("id"),
-                    a.get("state"),
-                    a.get("worker_id"),
-                    a.get("fencing_token"),
-                    short_time(a.get("started_at")),
-                    short_time(a.get("finished_at")),
-                    (a.get("error") or "").split("\n", 1)[0],
-                )
-                for a in attempts
-            ],
-        )
-    )
-    console.print(
-        table(
-            "events",
-            ["at", "kind", "from", "to", "actor", "reason"],
-            [
-                (
-                    short_time(e.get("at")),
-                    e.get("kind"),
-                    e.get("from_state"),
-                    e.get("to_state"),
-                    e.get("actor"),
-                    e.get("reason"),
-                )
-                for e in events
-            ],
-        )
-    )
-
-
-@runs_app.command("cancel")
-def runs_cancel(
-    run_id: Annotated[str, typer.Argument(help="The run id.")],
-    reason: Annotated[str | None, typer.Option("--reason", show_default=False)] = None,
-    url: UrlOpt = DEFAULT_URL,
-    api_key: ApiKeyOpt = None,
-    tenant: TenantOpt = None,
-    as_json: JsonOpt = False,
-) -> None:
-    """Cancel one run (a running one is asked to stop on its next heartbeat)."""
-    with handle_errors(), client_for(url, api_key, tenant) as client:
-        run = client.runs.cancel(run_id, reason=reason)
-    if as_json:
-        print_json(run)
-        return
-    console.print(f"run [bold]{run['id']}[/] is {run['state']}", highlight=False)
-
-
-_LEVEL_STYLES = {"WARNING": "yellow", "ERROR": "red", "CRITICAL": "bold red", "DEBUG": "dim"}
-_FINAL_STATES = frozenset(s.value for s in TERMINAL_STATES)
-
-
-def _print_line(line: dict[str, Any], *, as_json: bool) -> None:
-    if as_json:  # one JSON object a line, to pipe into jq
-        console.print(json.dumps(line), markup=False, highlight=False)
-        return
-    level = str(line.get("level", ""))
-    console.print(
-        Text.assemble(
-            (short_time(line.get("ts")), "dim"),
-            f"  #{line.get('attempt')}  ",
-            (f"{level:<8}", _LEVEL_STYLES.get(level, "")),
-            " ",
-            str(line.get("message", "")),
-        ),
+        f"[green]triggered[/] run [bold]{run['id']}[/] of job {run['job_id']}, due {run['due_at']}",
         highlight=False,
     )
 
 
-@runs_app.command("logs")
-def runs_logs(
-    run_id: Annotated[str, typer.Argument(help="The run id.")],
-    attempt: Annotated[
-        int | None,
-        typer.Option("--attempt", min=1, help="Only this attempt's lines.", show_default=False),
+@jobs_app.command("backfill")
+def jobs_backfill(
+    job_id: IdArg,
+    start: Annotated[
+        str, typer.Option("--from", help="The start of the past range (ISO-8601, inclusive).")
+    ],
+    end: Annotated[
+        str, typer.Option("--to", help="The end of the past range (ISO-8601, exclusive).")
+    ],
+    rate: Annotated[
+        float | None,
+        typer.Option(
+            "--rate", min=0.001, max=1000, show_default=False, help="Runs per second [10]."
+        ),
     ] = None,
-    follow: Annotated[
-        bool,
-        typer.Option("--follow", "-f", help="Keep printing new lines until the run is over."),
-    ] = False,
-    interval: Annotated[
-        float, typer.Option("--interval", min=0.1, help="Seconds between polls with --follow.")
-    ] = 1.0,
     url: UrlOpt = DEFAULT_URL,
     api_key: ApiKeyOpt = None,
     tenant: TenantOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """The lines the run's handlers wrote with ctx.log, oldest first: time, attempt,
-    level and message (--json: one JSON object a line)."""
-    printed = 0
-    try:
-        with handle_errors(), client_for(url, api_key, tenant) as client:
-            cursor: str | None = None
-            while True:
-                page = client.runs.logs_page(run_id, attempt=attempt, cursor=cursor)
-                for line in page.get("lines") or []:
-                    _print_line(line, as_json=as_json)
-                    printed += 1
-                if page.get("next_cursor"):
-                    cursor = page["next_cursor"]
-                    continue
-                # The state was read before the lines: once final, nothing comes later.
-                if not follow or page.get("run_state") in _FINAL_STATES:
-                    break
-                cursor = page.get("end_cursor") or cursor
-                time.sleep(interval)
-    except KeyboardInterrupt:
-        raise typer.Exit(130) from None
-    if not printed and not as_json:
-        err.print(f"run {run_id} has no log lines", highlight=False, markup=False)
+    """Create runs for a recurring job's occurrences in a past range; occurrences that
+    already have a run get none, so repeating it is harmless."""
+    since, until = parse_instant(start, "--from"), parse_instant(end, "--to")
+    with handle_errors(), client_for(url, api_key, tenant) as client:
+        made = client.jobs.backfill(job_id, start=since, end=until, rate=rate)
+    if as_json:
+        print_json(made)
+        return
+    console.print(f"[green]backfill[/]: {made['created']} runs created", highlight=False)
 
 
-# -- tenants -------------------------------------------------------------------------
-
-
-@tenants_app.command("create")
-def tenants_create(
-    name: Annotated[str, typer.Argument(help="The tenant's name.")],
+@jobs_app.command("preview")
+def jobs_preview(
+    job_id: IdArg,
+    count: CountOpt = 10,
     url: UrlOpt = DEFAULT_URL,
     api_key: ApiKeyOpt = None,
+    tenant: TenantOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Create a tenant; prints its first operator key (shown once)."""
-    with handle_errors(), client_for(url, api_key, None) as client:
-        tenant = client.tenants.create(name)
+    """A job's next due instants, UTC and local with their offsets."""
+    with handle_errors(), client_for(url, api_key, tenant) as client:
+        items = client.jobs.preview(job_id, count=count)
     if as_json:
-        print_json(tenant)
+        print_json({"items": items})
         return
-    console.print(
-        f"[green]created[/] tenant [bold]{tenant['id']}[/] ({tenant['name']})", highlight=False
-    )
-    if tenant.get("api_key"):
-        console.print(f"operator key (shown once): {tenant['api_key']}", highlight=False)
-
-
-@tenants_app.command("list")
-def tenants_list(
-    limit: Annotated[int, typer.Option("--limit", min=1, max=500)] = 100,
-    url: UrlOpt = DEFAULT_URL,
-    api_key: ApiKeyOpt = None,
-    as_json: JsonOpt = False,
-) -> None:
-    """Tenants."""
-    with handle_errors(), client_for(url, api_key, None) as client:
-        page = client.tenants.list(limit=limit)
-    if as_json:
-        print_json({"items": page.items, "next_cursor": page.next_cursor})
-        return
-    rows = [
-        (t["id"], t["name"], json.dumps(t.get("limits") or {}), short_time(t.get("created_at")))
-        for t in page.items
-    ]
-    console.print(table(f"tenants ({len(rows)})", ["id", "name", "limits", "created"], rows))
-
-
-@tenants_app.command("create-key")
-def tenants_create_key(
-    tenant_id: Annotated[str, typer.Argument(help="The tenant id.")],
-    role: Annotated[str, typer.Option("--role", help="operator | viewer | worker")] = "operator",
-    url: UrlOpt = DEFAULT_URL,
-    api_key: ApiKeyOpt = None,
-    as_json: JsonOpt = False,
-) -> None:
-    """A new key for a tenant (shown once)."""
-    with handle_errors(), client_for(url, api_key, None) as client:
-        key = client.tenants.create_key(tenant_id, role=role)
-    if as_json:
-        print_json(key)
-        return
-    console.print(f"{key.get('role', role)} key (shown once): {key['api_key']}", highlight=False)
+    console.print(occurrence_table(f"job {job_id}", items))
+    if not items:
+        console.print("nothing due: the job is over", highlight=False)

@@ -1,0 +1,48 @@
+"""``cronwheel``: run the server, its parts, a worker or the demo; talk to the API.
+
+Exit codes: 0 success, 1 an error (printed in red on stderr), 2 a usage error.
+
+The root app is here; each group of commands has its module (``jobs``, ``runs``,
+``tenants``, ``schedule``, ``dlq``, ``alerts``; ``server`` for the processes and the
+database), sharing ``options`` (the connection options and the client they make) and
+``output`` (consoles, tables, errors and exit codes).
+"""
+
+from __future__ import annotations
+
+import typer
+
+from cronwheel.cli.alerts import alerts
+from cronwheel.cli.dlq import dlq_app
+from cronwheel.cli.jobs import jobs_app
+from cronwheel.cli.runs import runs_app
+from cronwheel.cli.schedule import schedule_app
+from cronwheel.cli.server import api, db_app, demo, scheduler, server, worker
+from cronwheel.cli.tenants import tenants_app
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(
+    name="cronwheel",
+    help="cronwheel: a multi-tenant distributed job scheduler.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+# --help lists the commands in the order they are added here, then the groups.
+app.add_typer(jobs_app, name="jobs")
+app.add_typer(runs_app, name="runs")
+app.add_typer(tenants_app, name="tenants")
+app.add_typer(schedule_app, name="schedule")
+app.add_typer(dlq_app, name="dlq")
+app.add_typer(db_app, name="db")
+app.command("alerts")(alerts)
+app.command()(server)
+app.command()(api)
+app.command()(scheduler)
+app.command()(demo)
+app.command()(worker)
+
+
+def main() -> None:
+    app()

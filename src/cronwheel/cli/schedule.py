@@ -1,0 +1,140 @@
+"""``cronwheel schedule preview``: a cron expression evaluated offline (the time engine,
+no server); and the schedule policies and occurrence table ``cronwheel jobs`` shares."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from enum import StrEnum
+from itertools import islice
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from cronwheel.cli.options import JsonOpt, parse_instant
+from cronwheel.cli.output import console, fail, print_json
+from cronwheel.domain.errors import CronwheelError
+from cronwheel.domain.spec import CronSchedule, utc_iso
+from cronwheel.timing import iter_occurrences
+
+__all__ = [
+    "Ambiguous",
+    "CatchUp",
+    "CountOpt",
+    "Nonexistent",
+    "Overlap",
+    "occurrence_table",
+    "schedule_app",
+    "schedule_preview",
+]
+
+schedule_app = typer.Typer(
+    help="Evaluate schedules offline (no server needed).", no_args_is_help=True
+)
+
+
+class Ambiguous(StrEnum):
+    first = "first"
+    all = "all"
+
+
+class Nonexistent(StrEnum):
+    shift = "shift"
+    skip = "skip"
+
+
+class CatchUp(StrEnum):
+    replay = "replay"
+    coalesce = "coalesce"
+    skip = "skip"
+
+
+class Overlap(StrEnum):
+    allow = "allow"
+    skip = "skip"
+    queue_one = "queue_one"
+    cancel_previous = "cancel_previous"
+
+
+CountOpt = Annotated[
+    int, typer.Option("--count", "-n", min=1, max=1000, help="How many occurrences.")
+]
+
+
+def _offset(local: str) -> str:
+    """The ``±HH:MM`` of a local ISO form; a skipped wall time has none."""
+    tail = local[-6:]
+    if local.endswith("Z"):
+        return "+00:00"
+    return tail if len(tail) == 6 and tail[0] in "+-" and tail[3] == ":" else "—"
+
+
+def occurrence_table(title: str, items: list[dict[str, Any]]) -> Table:
+    """Occurrences (``due_at``, ``due_local``, ``kind``, ``reason``) as a table: UTC and
+    local instants side by side, the offset on its own so DST changes stand out."""
+    out = Table(title=title, header_style="bold", expand=False)
+    for name in ("#", "UTC", "local", "offset", "kind", "note"):
+        out.add_column(name, overflow="fold")
+    for index, item in enumerate(items, 1):
+        kind = str(item.get("kind") or "normal")
+        style = {"skipped": "red", "shifted": "yellow"}.get(
+            kind, "cyan" if kind.startswith("ambiguous") else ""
+        )
+        local = str(item.get("due_local") or "")
+        out.add_row(
+            str(index),
+            Text(str(item.get("due_at") or "")),
+            Text(local),
+            Text(_offset(local)),
+            Text(kind, style=style),
+            Text(str(item.get("reason") or "")),
+        )
+    return out
+
+
+@schedule_app.command("preview")
+def schedule_preview(
+    expr: Annotated[
+        str, typer.Argument(help="A cron expression (5 fields, 6 with seconds, or @macro).")
+    ],
+    tz: Annotated[str, typer.Option("--tz", help="An IANA time zone.")] = "UTC",
+    count: CountOpt = 10,
+    start: Annotated[
+        str | None,
+        typer.Option(
+            "--from", help="Start at this ISO-8601 instant [default: now].", show_default=False
+        ),
+    ] = None,
+    on_ambiguous: Annotated[
+        Ambiguous, typer.Option("--on-ambiguous", help="A wall time that occurs twice.")
+    ] = Ambiguous.first,
+    on_nonexistent: Annotated[
+        Nonexistent, typer.Option("--on-nonexistent", help="A wall time that does not occur.")
+    ] = Nonexistent.shift,
+    as_json: JsonOpt = False,
+) -> None:
+    """The next occurrences of a cron expression in a time zone, UTC and local with
+    their offsets, as cronwheel will fire them (DST policies included). No server."""
+    since = datetime.now(UTC) if start is None else parse_instant(start, "--from")
+    try:
+        schedule = CronSchedule(
+            cron=expr,
+            timezone=tz,
+            on_ambiguous=on_ambiguous.value,
+            on_nonexistent=on_nonexistent.value,
+        )
+        found = list(islice(iter_occurrences(schedule, since, include_skipped=True), count))
+    except CronwheelError as exc:
+        option = {"schedule.cron": "EXPR", "schedule.timezone": "--tz"}.get(exc.field or "")
+        fail(f"{option}: {exc.message}" if option else exc.message)
+    items = [
+        {"due_at": utc_iso(o.utc), "due_local": o.local, "kind": o.kind, "reason": o.reason}
+        for o in found
+    ]
+    if as_json:
+        print_json(items)
+        return
+    console.print(occurrence_table(f"{expr} in {tz}", items))
+    if not items:
+        console.print("no occurrence", highlight=False)

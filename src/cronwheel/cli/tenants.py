@@ -1,0 +1,72 @@
+"""``cronwheel tenants …``: tenants and their keys (the admin key's commands)."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+from cronwheel.cli.options import DEFAULT_URL, ApiKeyOpt, JsonOpt, UrlOpt, client_for
+from cronwheel.cli.output import console, handle_errors, print_json, short_time, table
+
+__all__ = ["tenants_app", "tenants_create", "tenants_create_key", "tenants_list"]
+
+tenants_app = typer.Typer(help="Tenants and their keys (admin key).", no_args_is_help=True)
+
+
+@tenants_app.command("create")
+def tenants_create(
+    name: Annotated[str, typer.Argument(help="The tenant's name.")],
+    url: UrlOpt = DEFAULT_URL,
+    api_key: ApiKeyOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Create a tenant; prints its first operator key (shown once)."""
+    with handle_errors(), client_for(url, api_key, None) as client:
+        tenant = client.tenants.create(name)
+    if as_json:
+        print_json(tenant)
+        return
+    console.print(
+        f"[green]created[/] tenant [bold]{tenant['id']}[/] ({tenant['name']})", highlight=False
+    )
+    if tenant.get("api_key"):
+        console.print(f"operator key (shown once): {tenant['api_key']}", highlight=False)
+
+
+@tenants_app.command("list")
+def tenants_list(
+    limit: Annotated[int, typer.Option("--limit", min=1, max=500)] = 100,
+    url: UrlOpt = DEFAULT_URL,
+    api_key: ApiKeyOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Tenants."""
+    with handle_errors(), client_for(url, api_key, None) as client:
+        page = client.tenants.list(limit=limit)
+    if as_json:
+        print_json({"items": page.items, "next_cursor": page.next_cursor})
+        return
+    rows = [
+        (t["id"], t["name"], json.dumps(t.get("limits") or {}), short_time(t.get("created_at")))
+        for t in page.items
+    ]
+    console.print(table(f"tenants ({len(rows)})", ["id", "name", "limits", "created"], rows))
+
+
+@tenants_app.command("create-key")
+def tenants_create_key(
+    tenant_id: Annotated[str, typer.Argument(help="The tenant id.")],
+    role: Annotated[str, typer.Option("--role", help="operator | viewer | worker")] = "operator",
+    url: UrlOpt = DEFAULT_URL,
+    api_key: ApiKeyOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """A new key for a tenant (shown once)."""
+    with handle_errors(), client_for(url, api_key, None) as client:
+        key = client.tenants.create_key(tenant_id, role=role)
+    if as_json:
+        print_json(key)
+        return
+    console.print(f"{key.get('role', role)} key (shown once): {key['api_key']}", highlight=False)

@@ -1,0 +1,57 @@
+"""The Python client of the cronwheel HTTP API.
+
+``Client`` (blocking) and ``AsyncClient`` share ``BaseClient``: everything that needs
+no I/O — building requests, the tenant header, turning error responses into
+:class:`ApiError` — lives there once, and each resource method is a one-line call of
+its transport. Responses are the API's JSON objects (dicts) as documented in the
+OpenAPI schema; lists come back as :class:`~cronwheel.domain.model.Page`.
+
+::
+
+    from cronwheel import Client
+
+    with Client("http://localhost:8000", api_key=KEY) as client:
+        job = client.jobs.create(name="hello", schedule={"delay": 5}, task="hello")
+        nightly = client.jobs.create(
+            name="nightly",
+            task="report",
+            schedule={"cron": "30 1 * * *", "timezone": "Europe/Paris"},
+        )
+        client.jobs.preview(nightly["id"], count=3)  # the next three due instants
+        for run in client.runs.iter(job_id=job["id"]):
+            print(run["state"])
+
+The modules: ``errors`` (:class:`ApiError` and what raises it), ``calls`` (each
+request as a :class:`Call`), ``base`` (the I/O-free ``BaseClient``), ``sync``
+(:class:`Client`) and ``aio`` (:class:`AsyncClient`). The two clients are written
+side by side; ``tests/unit/test_client_parity.py`` fails when they part.
+"""
+
+from __future__ import annotations
+
+from cronwheel.client.aio import AsyncAlerts, AsyncClient, AsyncJobs, AsyncRuns, AsyncTenants
+from cronwheel.client.base import DEFAULT_TIMEOUT, TENANT_HEADER
+from cronwheel.client.calls import Call, Id, Json
+from cronwheel.client.errors import ApiConnectionError, ApiError, error_from_response
+from cronwheel.client.sync import Alerts, Client, Jobs, Runs, Tenants
+
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "TENANT_HEADER",
+    "Alerts",
+    "ApiConnectionError",
+    "ApiError",
+    "AsyncAlerts",
+    "AsyncClient",
+    "AsyncJobs",
+    "AsyncRuns",
+    "AsyncTenants",
+    "Call",
+    "Client",
+    "Id",
+    "Jobs",
+    "Json",
+    "Runs",
+    "Tenants",
+    "error_from_response",
+]

@@ -1,0 +1,285 @@
+"""The asyncio client: :class:`AsyncClient` and its resources, the twins of
+:mod:`cronwheel.client.sync`'s."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping, Sequence
+from datetime import datetime
+from types import TracebackType
+from typing import Any, Self, cast
+
+import httpx
+
+from cronwheel.client.base import (
+    DEFAULT_TIMEOUT,
+    BaseClient,
+    read_items,
+    read_lines,
+    read_page,
+)
+from cronwheel.client.calls import Call, Calls, Id, Json, query_params
+from cronwheel.domain.model import Page
+
+__all__ = ["AsyncAlerts", "AsyncClient", "AsyncJobs", "AsyncRuns", "AsyncTenants"]
+
+_Items = list[Json]  # inside the resources, ``list`` is their method
+
+
+class AsyncClient(BaseClient):
+    """The asyncio twin of :class:`Client`: the same resources, awaited."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        api_key: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        tenant: Id | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        super().__init__(url, api_key=api_key, timeout=timeout, tenant=tenant)
+        self._http = httpx.AsyncClient(
+            base_url=self.url,
+            headers=self._default_headers(),
+            timeout=timeout,
+            transport=transport,
+        )
+        self._owns_http = True
+        self.tenants = AsyncTenants(self)
+        self.jobs = AsyncJobs(self)
+        self.runs = AsyncRuns(self)
+        self.alerts = AsyncAlerts(self)
+
+    def with_tenant(self, tenant: Id | None) -> AsyncClient:
+        other = object.__new__(AsyncClient)
+        other.__dict__.update(self.__dict__)
+        other.tenant = None if tenant is None else str(tenant)
+        other._owns_http = False
+        other.tenants = AsyncTenants(other)
+        other.jobs, other.runs = AsyncJobs(other), AsyncRuns(other)
+        other.alerts = AsyncAlerts(other)
+        return other
+
+    async def send(self, call: Call, *, read_timeout: float | None = None) -> Any:
+        """Send ``call``; ``read_timeout`` overrides the client's (long polls need more)."""
+        try:
+            response = await self._http.request(
+                call.method,
+                call.path,
+                params=call.params or None,
+                json=call.json,
+                headers=self._headers_for(call),
+                timeout=self.timeout if read_timeout is None else read_timeout,
+            )
+        except httpx.TransportError as exc:
+            raise self._transport_error(exc, call) from exc
+        return self._parse(response)
+
+    async def get(self, path: str, **params: Any) -> Any:
+        return await self.send(Call("GET", path, params=query_params(**params)))
+
+    async def aclose(self) -> None:
+        if self._owns_http:
+            await self._http.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+
+class _AsyncResource:
+    def __init__(self, client: AsyncClient) -> None:
+        self._client = client
+
+    async def _one(self, call: Call) -> Json:
+        return cast(Json, await self._client.send(call))
+
+    async def _page(self, call: Call) -> Page[Json]:
+        return read_page(await self._client.send(call))
+
+
+class AsyncTenants(_AsyncResource):
+    async def create(self, name: str, *, limits: Mapping[str, Any] | None = None) -> Json:
+        return await self._one(Calls.tenants_create(name, limits))
+
+    async def get(self, tenant_id: Id) -> Json:
+        return await self._one(Calls.tenants_get(tenant_id))
+
+    async def list(self, *, cursor: str | None = None, limit: int | None = None) -> Page[Json]:
+        return await self._page(Calls.tenants_list(cursor, limit))
+
+    async def update(self, tenant_id: Id, *, limits: Mapping[str, Any]) -> Json:
+        return await self._one(Calls.tenants_update(tenant_id, limits))
+
+    async def create_key(self, tenant_id: Id, *, role: str = "operator") -> Json:
+        return await self._one(Calls.tenants_create_key(tenant_id, role))
+
+
+class AsyncJobs(_AsyncResource):
+    async def create(
+        self,
+        *,
+        name: str,
+        schedule: Any,
+        task: str | None = None,
+        idempotency_key: str | None = None,
+        **fields: Any,
+    ) -> Json:
+        return await self._one(Calls.jobs_create(name, schedule, task, idempotency_key, fields))
+
+    async def get(self, job_id: Id) -> Json:
+        return await self._one(Calls.jobs_get(job_id))
+
+    async def list(
+        self,
+        *,
+        state: str | None = None,
+        tag: str | None = None,
+        name_prefix: str | None = None,
+        cursor: str | None = None,
+        limit: int | None = None,
+    ) -> Page[Json]:
+        return await self._page(Calls.jobs_list(state, tag, name_prefix, cursor, limit))
+
+    async def iter(
+        self,
+        *,
+        state: str | None = None,
+        tag: str | None = None,
+        name_prefix: str | None = None,
+        page_size: int | None = None,
+    ) -> AsyncIterator[Json]:
+        cursor: str | None = None
+        while True:
+            page = await self.list(
+                state=state, tag=tag, name_prefix=name_prefix, cursor=cursor, limit=page_size
+            )
+            for item in page.items:
+                yield item
+            if not page.next_cursor:
+                return
+            cursor = page.next_cursor
+
+    async def cancel(self, job_id: Id, *, reason: str | None = None) -> Json:
+        return await self._one(Calls.jobs_cancel(job_id, reason))
+
+    async def pause(self, job_id: Id, *, reason: str | None = None) -> Json:
+        return await self._one(Calls.jobs_control(job_id, "pause", reason))
+
+    async def resume(self, job_id: Id, *, reason: str | None = None) -> Json:
+        return await self._one(Calls.jobs_control(job_id, "resume", reason))
+
+    async def trigger(self, job_id: Id, *, payload: Mapping[str, Any] | None = None) -> Json:
+        return await self._one(Calls.jobs_trigger(job_id, payload))
+
+    async def backfill(
+        self, job_id: Id, *, start: datetime, end: datetime, rate: float | None = None
+    ) -> Json:
+        return await self._one(Calls.jobs_backfill(job_id, start, end, rate))
+
+    async def preview(self, job_id: Id, *, count: int | None = None) -> _Items:
+        return read_items(await self._one(Calls.jobs_preview(job_id, count)))
+
+
+class AsyncRuns(_AsyncResource):
+    async def get(self, run_id: Id) -> Json:
+        return await self._one(Calls.runs_get(run_id))
+
+    async def list(
+        self,
+        *,
+        job_id: Id | None = None,
+        state: str | Sequence[str] | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        tag: str | None = None,
+        cursor: str | None = None,
+        limit: int | None = None,
+    ) -> Page[Json]:
+        return await self._page(Calls.runs_list(job_id, state, since, until, tag, cursor, limit))
+
+    async def iter(
+        self,
+        *,
+        job_id: Id | None = None,
+        state: str | Sequence[str] | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        tag: str | None = None,
+        page_size: int | None = None,
+    ) -> AsyncIterator[Json]:
+        cursor: str | None = None
+        while True:
+            page = await self.list(
+                job_id=job_id,
+                state=state,
+                since=since,
+                until=until,
+                tag=tag,
+                cursor=cursor,
+                limit=page_size,
+            )
+            for item in page.items:
+                yield item
+            if not page.next_cursor:
+                return
+            cursor = page.next_cursor
+
+    async def cancel(self, run_id: Id, *, reason: str | None = None) -> Json:
+        return await self._one(Calls.runs_cancel(run_id, reason))
+
+    async def redrive(self, run_id: Id, *, reason: str | None = None) -> Json:
+        return await self._one(Calls.runs_control(run_id, "redrive", reason))
+
+    async def retry(self, run_id: Id, *, reason: str | None = None) -> Json:
+        return await self._one(Calls.runs_control(run_id, "retry", reason))
+
+    async def dead_letters(
+        self, *, job_id: Id | None = None, cursor: str | None = None, limit: int | None = None
+    ) -> Page[Json]:
+        return await self._page(Calls.dead_letters(job_id, cursor, limit))
+
+    async def redrive_many(
+        self,
+        run_ids: Sequence[Id] | None = None,
+        *,
+        job_id: Id | None = None,
+        all: bool = False,
+        reason: str | None = None,
+        limit: int | None = None,
+    ) -> Json:
+        return await self._one(Calls.dead_letters_redrive(run_ids, job_id, all, reason, limit))
+
+    async def logs_page(
+        self,
+        run_id: Id,
+        *,
+        attempt: int | None = None,
+        cursor: str | None = None,
+        limit: int | None = None,
+    ) -> Json:
+        return await self._one(Calls.runs_logs(run_id, attempt, cursor, limit))
+
+    async def logs(
+        self, run_id: Id, *, attempt: int | None = None, page_size: int | None = None
+    ) -> AsyncIterator[Json]:
+        cursor: str | None = None
+        while True:
+            page = await self.logs_page(run_id, attempt=attempt, cursor=cursor, limit=page_size)
+            for line in read_lines(page):
+                yield line
+            cursor = page.get("next_cursor")
+            if not cursor:
+                return
+
+
+class AsyncAlerts(_AsyncResource):
+    async def list(self) -> _Items:
+        return read_items(await self._client.send(Calls.alerts_list()))

@@ -1,0 +1,207 @@
+"""Every request the API offers, as a :class:`Call` built without I/O, so that the
+blocking and the asyncio clients send each one the same way."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+from urllib.parse import quote
+
+from pydantic_core import to_jsonable_python
+
+__all__ = ["Call", "Calls", "Id", "Json", "query_params"]
+
+Json = dict[str, Any]
+Id = str | uuid.UUID
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One API request, built without I/O so both clients send it the same way."""
+
+    method: str
+    path: str
+    params: dict[str, str] = field(default_factory=dict)
+    json: Any = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+def _seg(value: Id) -> str:
+    """An id as one path segment: nothing in it can climb to another route."""
+    return quote(str(value), safe="")
+
+
+def query_params(**values: Any) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for key, value in values.items():
+        if value is None:
+            continue
+        if isinstance(value, datetime):
+            out[key] = value.isoformat()
+        elif isinstance(value, list | tuple | set | frozenset):
+            out[key] = ",".join(str(v) for v in value)
+        else:
+            out[key] = str(value)
+    return out
+
+
+def _body(value: Any) -> Any:
+    """Pydantic models, datetimes and UUIDs as JSON values."""
+    return to_jsonable_python(value, by_alias=True, exclude_none=True)
+
+
+class Calls:
+    """Every request the resources make, as :class:`Call` values."""
+
+    @staticmethod
+    def tenants_create(name: str, limits: Mapping[str, Any] | None) -> Call:
+        body: Json = {"name": name}
+        if limits is not None:
+            body["limits"] = _body(limits)
+        return Call("POST", "/v1/tenants", json=body)
+
+    @staticmethod
+    def tenants_get(tenant_id: Id) -> Call:
+        return Call("GET", f"/v1/tenants/{_seg(tenant_id)}")
+
+    @staticmethod
+    def tenants_list(cursor: str | None, limit: int | None) -> Call:
+        return Call("GET", "/v1/tenants", params=query_params(cursor=cursor, limit=limit))
+
+    @staticmethod
+    def tenants_update(tenant_id: Id, limits: Mapping[str, Any]) -> Call:
+        return Call("PATCH", f"/v1/tenants/{_seg(tenant_id)}", json={"limits": _body(limits)})
+
+    @staticmethod
+    def tenants_create_key(tenant_id: Id, role: str) -> Call:
+        return Call("POST", f"/v1/tenants/{_seg(tenant_id)}/keys", json={"role": role})
+
+    @staticmethod
+    def jobs_create(
+        name: str,
+        schedule: Any,
+        task: str | None,
+        idempotency_key: str | None,
+        fields: Mapping[str, Any],
+    ) -> Call:
+        body: Json = {"name": name, "schedule": _body(schedule)}
+        if task is not None:
+            body["task"] = task
+        body.update({k: _body(v) for k, v in fields.items() if v is not None})
+        headers = {} if idempotency_key is None else {"Idempotency-Key": idempotency_key}
+        return Call("POST", "/v1/jobs", json=body, headers=headers)
+
+    @staticmethod
+    def jobs_get(job_id: Id) -> Call:
+        return Call("GET", f"/v1/jobs/{_seg(job_id)}")
+
+    @staticmethod
+    def jobs_list(
+        state: str | None,
+        tag: str | None,
+        name_prefix: str | None,
+        cursor: str | None,
+        limit: int | None,
+    ) -> Call:
+        params = query_params(
+            state=state, tag=tag, name_prefix=name_prefix, cursor=cursor, limit=limit
+        )
+        return Call("GET", "/v1/jobs", params=params)
+
+    @staticmethod
+    def jobs_cancel(job_id: Id, reason: str | None) -> Call:
+        body = {} if reason is None else {"reason": reason}
+        return Call("POST", f"/v1/jobs/{_seg(job_id)}/cancel", json=body)
+
+    @staticmethod
+    def jobs_control(job_id: Id, action: str, reason: str | None) -> Call:
+        body = {} if reason is None else {"reason": reason}
+        return Call("POST", f"/v1/jobs/{_seg(job_id)}/{action}", json=body)
+
+    @staticmethod
+    def jobs_trigger(job_id: Id, payload: Mapping[str, Any] | None) -> Call:
+        body = {} if payload is None else {"payload": _body(payload)}
+        return Call("POST", f"/v1/jobs/{_seg(job_id)}/trigger", json=body)
+
+    @staticmethod
+    def jobs_backfill(job_id: Id, start: datetime, end: datetime, rate: float | None) -> Call:
+        body: Json = {"from": _body(start), "to": _body(end)}
+        if rate is not None:
+            body["rate"] = rate
+        return Call("POST", f"/v1/jobs/{_seg(job_id)}/backfill", json=body)
+
+    @staticmethod
+    def jobs_preview(job_id: Id, count: int | None) -> Call:
+        return Call("GET", f"/v1/jobs/{_seg(job_id)}/preview", params=query_params(count=count))
+
+    @staticmethod
+    def runs_get(run_id: Id) -> Call:
+        return Call("GET", f"/v1/runs/{_seg(run_id)}")
+
+    @staticmethod
+    def runs_list(
+        job_id: Id | None,
+        state: str | Sequence[str] | None,
+        since: datetime | None,
+        until: datetime | None,
+        tag: str | None,
+        cursor: str | None,
+        limit: int | None,
+    ) -> Call:
+        params = query_params(
+            job_id=job_id,
+            state=state,
+            since=since,
+            until=until,
+            tag=tag,
+            cursor=cursor,
+            limit=limit,
+        )
+        return Call("GET", "/v1/runs", params=params)
+
+    @staticmethod
+    def runs_cancel(run_id: Id, reason: str | None) -> Call:
+        return Calls.runs_control(run_id, "cancel", reason)
+
+    @staticmethod
+    def runs_control(run_id: Id, action: str, reason: str | None) -> Call:
+        body = {} if reason is None else {"reason": reason}
+        return Call("POST", f"/v1/runs/{_seg(run_id)}/{action}", json=body)
+
+    @staticmethod
+    def dead_letters(job_id: Id | None, cursor: str | None, limit: int | None) -> Call:
+        params = query_params(job_id=job_id, cursor=cursor, limit=limit)
+        return Call("GET", "/v1/dead-letters", params=params)
+
+    @staticmethod
+    def dead_letters_redrive(
+        run_ids: Sequence[Id] | None,
+        job_id: Id | None,
+        all: bool,
+        reason: str | None,
+        limit: int | None,
+    ) -> Call:
+        body: Json = {}
+        if run_ids is not None:
+            body["run_ids"] = [str(r) for r in run_ids]
+        if job_id is not None:
+            body["job_id"] = str(job_id)
+        if all:
+            body["all"] = True
+        if reason is not None:
+            body["reason"] = reason
+        if limit is not None:
+            body["limit"] = limit
+        return Call("POST", "/v1/dead-letters/redrive", json=body)
+
+    @staticmethod
+    def runs_logs(run_id: Id, attempt: int | None, cursor: str | None, limit: int | None) -> Call:
+        params = query_params(attempt=attempt, cursor=cursor, limit=limit)
+        return Call("GET", f"/v1/runs/{_seg(run_id)}/logs", params=params)
+
+    @staticmethod
+    def alerts_list() -> Call:
+        return Call("GET", "/v1/alerts")

@@ -1,0 +1,310 @@
+"""The blocking client: :class:`Client` and its resources."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from datetime import datetime
+from types import TracebackType
+from typing import Any, Self, cast
+
+import httpx
+
+from cronwheel.client.base import (
+    DEFAULT_TIMEOUT,
+    BaseClient,
+    read_items,
+    read_lines,
+    read_page,
+)
+from cronwheel.client.calls import Call, Calls, Id, Json, query_params
+from cronwheel.domain.model import Page
+
+__all__ = ["Alerts", "Client", "Jobs", "Runs", "Tenants"]
+
+_Items = list[Json]  # inside the resources, ``list`` is their method
+
+
+class Client(BaseClient):
+    """A blocking client. ``tenant`` names the tenant an admin key acts for (the
+    ``Cronwheel-Tenant`` header); tenant keys need no such thing."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        api_key: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        tenant: Id | None = None,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        super().__init__(url, api_key=api_key, timeout=timeout, tenant=tenant)
+        self._http = httpx.Client(
+            base_url=self.url,
+            headers=self._default_headers(),
+            timeout=timeout,
+            transport=transport,
+        )
+        self._owns_http = True
+        self.tenants = Tenants(self)
+        self.jobs = Jobs(self)
+        self.runs = Runs(self)
+        self.alerts = Alerts(self)
+
+    def with_tenant(self, tenant: Id | None) -> Client:
+        """A view of this client acting for ``tenant``, sharing its connections."""
+        other = object.__new__(Client)
+        other.__dict__.update(self.__dict__)
+        other.tenant = None if tenant is None else str(tenant)
+        other._owns_http = False
+        other.tenants, other.jobs, other.runs = Tenants(other), Jobs(other), Runs(other)
+        other.alerts = Alerts(other)
+        return other
+
+    def send(self, call: Call) -> Any:
+        try:
+            response = self._http.request(
+                call.method,
+                call.path,
+                params=call.params or None,
+                json=call.json,
+                headers=self._headers_for(call),
+            )
+        except httpx.TransportError as exc:
+            raise self._transport_error(exc, call) from exc
+        return self._parse(response)
+
+    def get(self, path: str, **params: Any) -> Any:
+        """A GET of any API path (for what the resources do not cover yet)."""
+        return self.send(Call("GET", path, params=query_params(**params)))
+
+    def close(self) -> None:
+        if self._owns_http:
+            self._http.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class _Resource:
+    def __init__(self, client: Client) -> None:
+        self._client = client
+
+    def _one(self, call: Call) -> Json:
+        return cast(Json, self._client.send(call))
+
+    def _page(self, call: Call) -> Page[Json]:
+        return read_page(self._client.send(call))
+
+
+class Tenants(_Resource):
+    def create(self, name: str, *, limits: Mapping[str, Any] | None = None) -> Json:
+        """A new tenant; the answer holds its first operator ``api_key`` (shown once)."""
+        return self._one(Calls.tenants_create(name, limits))
+
+    def get(self, tenant_id: Id) -> Json:
+        return self._one(Calls.tenants_get(tenant_id))
+
+    def list(self, *, cursor: str | None = None, limit: int | None = None) -> Page[Json]:
+        return self._page(Calls.tenants_list(cursor, limit))
+
+    def update(self, tenant_id: Id, *, limits: Mapping[str, Any]) -> Json:
+        return self._one(Calls.tenants_update(tenant_id, limits))
+
+    def create_key(self, tenant_id: Id, *, role: str = "operator") -> Json:
+        return self._one(Calls.tenants_create_key(tenant_id, role))
+
+
+class Jobs(_Resource):
+    def create(
+        self,
+        *,
+        name: str,
+        schedule: Any,
+        task: str | None = None,
+        idempotency_key: str | None = None,
+        **fields: Any,
+    ) -> Json:
+        """Create a job. ``fields`` are the other fields of a job (payload, pool,
+        requires, tags, priority, retry, timeout, heartbeat_timeout, progress_timeout,
+        webhook)."""
+        return self._one(Calls.jobs_create(name, schedule, task, idempotency_key, fields))
+
+    def get(self, job_id: Id) -> Json:
+        return self._one(Calls.jobs_get(job_id))
+
+    def list(
+        self,
+        *,
+        state: str | None = None,
+        tag: str | None = None,
+        name_prefix: str | None = None,
+        cursor: str | None = None,
+        limit: int | None = None,
+    ) -> Page[Json]:
+        return self._page(Calls.jobs_list(state, tag, name_prefix, cursor, limit))
+
+    def iter(
+        self,
+        *,
+        state: str | None = None,
+        tag: str | None = None,
+        name_prefix: str | None = None,
+        page_size: int | None = None,
+    ) -> Iterator[Json]:
+        """Every matching job, newest first, fetching pages as it goes."""
+        cursor: str | None = None
+        while True:
+            page = self.list(
+                state=state, tag=tag, name_prefix=name_prefix, cursor=cursor, limit=page_size
+            )
+            yield from page.items
+            if not page.next_cursor:
+                return
+            cursor = page.next_cursor
+
+    def cancel(self, job_id: Id, *, reason: str | None = None) -> Json:
+        return self._one(Calls.jobs_cancel(job_id, reason))
+
+    def pause(self, job_id: Id, *, reason: str | None = None) -> Json:
+        """Hold an active job's runs until :meth:`resume`; answers the job."""
+        return self._one(Calls.jobs_control(job_id, "pause", reason))
+
+    def resume(self, job_id: Id, *, reason: str | None = None) -> Json:
+        """Release a paused job's runs (missed ones are due at once); answers the job."""
+        return self._one(Calls.jobs_control(job_id, "resume", reason))
+
+    def trigger(self, job_id: Id, *, payload: Mapping[str, Any] | None = None) -> Json:
+        """A run now, outside the schedule, ``payload`` merged over the job's; answers
+        the run."""
+        return self._one(Calls.jobs_trigger(job_id, payload))
+
+    def backfill(
+        self, job_id: Id, *, start: datetime, end: datetime, rate: float | None = None
+    ) -> Json:
+        """Runs for the occurrences in the past range ``[start, end)`` (idempotent),
+        released ``rate`` per second; answers ``{"created": N, "runs": [ids]}``."""
+        return self._one(Calls.jobs_backfill(job_id, start, end, rate))
+
+    def preview(self, job_id: Id, *, count: int | None = None) -> _Items:
+        """The job's next ``count`` (default 10) due instants: ``due_at`` (UTC),
+        ``due_local`` (with its offset), ``kind`` and ``reason``."""
+        return read_items(self._one(Calls.jobs_preview(job_id, count)))
+
+
+class Runs(_Resource):
+    def get(self, run_id: Id) -> Json:
+        """One run with its ``attempts`` and ``events``."""
+        return self._one(Calls.runs_get(run_id))
+
+    def list(
+        self,
+        *,
+        job_id: Id | None = None,
+        state: str | Sequence[str] | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        tag: str | None = None,
+        cursor: str | None = None,
+        limit: int | None = None,
+    ) -> Page[Json]:
+        return self._page(Calls.runs_list(job_id, state, since, until, tag, cursor, limit))
+
+    def iter(
+        self,
+        *,
+        job_id: Id | None = None,
+        state: str | Sequence[str] | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        tag: str | None = None,
+        page_size: int | None = None,
+    ) -> Iterator[Json]:
+        cursor: str | None = None
+        while True:
+            page = self.list(
+                job_id=job_id,
+                state=state,
+                since=since,
+                until=until,
+                tag=tag,
+                cursor=cursor,
+                limit=page_size,
+            )
+            yield from page.items
+            if not page.next_cursor:
+                return
+            cursor = page.next_cursor
+
+    def cancel(self, run_id: Id, *, reason: str | None = None) -> Json:
+        return self._one(Calls.runs_cancel(run_id, reason))
+
+    def redrive(self, run_id: Id, *, reason: str | None = None) -> Json:
+        """Send a dead-lettered run back for a new series of attempts."""
+        return self._one(Calls.runs_control(run_id, "redrive", reason))
+
+    def retry(self, run_id: Id, *, reason: str | None = None) -> Json:
+        """Run a failed, cancelled or dead-lettered run again."""
+        return self._one(Calls.runs_control(run_id, "retry", reason))
+
+    def dead_letters(
+        self, *, job_id: Id | None = None, cursor: str | None = None, limit: int | None = None
+    ) -> Page[Json]:
+        return self._page(Calls.dead_letters(job_id, cursor, limit))
+
+    def redrive_many(
+        self,
+        run_ids: Sequence[Id] | None = None,
+        *,
+        job_id: Id | None = None,
+        all: bool = False,
+        reason: str | None = None,
+        limit: int | None = None,
+    ) -> Json:
+        """Send dead letters back in one batch, chosen by exactly one of ``run_ids``,
+        ``job_id`` or ``all=True``, at most ``limit`` (default and most 1,000), oldest
+        first. Answers ``redriven``, ``run_ids``, ``skipped`` (named runs that are not
+        dead letters, each with a ``reason``) and ``more`` (others remain past the limit)."""
+        return self._one(Calls.dead_letters_redrive(run_ids, job_id, all, reason, limit))
+
+    def logs_page(
+        self,
+        run_id: Id,
+        *,
+        attempt: int | None = None,
+        cursor: str | None = None,
+        limit: int | None = None,
+    ) -> Json:
+        """One page of the run's log lines (``lines``, ``next_cursor``, ``end_cursor``,
+        ``run_state``): to follow a live run, ask again from ``end_cursor`` until
+        ``run_state`` is final."""
+        return self._one(Calls.runs_logs(run_id, attempt, cursor, limit))
+
+    def logs(
+        self, run_id: Id, *, attempt: int | None = None, page_size: int | None = None
+    ) -> Iterator[Json]:
+        """Every log line of the run (or of one ``attempt``), oldest first, fetching
+        pages as it goes. Each line has ``ts``, ``attempt``, ``level`` and ``message``."""
+        cursor: str | None = None
+        while True:
+            page = self.logs_page(run_id, attempt=attempt, cursor=cursor, limit=page_size)
+            yield from read_lines(page)
+            cursor = page.get("next_cursor")
+            if not cursor:
+                return
+
+
+class Alerts(_Resource):
+    def list(self) -> _Items:
+        """Active alerts (``unroutable_runs``: dispatched runs no live worker can take;
+        ``quarantined_runs``: runs a scheduler step failed on, taken out as dead letters),
+        longest-standing first: the tenant's, or with the admin key every tenant's
+        (one tenant's when the client names it)."""
+        return read_items(self._client.send(Calls.alerts_list()))
