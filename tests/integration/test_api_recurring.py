@@ -14,7 +14,7 @@ import pytest
 from cronwheel.api.routers.jobs import preview_items
 from cronwheel.domain.spec import MAX_CRON_LENGTH
 from cronwheel.store import Store
-from cronwheel.store.sql.control import PARKED_FIRE_AT
+from cronwheel.store.schema import PARKED_FIRE_AT
 from cronwheel.timing import iter_occurrences, local_form, occurrences
 
 D1, D2 = "2020-01-01T00:00:00Z", "2020-01-02T00:00:00Z"

@@ -244,7 +244,7 @@ async def test_a_run_created_while_its_job_was_being_cancelled_is_settled(store:
 
 async def test_a_retry_of_a_paused_job_waits_for_resume(store: Store) -> None:
     from cronwheel.store import FailItem
-    from cronwheel.store.sql.control import PARKED_FIRE_AT
+    from cronwheel.store.schema import PARKED_FIRE_AT
 
     t0 = datetime(2031, 5, 1, 12, 0, tzinfo=UTC)
     first = await _job(store, t0, {"cron": "*/5 * * * *"})

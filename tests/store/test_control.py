@@ -14,7 +14,7 @@ from cronwheel.domain.model import Job, Run
 from cronwheel.domain.sharding import shard_of
 from cronwheel.domain.states import JobState, RunState
 from cronwheel.store import CHANNEL_RUNS_NEW, CompleteItem, RunFilter, Store
-from cronwheel.store.sql.control import PARKED_FIRE_AT
+from cronwheel.store.schema import PARKED_FIRE_AT
 from cronwheel.timing import local_form, occurrences
 
 from .helpers import (

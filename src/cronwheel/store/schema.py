@@ -21,6 +21,7 @@ __all__ = [
     "FENCING_SEQUENCE",
     "NO_RESERVATION",
     "NUM_SHARDS",
+    "PARKED_FIRE_AT",
     "PROGRESS_LIVE",
     "QUARANTINED",
     "READY",
@@ -144,6 +145,10 @@ READY = "state = 'DISPATCHED' AND reserved_token IS NULL"
 QUARANTINED = "quarantined_at IS NOT NULL"
 
 # Dispatching a run anew voids whatever reservation an earlier stint left behind.
+# The fire time of a paused job's runs: beyond every due window, and still a valid
+# timestamp on both backends (see ``store/sql/jobs.py``).
+PARKED_FIRE_AT = datetime(9999, 1, 1, tzinfo=UTC)
+
 NO_RESERVATION: dict[str, None] = {
     "reserved_by": None,
     "reserved_attempt": None,

@@ -3,25 +3,31 @@
 from __future__ import annotations
 
 from cronwheel.store.sql.attempts import AttemptsMixin
-from cronwheel.store.sql.catalog import CatalogMixin
-from cronwheel.store.sql.control import ControlMixin
-from cronwheel.store.sql.dispatch import DispatchMixin
+from cronwheel.store.sql.events import EventsMixin
 from cronwheel.store.sql.expiry import ExpiryMixin
+from cronwheel.store.sql.firing import FiringMixin
 from cronwheel.store.sql.redrive import RedriveMixin
 from cronwheel.store.sql.routing import RoutingMixin
-from cronwheel.store.sql.tenancy import TenancyMixin
+from cronwheel.store.sql.runs import RunsMixin
+from cronwheel.store.sql.shard_leases import ShardLeasesMixin
+from cronwheel.store.sql.tenants import TenantsMixin
+from cronwheel.store.sql.triggers import TriggersMixin
 
 __all__ = ["SqlStore"]
 
 
 class SqlStore(
-    TenancyMixin,
-    CatalogMixin,
-    ControlMixin,
+    TenantsMixin,
+    TriggersMixin,  # and JobsMixin, which it builds on
+    RunsMixin,
     RedriveMixin,
-    DispatchMixin,
-    AttemptsMixin,  # and LeasingMixin, which it builds on
-    ExpiryMixin,  # and FailuresMixin, QuarantineMixin
+    FiringMixin,
+    ShardLeasesMixin,
+    AttemptsMixin,  # and WorkersMixin, RetriesMixin
+    ExpiryMixin,
     RoutingMixin,
+    EventsMixin,
 ):
-    """Implements every method of ``Store``, once, over the driver it is given."""
+    """Implements every method of ``Store``, once, over the driver it is given.
+
+    One room (module) per table or concept; each is a mixin over ``SqlCore``."""

@@ -1,10 +1,15 @@
-"""The worker side of the store: registration, leasing, heartbeats, results (expiry is
-in ``expiry.py``, what a failed try leads to in ``failures.py``).
+"""Attempts, one execution try each: leasing a batch of ready runs and starting
+reservations (the driver's hot statements), heartbeats and results, releases, and
+reading them (the expiry sweep is in ``expiry.py``, what a failed try leads to in
+``retries.py``). Results are validated by fencing token inside the statement that
+applies them: a stale token matches no row, so it changes nothing.
 
-Leasing a batch is one UPDATE of runs (DISPATCHED -> RUNNING) with the candidates
-picked under ``FOR UPDATE SKIP LOCKED`` on PostgreSQL, then one INSERT of attempts and
-one of events. Results are validated by fencing token inside the UPDATE that applies
-them: a stale token matches no row, so it changes nothing.
+A worker leasing *ahead* also gets runs dispatched ahead of their instant, as
+reservations: the run stays DISPATCHED, held for the worker under the attempt id and
+token it will start with, and starts only when the worker confirms at its instant
+(:meth:`AttemptsMixin.attempts_start_many`). A cancel or pause before that wins, so
+handing work out early never takes control away from the user; the instant itself
+costs the worker one small request instead of a lease.
 """
 
 from __future__ import annotations
@@ -17,23 +22,33 @@ from typing import Any, cast
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from cronwheel.domain.errors import StaleFencingTokenError
-from cronwheel.domain.model import Attempt, AttemptOutcome
+from cronwheel.domain.errors import (
+    StaleFencingTokenError,
+)
+from cronwheel.domain.model import (
+    Attempt,
+    AttemptOutcome,
+    LeasedAttempt,
+    ReservationsStarted,
+    Worker,
+)
 from cronwheel.domain.states import AttemptState, RunState
 from cronwheel.store.base import CompleteItem, FailItem, HeartbeatItem
+from cronwheel.store.driver import WorkerGone
 from cronwheel.store.notices import CHANNEL_RUNS_READY
-from cronwheel.store.rows import attempt_from, event_row
-from cronwheel.store.schema import attempts, runs
-from cronwheel.store.sql.failures import Ended, FailuresMixin
-from cronwheel.store.sql.leasing import LeasingMixin
+from cronwheel.store.rows import (
+    attempt_from,
+    event_row,
+)
+from cronwheel.store.schema import NO_RESERVATION, attempts, runs
+from cronwheel.store.sql.retries import Ended, RetriesMixin
 from cronwheel.store.sql.statements import attempts_end, update_each
+from cronwheel.store.sql.workers import WorkersMixin
 
 __all__ = ["AttemptsMixin"]
 
 
-class AttemptsMixin(LeasingMixin, FailuresMixin):
-    # -- heartbeats and results ----------------------------------------------------
-
+class AttemptsMixin(WorkersMixin, RetriesMixin):
     async def _resolve(
         self,
         conn: AsyncConnection,
@@ -253,8 +268,6 @@ class AttemptsMixin(LeasingMixin, FailuresMixin):
             )
         return attempt_from(cast("sa.Row[Any]", row))
 
-    # -- shared steps --------------------------------------------------------------
-
     async def _timed_out(
         self, conn: AsyncConnection, attempt_ids: list[uuid.UUID], at: datetime
     ) -> set[uuid.UUID]:
@@ -274,3 +287,112 @@ class AttemptsMixin(LeasingMixin, FailuresMixin):
             .returning(attempts.c.id)
         )
         return {r.id for r in rows}
+
+    async def attempts_list(self, tenant_id: uuid.UUID, *, run_id: uuid.UUID) -> list[Attempt]:
+        async with self._read() as conn:
+            rows = (
+                await conn.execute(
+                    attempts.select()
+                    .where(attempts.c.tenant_id == tenant_id, attempts.c.run_id == run_id)
+                    .order_by(attempts.c.number)
+                )
+            ).all()
+        return [attempt_from(r) for r in rows]
+
+    async def attempts_get(self, attempt_id: uuid.UUID) -> Attempt:
+        async with self._read() as conn:
+            row = (await conn.execute(attempts.select().where(attempts.c.id == attempt_id))).first()
+        if row is None:
+            raise self._not_found("attempt", attempt_id)
+        return attempt_from(row)
+
+    async def attempts_lease(
+        self,
+        *,
+        worker: Worker,
+        max: int,
+        webhooks_only: bool = False,
+        ahead: float = 0.0,
+        now: datetime | None = None,
+    ) -> list[LeasedAttempt]:
+        if max < 1:
+            return []
+        async with self._write() as conn:
+            try:
+                return await self.driver.attempts_lease(
+                    conn, worker=worker, max=max, webhooks_only=webhooks_only, ahead=ahead, now=now
+                )
+            except WorkerGone as gone:
+                raise await self._worker_gone(conn, gone.worker_id) from None
+
+    async def attempts_start_many(
+        self,
+        *,
+        worker_id: uuid.UUID,
+        tokens: Sequence[int],
+        tenant_id: uuid.UUID | None = None,
+        now: datetime | None = None,
+    ) -> ReservationsStarted:
+        if not tokens:
+            return ReservationsStarted(started_at=None)
+        async with self._write() as conn:
+            try:
+                return await self.driver.attempts_start(
+                    conn, worker_id=worker_id, tokens=tokens, tenant_id=tenant_id, now=now
+                )
+            except WorkerGone as gone:
+                raise await self._worker_gone(conn, gone.worker_id) from None
+
+    async def _unreserve(
+        self,
+        conn: AsyncConnection,
+        items: Sequence[HeartbeatItem],
+        tenant_id: uuid.UUID | None,
+        *,
+        worker_id: uuid.UUID | None = None,
+    ) -> dict[tuple[uuid.UUID, int], AttemptOutcome]:
+        """Release the reservations among ``items`` (of ``worker_id`` only, when given):
+        the runs are free for any worker at once."""
+        stmt = (
+            sa.select(runs.c.id, runs.c.pool, runs.c.reserved_attempt, runs.c.reserved_token)
+            .where(
+                runs.c.reserved_token.in_([i.fencing_token for i in items]),
+                runs.c.state == RunState.DISPATCHED.value,
+            )
+            .with_for_update()
+        )
+        if tenant_id is not None:
+            stmt = stmt.where(runs.c.tenant_id == tenant_id)
+        if worker_id is not None:
+            stmt = stmt.where(runs.c.reserved_by == worker_id)
+        wanted = {(i.attempt_id, i.fencing_token) for i in items}
+        rows = [
+            r for r in await conn.execute(stmt) if (r.reserved_attempt, r.reserved_token) in wanted
+        ]
+        if not rows:
+            return {}
+        await conn.execute(
+            runs.update()
+            .where(self.driver.id_in(runs.c.id, [r.id for r in rows]))
+            .values(**NO_RESERVATION)
+        )
+        await self._notify(conn, CHANNEL_RUNS_READY, sorted({r.pool for r in rows}))
+        return {
+            (r.reserved_attempt, r.reserved_token): AttemptOutcome(
+                r.reserved_attempt, True, run_state=RunState.DISPATCHED
+            )
+            for r in rows
+        }
+
+    async def _reservations_of(
+        self, conn: AsyncConnection, worker_id: uuid.UUID, tenant_id: uuid.UUID | None
+    ) -> list[HeartbeatItem]:
+        stmt = sa.select(runs.c.reserved_attempt, runs.c.reserved_token).where(
+            runs.c.reserved_token.is_not(None),
+            runs.c.state == RunState.DISPATCHED.value,
+            runs.c.reserved_by == worker_id,
+        )
+        if tenant_id is not None:
+            stmt = stmt.where(runs.c.tenant_id == tenant_id)
+        rows = await conn.execute(stmt)
+        return [HeartbeatItem(r.reserved_attempt, r.reserved_token) for r in rows]

@@ -1,6 +1,6 @@
 """The expiry sweep: attempts whose lease ran out (the worker stopped heartbeating)
 end LOST, those past their deadline end TIMED_OUT, and their runs go the way of any
-failed try (``failures.py``); reservations not started by their expiry are voided.
+failed try (``retries.py``); reservations not started by their expiry are voided.
 
 The scheduler node that owns shard 0 runs it every ``expire_interval``. Most of the
 time nothing has expired, and one read without a transaction says so. When a sweep
@@ -22,8 +22,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from cronwheel.domain.states import AttemptState, RunState
 from cronwheel.store.notices import CHANNEL_RUNS_READY
 from cronwheel.store.schema import NO_RESERVATION, attempts, runs
-from cronwheel.store.sql.failures import Ended, FailuresMixin
 from cronwheel.store.sql.progress import progress_overdue, stalled
+from cronwheel.store.sql.retries import Ended, RetriesMixin
 
 __all__ = ["ExpiryMixin"]
 
@@ -31,7 +31,7 @@ _PAST_DEADLINE = "the attempt ran past the job's timeout"
 _LEASE_EXPIRED = "the worker stopped heartbeating: lease expired"
 
 
-class ExpiryMixin(FailuresMixin):
+class ExpiryMixin(RetriesMixin):
     async def attempts_expire_candidates(
         self, *, now: datetime | None = None, limit: int = 1000
     ) -> list[tuple[uuid.UUID, uuid.UUID]]:

@@ -1,18 +1,18 @@
-"""Firing the scheduled runs of recurring jobs, inside the firing transaction.
+"""Firing due runs: one batch dispatched by the driver's ``runs_fire``, and the first
+tries of recurring jobs' runs fired by their jobs' policies in the same transaction.
 
 A recurring job keeps exactly one run ahead of it. When that run fires, the same
 transaction applies the job's overlap and catch-up policies (``timing.catchup``) and
 creates the next occurrence, so a crash can neither lose nor double one: the new row is
 written with the fired one, and ``UNIQUE(tenant_id, job_id, due_at)`` makes writing it
-twice a no-op. Everything is batched: a few statements per batch, whatever its size.
-"""
+twice a no-op. Everything is batched: a few statements per batch, whatever its size."""
 
 from __future__ import annotations
 
 import functools
 import uuid
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -33,16 +33,21 @@ from cronwheel.store.notices import (
     ready_notices,
 )
 from cronwheel.store.rows import event_row
-from cronwheel.store.schema import NO_RESERVATION, runs
-from cronwheel.store.sql.control import PARKED_FIRE_AT
+from cronwheel.store.schema import (
+    NO_RESERVATION,
+    PARKED_FIRE_AT,
+    runs,
+)
 from cronwheel.store.sql.quarantine import Poison, QuarantineMixin
 from cronwheel.store.sql.statements import update_each
 from cronwheel.timing.catchup import FirePlan, plan_fire
 
 __all__ = ["WAIT_RETRY", "FiringMixin"]
 
+
 # A run queued behind a running one (overlap=queue_one) looks again this often.
 WAIT_RETRY = timedelta(seconds=1)
+
 
 _ACTIVE = (RunState.DISPATCHED.value, RunState.RUNNING.value)
 
@@ -316,3 +321,29 @@ class FiringMixin(QuarantineMixin):
                     reason="a newer run started (overlap=cancel_previous)",
                 )
                 await self._insert_events(conn, events)
+
+    async def runs_fire(
+        self,
+        *,
+        run_ids: Sequence[uuid.UUID],
+        node_id: str,
+        now: datetime | None = None,
+        lead: float = 0.0,
+        epochs: Mapping[int, int] | None = None,
+    ) -> list[FiredRun]:
+        if not run_ids:
+            return []
+        async with self._write() as conn:
+            at = await self._now(conn, now)
+            fired = await self.driver.runs_fire(
+                conn, run_ids=run_ids, node_id=node_id, at=at, lead=lead, epochs=epochs
+            )
+            if len(fired) < len(run_ids):
+                # The rest: first tries of recurring jobs' scheduled runs (their policies
+                # apply), or runs no longer firable (cancelled, not ours, not yet due).
+                candidates = await self.driver.runs_fire_candidates(
+                    conn, run_ids=run_ids, node_id=node_id, at=at, lead=lead, epochs=epochs
+                )
+                if candidates:
+                    fired += await self._fire_scheduled(conn, candidates, at=at, node_id=node_id)
+        return fired

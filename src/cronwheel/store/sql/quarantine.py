@@ -37,7 +37,7 @@ from cronwheel.domain.states import ACTIVE_STATES, AttemptState, JobState, RunSt
 from cronwheel.store.rows import event_row
 from cronwheel.store.schema import NO_RESERVATION, attempts, jobs, runs
 from cronwheel.store.sql.core import SqlCore
-from cronwheel.store.sql.statements import ONE_OFF_KINDS, jobs_finish_one_off, update_each
+from cronwheel.store.sql.statements import jobs_finish_one_off, update_each
 
 __all__ = ["Poison", "QuarantineMixin"]
 
@@ -209,23 +209,6 @@ class QuarantineMixin(SqlCore):
         )
         await jobs_finish_one_off(conn, self.driver, [r.job_id for r in live], at)
         return ids
-
-    async def _finish_one_off_jobs(
-        self, conn: AsyncConnection, job_ids: Sequence[uuid.UUID], at: datetime
-    ) -> None:
-        """A one-off job has one run: it is finished when that run ends, however (every
-        path that ends runs calls this: results, failures, quarantine)."""
-        if not job_ids:
-            return
-        await conn.execute(
-            jobs.update()
-            .where(
-                self.driver.id_in(jobs.c.id, list(set(job_ids))),
-                jobs.c.kind.in_(ONE_OFF_KINDS),
-                jobs.c.state == JobState.ACTIVE.value,
-            )
-            .values(state=JobState.FINISHED.value, next_due_at=None, updated_at=at)
-        )
 
 
 _STEPS = {

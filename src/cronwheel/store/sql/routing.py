@@ -95,17 +95,6 @@ def wait_reason(
 
 
 class RoutingMixin(QuarantineMixin):
-    async def workers_deregister(
-        self, worker_id: uuid.UUID, *, now: datetime | None = None
-    ) -> None:
-        async with self._write() as conn:
-            at = await self._now(conn, now)
-            await conn.execute(
-                workers.update()
-                .where(workers.c.id == worker_id, workers.c.deregistered_at.is_(None))
-                .values(deregistered_at=at)
-            )
-
     async def runs_route_check(
         self,
         *,

@@ -1,4 +1,22 @@
-"""Tenants, API keys, jobs, and the read and cancel side of runs."""
+"""Jobs, the definitions: creating them (with their first run), reading and listing
+them, and the changes of their state — cancel, pause, resume — with what each does
+to the job's runs.
+
+A paused job keeps its runs. Its SCHEDULED runs stay SCHEDULED with their due instant
+but their fire time *parked* at :data:`PARKED_FIRE_AT`, past the end of any due window,
+so no scheduler fires them and none needs to know the job is paused::
+
+    pause:   SCHEDULED  (fire_at = due)  ──▶ SCHEDULED (fire_at = PARKED)
+             DISPATCHED                  ──▶ SCHEDULED (fire_at = PARKED)
+             RUNNING                         untouched: it finishes
+    resume:  SCHEDULED (fire_at = PARKED) ──▶ SCHEDULED (fire_at = due)
+
+On resume a parked run whose due instant has passed fires at once, late, and the
+job's catch-up policy decides what happens to it. A parked fire time is a value no
+real schedule produces, so ``fire_at >= PARKED_FIRE_AT`` is exactly "parked by a
+pause": triggered and backfilled runs of a paused job are never parked (they are
+explicit requests) and a resume leaves them alone.
+"""
 
 from __future__ import annotations
 
@@ -6,44 +24,44 @@ import hashlib
 import json
 import uuid
 from collections.abc import Sequence
-from datetime import datetime, timedelta
-from typing import Any
+from datetime import datetime
+from typing import Any, cast
 
 import sqlalchemy as sa
+from pydantic import BaseModel
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from cronwheel.domain.errors import ConflictError, IdempotencyConflictError, IllegalTransitionError
-from cronwheel.domain.model import Attempt, Event, Job, NewJob, Page, Run
+from cronwheel.domain.errors import (
+    ConflictError,
+    IdempotencyConflictError,
+    IllegalTransitionError,
+)
+from cronwheel.domain.model import Job, NewJob, Page, Run
 from cronwheel.domain.sharding import shard_of
-from cronwheel.domain.spec import schedule_kind
-from cronwheel.domain.states import ACTIVE_STATES, JobState, RunState
+from cronwheel.domain.spec import (
+    AsapSchedule,
+    AtSchedule,
+    CronSchedule,
+    DelaySchedule,
+    IntervalSchedule,
+    ScheduleSpec,
+    schedule_kind,
+)
+from cronwheel.domain.states import JobState, RunState
 from cronwheel.ids import new_id
-from cronwheel.store.base import RunFilter
-from cronwheel.store.notices import CHANNEL_RUNS_NEW
+from cronwheel.store.notices import ANNOUNCE_HORIZON, CHANNEL_RUNS_NEW, announce
 from cronwheel.store.rows import (
-    attempt_from,
-    event_from,
     event_row,
-    int_cursor,
     job_from,
     new_run_row,
     run_from,
     uuid_cursor,
 )
-from cronwheel.store.schema import attempts, events, jobs, runs, tenants
+from cronwheel.store.schema import PARKED_FIRE_AT, jobs, runs, tenants
 from cronwheel.store.sql.core import SqlCore, jobs_select
 
-__all__ = [
-    "ANNOUNCE_HORIZON",
-    "ONE_OFF_KINDS",
-    "CatalogMixin",
-    "announce",
-]
-
-ONE_OFF_KINDS = ("at", "delay", "asap")
-# Runs due this soon are announced to the schedulers at once (their window is shorter).
-ANNOUNCE_HORIZON = timedelta(seconds=120)
+__all__ = ["JobsMixin", "stored_schedule"]
 
 
 def _request_hash(spec: Any) -> str:
@@ -51,14 +69,27 @@ def _request_hash(spec: Any) -> str:
     return hashlib.sha256(body.encode()).hexdigest()
 
 
-def announce(run_id: uuid.UUID, shard: int, fire_at: datetime) -> str:
-    """The payload of a CHANNEL_RUNS_NEW notification for one run."""
-    return f"{shard}:{int(fire_at.timestamp() * 1000)}:{run_id.hex}"
+_SCHEDULE_MODELS: dict[str, type[BaseModel]] = {
+    "at": AtSchedule,
+    "delay": DelaySchedule,
+    "asap": AsapSchedule,
+    "cron": CronSchedule,
+    "interval": IntervalSchedule,
+}
 
 
-class CatalogMixin(SqlCore):
-    # -- jobs ----------------------------------------------------------------------
+_PAUSED_REASON = "job paused"
 
+
+_RESUMED_REASON = "resumed after pause"
+
+
+def stored_schedule(kind: str, schedule: dict[str, Any]) -> ScheduleSpec:
+    """A job's stored schedule (``jobs.kind``, ``jobs.schedule``) as its spec model."""
+    return cast(ScheduleSpec, _SCHEDULE_MODELS[kind].model_validate(schedule))
+
+
+class JobsMixin(SqlCore):
     async def jobs_create_many(
         self, tenant_id: uuid.UUID, *, jobs: Sequence[NewJob], now: datetime | None = None
     ) -> list[tuple[Job, Run | None, bool]]:
@@ -358,147 +389,186 @@ class CatalogMixin(SqlCore):
             await self._insert_events(conn, events_out)
         return job_from(row)
 
-    # -- runs ----------------------------------------------------------------------
-
-    async def runs_get(self, tenant_id: uuid.UUID, run_id: uuid.UUID) -> Run:
-        async with self._read() as conn:
-            row = (
-                await conn.execute(
-                    sa.select(*runs.c).where(runs.c.tenant_id == tenant_id, runs.c.id == run_id)
-                )
-            ).first()
-        if row is None:
-            raise self._not_found("run", run_id)
-        return run_from(row)
-
-    async def runs_list(
+    async def jobs_pause(
         self,
         tenant_id: uuid.UUID,
-        *,
-        filter: RunFilter | None = None,
-        cursor: str | None = None,
-        limit: int = 100,
-    ) -> Page[Run]:
-        before = uuid_cursor(cursor)
-        f = filter or RunFilter()
-        stmt = sa.select(*runs.c).where(runs.c.tenant_id == tenant_id)
-        if f.job_id is not None:
-            stmt = stmt.where(runs.c.job_id == f.job_id)
-        if f.states:
-            stmt = stmt.where(runs.c.state.in_(list(f.states)))
-        if f.since is not None:
-            stmt = stmt.where(runs.c.due_at >= f.since)
-        if f.until is not None:
-            stmt = stmt.where(runs.c.due_at < f.until)
-        if f.tag is not None:
-            stmt = stmt.where(self.driver.json_has(runs.c.tags, f.tag))
-        if before is not None:
-            stmt = stmt.where(runs.c.id < before)
-        stmt = stmt.order_by(runs.c.id.desc()).limit(limit + 1)
-        async with self._read() as conn:
-            rows = (await conn.execute(stmt)).all()
-        items = [run_from(r) for r in rows[:limit]]
-        return Page(items, str(items[-1].id) if len(rows) > limit else None)
-
-    async def runs_cancel(
-        self,
-        tenant_id: uuid.UUID,
-        run_id: uuid.UUID,
+        job_id: uuid.UUID,
         *,
         actor: str | None = None,
         reason: str | None = None,
         now: datetime | None = None,
-    ) -> Run:
+    ) -> Job:
         async with self._write() as conn:
             at = await self._now(conn, now)
-            await self._lock_live_runs(conn, tenant_id, runs.c.id == run_id)
-            current = (
-                await conn.execute(
-                    sa.select(runs.c.state).where(
-                        runs.c.tenant_id == tenant_id, runs.c.id == run_id
+            await self._job_move(conn, tenant_id, job_id, JobState.ACTIVE, JobState.PAUSED, at)
+            out = [
+                event_row(
+                    at=at,
+                    kind="job.paused",
+                    tenant_id=tenant_id,
+                    job_id=job_id,
+                    actor=actor,
+                    reason=reason,
+                )
+            ]
+            # SCHEDULED first: the DISPATCHED runs moved next must not be counted twice.
+            for source, kind in (
+                (RunState.SCHEDULED, "run.parked"),
+                (RunState.DISPATCHED, "run.transition"),
+            ):
+                moved = (
+                    await conn.execute(
+                        runs.update()
+                        .where(
+                            runs.c.tenant_id == tenant_id,
+                            runs.c.job_id == job_id,
+                            runs.c.state == source.value,
+                            runs.c.fire_at < PARKED_FIRE_AT,
+                        )
+                        .values(
+                            state=RunState.SCHEDULED.value,
+                            fire_at=PARKED_FIRE_AT,
+                            dispatched_at=None,
+                            reason=_PAUSED_REASON,
+                        )
+                        .returning(runs.c.id)
                     )
-                )
-            ).first()
-            if current is None:
-                raise self._not_found("run", run_id)
-            if RunState(current.state) not in ACTIVE_STATES:
-                raise IllegalTransitionError(
-                    f"run {run_id} is {current.state} and cannot be cancelled",
-                    source=current.state,
-                    target=RunState.CANCELLED.value,
-                )
-            rows = await self._cancel_runs(
-                conn,
-                tenant_id,
-                runs.c.id == run_id,
-                at=at,
-                actor=actor,
-                reason=reason or "cancelled by request",
-            )
-            await self._insert_events(conn, rows)
-            row = (await conn.execute(sa.select(*runs.c).where(runs.c.id == run_id))).one()
-        return run_from(row)
+                ).all()
+                out += [
+                    event_row(
+                        at=at,
+                        kind=kind,
+                        tenant_id=tenant_id,
+                        job_id=job_id,
+                        run_id=r.id,
+                        from_state=source.value,
+                        to_state=RunState.SCHEDULED.value,
+                        actor=actor,
+                        reason=_PAUSED_REASON,
+                    )
+                    for r in moved
+                ]
+            await self._insert_events(conn, out)
+            return await self._job_read(conn, tenant_id, job_id)
 
-    async def runs_count_by_state(self) -> dict[str, int]:
-        async with self._read() as conn:
-            rows = (
-                await conn.execute(sa.select(runs.c.state, sa.func.count()).group_by(runs.c.state))
-            ).all()
-        counts = {s.value: 0 for s in RunState}
-        counts.update({r[0]: int(r[1]) for r in rows})
-        return counts
-
-    # -- history -------------------------------------------------------------------
-
-    async def attempts_list(self, tenant_id: uuid.UUID, *, run_id: uuid.UUID) -> list[Attempt]:
-        async with self._read() as conn:
-            rows = (
-                await conn.execute(
-                    attempts.select()
-                    .where(attempts.c.tenant_id == tenant_id, attempts.c.run_id == run_id)
-                    .order_by(attempts.c.number)
-                )
-            ).all()
-        return [attempt_from(r) for r in rows]
-
-    async def attempts_get(self, attempt_id: uuid.UUID) -> Attempt:
-        async with self._read() as conn:
-            row = (await conn.execute(attempts.select().where(attempts.c.id == attempt_id))).first()
-        if row is None:
-            raise self._not_found("attempt", attempt_id)
-        return attempt_from(row)
-
-    async def events_list(
+    async def jobs_resume(
         self,
-        tenant_id: uuid.UUID | None,
+        tenant_id: uuid.UUID,
+        job_id: uuid.UUID,
         *,
-        run_id: uuid.UUID | None = None,
-        job_id: uuid.UUID | None = None,
-        cursor: str | None = None,
-        limit: int = 100,
-    ) -> Page[Event]:
-        after = int_cursor(cursor)
-        stmt = events.select()
-        if tenant_id is not None:
-            stmt = stmt.where(events.c.tenant_id == tenant_id)
-        if run_id is not None:
-            stmt = stmt.where(events.c.run_id == run_id)
-        if job_id is not None:
-            stmt = stmt.where(events.c.job_id == job_id)
-        if after is not None:
-            stmt = stmt.where(events.c.id > after)
-        stmt = stmt.order_by(events.c.id).limit(limit + 1)
-        async with self._read() as conn:
-            rows = (await conn.execute(stmt)).all()
-        items = [event_from(r) for r in rows[:limit]]
-        return Page(items, str(items[-1].id) if len(rows) > limit else None)
+        actor: str | None = None,
+        reason: str | None = None,
+        now: datetime | None = None,
+    ) -> Job:
+        async with self._write() as conn:
+            at = await self._now(conn, now)
+            await self._job_move(conn, tenant_id, job_id, JobState.PAUSED, JobState.ACTIVE, at)
+            released = (
+                await conn.execute(
+                    runs.update()
+                    .where(
+                        runs.c.tenant_id == tenant_id,
+                        runs.c.job_id == job_id,
+                        runs.c.state == RunState.SCHEDULED.value,
+                        runs.c.fire_at >= PARKED_FIRE_AT,
+                    )
+                    .values(fire_at=runs.c.due_at, reason=_RESUMED_REASON)
+                    .returning(runs.c.id, runs.c.shard, runs.c.due_at)
+                )
+            ).all()
+            out = [
+                event_row(
+                    at=at,
+                    kind="job.resumed",
+                    tenant_id=tenant_id,
+                    job_id=job_id,
+                    actor=actor,
+                    reason=reason,
+                )
+            ]
+            out += [
+                event_row(
+                    at=at,
+                    kind="run.unparked",
+                    tenant_id=tenant_id,
+                    job_id=job_id,
+                    run_id=r.id,
+                    from_state=RunState.SCHEDULED.value,
+                    to_state=RunState.SCHEDULED.value,
+                    actor=actor,
+                    reason=_RESUMED_REASON,
+                )
+                for r in released
+            ]
+            await self._insert_events(conn, out)
+            notices = [
+                announce(r.id, r.shard, r.due_at)
+                for r in released
+                if r.due_at < at + ANNOUNCE_HORIZON
+            ]
+            if notices:
+                await self._notify(conn, CHANNEL_RUNS_NEW, notices)
+            return await self._job_read(conn, tenant_id, job_id)
 
-    async def events_transitions(self) -> dict[tuple[str | None, str], int]:
-        stmt = (
-            sa.select(events.c.from_state, events.c.to_state, sa.func.count())
-            .where(events.c.kind == "run.transition")
-            .group_by(events.c.from_state, events.c.to_state)
-        )
-        async with self._read() as conn:
-            rows = (await conn.execute(stmt)).all()
-        return {(r[0], r[1]): int(r[2]) for r in rows}
+    async def _job_move(
+        self,
+        conn: AsyncConnection,
+        tenant_id: uuid.UUID,
+        job_id: uuid.UUID,
+        source: JobState,
+        target: JobState,
+        at: datetime,
+    ) -> None:
+        """Move the job from ``source`` to ``target`` in one conditional UPDATE, or raise
+        (NotFoundError, or IllegalTransitionError naming its state). The job's live runs
+        are locked first, in id order, as every path that changes runs and their job
+        does (see ``_lock_live_runs``)."""
+        await self._lock_live_runs(conn, tenant_id, runs.c.job_id == job_id)
+        row = (
+            await conn.execute(
+                jobs.update()
+                .where(
+                    jobs.c.tenant_id == tenant_id,
+                    jobs.c.id == job_id,
+                    jobs.c.state == source.value,
+                )
+                .values(state=target.value, updated_at=at, version=jobs.c.version + 1)
+                .returning(jobs.c.id)
+            )
+        ).first()
+        if row is None:
+            current = await self._job_for_update(conn, tenant_id, job_id)
+            verb = {JobState.PAUSED: "paused", JobState.ACTIVE: "resumed"}[target]
+            raise IllegalTransitionError(
+                f"job {job_id} is {current.state.value} and cannot be {verb}",
+                source=current.state.value,
+                target=target.value,
+            )
+
+    async def _job_read(
+        self, conn: AsyncConnection, tenant_id: uuid.UUID, job_id: uuid.UUID
+    ) -> Job:
+        """The job as ``jobs_get`` answers it (``next_due_at`` from its pending runs),
+        read after this transaction's changes."""
+        row = (
+            await conn.execute(
+                jobs_select().where(jobs.c.tenant_id == tenant_id, jobs.c.id == job_id)
+            )
+        ).one()
+        return job_from(row)
+
+    async def _job_for_update(
+        self, conn: AsyncConnection, tenant_id: uuid.UUID, job_id: uuid.UUID
+    ) -> Job:
+        """The job, locked until the transaction ends (PostgreSQL) so a concurrent
+        cancel cannot slip between reading its state and adding runs."""
+        row = (
+            await conn.execute(
+                jobs.select()
+                .where(jobs.c.tenant_id == tenant_id, jobs.c.id == job_id)
+                .with_for_update()
+            )
+        ).first()
+        if row is None:
+            raise self._not_found("job", job_id)
+        return job_from(row)

@@ -17,10 +17,10 @@ from cronwheel.store.rows import event_row, tenant_from, uuid_cursor
 from cronwheel.store.schema import api_keys, tenants
 from cronwheel.store.sql.core import SqlCore
 
-__all__ = ["TenancyMixin"]
+__all__ = ["TenantsMixin"]
 
 
-class TenancyMixin(SqlCore):
+class TenantsMixin(SqlCore):
     # -- tenants -------------------------------------------------------------------
 
     async def tenants_create(

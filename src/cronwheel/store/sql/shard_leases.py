@@ -1,78 +1,22 @@
-"""The scheduler's side of the store: shard leases, the due-window scan, firing."""
+"""Shard leases and scheduler nodes: a node's renewal (its beat, its leases, its fair
+share, in the driver's ``shard_leases_renew``), taking given shards, handing them back."""
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-import sqlalchemy as sa
-
-from cronwheel.domain.model import DueRun, FiredRun
-from cronwheel.domain.states import RunState
 from cronwheel.store.base import LeaseRenewal
-from cronwheel.store.schema import runs, scheduler_nodes, shard_leases
-from cronwheel.store.sql.firing import FiringMixin
+from cronwheel.store.schema import scheduler_nodes, shard_leases
+from cronwheel.store.sql.core import SqlCore
 from cronwheel.store.sql.statements import shard_leases_take
 
-__all__ = ["DispatchMixin"]
+__all__ = ["ShardLeasesMixin"]
 
 
-class DispatchMixin(FiringMixin):
+class ShardLeasesMixin(SqlCore):
     _seeded_shards = 0
-
-    async def runs_due_scan(
-        self,
-        *,
-        shards: Sequence[int],
-        until: datetime,
-        limit: int = 10_000,
-        since: datetime | None = None,
-    ) -> list[DueRun]:
-        if not shards:
-            return []
-        stmt = (
-            sa.select(runs.c.id, runs.c.shard, runs.c.fire_at)
-            .where(
-                runs.c.state == RunState.SCHEDULED.value,
-                self.driver.id_in(runs.c.shard, list(shards)),
-                runs.c.fire_at < until,
-            )
-            .order_by(runs.c.fire_at)
-            .limit(limit)
-        )
-        if since is not None:
-            stmt = stmt.where(runs.c.fire_at >= since)
-        async with self._read() as conn:
-            rows = (await conn.execute(stmt)).all()
-        return [DueRun(id=r.id, shard=r.shard, fire_at=r.fire_at) for r in rows]
-
-    async def runs_fire(
-        self,
-        *,
-        run_ids: Sequence[uuid.UUID],
-        node_id: str,
-        now: datetime | None = None,
-        lead: float = 0.0,
-        epochs: Mapping[int, int] | None = None,
-    ) -> list[FiredRun]:
-        if not run_ids:
-            return []
-        async with self._write() as conn:
-            at = await self._now(conn, now)
-            fired = await self.driver.runs_fire(
-                conn, run_ids=run_ids, node_id=node_id, at=at, lead=lead, epochs=epochs
-            )
-            if len(fired) < len(run_ids):
-                # The rest: first tries of recurring jobs' scheduled runs (their policies
-                # apply), or runs no longer firable (cancelled, not ours, not yet due).
-                candidates = await self.driver.runs_fire_candidates(
-                    conn, run_ids=run_ids, node_id=node_id, at=at, lead=lead, epochs=epochs
-                )
-                if candidates:
-                    fired += await self._fire_scheduled(conn, candidates, at=at, node_id=node_id)
-        return fired
 
     async def shard_leases_acquire(
         self,

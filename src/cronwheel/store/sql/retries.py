@@ -23,12 +23,11 @@ from cronwheel.domain.retry import backoff_delay
 from cronwheel.domain.states import AttemptState, JobState, RunState
 from cronwheel.store.notices import ANNOUNCE_HORIZON, CHANNEL_RUNS_NEW, announce
 from cronwheel.store.rows import event_row
-from cronwheel.store.schema import jobs, runs
-from cronwheel.store.sql.control import PARKED_FIRE_AT
+from cronwheel.store.schema import PARKED_FIRE_AT, jobs, runs
 from cronwheel.store.sql.quarantine import Poison, QuarantineMixin
 from cronwheel.store.sql.statements import jobs_finish_one_off, update_each
 
-__all__ = ["Ended", "FailuresMixin"]
+__all__ = ["Ended", "RetriesMixin"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +42,7 @@ class Ended:
     retry_after: float | None = None  # the worker's floor under the backoff, in seconds
 
 
-class FailuresMixin(QuarantineMixin):
+class RetriesMixin(QuarantineMixin):
     _rng = random.Random()
 
     async def _after_failures(
