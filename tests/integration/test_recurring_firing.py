@@ -4,14 +4,18 @@ policies decide what missed or overlapping runs do. Time is driven by hand."""
 
 from __future__ import annotations
 
+import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
+
+import sqlalchemy as sa
 
 from cronwheel.domain.model import NewJob, Run
 from cronwheel.domain.spec import JobSpec
 from cronwheel.scheduler import Clock, SchedulerNode
 from cronwheel.settings import Settings
-from cronwheel.store import RunFilter, Store
+from cronwheel.store import CompleteItem, RunFilter, Store
+from cronwheel.store.schema import runs
 from cronwheel.timing import due_local as local_of
 from cronwheel.timing import first_due, occurrences
 
@@ -185,6 +189,66 @@ async def test_overlap_skip_skips_while_the_previous_run_is_going(store: Store) 
     runs = await _runs(store, first)
     assert [r.state.value for r in runs] == ["RUNNING", "SKIPPED", "SCHEDULED"]
     assert "overlap=skip" in (runs[1].reason or "")
+
+
+async def test_overlap_queue_one_queues_one_run_behind_the_running_one(store: Store) -> None:
+    """The queued run is marked by its own column, not by its reason's text: a reason
+    rewritten (by a pause, a person, a later version) changes nothing."""
+    t0 = datetime(2031, 5, 1, 12, 0, tzinfo=UTC)
+    first = await _job(store, t0, {"cron": "*/5 * * * *", "overlap": "queue_one"})
+    await _fire(store, first, t0)
+    worker = await store.workers_register(
+        None, pool="default", capabilities=[], tags=[], capacity=1, now=t0
+    )
+    [attempt] = await store.attempts_lease(worker=worker, max=1, now=t0)
+    second = (await _runs(store, first))[1]
+    assert await _fire(store, second, second.due_at) == []  # it waits
+    queued = (await _runs(store, first))[1]
+    assert (queued.state.value, queued.reason) == (
+        "SCHEDULED",
+        "queued behind the run still going (overlap=queue_one)",
+    )
+    async with store.engine.begin() as conn:  # type: ignore[attr-defined]
+        marked = await conn.execute(
+            sa.select(runs.c.id).where(runs.c.job_id == first.job_id, runs.c.overlap_queued)
+        )
+        assert [r.id for r in marked] == [second.id]
+        await conn.execute(
+            runs.update().where(runs.c.id == second.id).values(reason="edited by hand")
+        )
+        # Another occurrence due meanwhile (as a replay after an outage makes them).
+        row = dict((await conn.execute(runs.select().where(runs.c.id == second.id))).one()._mapping)
+        third_due = second.due_at + timedelta(minutes=5)
+        third_id = uuid.uuid4()
+        row |= {
+            "id": third_id,
+            "due_at": third_due,
+            "fire_at": third_due,
+            "due_local": None,
+            "reason": None,
+            "overlap_queued": False,
+        }
+        await conn.execute(runs.insert().values(**row))
+    third = await store.runs_get(first.tenant_id, third_id)
+    assert await _fire(store, third, third.due_at) == []
+    states = [(r.state.value, r.reason) for r in await _runs(store, first)]
+    assert states[:3] == [
+        ("RUNNING", None),
+        ("SCHEDULED", "edited by hand"),
+        ("SKIPPED", "a run is already queued behind the one still going (overlap=queue_one)"),
+    ]
+    # The running one ends: the queued one goes, and is no longer marked.
+    [done] = await store.attempts_complete_many(
+        items=[CompleteItem(attempt.attempt_id, attempt.fencing_token)], now=third.due_at
+    )
+    assert done.ok
+    later = third.due_at + timedelta(seconds=2)
+    assert [f.id for f in await _fire(store, second, later)] == [second.id]
+    async with store.engine.begin() as conn:  # type: ignore[attr-defined]
+        left = await conn.execute(
+            sa.select(runs.c.id).where(runs.c.job_id == first.job_id, runs.c.overlap_queued)
+        )
+        assert list(left) == []
 
 
 async def test_coalesce_after_a_long_outage_dispatches_one_run(store: Store) -> None:

@@ -202,6 +202,9 @@ runs = sa.Table(
     sa.Column("reserved_token", sa.BigInteger),
     sa.Column("reserved_until", UtcDateTime),
     sa.Column("cancel_requested", sa.Boolean, nullable=False, server_default=sa.false()),
+    # Fired while an earlier run of its job (overlap=queue_one) was still going: it
+    # waits for that run, and no other occurrence queues beside it.
+    sa.Column("overlap_queued", sa.Boolean, nullable=False, server_default=sa.false()),
     # Set when a step of a scheduler pass failed on this run alone (a poison row): the
     # run was taken out of the pass as a DEAD_LETTER, the error in ``reason`` and
     # ``last_error``. Cleared by a redrive.

@@ -166,14 +166,14 @@ class FiringMixin(QuarantineMixin):
             return busy, waiting
         tenants = list({r.tenant_id for r in candidates})
         rows = await conn.execute(
-            sa.select(runs.c.id, runs.c.job_id, runs.c.state, runs.c.reason).where(
+            sa.select(runs.c.id, runs.c.job_id, runs.c.state).where(
                 self.driver.id_in(runs.c.tenant_id, tenants),
                 self.driver.id_in(runs.c.job_id, guarded),
                 sa.or_(
                     runs.c.state.in_(_ACTIVE),
                     sa.and_(
                         runs.c.state == RunState.SCHEDULED.value,
-                        runs.c.reason.startswith("queued behind"),
+                        runs.c.overlap_queued.is_(True),
                     ),
                 ),
             )
@@ -199,7 +199,12 @@ class FiringMixin(QuarantineMixin):
             await conn.execute(
                 runs.update()
                 .where(self.driver.id_in(runs.c.id, dispatch))
-                .values(state=RunState.DISPATCHED.value, dispatched_at=at, **NO_RESERVATION)
+                .values(
+                    state=RunState.DISPATCHED.value,
+                    dispatched_at=at,
+                    overlap_queued=False,
+                    **NO_RESERVATION,
+                )
             )
             await update_each(
                 conn,
@@ -210,14 +215,22 @@ class FiringMixin(QuarantineMixin):
             await conn.execute(
                 runs.update()
                 .where(self.driver.id_in(runs.c.id, skip))
-                .values(state=RunState.SKIPPED.value, finished_at=at)
+                .values(state=RunState.SKIPPED.value, finished_at=at, overlap_queued=False)
             )
             await update_each(conn, runs, [{"id": i, "reason": plans[i].reason} for i in skip])
         if wait:
             await update_each(
                 conn,
                 runs,
-                [{"id": i, "reason": plans[i].reason, "fire_at": at + WAIT_RETRY} for i in wait],
+                [
+                    {
+                        "id": i,
+                        "reason": plans[i].reason,
+                        "fire_at": at + WAIT_RETRY,
+                        "overlap_queued": True,
+                    }
+                    for i in wait
+                ],
             )
         for ids, target in ((dispatch, RunState.DISPATCHED), (skip, RunState.SKIPPED)):
             events += [
