@@ -21,7 +21,6 @@ from fastapi import APIRouter, Depends, Request, Response
 
 from cronwheel.api.auth import Principal, require_worker
 from cronwheel.api.jsonbody import StrictJsonRoute
-from cronwheel.api.metrics import observe_start_lateness
 from cronwheel.api.routers.common import ApiState, api_state, check_json_size, parse_id
 from cronwheel.api.schemas import (
     ERROR_RESPONSES,
@@ -53,6 +52,7 @@ from cronwheel.domain.errors import (
     WorkerDeregisteredError,
 )
 from cronwheel.domain.model import AttemptOutcome, LeasedAttempt, Worker
+from cronwheel.metrics import observe_start_lateness
 from cronwheel.store.base import CompleteItem, FailItem, HeartbeatItem
 
 __all__ = ["router"]
