@@ -23,7 +23,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import httpx
 
@@ -34,9 +35,9 @@ from cronwheel.worker.logship import LogShipConfig
 from cronwheel.worker.outbox import WorkerStats
 from cronwheel.worker.protocol import WorkerProtocol
 from cronwheel.worker.tasks import H, TaskRegistry
-from cronwheel.worker.webhook import WebhookCaller
+from cronwheel.worker.webhook import AllowList, WebhookCaller
 
-__all__ = ["Worker"]
+__all__ = ["Worker", "webhook_worker"]
 
 
 class Worker:
@@ -49,7 +50,7 @@ class Worker:
     heartbeat timeout). ``flush_delay``/``flush_size`` shape the outcome batches.
     ``webhook`` makes the worker call webhooks too (it declares the ``webhook``
     capability); with no task handlers it leases webhook runs only — see
-    :func:`cronwheel.worker.webhook.webhook_worker`.
+    :func:`webhook_worker`.
     ``log_shipping`` says which ``ctx.log`` records go to the server, where
     ``cronwheel runs logs`` shows them (default: INFO and above;
     ``LogShipConfig(level=None)``: none).
@@ -198,3 +199,22 @@ class Worker:
         finally:
             for sig in installed:
                 loop.remove_signal_handler(sig)
+
+
+def webhook_worker(
+    url: str,
+    *,
+    api_key: str,
+    pool: str = "default",
+    allow: AllowList | Iterable[str] = (),
+    timeout: float = 30.0,
+    concurrency: int = 20,
+    **options: Any,
+) -> Worker:
+    """A worker that calls webhooks and nothing else: it declares the ``webhook``
+    capability and leases only webhook runs. ``options`` go to
+    :class:`~cronwheel.worker.Worker` (name, grace_period, lease_wait, …)."""
+    caller = WebhookCaller(allow=allow, timeout=timeout)
+    return Worker(
+        url, api_key=api_key, pool=pool, concurrency=concurrency, webhook=caller, **options
+    )
