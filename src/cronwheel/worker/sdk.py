@@ -30,10 +30,10 @@ import httpx
 
 from cronwheel.client import DEFAULT_TIMEOUT, AsyncClient
 from cronwheel.domain.spec import WEBHOOK_CAPABILITY
-from cronwheel.worker.engine import Engine, EngineConfig
 from cronwheel.worker.logship import LogShipConfig
 from cronwheel.worker.outbox import WorkerStats
 from cronwheel.worker.protocol import WorkerProtocol
+from cronwheel.worker.session import SessionConfig, WorkerSession
 from cronwheel.worker.tasks import H, TaskRegistry
 from cronwheel.worker.webhook import AllowList, WebhookCaller
 
@@ -99,7 +99,7 @@ class Worker:
         self.webhook = webhook
         if webhook is not None and WEBHOOK_CAPABILITY not in capabilities:
             capabilities = (*capabilities, WEBHOOK_CAPABILITY)
-        self.config = EngineConfig(
+        self.config = SessionConfig(
             pool=pool,
             capabilities=tuple(capabilities),
             tags=tuple(tags),
@@ -118,7 +118,7 @@ class Worker:
         self.stats = WorkerStats()
         self.worker_id: str | None = None
         self._transport = transport
-        self._engine: Engine | None = None
+        self._session: WorkerSession | None = None
         # Client is built lazily so that a bad URL fails here, not in the event loop.
         AsyncClient._validate_url(url)
 
@@ -137,12 +137,12 @@ class Worker:
     @property
     def running(self) -> int:
         """Handlers running right now."""
-        return 0 if self._engine is None else self._engine.running
+        return 0 if self._session is None else self._session.running
 
     @property
     def held(self) -> int:
         """Attempts leased and not yet acknowledged by the server."""
-        return 0 if self._engine is None else len(self._engine.held)
+        return 0 if self._session is None else len(self._session.held)
 
     async def run_async(
         self,
@@ -159,7 +159,7 @@ class Worker:
             self.url, api_key=self.api_key, timeout=self.timeout, transport=self._transport
         ) as client:
             webhooks_only = self.webhook is not None and not len(self.registry)
-            engine = Engine(
+            session = WorkerSession(
                 self.config,
                 self.registry,
                 WorkerProtocol(client, webhooks_only=webhooks_only),
@@ -169,11 +169,11 @@ class Worker:
                 drain=drain,
                 webhook=None if self.webhook is None else self.webhook.bind,
             )
-            self._engine = engine
+            self._session = session
             try:
-                await engine.run()
+                await session.run()
             finally:
-                self.worker_id = engine.worker_id
+                self.worker_id = session.worker_id
                 if self.webhook is not None:
                     await self.webhook.aclose()
 

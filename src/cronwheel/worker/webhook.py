@@ -390,7 +390,7 @@ class WebhookCaller:
             await client.aclose()
 
     def bind(self, lease: Lease) -> Handler:
-        """The handler of one webhook lease, for the worker's engine."""
+        """The handler of one webhook lease, for the worker's session."""
 
         async def handler(ctx: TaskContext, payload: dict[str, Any]) -> dict[str, Any]:
             return await self.call(lease, payload)
