@@ -28,7 +28,7 @@ from zoneinfo import ZoneInfo
 
 from cronwheel.domain.spec import CronSchedule, IntervalSchedule
 from cronwheel.timing import iter_occurrences
-from cronwheel.timing.engine import Occurrence
+from cronwheel.timing.cron_occurrences import Occurrence
 
 __all__ = [
     "MAX_CATCH_UP",
