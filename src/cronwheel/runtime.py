@@ -391,7 +391,7 @@ class Runtime:
 async def _webhook_workers(runtime: Runtime, stop: asyncio.Event) -> None:
     """The built-in webhook workers: one per pool of ``webhook_pools`` (none when it is
     empty), against this process's API with its admin key, until ``stop``."""
-    from cronwheel.worker.webhook import webhook_worker
+    from cronwheel.worker import webhook_worker
 
     settings = runtime.settings
     if not settings.webhook_pools or runtime.url is None or runtime.admin is None:

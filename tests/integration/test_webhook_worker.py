@@ -39,8 +39,8 @@ from cronwheel.runtime import BackgroundRuntime, Runtime, serving
 from cronwheel.settings import Settings
 from cronwheel.store import Store
 from cronwheel.testing import free_port, invoke_then_terminate, wait_until
-from cronwheel.worker import Lease, Worker
-from cronwheel.worker.webhook import WebhookCaller, WebhookFailure, webhook_worker
+from cronwheel.worker import Lease, Worker, webhook_worker
+from cronwheel.worker.webhook import WebhookCaller, WebhookFailure
 
 ALL_SHARDS = range(256)
 ALLOW_LOOPBACK = ["127.0.0.1/32"]

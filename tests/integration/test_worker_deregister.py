@@ -22,7 +22,7 @@ from cronwheel.runtime import serving
 from cronwheel.settings import Settings
 from cronwheel.store import Store
 from cronwheel.worker import TaskContext
-from cronwheel.worker import engine as engine_module
+from cronwheel.worker import session as session_module
 
 # Far beyond any wait below: a run that comes back does so because it was released,
 # never because its lease expired.
@@ -190,7 +190,7 @@ async def test_a_hanging_deregister_does_not_hold_up_shutdown(
     caplog: pytest.LogCaptureFixture,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(engine_module, "_DEREGISTER_SECONDS", 0.3)
+    monkeypatch.setattr(session_module, "_DEREGISTER_SECONDS", 0.3)
     caplog.set_level(logging.INFO, logger="cronwheel.worker")
     async with open_tracked(settings, store) as (env, tracker):
         tracker.hold_deletes = True

@@ -147,7 +147,7 @@ async def test_a_handlers_lines_come_back_in_order(env: Env) -> None:
     level, caught = first[3]
     assert level == "ERROR" and caught.startswith("caught something\nTraceback")
     assert "ValueError: boom" in caught
-    # The engine's own line about the failure is shipped too: it goes before the outcome.
+    # The session's own line about the failure is shipped too: it goes before the outcome.
     level, failed = first[4]
     assert level == "WARNING" and "failed in" in failed and "first try fails" in failed
     assert len(first) == 5

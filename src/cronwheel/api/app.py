@@ -20,9 +20,10 @@ from cronwheel.api.auth import KeyCache
 from cronwheel.api.errors import AllowedMethods, error_response, install_error_handlers
 from cronwheel.api.head_limits import HeadLimitMiddleware, HeadLimits
 from cronwheel.api.metrics import MetricsMiddleware, RunsByStateRefresher
+from cronwheel.api.notifier import ReadyNotifier
 from cronwheel.api.rate_limits import RateLimitMiddleware
 from cronwheel.api.routers import alerts, health, jobs, logs, runs, tenants, workers
-from cronwheel.api.routers.common import ApiState, ReadyNotifier
+from cronwheel.api.state import ApiState
 from cronwheel.logstore import FileLogStore, LogStore
 from cronwheel.settings import Settings
 from cronwheel.store.base import Store

@@ -32,17 +32,17 @@ import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
-from cronwheel.api.metrics import (
+from cronwheel.clock import Clock
+from cronwheel.domain.errors import StoreUnavailableError, describe_error
+from cronwheel.domain.model import DueRun, FiredRun
+from cronwheel.domain.sharding import NUM_SHARDS
+from cronwheel.metrics import (
     CLOCK_OFFSET,
     CLOCK_UNCERTAINTY,
     DISPATCH_LATENESS,
     RUNS_QUARANTINED,
     SHARDS_HELD,
 )
-from cronwheel.clock import Clock
-from cronwheel.domain.errors import StoreUnavailableError, describe_error
-from cronwheel.domain.model import DueRun, FiredRun
-from cronwheel.domain.sharding import NUM_SHARDS
 from cronwheel.scheduler.isolation import QuarantineBudget, isolate
 from cronwheel.scheduler.window import DueWindow
 from cronwheel.settings import Settings

@@ -44,7 +44,7 @@ from cronwheel.domain.spec import (
     ScheduleSpec,
 )
 from cronwheel.timing.cron import CronExpr, parse_cron
-from cronwheel.timing.engine import (
+from cronwheel.timing.cron_occurrences import (
     CompiledCron,
     Occurrence,
     OccurrenceKind,

@@ -28,14 +28,14 @@ from zoneinfo import ZoneInfo
 
 from cronwheel.domain.spec import CronSchedule, IntervalSchedule
 from cronwheel.timing import iter_occurrences
-from cronwheel.timing.engine import Occurrence
+from cronwheel.timing.cron_occurrences import Occurrence
 
 __all__ = [
     "MAX_CATCH_UP",
     "MAX_COUNTED",
     "MISFIRE_GRACE",
     "FirePlan",
-    "Planned",
+    "RunToCreate",
     "plan_fire",
     "skipped_before_first",
     "skipped_instant",
@@ -50,7 +50,7 @@ _RunFate = Literal["SCHEDULED", "DISPATCHED", "SKIPPED"]
 
 
 @dataclass(frozen=True, slots=True)
-class Planned:
+class RunToCreate:
     """A run to create for the job."""
 
     due_at: datetime
@@ -67,7 +67,7 @@ class FirePlan:
     fate: Literal["DISPATCHED", "SKIPPED", "WAIT"]
     reason: str | None = None  # recorded on the run (why it was skipped, coalesced, late)
     cancel_previous: bool = False
-    created: list[Planned] = field(default_factory=list)
+    created: list[RunToCreate] = field(default_factory=list)
     next_due_at: datetime | None = None  # the job's next scheduled instant
 
 
@@ -93,7 +93,7 @@ def plan_fire(
     ``busy``: another run of the job is DISPATCHED or RUNNING. ``waiting``: another
     scheduled run of the job already waits for it (``queue_one``).
     """
-    created: list[Planned] = []
+    created: list[RunToCreate] = []
     late = now - due_at
     overlap = schedule.overlap
 
@@ -129,7 +129,7 @@ def plan_fire(
     for o in iter_occurrences(schedule, due_at + _MICRO, now + _MICRO, include_skipped=True):
         if o.kind == "skipped":  # a wall time a DST gap removed: recorded, never run
             created.append(
-                Planned(skipped_instant(o, zone), o.local, "SKIPPED", "schedule", o.reason)
+                RunToCreate(skipped_instant(o, zone), o.local, "SKIPPED", "schedule", o.reason)
             )
             continue
         recent.append(o)
@@ -145,7 +145,7 @@ def plan_fire(
     cancel = busy and overlap == "cancel_previous"
     if policy == "skip":
         reason = f"missed by {late_s} (catch_up=skip)"
-        created += [Planned(o.utc, o.local, "SKIPPED", "schedule", reason) for o in missed]
+        created += [RunToCreate(o.utc, o.local, "SKIPPED", "schedule", reason) for o in missed]
         plan = FirePlan("SKIPPED", reason + more, created=created)
     elif policy == "coalesce":
         count = total + 1
@@ -159,7 +159,7 @@ def plan_fire(
         for o in missed:
             if now - o.utc <= window:
                 created.append(
-                    Planned(
+                    RunToCreate(
                         o.utc,
                         o.local,
                         "DISPATCHED",
@@ -168,7 +168,7 @@ def plan_fire(
                     )
                 )
             else:
-                created.append(Planned(o.utc, o.local, "SKIPPED", "schedule", outside))
+                created.append(RunToCreate(o.utc, o.local, "SKIPPED", "schedule", outside))
         if late <= window:
             plan = FirePlan(
                 "DISPATCHED",
@@ -185,7 +185,7 @@ def plan_fire(
 _MICRO = timedelta(microseconds=1)
 
 
-def skipped_before_first(schedule: _Recurring, now: datetime) -> list[Planned]:
+def skipped_before_first(schedule: _Recurring, now: datetime) -> list[RunToCreate]:
     """The wall times a new job skips before its first occurrence at or after ``now``
     (gaps under ``on_nonexistent="skip"``), to record SKIPPED when it is created."""
     plan = _with_next(FirePlan("DISPATCHED"), schedule, now - _MICRO, now)
@@ -201,7 +201,7 @@ def _with_next(plan: FirePlan, schedule: _Recurring, after: datetime, now: datet
     for occurrence in iter_occurrences(schedule, after + _MICRO, include_skipped=True):
         if occurrence.kind == "skipped":
             created.append(
-                Planned(
+                RunToCreate(
                     skipped_instant(occurrence, zone),
                     occurrence.local,
                     "SKIPPED",
@@ -210,7 +210,7 @@ def _with_next(plan: FirePlan, schedule: _Recurring, after: datetime, now: datet
                 )
             )
             continue
-        created.append(Planned(occurrence.utc, occurrence.local, "SCHEDULED", "schedule"))
+        created.append(RunToCreate(occurrence.utc, occurrence.local, "SCHEDULED", "schedule"))
         next_due = occurrence.utc
         break
     return FirePlan(plan.fate, plan.reason, plan.cancel_previous, created, next_due)

@@ -5,7 +5,7 @@ what it does not give: error messages that name the bad field, rejection of the
 extensions whose meaning is not portable (``L``, ``W``, ``#``, ``H``, ``R``, a year
 field), the classic day-of-month / day-of-week rule, and a fast search for the next
 matching *wall-clock* time. It knows nothing about time zones: it matches naive
-local datetimes, and ``engine`` maps them to instants.
+local datetimes, and ``cron_occurrences`` maps them to instants.
 
 Bounds, so that what is accepted means one thing and costs little to read:
 

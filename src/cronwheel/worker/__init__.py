@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from cronwheel.worker.logship import LogShipConfig
 from cronwheel.worker.protocol import Lease, WorkerProtocol
-from cronwheel.worker.sdk import Worker
+from cronwheel.worker.sdk import Worker, webhook_worker
 from cronwheel.worker.tasks import (
     Handler,
     NonRetryableError,
@@ -30,4 +30,5 @@ __all__ = [
     "WorkerProtocol",
     "registry",
     "task",
+    "webhook_worker",
 ]

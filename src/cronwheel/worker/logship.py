@@ -8,10 +8,10 @@
                                                         │ at once for a full batch or an
                                                         ▼ outcome waiting
                                      POST /v1/attempts/{id}/logs   (a few requests at once)
-    engine: outcome ready ──then(attempt, report)──▶ report() runs once the attempt's
-                                                     lines are sent (or given up on)
+    session: outcome ready ──then(attempt, report)──▶ report() runs once the attempt's
+                                                      lines are sent (or given up on)
 
-The server keeps an attempt's lines only while the attempt is live, so the engine
+The server keeps an attempt's lines only while the attempt is live, so the session
 hands each outcome through :meth:`LogShipper.then`: the attempt's last lines go first.
 
 - 409 or 404 (the lease was lost, the attempt ended or is unknown): the attempt's
@@ -237,7 +237,7 @@ class LogShipper:
             with contextlib.suppress(RuntimeError):  # the loop has closed
                 loop.call_soon_threadsafe(self._wake.set)
 
-    # -- the engine's side (event loop) ----------------------------------------------
+    # -- the session's side (event loop) ---------------------------------------------
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()

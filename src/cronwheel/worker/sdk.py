@@ -23,20 +23,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import httpx
 
 from cronwheel.client import DEFAULT_TIMEOUT, AsyncClient
 from cronwheel.domain.spec import WEBHOOK_CAPABILITY
-from cronwheel.worker.engine import Engine, EngineConfig
 from cronwheel.worker.logship import LogShipConfig
 from cronwheel.worker.outbox import WorkerStats
 from cronwheel.worker.protocol import WorkerProtocol
+from cronwheel.worker.session import SessionConfig, WorkerSession
 from cronwheel.worker.tasks import H, TaskRegistry
-from cronwheel.worker.webhook import WebhookCaller
+from cronwheel.worker.webhook import AllowList, WebhookCaller
 
-__all__ = ["Worker"]
+__all__ = ["Worker", "webhook_worker"]
 
 
 class Worker:
@@ -49,7 +50,7 @@ class Worker:
     heartbeat timeout). ``flush_delay``/``flush_size`` shape the outcome batches.
     ``webhook`` makes the worker call webhooks too (it declares the ``webhook``
     capability); with no task handlers it leases webhook runs only — see
-    :func:`cronwheel.worker.webhook.webhook_worker`.
+    :func:`webhook_worker`.
     ``log_shipping`` says which ``ctx.log`` records go to the server, where
     ``cronwheel runs logs`` shows them (default: INFO and above;
     ``LogShipConfig(level=None)``: none).
@@ -98,7 +99,7 @@ class Worker:
         self.webhook = webhook
         if webhook is not None and WEBHOOK_CAPABILITY not in capabilities:
             capabilities = (*capabilities, WEBHOOK_CAPABILITY)
-        self.config = EngineConfig(
+        self.config = SessionConfig(
             pool=pool,
             capabilities=tuple(capabilities),
             tags=tuple(tags),
@@ -117,7 +118,7 @@ class Worker:
         self.stats = WorkerStats()
         self.worker_id: str | None = None
         self._transport = transport
-        self._engine: Engine | None = None
+        self._session: WorkerSession | None = None
         # Client is built lazily so that a bad URL fails here, not in the event loop.
         AsyncClient._validate_url(url)
 
@@ -136,12 +137,12 @@ class Worker:
     @property
     def running(self) -> int:
         """Handlers running right now."""
-        return 0 if self._engine is None else self._engine.running
+        return 0 if self._session is None else self._session.running
 
     @property
     def held(self) -> int:
         """Attempts leased and not yet acknowledged by the server."""
-        return 0 if self._engine is None else len(self._engine.held)
+        return 0 if self._session is None else len(self._session.held)
 
     async def run_async(
         self,
@@ -158,7 +159,7 @@ class Worker:
             self.url, api_key=self.api_key, timeout=self.timeout, transport=self._transport
         ) as client:
             webhooks_only = self.webhook is not None and not len(self.registry)
-            engine = Engine(
+            session = WorkerSession(
                 self.config,
                 self.registry,
                 WorkerProtocol(client, webhooks_only=webhooks_only),
@@ -168,11 +169,11 @@ class Worker:
                 drain=drain,
                 webhook=None if self.webhook is None else self.webhook.bind,
             )
-            self._engine = engine
+            self._session = session
             try:
-                await engine.run()
+                await session.run()
             finally:
-                self.worker_id = engine.worker_id
+                self.worker_id = session.worker_id
                 if self.webhook is not None:
                     await self.webhook.aclose()
 
@@ -198,3 +199,22 @@ class Worker:
         finally:
             for sig in installed:
                 loop.remove_signal_handler(sig)
+
+
+def webhook_worker(
+    url: str,
+    *,
+    api_key: str,
+    pool: str = "default",
+    allow: AllowList | Iterable[str] = (),
+    timeout: float = 30.0,
+    concurrency: int = 20,
+    **options: Any,
+) -> Worker:
+    """A worker that calls webhooks and nothing else: it declares the ``webhook``
+    capability and leases only webhook runs. ``options`` go to
+    :class:`~cronwheel.worker.Worker` (name, grace_period, lease_wait, …)."""
+    caller = WebhookCaller(allow=allow, timeout=timeout)
+    return Worker(
+        url, api_key=api_key, pool=pool, concurrency=concurrency, webhook=caller, **options
+    )

@@ -20,8 +20,8 @@ Each request carries ``Cronwheel-Timestamp`` and
 tenant's webhook secret, the raw body bytes), besides the run id, attempt, fencing
 token and ``Idempotency-Key: run_id:attempt``. docs/webhooks.md is the receiver's side.
 
-``webhook_worker(url, api_key=…)`` builds a :class:`~cronwheel.worker.Worker` that does
-nothing else; ``Worker(…, webhook=WebhookCaller(…))`` adds webhook runs to a worker
+:func:`~cronwheel.worker.webhook_worker` builds a :class:`~cronwheel.worker.Worker` that
+does nothing else; ``Worker(…, webhook=WebhookCaller(…))`` adds webhook runs to a worker
 that also has task handlers.
 """
 
@@ -40,7 +40,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import httpcore
 import httpx
@@ -48,9 +48,6 @@ import httpx
 from cronwheel.domain.spec import MAX_RETRY_AFTER
 from cronwheel.worker.protocol import Lease
 from cronwheel.worker.tasks import Handler, TaskContext
-
-if TYPE_CHECKING:
-    from cronwheel.worker.sdk import Worker
 
 __all__ = [
     "DEFAULT_BODY_LIMIT",
@@ -63,7 +60,6 @@ __all__ = [
     "address_problem",
     "parse_retry_after",
     "sign",
-    "webhook_worker",
 ]
 
 SIGNATURE_HEADER = "Cronwheel-Signature"
@@ -394,7 +390,7 @@ class WebhookCaller:
             await client.aclose()
 
     def bind(self, lease: Lease) -> Handler:
-        """The handler of one webhook lease, for the worker's engine."""
+        """The handler of one webhook lease, for the worker's session."""
 
         async def handler(ctx: TaskContext, payload: dict[str, Any]) -> dict[str, Any]:
             return await self.call(lease, payload)
@@ -499,24 +495,3 @@ def _outcome(what: str, response: httpx.Response, text: str, truncated: bool) ->
             detail += f" (Retry-After: {retry_after:g} s)"
         raise WebhookFailure(detail, retryable=True, retry_after=retry_after)
     raise WebhookFailure(detail, retryable=False)
-
-
-def webhook_worker(
-    url: str,
-    *,
-    api_key: str,
-    pool: str = "default",
-    allow: AllowList | Iterable[str] = (),
-    timeout: float = 30.0,
-    concurrency: int = 20,
-    **options: Any,
-) -> Worker:
-    """A worker that calls webhooks and nothing else: it declares the ``webhook``
-    capability and leases only webhook runs. ``options`` go to
-    :class:`~cronwheel.worker.Worker` (name, grace_period, lease_wait, …)."""
-    from cronwheel.worker.sdk import Worker
-
-    caller = WebhookCaller(allow=allow, timeout=timeout)
-    return Worker(
-        url, api_key=api_key, pool=pool, concurrency=concurrency, webhook=caller, **options
-    )

@@ -14,8 +14,8 @@ from fastapi import APIRouter, Depends, Header, Request
 
 from cronwheel.api.auth import TENANT_HEADER, Principal, authenticate, tenant_reader
 from cronwheel.api.jsonbody import StrictJsonRoute
-from cronwheel.api.routers.common import api_state
 from cronwheel.api.schemas import ERROR_RESPONSES, AlertList, AlertOut
+from cronwheel.api.state import api_state
 from cronwheel.domain.model import QuarantinedRun, UnroutableRuns
 
 __all__ = ["alert_out", "quarantine_alerts", "router"]

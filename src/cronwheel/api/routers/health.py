@@ -12,10 +12,10 @@ from fastapi.responses import JSONResponse, Response
 from cronwheel.api.auth import require_metrics_reader
 from cronwheel.api.errors import error_response
 from cronwheel.api.jsonbody import StrictJsonRoute
-from cronwheel.api.metrics import CONTENT_TYPE_LATEST, render
-from cronwheel.api.routers.common import api_state
 from cronwheel.api.schemas import ErrorResponse
+from cronwheel.api.state import api_state
 from cronwheel.domain.errors import CronwheelError
+from cronwheel.metrics import CONTENT_TYPE_LATEST, render
 
 __all__ = ["router"]
 

@@ -11,9 +11,9 @@ from fastapi import APIRouter, Body, Depends, Header, Query, Request, Response, 
 from pydantic import BaseModel, ConfigDict, Field
 
 from cronwheel.api.auth import TenantScope, tenant_reader, tenant_writer
+from cronwheel.api.inputs import check_json_size, parse_id
 from cronwheel.api.jsonbody import StrictJsonRoute
 from cronwheel.api.redaction import redact_webhook, refuse_redacted
-from cronwheel.api.routers.common import api_state, check_json_size, parse_id
 from cronwheel.api.routers.runs import run_out
 from cronwheel.api.schemas import (
     ERROR_RESPONSES,
@@ -29,6 +29,7 @@ from cronwheel.api.schemas import (
     RunOut,
     TriggerRequest,
 )
+from cronwheel.api.state import api_state
 from cronwheel.domain.errors import CronwheelError, ValidationError
 from cronwheel.domain.model import Job, NewJob, SkippedOccurrence
 from cronwheel.domain.spec import (

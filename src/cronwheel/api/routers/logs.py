@@ -15,8 +15,8 @@ from typing import Any, cast
 from fastapi import APIRouter, Depends, Query, Request
 
 from cronwheel.api.auth import Principal, TenantScope, require_worker, tenant_reader
+from cronwheel.api.inputs import parse_id
 from cronwheel.api.jsonbody import StrictJsonRoute
-from cronwheel.api.routers.common import api_state, parse_id
 from cronwheel.api.schemas import (
     ERROR_RESPONSES,
     ErrorResponse,
@@ -25,6 +25,7 @@ from cronwheel.api.schemas import (
     LogLineOut,
     LogPageOut,
 )
+from cronwheel.api.state import api_state
 from cronwheel.logstore import LogEntry, LogStore
 
 __all__ = ["log_store", "router"]

@@ -10,9 +10,9 @@ from typing import Any
 from fastapi import APIRouter, Body, Depends, Query, Request
 
 from cronwheel.api.auth import TenantScope, tenant_reader, tenant_writer
+from cronwheel.api.inputs import parse_id
 from cronwheel.api.jsonbody import StrictJsonRoute
 from cronwheel.api.redaction import redact_webhook
-from cronwheel.api.routers.common import api_state, parse_id
 from cronwheel.api.schemas import (
     ERROR_RESPONSES,
     AttemptOut,
@@ -26,6 +26,7 @@ from cronwheel.api.schemas import (
     RunOut,
     SkippedRun,
 )
+from cronwheel.api.state import api_state
 from cronwheel.domain.bounds import Instant
 from cronwheel.domain.errors import ValidationError
 from cronwheel.domain.model import Attempt, Event, Run

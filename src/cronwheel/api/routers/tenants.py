@@ -8,8 +8,8 @@ import uuid
 from fastapi import APIRouter, Depends, Query, Request, status
 
 from cronwheel.api.auth import Principal, authenticate, generate_key, require_admin
+from cronwheel.api.inputs import parse_id
 from cronwheel.api.jsonbody import StrictJsonRoute
-from cronwheel.api.routers.common import api_state, parse_id
 from cronwheel.api.schemas import (
     ERROR_RESPONSES,
     ErrorResponse,
@@ -22,6 +22,7 @@ from cronwheel.api.schemas import (
     TenantUpdate,
     WebhookSecretOut,
 )
+from cronwheel.api.state import api_state
 from cronwheel.domain.errors import NotFoundError, PermissionDeniedError
 from cronwheel.domain.model import Tenant
 from cronwheel.domain.spec import TenantLimits

@@ -20,9 +20,8 @@ from typing import Any, TypeVar
 from fastapi import APIRouter, Depends, Request, Response
 
 from cronwheel.api.auth import Principal, require_worker
+from cronwheel.api.inputs import check_json_size, parse_id
 from cronwheel.api.jsonbody import StrictJsonRoute
-from cronwheel.api.metrics import observe_start_lateness
-from cronwheel.api.routers.common import ApiState, api_state, check_json_size, parse_id
 from cronwheel.api.schemas import (
     ERROR_RESPONSES,
     AttemptRef,
@@ -46,6 +45,7 @@ from cronwheel.api.schemas import (
     WorkerRegister,
     WorkerRegistered,
 )
+from cronwheel.api.state import ApiState, api_state
 from cronwheel.domain.errors import (
     NotFoundError,
     StaleFencingTokenError,
@@ -53,6 +53,7 @@ from cronwheel.domain.errors import (
     WorkerDeregisteredError,
 )
 from cronwheel.domain.model import AttemptOutcome, LeasedAttempt, Worker
+from cronwheel.metrics import observe_start_lateness
 from cronwheel.store.base import CompleteItem, FailItem, HeartbeatItem
 
 __all__ = ["router"]

@@ -61,7 +61,7 @@ from cronwheel.worker.tasks import (
 )
 from cronwheel.worker.webhook import WebhookFailure
 
-__all__ = ["Engine", "EngineConfig"]
+__all__ = ["SessionConfig", "WorkerSession"]
 
 log = logging.getLogger("cronwheel.worker")
 T = TypeVar("T")
@@ -75,7 +75,7 @@ _DEREGISTER_SECONDS = 3.0
 
 
 @dataclass(frozen=True, slots=True)
-class EngineConfig:
+class SessionConfig:
     pool: str
     capabilities: tuple[str, ...]
     tags: tuple[str, ...]
@@ -115,10 +115,10 @@ class _Stopped(Exception):
     """Internal: a wait was interrupted by the stop signal."""
 
 
-class Engine:
+class WorkerSession:
     def __init__(
         self,
-        config: EngineConfig,
+        config: SessionConfig,
         registry: TaskRegistry,
         protocol: WorkerProtocol,
         stats: WorkerStats,

@@ -1,83 +1,19 @@
-"""What the routers share: the app's state, id parsing, small caches and the wake-up
-fan-out that lets lease long-polls answer as soon as a run is ready."""
+"""The wake-up fan-out that lets lease long-polls answer as soon as a run is ready."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-import uuid
-from collections import OrderedDict
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Generic, TypeVar, cast
 
-from fastapi import Request
-
-from cronwheel.api.auth import KeyCache
-from cronwheel.api.metrics import RunsByStateRefresher
 from cronwheel.clock import Clock
-from cronwheel.domain.errors import NotFoundError, PayloadTooLargeError
-from cronwheel.domain.model import Worker
-from cronwheel.settings import Settings
 from cronwheel.store.base import Store, Subscription
 from cronwheel.store.notices import CHANNEL_RUNS_READY, parse_ready_notice
 
-__all__ = [
-    "ApiState",
-    "BoundedCache",
-    "ReadyNotifier",
-    "api_state",
-    "check_json_size",
-    "parse_id",
-]
+__all__ = ["ReadyNotifier"]
 
 log = logging.getLogger("cronwheel.api")
-
-K = TypeVar("K")
-V = TypeVar("V")
-
-
-def parse_id(value: str, what: str) -> uuid.UUID:
-    """A path id; anything that is not a UUID is simply not found (never a 500)."""
-    try:
-        return uuid.UUID(value)
-    except ValueError:
-        raise NotFoundError(f"no {what} {value!r}") from None
-
-
-def check_json_size(value: Any, *, limit: int, field: str) -> None:
-    """Reject ``value`` when its compact JSON form exceeds ``limit`` bytes."""
-    size = len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
-    if size > limit:
-        raise PayloadTooLargeError(
-            f"{field} is {size} bytes of JSON; the limit is {limit}", field=field
-        )
-
-
-class BoundedCache(Generic[K, V]):
-    """An LRU map for facts that never change once true (a worker's registration, the
-    tenant of an attempt), so entries need no expiry, only a bound. (A worker's
-    deregistration is put in by the node that served it; other nodes learn of it from
-    the store, which refuses the worker by itself.)"""
-
-    def __init__(self, max_entries: int) -> None:
-        self._max = max_entries
-        self._data: OrderedDict[K, V] = OrderedDict()
-
-    def get(self, key: K) -> V | None:
-        value = self._data.get(key)
-        if value is not None:
-            self._data.move_to_end(key)
-        return value
-
-    def put(self, key: K, value: V) -> None:
-        self._data[key] = value
-        self._data.move_to_end(key)
-        while len(self._data) > self._max:
-            self._data.popitem(last=False)
 
 
 class ReadyNotifier:
@@ -240,56 +176,3 @@ class ReadyNotifier:
             timer.cancel()
         self._timers.clear()
         self.wake()
-
-
-@dataclass
-class ApiState:
-    """Everything a request handler needs, kept on ``app.state.api``."""
-
-    settings: Settings
-    store: Store
-    key_cache: KeyCache
-    notifier: ReadyNotifier
-    runs_by_state: RunsByStateRefresher
-    workers: BoundedCache[uuid.UUID, Worker] = field(default_factory=lambda: BoundedCache(10_000))
-    # Long-polls re-poll the store this often even without a notification.
-    lease_poll_interval: float = 1.0
-    starts: StartsFirst = field(default_factory=lambda: StartsFirst())
-
-
-class StartsFirst:
-    """At a burst's instant, starting reserved runs goes before recording finished
-    ones: a batch of completions or failures waits (up to ``max_wait`` seconds) while
-    any start request is being served, so the runs still waiting to start are not
-    queued behind the results of those that already ran."""
-
-    def __init__(self, max_wait: float = 2.0, statements: int = 32) -> None:
-        self.max_wait = max_wait
-        self._serving = 0
-        self._idle = asyncio.Event()
-        self._idle.set()
-        # Start statements at once, at most: more would only queue inside the database,
-        # and open pool connections at the busiest moment.
-        self._statements = asyncio.Semaphore(statements)
-
-    @contextlib.asynccontextmanager
-    async def serving(self) -> AsyncIterator[None]:
-        """Around one start request's statement (waits for a statement slot)."""
-        self._serving += 1
-        self._idle.clear()
-        try:
-            async with self._statements:
-                yield
-        finally:
-            self._serving -= 1
-            if not self._serving:
-                self._idle.set()
-
-    async def wait(self) -> None:
-        if self._serving:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._idle.wait(), self.max_wait)
-
-
-def api_state(request: Request) -> ApiState:
-    return cast(ApiState, request.app.state.api)
