@@ -80,7 +80,8 @@ async def test_no_read_shows_header_values(api, store: Store) -> None:
 
     # Kept as given for the call itself.
     job = await store.jobs_get(uuid.UUID(t.id), uuid.UUID(job_id))
-    assert job.template["webhook"]["headers"] == HOOK["headers"]
+    assert job.template.webhook is not None
+    assert job.template.webhook["headers"] == HOOK["headers"]
     run = await store.runs_get(uuid.UUID(t.id), uuid.UUID(run_id))
     assert run.webhook is not None and run.webhook["headers"] == HOOK["headers"]
 

@@ -178,7 +178,7 @@ async def test_a_row_the_database_refuses_is_found_and_quarantined(store: Store)
     poisoned, other = await make_tenant(store), await make_tenant(store)
     job, run = await create_job(store, poisoned.id, due_at=T0, schedule={"cron": "0 * * * *"})
     # The next occurrence would copy a priority the schema's CHECK refuses.
-    template = dict(job.template) | {"priority": 99}
+    template = job.template.to_json() | {"priority": 99}
     await _corrupt(store, jobs, job.id, template=template)
     others = await create_jobs(store, other.id, 7, due_at=T0)
     node = _node(store, FakeTime(T0))

@@ -9,6 +9,7 @@ from datetime import datetime
 from typing import Any, Generic, TypeVar
 
 from cronwheel.domain.states import AttemptState, JobState, RunState
+from cronwheel.domain.template import RunTemplate
 
 __all__ = [
     "ROLES",
@@ -95,7 +96,7 @@ class Job:
     state: JobState
     kind: str  # at | delay | asap | cron | interval
     schedule: dict[str, Any]
-    template: dict[str, Any]  # task/webhook, payload, pool, requires, tags, priority, …
+    template: RunTemplate  # what each of its runs is made from
     version: int
     next_due_at: datetime | None
     created_at: datetime

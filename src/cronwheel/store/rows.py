@@ -12,6 +12,7 @@ from sqlalchemy.engine import Row
 from cronwheel.domain.errors import ValidationError
 from cronwheel.domain.model import Attempt, Event, Job, Run, Tenant, Worker
 from cronwheel.domain.states import AttemptState, JobState, RunState
+from cronwheel.domain.template import RunTemplate
 
 __all__ = [
     "attempt_from",
@@ -71,7 +72,7 @@ def new_run_row(
     tenant_id: uuid.UUID,
     job_id: uuid.UUID,
     name: str,
-    template: dict[str, Any],
+    template: RunTemplate,
     due_at: datetime,
     due_local: str | None,
     shard: int,
@@ -81,7 +82,6 @@ def new_run_row(
     state: RunState = RunState.SCHEDULED,
 ) -> dict[str, Any]:
     """A new run's row, its template copied from the job's (so leasing needs no join)."""
-    retry = template["retry"]
     return {
         "id": run_id,
         "tenant_id": tenant_id,
@@ -93,19 +93,19 @@ def new_run_row(
         "due_at": due_at,
         "due_local": due_local,
         "fire_at": fire_at or due_at,
-        "priority": template["priority"],
-        "pool": template["pool"],
-        "requires": template["requires"],
-        "tags": template["tags"],
-        "task": template.get("task"),
-        "webhook": template.get("webhook"),
-        "payload": template["payload"],
+        "priority": template.priority,
+        "pool": template.pool,
+        "requires": template.requires,
+        "tags": template.tags,
+        "task": template.task,
+        "webhook": template.webhook,
+        "payload": template.payload,
         "attempt": 0,
-        "max_attempts": retry["max_attempts"],
-        "retry": retry,
-        "timeout": template["timeout"],
-        "heartbeat_timeout": template["heartbeat_timeout"],
-        "progress_timeout": template.get("progress_timeout"),  # absent from older jobs
+        "max_attempts": template.max_attempts,
+        "retry": template.retry,
+        "timeout": template.timeout,
+        "heartbeat_timeout": template.heartbeat_timeout,
+        "progress_timeout": template.progress_timeout,
         "created_at": at,
     }
 
@@ -145,7 +145,7 @@ def job_from(row: Row[Any]) -> Job:
         state=JobState(row.state),
         kind=row.kind,
         schedule=row.schedule,
-        template=row.template,
+        template=RunTemplate.from_json(row.template),
         version=row.version,
         next_due_at=row.next_due_at,
         created_at=row.created_at,

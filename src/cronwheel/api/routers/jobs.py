@@ -76,17 +76,17 @@ def job_out(job: Job, *, first_run_id: Any = None) -> JobOut:
         name=job.name,
         state=str(job.state),
         schedule=job.schedule,
-        task=t.get("task"),
-        webhook=redact_webhook(t.get("webhook")),
-        payload=t.get("payload") or {},
-        pool=t.get("pool", "default"),
-        requires=t.get("requires") or [],
-        tags=t.get("tags") or [],
-        priority=t.get("priority", 2),
-        retry=t.get("retry") or {},
-        timeout=t.get("timeout", 0.0),
-        heartbeat_timeout=t.get("heartbeat_timeout", 0.0),
-        progress_timeout=t.get("progress_timeout"),
+        task=t.task,
+        webhook=redact_webhook(t.webhook),
+        payload=t.payload,
+        pool=t.pool,
+        requires=t.requires,
+        tags=t.tags,
+        priority=t.priority,
+        retry=t.retry,
+        timeout=t.timeout,
+        heartbeat_timeout=t.heartbeat_timeout,
+        progress_timeout=t.progress_timeout,
         next_due_at=job.next_due_at,
         version=job.version,
         created_at=job.created_at,
@@ -327,7 +327,7 @@ async def trigger_job(
     payload = body.payload if body else None
     if payload:
         job = await state.store.jobs_get(scope.tenant_id, ident)
-        merged = {**(job.template.get("payload") or {}), **payload}
+        merged = {**job.template.payload, **payload}
         check_json_size(merged, limit=state.settings.max_payload_bytes, field="payload")
     run = await state.store.jobs_trigger(
         scope.tenant_id, ident, actor=scope.principal.actor, payload=payload

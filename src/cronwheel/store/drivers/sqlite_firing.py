@@ -15,6 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from cronwheel.domain.model import FiredRun
 from cronwheel.domain.states import RunState
+from cronwheel.domain.template import RunTemplate
 from cronwheel.store.base import LeaseRenewal
 from cronwheel.store.driver import (
     CreatedRun,
@@ -165,7 +166,7 @@ class CoreFiring(Driver):
             return []
         job_ids = list({sources[p.source].job_id for p in planned})
         templates = {
-            j.id: j.template
+            j.id: RunTemplate.from_json(j.template)
             for j in await conn.execute(
                 sa.select(jobs.c.id, jobs.c.template).where(self.id_in(jobs.c.id, job_ids))
             )

@@ -49,6 +49,7 @@ from cronwheel.domain.spec import (
     schedule_kind,
 )
 from cronwheel.domain.states import JobState, RunState
+from cronwheel.domain.template import RunTemplate
 from cronwheel.ids import new_id
 from cronwheel.store.notices import ANNOUNCE_HORIZON, CHANNEL_RUNS_NEW, announce
 from cronwheel.store.rows import (
@@ -157,7 +158,7 @@ class JobsMixin(SqlCore):
             spec = nj.spec
             job_id = new_id()
             kind = schedule_kind(spec.schedule)
-            template = spec.model_dump(mode="json", exclude={"name", "schedule"})
+            template = RunTemplate.of(spec)
             job_rows.append(
                 {
                     "id": job_id,
@@ -166,7 +167,7 @@ class JobsMixin(SqlCore):
                     "state": JobState.ACTIVE.value,
                     "kind": kind,
                     "schedule": spec.schedule.model_dump(mode="json"),
-                    "template": template,
+                    "template": template.to_json(),
                     "tags": list(spec.tags),
                     "version": 1,
                     "next_due_at": nj.first_due_at,

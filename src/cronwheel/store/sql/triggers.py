@@ -82,8 +82,7 @@ class TriggersMixin(JobsMixin):
                     source=job.state.value,
                     target="triggered",
                 )
-            template = dict(job.template)
-            template["payload"] = {**(template.get("payload") or {}), **(payload or {})}
+            template = job.template.with_payload(payload)
             schedule = stored_schedule(job.kind, job.schedule)
             shard = shard_of(tenant_id, job_id)
             run_id = new_id()

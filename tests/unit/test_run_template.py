@@ -1,0 +1,59 @@
+"""The run template's shape is defined once (``domain/template.py``): a job spec's
+template round-trips through its stored JSON, and the PostgreSQL driver's
+next-occurrence statement reads exactly the template's keys."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from cronwheel.domain.spec import JobSpec
+from cronwheel.domain.template import RunTemplate
+from cronwheel.store.drivers import postgres_firing
+
+SPEC = {
+    "name": "report",
+    "schedule": {"cron": "0 * * * *"},
+    "task": "reports.build",
+    "payload": {"day": 1},
+    "pool": "batch",
+    "requires": ["gpu"],
+    "tags": ["red"],
+    "priority": 1,
+    "timeout": 60,
+    "progress_timeout": 30,
+}
+
+
+def test_a_specs_template_round_trips_through_its_json() -> None:
+    spec = JobSpec.model_validate(SPEC)
+    template = RunTemplate.of(spec)
+    assert template.to_json() == spec.model_dump(mode="json", exclude={"name", "schedule"})
+    assert RunTemplate.from_json(template.to_json()) == template
+    assert (template.pool, template.max_attempts, template.progress_timeout) == (
+        "batch",
+        spec.retry.max_attempts,
+        30.0,
+    )
+    assert template.with_payload({"day": 2, "x": 1}).payload == {"day": 2, "x": 1}
+    assert template.payload == {"day": 1}  # with_payload makes a new template
+
+
+def test_a_template_stored_before_progress_timeouts_reads() -> None:
+    data = RunTemplate.of(JobSpec.model_validate(SPEC)).to_json()
+    del data["progress_timeout"]
+    assert RunTemplate.from_json(data).progress_timeout is None
+
+
+@pytest.mark.parametrize("key", ["payload", "pool", "priority", "retry", "timeout"])
+def test_a_template_missing_what_runs_need_is_refused(key: str) -> None:
+    data = RunTemplate.of(JobSpec.model_validate(SPEC)).to_json()
+    del data[key]
+    with pytest.raises(KeyError):
+        RunTemplate.from_json(data)
+
+
+def test_the_postgres_next_occurrence_statement_reads_the_templates_keys() -> None:
+    read = set(re.findall(r"template->>?'(\w+)'", postgres_firing._PLANNED))
+    assert read == set(RunTemplate.__dataclass_fields__)
