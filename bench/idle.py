@@ -54,9 +54,9 @@ from harness import (
 )
 
 from cronwheel.domain.model import NewJob
+from cronwheel.domain.new_job import JobLimits, new_job
 from cronwheel.domain.spec import JobSpec
 from cronwheel.store import Store
-from cronwheel.timing import due_local, first_due
 
 # The targets, for all scheduler nodes together.
 QUERIES_PER_S_TARGET = 20.0
@@ -112,7 +112,7 @@ async def run_idle(cluster: Cluster, args: argparse.Namespace) -> dict[str, Any]
         t0 = time.monotonic()
         await create_cron_jobs(store, tenant.id, args.cron_jobs, now)
         dues = one_off_dues(args.runs, now, args.months)
-        await create_one_off(store, tenant.id, dues[: args.few_runs])
+        await create_one_off(store, tenant.id, dues[: args.few_runs], now)
     finally:
         await store.close()
     await vacuum(cluster.database_url)
@@ -122,7 +122,7 @@ async def run_idle(cluster: Cluster, args: argparse.Namespace) -> dict[str, Any]
     store = await open_store(cluster.database_url)
     try:
         t0 = time.monotonic()
-        await create_one_off(store, tenant.id, dues[args.few_runs :])
+        await create_one_off(store, tenant.id, dues[args.few_runs :], now)
         counts = await store.runs_count_by_state()
     finally:
         await store.close()
@@ -163,27 +163,24 @@ async def create_cron_jobs(store: Store, tenant_id: uuid.UUID, count: int, now: 
         )
         for m in range(60)
     ]
-    firsts = [
-        first_due(s.schedule, now, max_horizon=timedelta(days=2), past_grace=timedelta(0))
-        for s in specs
-    ]
-    jobs = [
-        NewJob(
-            spec=specs[i % 60],
-            first_due_at=firsts[i % 60],
-            due_local=due_local(specs[i % 60].schedule, firsts[i % 60]),
-        )
-        for i in range(count)
-    ]
+    limits = JobLimits(max_horizon=timedelta(days=2))
+    made = [new_job(s, now=now, limits=limits) for s in specs]
+    jobs = [made[i % 60] for i in range(count)]
     await create_jobs(store, tenant_id, jobs, "creating cron jobs")
 
 
-async def create_one_off(store: Store, tenant_id: uuid.UUID, dues: Sequence[datetime]) -> None:
+async def create_one_off(
+    store: Store, tenant_id: uuid.UUID, dues: Sequence[datetime], now: datetime
+) -> None:
+    limits = JobLimits(max_horizon=max(dues, default=now) - now + timedelta(days=1))
+
     def job(at: datetime) -> NewJob:
         spec = JobSpec.model_validate(
             {"name": "later", "schedule": {"at": at.isoformat()}, "task": "noop", "pool": "bench"}
         )
-        return NewJob(spec=spec, first_due_at=at, due_local=due_local(spec.schedule, at))
+        made = new_job(spec, now=now, limits=limits)
+        assert made.first_due_at == at
+        return made
 
     await create_jobs(store, tenant_id, [job(at) for at in dues], "creating one-off runs")
 

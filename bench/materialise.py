@@ -17,11 +17,10 @@ from typing import Any
 from harness import console, fresh_database, open_store, report, workdir
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-from cronwheel.domain.model import NewJob
+from cronwheel.domain.new_job import JobLimits, new_job
 from cronwheel.domain.sharding import NUM_SHARDS
 from cronwheel.domain.spec import JobSpec
 from cronwheel.store import Store
-from cronwheel.timing import due_local, first_due
 
 INSTANT = datetime(2031, 1, 6, 0, 0, tzinfo=UTC)  # a Monday midnight, UTC
 # Typical schedules that all fire at INSTANT, in zones with whole-hour offsets.
@@ -42,25 +41,16 @@ async def create_jobs(store: Store, jobs: int) -> list[object]:
         for i, s in enumerate(SCHEDULES)
     ]
     before = INSTANT - timedelta(seconds=1)
-    dues = [
-        first_due(s.schedule, before, max_horizon=timedelta(days=400), past_grace=timedelta(0))
-        for s in specs
-    ]
-    assert all(d == INSTANT for d in dues), dues
+    limits = JobLimits(max_horizon=timedelta(days=400))
+    new = [new_job(s, now=before, limits=limits) for s in specs]
+    assert all(n.first_due_at == INSTANT for n in new), new
     run_ids: list[object] = []
     with Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), console=console
     ) as progress:
         bar = progress.add_task("creating jobs", total=jobs)
         for start in range(0, jobs, 1000):
-            batch = [
-                NewJob(
-                    spec=specs[i % len(specs)],
-                    first_due_at=INSTANT,
-                    due_local=due_local(specs[i % len(specs)].schedule, INSTANT),
-                )
-                for i in range(start, min(jobs, start + 1000))
-            ]
+            batch = [new[i % len(specs)] for i in range(start, min(jobs, start + 1000))]
             made = await store.jobs_create_many(tenant.id, jobs=batch, now=before)
             run_ids += [run.id for _, run, _ in made if run is not None]
             progress.update(bar, completed=start + len(batch))

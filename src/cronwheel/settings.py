@@ -3,11 +3,14 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from cronwheel.domain.new_job import JobLimits
 
 __all__ = ["OTHER_POOLS", "Settings", "normalise_database_url"]
 
@@ -161,6 +164,15 @@ class Settings(BaseSettings):
         if self.database_url:
             return self.database_url
         return f"sqlite+aiosqlite:///{self.data_dir / 'cronwheel.db'}"
+
+    @property
+    def job_limits(self) -> JobLimits:
+        """What a new job may be (``domain.new_job``)."""
+        return JobLimits(
+            max_payload_bytes=self.max_payload_bytes,
+            max_horizon=timedelta(days=self.max_horizon_days),
+            past_grace=timedelta(seconds=self.past_grace_seconds),
+        )
 
     @property
     def resolved_log_dir(self) -> Path:

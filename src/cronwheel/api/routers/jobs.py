@@ -3,7 +3,7 @@ backfill."""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import datetime
 from itertools import islice
 from typing import Any, cast
 
@@ -11,7 +11,7 @@ from fastapi import APIRouter, Body, Depends, Header, Query, Request, Response, 
 from pydantic import BaseModel, ConfigDict, Field
 
 from cronwheel.api.auth import TenantScope, tenant_reader, tenant_writer
-from cronwheel.api.inputs import check_json_size, parse_id
+from cronwheel.api.inputs import parse_id
 from cronwheel.api.jsonbody import StrictJsonRoute
 from cronwheel.api.redaction import redact_webhook, refuse_redacted
 from cronwheel.api.routers.runs import run_out
@@ -31,7 +31,8 @@ from cronwheel.api.schemas import (
 )
 from cronwheel.api.state import api_state
 from cronwheel.domain.errors import CronwheelError, ValidationError
-from cronwheel.domain.model import Job, NewJob, SkippedOccurrence
+from cronwheel.domain.model import Job, NewJob
+from cronwheel.domain.new_job import check_json_size, new_job
 from cronwheel.domain.spec import (
     AsapSchedule,
     AtSchedule,
@@ -43,8 +44,7 @@ from cronwheel.domain.spec import (
 )
 from cronwheel.domain.states import JobState
 from cronwheel.settings import Settings
-from cronwheel.timing import due_local, first_due, iter_occurrences
-from cronwheel.timing.catchup import skipped_before_first
+from cronwheel.timing import due_local, iter_occurrences
 
 __all__ = ["JobBatch", "job_out", "preview_items", "router", "schedule_of"]
 
@@ -147,29 +147,9 @@ def _new_job(
     actor: str,
     idempotency_key: str | None = None,
 ) -> NewJob:
-    """Validate what the models cannot (payload size, schedule against the clock) and
-    resolve the first due instant."""
-    check_json_size(spec.payload, limit=settings.max_payload_bytes, field="payload")
     refuse_redacted(spec)
-    due = first_due(
-        spec.schedule,
-        now,
-        max_horizon=timedelta(days=settings.max_horizon_days),
-        past_grace=timedelta(seconds=settings.past_grace_seconds),
-    )
-    skipped: tuple[SkippedOccurrence, ...] = ()
-    if isinstance(spec.schedule, CronSchedule) and spec.schedule.on_nonexistent == "skip":
-        skipped = tuple(
-            SkippedOccurrence(p.due_at, p.due_local, p.reason or "skipped")
-            for p in skipped_before_first(spec.schedule, now)
-        )
-    return NewJob(
-        spec=spec,
-        first_due_at=due,
-        idempotency_key=idempotency_key,
-        actor=actor,
-        due_local=due_local(spec.schedule, due),
-        skipped=skipped,
+    return new_job(
+        spec, now=now, limits=settings.job_limits, actor=actor, idempotency_key=idempotency_key
     )
 
 

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 from fastapi import APIRouter, Depends, Request, Response
 
 from cronwheel.api.auth import Principal, require_worker
-from cronwheel.api.inputs import check_json_size, parse_id
+from cronwheel.api.inputs import parse_id
 from cronwheel.api.jsonbody import StrictJsonRoute
 from cronwheel.api.schemas import (
     ERROR_RESPONSES,
@@ -53,6 +53,7 @@ from cronwheel.domain.errors import (
     WorkerDeregisteredError,
 )
 from cronwheel.domain.model import AttemptOutcome, LeasedAttempt, Worker
+from cronwheel.domain.new_job import check_json_size
 from cronwheel.metrics import observe_start_lateness
 from cronwheel.store.base import CompleteItem, FailItem, HeartbeatItem
 

@@ -1,0 +1,70 @@
+"""Making a job: the one path from a validated spec to what the store creates.
+
+The API (single and batch creation), the benchmarks and tools that load jobs all call
+:func:`new_job`: it checks what the spec's model cannot (the payload's size, the
+schedule against the clock), resolves the first due instant on the clock it is given,
+and lists the occurrences a DST gap skips before it, so the store writes the job, its
+first run and those skipped occurrences in one transaction.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from cronwheel.domain.errors import PayloadTooLargeError
+from cronwheel.domain.model import NewJob, SkippedOccurrence
+from cronwheel.domain.spec import CronSchedule, JobSpec
+from cronwheel.timing import due_local, first_due
+from cronwheel.timing.catchup import skipped_before_first
+
+__all__ = ["JobLimits", "check_json_size", "new_job"]
+
+
+@dataclass(frozen=True, slots=True)
+class JobLimits:
+    """What a deployment allows of a new job (``Settings`` holds the figures)."""
+
+    max_payload_bytes: int = 64 * 1024
+    max_horizon: timedelta = timedelta(days=3 * 366)  # how far ahead a first run may be
+    past_grace: timedelta = timedelta(0)  # how far in the past an ``at`` may be
+
+
+def check_json_size(value: Any, *, limit: int, field: str) -> None:
+    """Reject ``value`` when its compact JSON form exceeds ``limit`` bytes."""
+    size = len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
+    if size > limit:
+        raise PayloadTooLargeError(
+            f"{field} is {size} bytes of JSON; the limit is {limit}", field=field
+        )
+
+
+def new_job(
+    spec: JobSpec,
+    *,
+    now: datetime,
+    limits: JobLimits,
+    actor: str | None = None,
+    idempotency_key: str | None = None,
+) -> NewJob:
+    """The job to create from ``spec`` at ``now`` (the database clock's instant)."""
+    check_json_size(spec.payload, limit=limits.max_payload_bytes, field="payload")
+    due = first_due(
+        spec.schedule, now, max_horizon=limits.max_horizon, past_grace=limits.past_grace
+    )
+    skipped: tuple[SkippedOccurrence, ...] = ()
+    if isinstance(spec.schedule, CronSchedule) and spec.schedule.on_nonexistent == "skip":
+        skipped = tuple(
+            SkippedOccurrence(p.due_at, p.due_local, p.reason or "skipped")
+            for p in skipped_before_first(spec.schedule, now)
+        )
+    return NewJob(
+        spec=spec,
+        first_due_at=due,
+        idempotency_key=idempotency_key,
+        actor=actor,
+        due_local=due_local(spec.schedule, due),
+        skipped=skipped,
+    )
