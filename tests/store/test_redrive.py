@@ -14,7 +14,7 @@ from cronwheel.domain.model import Run
 from cronwheel.domain.states import JobState, RunState
 from cronwheel.ids import new_id
 from cronwheel.store import FailItem, Store
-from cronwheel.store.base import REDRIVE_BATCH_MAX
+from cronwheel.store.values import REDRIVE_BATCH_MAX
 
 from .helpers import (
     T0,

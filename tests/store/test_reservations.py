@@ -8,7 +8,7 @@ import uuid
 from cronwheel.domain.model import LeasedAttempt, ReservationsStarted, Run, Worker
 from cronwheel.domain.states import AttemptState, RunState
 from cronwheel.store import Store
-from cronwheel.store.base import CompleteItem, HeartbeatItem
+from cronwheel.store.values import CompleteItem, HeartbeatItem
 
 from .helpers import (
     T0,

@@ -26,7 +26,7 @@ from cronwheel.domain.bounds import (
     Seconds,
 )
 from cronwheel.domain.spec import MAX_RETRY_AFTER, TenantLimits
-from cronwheel.store.base import REDRIVE_BATCH_MAX
+from cronwheel.store.values import REDRIVE_BATCH_MAX
 
 __all__ = [
     "ERROR_RESPONSES",

@@ -20,7 +20,7 @@ from cronwheel.cli.options import (
 )
 from cronwheel.cli.output import console, fail, handle_errors, print_json, short_time, table
 from cronwheel.cli.runs import runs_show, send_back
-from cronwheel.store.base import REDRIVE_BATCH_MAX
+from cronwheel.store.values import REDRIVE_BATCH_MAX
 
 __all__ = ["dlq_app", "dlq_list", "dlq_redrive"]
 

@@ -2,15 +2,9 @@
 
 from __future__ import annotations
 
-from cronwheel.store.base import (
-    CompleteItem,
-    FailItem,
-    HeartbeatItem,
-    RunFilter,
-    Store,
-    Subscription,
-)
+from cronwheel.store.base import Store, Subscription
 from cronwheel.store.notices import CHANNEL_RUNS_NEW, CHANNEL_RUNS_READY
+from cronwheel.store.values import CompleteItem, FailItem, HeartbeatItem, RunFilter
 
 __all__ = [
     "CHANNEL_RUNS_NEW",

@@ -38,8 +38,8 @@ from cronwheel.domain.model import (
     ReservationsStarted,
     Worker,
 )
-from cronwheel.store.base import CompleteItem, HeartbeatItem, LeaseRenewal
 from cronwheel.store.schema import shard_leases
+from cronwheel.store.values import CompleteItem, HeartbeatItem, LeaseRenewal
 
 __all__ = [
     "CreatedRun",

@@ -31,7 +31,7 @@ from cronwheel.domain.bounds import Instant
 from cronwheel.domain.errors import ValidationError
 from cronwheel.domain.model import Attempt, Event, Run
 from cronwheel.domain.states import RunState
-from cronwheel.store.base import RunFilter
+from cronwheel.store.values import RunFilter
 
 __all__ = ["attempt_out", "dead_letters", "event_out", "router", "run_fields", "run_out"]
 

@@ -55,7 +55,7 @@ from cronwheel.domain.errors import (
 from cronwheel.domain.model import AttemptOutcome, LeasedAttempt, Worker
 from cronwheel.domain.new_job import check_json_size
 from cronwheel.metrics import observe_start_lateness
-from cronwheel.store.base import CompleteItem, FailItem, HeartbeatItem
+from cronwheel.store.values import CompleteItem, FailItem, HeartbeatItem
 
 __all__ = ["router"]
 

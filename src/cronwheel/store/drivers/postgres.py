@@ -20,12 +20,12 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 
 from cronwheel.domain.model import FiredRun, LeasedAttempt, ReservationsStarted, Worker
 from cronwheel.ids import new_id
-from cronwheel.store.base import CompleteItem, HeartbeatItem, LeaseRenewal
 from cronwheel.store.driver import CreatedRun, Driver, FireCandidate, Outcomes, PlannedRun
 from cronwheel.store.drivers import postgres_firing as firing
 from cronwheel.store.drivers import postgres_leasing as leasing
 from cronwheel.store.notices import CHANNEL_RUNS_NEW, CHANNEL_RUNS_READY
 from cronwheel.store.schema import runs
+from cronwheel.store.values import CompleteItem, HeartbeatItem, LeaseRenewal
 
 __all__ = ["PostgresDriver"]
 

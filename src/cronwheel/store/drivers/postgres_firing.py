@@ -23,9 +23,9 @@ from typing import Any
 from cronwheel.domain.model import (
     FiredRun,
 )
-from cronwheel.store.base import LeaseRenewal
 from cronwheel.store.driver import CreatedRun, FireCandidate, PlannedRun
 from cronwheel.store.notices import CHANNEL_RUNS_READY, ready_notices
+from cronwheel.store.values import LeaseRenewal
 
 __all__ = [
     "NOW",

@@ -26,10 +26,10 @@ from cronwheel.domain.model import (
     Worker,
 )
 from cronwheel.domain.states import RunState
-from cronwheel.store.base import HeartbeatItem
 from cronwheel.store.driver import Outcomes, WorkerGone
 from cronwheel.store.drivers.postgres_firing import NOW, Raw
 from cronwheel.store.sql.progress import last_reports, progress_deadline
+from cronwheel.store.values import HeartbeatItem
 
 __all__ = [
     "complete_many",

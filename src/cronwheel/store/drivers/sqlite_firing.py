@@ -16,7 +16,6 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from cronwheel.domain.model import FiredRun
 from cronwheel.domain.states import RunState
 from cronwheel.domain.template import RunTemplate
-from cronwheel.store.base import LeaseRenewal
 from cronwheel.store.driver import (
     CreatedRun,
     Driver,
@@ -38,6 +37,7 @@ from cronwheel.store.sql.statements import (
     shard_held,
     shard_leases_take,
 )
+from cronwheel.store.values import LeaseRenewal
 
 __all__ = ["CoreFiring"]
 

@@ -23,7 +23,6 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from cronwheel.domain.model import AttemptOutcome, LeasedAttempt, ReservationsStarted, Worker
 from cronwheel.domain.states import AttemptState, RunState
 from cronwheel.ids import new_id
-from cronwheel.store.base import CompleteItem, HeartbeatItem
 from cronwheel.store.driver import (
     Driver,
     Outcomes,
@@ -43,6 +42,7 @@ from cronwheel.store.sql.statements import (
     jobs_finish_one_off,
     update_each,
 )
+from cronwheel.store.values import CompleteItem, HeartbeatItem
 
 __all__ = ["CoreLeasing"]
 

@@ -33,7 +33,6 @@ from cronwheel.domain.model import (
     Worker,
 )
 from cronwheel.domain.states import AttemptState, RunState
-from cronwheel.store.base import CompleteItem, FailItem, HeartbeatItem
 from cronwheel.store.driver import WorkerGone
 from cronwheel.store.notices import CHANNEL_RUNS_READY
 from cronwheel.store.rows import (
@@ -44,6 +43,7 @@ from cronwheel.store.schema import NO_RESERVATION, attempts, runs
 from cronwheel.store.sql.retries import Ended, RetriesMixin
 from cronwheel.store.sql.statements import attempts_end, update_each
 from cronwheel.store.sql.workers import WorkersMixin
+from cronwheel.store.values import CompleteItem, FailItem, HeartbeatItem
 
 __all__ = ["AttemptsMixin"]
 

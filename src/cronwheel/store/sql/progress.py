@@ -22,8 +22,8 @@ from typing import Any
 import sqlalchemy as sa
 
 from cronwheel.domain.progress import no_progress_error
-from cronwheel.store.base import HeartbeatItem
 from cronwheel.store.schema import attempts
+from cronwheel.store.values import HeartbeatItem
 
 __all__ = ["last_reports", "progress_deadline", "progress_overdue", "progress_rows", "stalled"]
 

@@ -27,12 +27,12 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from cronwheel.domain.errors import IllegalTransitionError, ValidationError
 from cronwheel.domain.model import Run
 from cronwheel.domain.states import JobState, RunState
-from cronwheel.store.base import REDRIVE_BATCH_MAX, RedriveBatch
 from cronwheel.store.notices import CHANNEL_RUNS_NEW, announce
 from cronwheel.store.rows import event_row, run_from
 from cronwheel.store.schema import jobs, runs
 from cronwheel.store.sql.core import SqlCore
 from cronwheel.store.sql.statements import ONE_OFF_KINDS
+from cronwheel.store.values import REDRIVE_BATCH_MAX, RedriveBatch
 
 __all__ = ["RedriveMixin"]
 

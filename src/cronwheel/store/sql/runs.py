@@ -12,7 +12,6 @@ import sqlalchemy as sa
 from cronwheel.domain.errors import IllegalTransitionError
 from cronwheel.domain.model import DueRun, Page, Run
 from cronwheel.domain.states import ACTIVE_STATES, RunState
-from cronwheel.store.base import RunFilter
 from cronwheel.store.rows import (
     run_from,
     uuid_cursor,
@@ -21,6 +20,7 @@ from cronwheel.store.schema import (
     runs,
 )
 from cronwheel.store.sql.core import SqlCore
+from cronwheel.store.values import RunFilter
 
 __all__ = ["RunsMixin"]
 

@@ -7,10 +7,10 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from cronwheel.store.base import LeaseRenewal
 from cronwheel.store.schema import scheduler_nodes, shard_leases
 from cronwheel.store.sql.core import SqlCore
 from cronwheel.store.sql.statements import shard_leases_take
+from cronwheel.store.values import LeaseRenewal
 
 __all__ = ["ShardLeasesMixin"]
 

@@ -12,9 +12,9 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from cronwheel.domain.states import AttemptState, JobState
-from cronwheel.store.base import CompleteItem, FailItem, HeartbeatItem
 from cronwheel.store.driver import Driver, lease_fence
 from cronwheel.store.schema import attempts, jobs, shard_leases
+from cronwheel.store.values import CompleteItem, FailItem, HeartbeatItem
 
 __all__ = [
     "ONE_OFF_KINDS",

@@ -1,0 +1,83 @@
+"""The values store calls take and give back, beside the domain's records: the items
+of a worker's batches, a run filter, what a renewal or a bulk redrive did."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from cronwheel.domain.model import Run
+
+__all__ = [
+    "REDRIVE_BATCH_MAX",
+    "CompleteItem",
+    "FailItem",
+    "HeartbeatItem",
+    "LeaseRenewal",
+    "RedriveBatch",
+    "RunFilter",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseRenewal:
+    """What a scheduler node's renewal found: the live nodes, its fair share, the shards
+    it holds (shard → epoch) and the earliest expiry of another node's lease."""
+
+    live: int
+    share: int
+    held: dict[int, int]
+    others_expire_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatItem:
+    attempt_id: uuid.UUID
+    fencing_token: int
+    # A progress report rides on the beat (see ``attempts_heartbeat_many``); ``details``
+    # are its JSON (None: none). Ignored by releases.
+    progress: bool = False
+    details: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class CompleteItem:
+    attempt_id: uuid.UUID
+    fencing_token: int
+    result: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class FailItem:
+    attempt_id: uuid.UUID
+    fencing_token: int
+    error: str
+    retryable: bool = True
+    retry_after: float | None = None  # seconds: the retry fires no sooner (e.g. Retry-After)
+
+
+@dataclass(frozen=True, slots=True)
+class RunFilter:
+    job_id: uuid.UUID | None = None
+    states: Sequence[str] | None = None
+    since: datetime | None = None  # due_at >= since
+    until: datetime | None = None  # due_at < until
+    tag: str | None = None
+
+
+# The most dead letters one bulk redrive sends back, and the most ids it may name.
+REDRIVE_BATCH_MAX = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class RedriveBatch:
+    """What one ``runs_redrive_many`` did."""
+
+    runs: list[Run]  # sent back, in id order
+    # Each named id that was not sent back, with its state; None: the tenant has no such
+    # run. A DEAD_LETTER one was left out by the limit.
+    skipped: dict[uuid.UUID, str | None]
+    more: bool  # dead letters matching the selection remain (the limit cut the batch)
