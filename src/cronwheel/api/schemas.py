@@ -13,7 +13,6 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from cronwheel.api.progress import ProgressReport
 from cronwheel.api.redaction import WEBHOOK_OUT_DESCRIPTION
 from cronwheel.domain.bounds import (
     BACKFILL_RATE_MAX,
@@ -21,63 +20,38 @@ from cronwheel.domain.bounds import (
     Flag,
     Instant,
     Integer,
-    Label,
-    Name,
     Seconds,
 )
-from cronwheel.domain.spec import MAX_RETRY_AFTER, TenantLimits
+from cronwheel.domain.spec import TenantLimits
 from cronwheel.store.values import REDRIVE_BATCH_MAX
 
 __all__ = [
     "ERROR_RESPONSES",
-    "LOG_LINES_MAX",
-    "LOG_MESSAGE_MAX",
     "AlertList",
     "AlertOut",
     "AttemptOut",
-    "AttemptRef",
-    "AttemptResultOut",
     "BackfillOut",
     "BackfillRequest",
-    "BatchOut",
-    "BatchRequest",
     "CancelRequest",
-    "CompleteItemIn",
-    "CompleteRequest",
     "DeadLetterRedriveOut",
     "DeadLetterRedriveRequest",
     "ErrorDetail",
     "ErrorResponse",
     "EventOut",
-    "FailItemIn",
-    "FailRequest",
-    "FencedRequest",
     "FencingToken",
-    "HeartbeatItemIn",
-    "HeartbeatOut",
-    "HeartbeatRequest",
     "JobControlRequest",
     "JobList",
     "JobOut",
     "KeyCreate",
     "KeyCreated",
-    "LeaseOut",
-    "LeaseRequest",
-    "LeasedAttemptOut",
-    "LogAppendOut",
-    "LogAppendRequest",
-    "LogLineIn",
-    "LogLineOut",
-    "LogPageOut",
-    "OutcomeOut",
     "PreviewItem",
     "PreviewOut",
+    "RequestModel",
+    "ResponseModel",
     "RunDetail",
     "RunList",
     "RunOut",
     "SkippedRun",
-    "StartOut",
-    "StartRequest",
     "TenantCreate",
     "TenantCreated",
     "TenantList",
@@ -85,10 +59,8 @@ __all__ = [
     "TenantUpdate",
     "TriggerRequest",
     "UtcInstant",
+    "UtcRequestInstant",
     "WebhookSecretOut",
-    "WorkerDeregistered",
-    "WorkerRegister",
-    "WorkerRegistered",
 ]
 
 
@@ -97,27 +69,33 @@ def _to_utc(value: datetime) -> datetime:
 
 
 UtcInstant = Annotated[datetime, AfterValidator(_to_utc)]
+# An instant a client sends, within the bounds every backend holds, kept in UTC.
+UtcRequestInstant = Annotated[Instant, AfterValidator(_to_utc)]
 
 
-class _In(BaseModel):
+class RequestModel(BaseModel):
+    """A request body: unknown fields are an error."""
+
     model_config = ConfigDict(extra="forbid")
 
 
-class _Out(BaseModel):
+class ResponseModel(BaseModel):
+    """A response body."""
+
     model_config = ConfigDict(frozen=True)
 
 
 # -- errors ----------------------------------------------------------------------------
 
 
-class ErrorDetail(_Out):
+class ErrorDetail(ResponseModel):
     code: str = Field(description="stable machine-readable code, e.g. `invalid_schedule`")
     message: str = Field(description="what went wrong, for people")
     field: str | None = Field(default=None, description="dotted path of the offending field")
     details: dict[str, Any] | None = None
 
 
-class ErrorResponse(_Out):
+class ErrorResponse(ResponseModel):
     error: ErrorDetail
 
 
@@ -139,7 +117,7 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 # -- tenants ---------------------------------------------------------------------------
 
 
-class TenantCreate(_In):
+class TenantCreate(RequestModel):
     name: str = Field(
         min_length=1,
         max_length=200,
@@ -149,11 +127,11 @@ class TenantCreate(_In):
     limits: TenantLimits | None = None
 
 
-class TenantUpdate(_In):
+class TenantUpdate(RequestModel):
     limits: TenantLimits = Field(description="only the fields given change")
 
 
-class TenantOut(_Out):
+class TenantOut(ResponseModel):
     id: uuid.UUID
     name: str
     limits: dict[str, Any]
@@ -166,12 +144,12 @@ class TenantCreated(TenantOut):
     key_prefix: str
 
 
-class TenantList(_Out):
+class TenantList(ResponseModel):
     items: list[TenantOut]
     next_cursor: str | None
 
 
-class WebhookSecretOut(_Out):
+class WebhookSecretOut(ResponseModel):
     tenant_id: uuid.UUID
     webhook_secret: str = Field(
         description="the key of the HMAC-SHA256 in each webhook request's "
@@ -179,11 +157,11 @@ class WebhookSecretOut(_Out):
     )
 
 
-class KeyCreate(_In):
+class KeyCreate(RequestModel):
     role: Literal["operator", "viewer", "worker"]
 
 
-class KeyCreated(_Out):
+class KeyCreated(ResponseModel):
     id: uuid.UUID
     tenant_id: uuid.UUID
     role: str
@@ -195,7 +173,7 @@ class KeyCreated(_Out):
 # -- jobs ------------------------------------------------------------------------------
 
 
-class JobOut(_Out):
+class JobOut(ResponseModel):
     id: uuid.UUID
     tenant_id: uuid.UUID
     name: str
@@ -224,16 +202,16 @@ class JobOut(_Out):
     )
 
 
-class JobList(_Out):
+class JobList(ResponseModel):
     items: list[JobOut]
     next_cursor: str | None
 
 
-class CancelRequest(_In):
+class CancelRequest(RequestModel):
     reason: str | None = Field(default=None, max_length=1000)
 
 
-class JobControlRequest(_In):
+class JobControlRequest(RequestModel):
     """The body of pause and resume (optional)."""
 
     reason: str | None = Field(
@@ -241,13 +219,13 @@ class JobControlRequest(_In):
     )
 
 
-class TriggerRequest(_In):
+class TriggerRequest(RequestModel):
     payload: dict[str, Any] | None = Field(
         default=None, description="merged over the job's payload for this run only"
     )
 
 
-class BackfillRequest(_In):
+class BackfillRequest(RequestModel):
     start: Instant = Field(alias="from", description="the first instant of the range (inclusive)")
     end: Instant = Field(alias="to", description="the end of the range (exclusive); not after now")
     rate: Seconds = Field(
@@ -258,12 +236,12 @@ class BackfillRequest(_In):
     )
 
 
-class BackfillOut(_Out):
+class BackfillOut(ResponseModel):
     created: int = Field(description="runs created (occurrences that had one already get none)")
     runs: list[uuid.UUID] = Field(description="the ids of the runs created, oldest due first")
 
 
-class PreviewItem(_Out):
+class PreviewItem(ResponseModel):
     due_at: UtcInstant
     due_local: str = Field(
         description="the local wall time with its own offset (the UTC form where no "
@@ -273,14 +251,14 @@ class PreviewItem(_Out):
     reason: str | None = Field(default=None, description="why the occurrence is shifted or skipped")
 
 
-class PreviewOut(_Out):
+class PreviewOut(ResponseModel):
     items: list[PreviewItem]
 
 
 # -- runs ------------------------------------------------------------------------------
 
 
-class RunOut(_Out):
+class RunOut(ResponseModel):
     id: uuid.UUID
     tenant_id: uuid.UUID
     job_id: uuid.UUID
@@ -335,7 +313,7 @@ FencingToken = Annotated[
 ]
 
 
-class AttemptOut(_Out):
+class AttemptOut(ResponseModel):
     id: uuid.UUID
     number: int
     state: str
@@ -359,7 +337,7 @@ class AttemptOut(_Out):
     )
 
 
-class EventOut(_Out):
+class EventOut(ResponseModel):
     id: int
     at: UtcInstant
     kind: str
@@ -371,7 +349,7 @@ class EventOut(_Out):
     data: dict[str, Any]
 
 
-class AlertOut(_Out):
+class AlertOut(ResponseModel):
     kind: Literal["unroutable_runs", "quarantined_runs"] = Field(
         description="unroutable_runs: dispatched runs no live worker can take; "
         "quarantined_runs: runs of one job a scheduler step failed on (poison rows), taken "
@@ -393,7 +371,7 @@ class AlertOut(_Out):
     )
 
 
-class AlertList(_Out):
+class AlertList(ResponseModel):
     items: list[AlertOut]
 
 
@@ -403,12 +381,12 @@ class RunDetail(RunOut):
     events_next_cursor: str | None = None
 
 
-class RunList(_Out):
+class RunList(ResponseModel):
     items: list[RunOut]
     next_cursor: str | None
 
 
-class DeadLetterRedriveRequest(_In):
+class DeadLetterRedriveRequest(RequestModel):
     """Exactly one selector: ``run_ids``, ``job_id`` or ``all``."""
 
     run_ids: list[uuid.UUID] | None = Field(
@@ -428,258 +406,13 @@ class DeadLetterRedriveRequest(_In):
     )
 
 
-class SkippedRun(_Out):
+class SkippedRun(ResponseModel):
     run_id: uuid.UUID
     reason: str = Field(description="why it was not sent back")
 
 
-class DeadLetterRedriveOut(_Out):
+class DeadLetterRedriveOut(ResponseModel):
     redriven: int = Field(description="how many runs were sent back")
     run_ids: list[uuid.UUID] = Field(description="the runs sent back, oldest first")
     skipped: list[SkippedRun] = Field(description="named runs not sent back, in the order given")
     more: bool = Field(description="dead letters matching the selector remain past the limit")
-
-
-# -- worker protocol -------------------------------------------------------------------
-
-
-class WorkerRegister(_In):
-    pool: Label = "default"
-    capabilities: list[Label] = Field(default_factory=list, max_length=100)
-    tags: list[Label] = Field(default_factory=list, max_length=100)
-    capacity: Integer = Field(default=1, ge=1, le=10_000)
-    name: Name | None = None
-    webhooks_only: Flag = Field(
-        default=False,
-        description="the worker calls webhooks and runs no tasks: it does not count as "
-        "able to take the pool's task runs",
-    )
-
-
-class WorkerRegistered(_Out):
-    worker_id: uuid.UUID
-    tenant_id: uuid.UUID | None = Field(description="None: serves every tenant")
-    heartbeat_interval: float = Field(description="seconds between heartbeats")
-    lease_wait_max: float = Field(description="the longest `wait` a lease accepts")
-    lease_ahead_max: float = Field(
-        default=0.0, description="the most `ahead` a lease accepts (0: no reservations)"
-    )
-
-
-class WorkerDeregistered(_Out):
-    worker_id: uuid.UUID
-    released: int = Field(
-        description="attempts the worker still held, handed back: their runs are ready again"
-    )
-
-
-class LeaseRequest(_In):
-    max: Integer = Field(default=1, ge=1, le=1000, description="most attempts to lease")
-    wait: Seconds = Field(
-        default=0.0,
-        ge=0,
-        le=3600,
-        description="seconds to long-poll when none is ready (at most the server's "
-        "`lease_wait_max`)",
-    )
-    webhooks_only: Flag = Field(
-        default=False,
-        description="lease webhook runs only (a worker that calls webhooks and runs no tasks)",
-    )
-    ahead: Seconds = Field(
-        default=0.0,
-        ge=0,
-        le=3600,
-        description="seconds: also lease runs due within this long, as reservations the "
-        "worker starts at their instant with `POST /v1/workers/{id}/start`",
-    )
-
-
-class LeasedAttemptOut(_Out):
-    attempt_id: uuid.UUID
-    run_id: uuid.UUID
-    job_id: uuid.UUID
-    tenant_id: uuid.UUID
-    attempt: int = Field(description="the attempt number, 1 for the first try")
-    task: str | None
-    webhook: dict[str, Any] | None = Field(
-        description="the webhook to call, header values included: the one answer that "
-        "carries them (the worker role's); every other answer hides them"
-    )
-    payload: dict[str, Any]
-    fencing_token: int = Field(description="send with every call about this attempt")
-    lease_expires_at: UtcInstant
-    deadline: UtcInstant = Field(description="the attempt times out at this instant")
-    due_at: UtcInstant
-    heartbeat_timeout: float
-    progress_timeout: float | None = Field(
-        default=None,
-        description="seconds: when set, report progress (`progress` on a heartbeat) within "
-        "this long of the start and of each report, or the attempt ends TIMED_OUT",
-    )
-    signing_secret: str | None = Field(
-        default=None,
-        description="webhook runs only: the tenant's secret to sign the request with",
-    )
-    not_before: UtcInstant | None = Field(
-        default=None,
-        description="set on a reservation: the attempt has not started; start it at this "
-        "instant or later with `POST /v1/workers/{id}/start` (a cancel or pause before then "
-        "wins). Until then `lease_expires_at` is when the reservation lapses and `deadline` "
-        "assumes a start at `not_before`.",
-    )
-
-
-class LeaseOut(_Out):
-    attempts: list[LeasedAttemptOut]
-    now: UtcInstant = Field(description="the server's time: when a `not_before` comes")
-
-
-class FencedRequest(_In):
-    fencing_token: FencingToken
-
-
-class CompleteRequest(FencedRequest):
-    result: Any = None
-
-
-class FailRequest(FencedRequest):
-    error: str = Field(min_length=1, max_length=20_000)
-    retryable: Flag = True
-    retry_after: Seconds | None = Field(
-        default=None,
-        ge=0,
-        le=MAX_RETRY_AFTER,
-        description="seconds: the next attempt starts no sooner (the longer of this and "
-        "the retry policy's backoff), e.g. from an HTTP `Retry-After`",
-    )
-
-
-class HeartbeatRequest(FencedRequest, ProgressReport):
-    pass
-
-
-class HeartbeatOut(_Out):
-    attempt_id: uuid.UUID
-    lease_expires_at: UtcInstant | None
-    cancel_requested: bool
-
-
-class AttemptResultOut(_Out):
-    attempt_id: uuid.UUID
-    ok: bool
-    run_state: str | None = Field(default=None, description="the run's state afterwards")
-
-
-class AttemptRef(_In):
-    attempt_id: uuid.UUID
-    fencing_token: FencingToken
-
-
-class HeartbeatItemIn(AttemptRef, ProgressReport):
-    pass
-
-
-class CompleteItemIn(AttemptRef):
-    result: Any = None
-
-
-class FailItemIn(AttemptRef):
-    error: str = Field(min_length=1, max_length=20_000)
-    retryable: Flag = True
-    retry_after: Seconds | None = Field(
-        default=None,
-        ge=0,
-        le=MAX_RETRY_AFTER,
-        description="seconds: the next attempt starts no sooner (the longer of this and "
-        "the retry policy's backoff), e.g. from an HTTP `Retry-After`",
-    )
-
-
-class BatchRequest(_In):
-    heartbeats: list[HeartbeatItemIn] = Field(default_factory=list, max_length=1000)
-    completions: list[CompleteItemIn] = Field(default_factory=list, max_length=1000)
-    failures: list[FailItemIn] = Field(default_factory=list, max_length=1000)
-    releases: list[AttemptRef] = Field(default_factory=list, max_length=1000)
-
-
-class OutcomeOut(_Out):
-    attempt_id: uuid.UUID
-    ok: bool
-    error: str | None = Field(
-        default=None, description="when not ok: `stale_fencing_token` or `not_found`"
-    )
-    lease_expires_at: UtcInstant | None = None
-    cancel_requested: bool = False
-    run_state: str | None = None
-
-
-class BatchOut(_Out):
-    heartbeats: list[OutcomeOut]
-    completions: list[OutcomeOut]
-    failures: list[OutcomeOut]
-    releases: list[OutcomeOut]
-
-
-class StartRequest(_In):
-    fencing_tokens: list[FencingToken] = Field(
-        min_length=1, max_length=1000, description="the reservations to start, by token"
-    )
-
-
-class StartOut(_Out):
-    started_at: UtcInstant | None = Field(
-        description="when the started ones started: each attempt's lease runs to this plus "
-        "its heartbeat timeout, its deadline to this plus its timeout"
-    )
-    started: list[int] = Field(description="tokens now running: their attempts are yours")
-    not_yet: list[int] = Field(
-        description="tokens due later: nothing changed; try at their `not_before`"
-    )
-    refused: list[int] = Field(
-        description="tokens whose reservation is gone (the run was cancelled or paused, or "
-        "the reservation lapsed and another worker took it): drop them"
-    )
-
-
-# -- worker logs -----------------------------------------------------------------------
-
-LOG_LINES_MAX = 1000  # lines per append
-LOG_MESSAGE_MAX = 16_384  # characters per line
-
-
-class LogLineIn(_In):
-    ts: Annotated[Instant, AfterValidator(_to_utc)] = Field(description="when the line was written")
-    level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
-    message: str = Field(max_length=LOG_MESSAGE_MAX)
-
-
-class LogAppendRequest(FencedRequest):
-    lines: list[LogLineIn] = Field(min_length=1, max_length=LOG_LINES_MAX)
-
-
-class LogAppendOut(_Out):
-    attempt_id: uuid.UUID
-    accepted: int = Field(description="lines kept")
-    dropped: int = Field(description="lines past the attempt's log cap, not kept")
-    size: int = Field(description="bytes the attempt's log takes now")
-
-
-class LogLineOut(_Out):
-    ts: UtcInstant
-    attempt: int
-    level: str
-    message: str
-
-
-class LogPageOut(_Out):
-    run_id: uuid.UUID
-    run_state: str = Field(
-        description="the run's state when the lines were read: once it is final, "
-        "every line is there"
-    )
-    lines: list[LogLineOut] = Field(description="oldest first, attempt by attempt")
-    next_cursor: str | None = Field(description="more lines are there: pass it as `cursor`")
-    end_cursor: str = Field(
-        description="where this page ended: pass it as `cursor` later to read only newer lines"
-    )

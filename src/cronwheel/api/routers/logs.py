@@ -17,15 +17,9 @@ from fastapi import APIRouter, Depends, Query, Request
 from cronwheel.api.auth import Principal, TenantScope, require_worker, tenant_reader
 from cronwheel.api.inputs import parse_id
 from cronwheel.api.jsonbody import StrictJsonRoute
-from cronwheel.api.schemas import (
-    ERROR_RESPONSES,
-    ErrorResponse,
-    LogAppendOut,
-    LogAppendRequest,
-    LogLineOut,
-    LogPageOut,
-)
+from cronwheel.api.schemas import ERROR_RESPONSES, ErrorResponse
 from cronwheel.api.state import api_state
+from cronwheel.api.worker_schemas import LogAppendOut, LogAppendRequest, LogLineOut, LogPageOut
 from cronwheel.logstore import LogEntry, LogStore
 
 __all__ = ["log_store", "router"]

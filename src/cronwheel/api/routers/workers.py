@@ -22,14 +22,14 @@ from fastapi import APIRouter, Depends, Request, Response
 from cronwheel.api.auth import Principal, require_worker
 from cronwheel.api.inputs import parse_id
 from cronwheel.api.jsonbody import StrictJsonRoute
-from cronwheel.api.schemas import (
-    ERROR_RESPONSES,
+from cronwheel.api.schemas import ERROR_RESPONSES, ErrorResponse
+from cronwheel.api.state import ApiState, api_state
+from cronwheel.api.worker_schemas import (
     AttemptRef,
     AttemptResultOut,
     BatchOut,
     BatchRequest,
     CompleteRequest,
-    ErrorResponse,
     FailRequest,
     FencedRequest,
     HeartbeatItemIn,
@@ -45,7 +45,6 @@ from cronwheel.api.schemas import (
     WorkerRegister,
     WorkerRegistered,
 )
-from cronwheel.api.state import ApiState, api_state
 from cronwheel.domain.errors import (
     NotFoundError,
     StaleFencingTokenError,

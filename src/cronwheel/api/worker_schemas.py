@@ -1,0 +1,303 @@
+"""Request and response bodies of the worker protocol (register, lease, start,
+heartbeat, complete, fail, release) and of worker logs. The rules of the API's other
+bodies hold (``api/schemas.py``)."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, Literal
+
+from pydantic import Field
+
+from cronwheel.api.progress import ProgressReport
+from cronwheel.api.schemas import (
+    FencingToken,
+    RequestModel,
+    ResponseModel,
+    UtcInstant,
+    UtcRequestInstant,
+)
+from cronwheel.domain.bounds import (
+    Flag,
+    Integer,
+    Label,
+    Name,
+    Seconds,
+)
+from cronwheel.domain.spec import MAX_RETRY_AFTER
+
+__all__ = [
+    "LOG_LINES_MAX",
+    "LOG_MESSAGE_MAX",
+    "AttemptRef",
+    "AttemptResultOut",
+    "BatchOut",
+    "BatchRequest",
+    "CompleteItemIn",
+    "CompleteRequest",
+    "FailItemIn",
+    "FailRequest",
+    "FencedRequest",
+    "HeartbeatItemIn",
+    "HeartbeatOut",
+    "HeartbeatRequest",
+    "LeaseOut",
+    "LeaseRequest",
+    "LeasedAttemptOut",
+    "LogAppendOut",
+    "LogAppendRequest",
+    "LogLineIn",
+    "LogLineOut",
+    "LogPageOut",
+    "OutcomeOut",
+    "StartOut",
+    "StartRequest",
+    "WorkerDeregistered",
+    "WorkerRegister",
+    "WorkerRegistered",
+]
+
+
+# -- worker protocol -------------------------------------------------------------------
+
+
+class WorkerRegister(RequestModel):
+    pool: Label = "default"
+    capabilities: list[Label] = Field(default_factory=list, max_length=100)
+    tags: list[Label] = Field(default_factory=list, max_length=100)
+    capacity: Integer = Field(default=1, ge=1, le=10_000)
+    name: Name | None = None
+    webhooks_only: Flag = Field(
+        default=False,
+        description="the worker calls webhooks and runs no tasks: it does not count as "
+        "able to take the pool's task runs",
+    )
+
+
+class WorkerRegistered(ResponseModel):
+    worker_id: uuid.UUID
+    tenant_id: uuid.UUID | None = Field(description="None: serves every tenant")
+    heartbeat_interval: float = Field(description="seconds between heartbeats")
+    lease_wait_max: float = Field(description="the longest `wait` a lease accepts")
+    lease_ahead_max: float = Field(
+        default=0.0, description="the most `ahead` a lease accepts (0: no reservations)"
+    )
+
+
+class WorkerDeregistered(ResponseModel):
+    worker_id: uuid.UUID
+    released: int = Field(
+        description="attempts the worker still held, handed back: their runs are ready again"
+    )
+
+
+class LeaseRequest(RequestModel):
+    max: Integer = Field(default=1, ge=1, le=1000, description="most attempts to lease")
+    wait: Seconds = Field(
+        default=0.0,
+        ge=0,
+        le=3600,
+        description="seconds to long-poll when none is ready (at most the server's "
+        "`lease_wait_max`)",
+    )
+    webhooks_only: Flag = Field(
+        default=False,
+        description="lease webhook runs only (a worker that calls webhooks and runs no tasks)",
+    )
+    ahead: Seconds = Field(
+        default=0.0,
+        ge=0,
+        le=3600,
+        description="seconds: also lease runs due within this long, as reservations the "
+        "worker starts at their instant with `POST /v1/workers/{id}/start`",
+    )
+
+
+class LeasedAttemptOut(ResponseModel):
+    attempt_id: uuid.UUID
+    run_id: uuid.UUID
+    job_id: uuid.UUID
+    tenant_id: uuid.UUID
+    attempt: int = Field(description="the attempt number, 1 for the first try")
+    task: str | None
+    webhook: dict[str, Any] | None = Field(
+        description="the webhook to call, header values included: the one answer that "
+        "carries them (the worker role's); every other answer hides them"
+    )
+    payload: dict[str, Any]
+    fencing_token: int = Field(description="send with every call about this attempt")
+    lease_expires_at: UtcInstant
+    deadline: UtcInstant = Field(description="the attempt times out at this instant")
+    due_at: UtcInstant
+    heartbeat_timeout: float
+    progress_timeout: float | None = Field(
+        default=None,
+        description="seconds: when set, report progress (`progress` on a heartbeat) within "
+        "this long of the start and of each report, or the attempt ends TIMED_OUT",
+    )
+    signing_secret: str | None = Field(
+        default=None,
+        description="webhook runs only: the tenant's secret to sign the request with",
+    )
+    not_before: UtcInstant | None = Field(
+        default=None,
+        description="set on a reservation: the attempt has not started; start it at this "
+        "instant or later with `POST /v1/workers/{id}/start` (a cancel or pause before then "
+        "wins). Until then `lease_expires_at` is when the reservation lapses and `deadline` "
+        "assumes a start at `not_before`.",
+    )
+
+
+class LeaseOut(ResponseModel):
+    attempts: list[LeasedAttemptOut]
+    now: UtcInstant = Field(description="the server's time: when a `not_before` comes")
+
+
+class FencedRequest(RequestModel):
+    fencing_token: FencingToken
+
+
+class CompleteRequest(FencedRequest):
+    result: Any = None
+
+
+class FailRequest(FencedRequest):
+    error: str = Field(min_length=1, max_length=20_000)
+    retryable: Flag = True
+    retry_after: Seconds | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_RETRY_AFTER,
+        description="seconds: the next attempt starts no sooner (the longer of this and "
+        "the retry policy's backoff), e.g. from an HTTP `Retry-After`",
+    )
+
+
+class HeartbeatRequest(FencedRequest, ProgressReport):
+    pass
+
+
+class HeartbeatOut(ResponseModel):
+    attempt_id: uuid.UUID
+    lease_expires_at: UtcInstant | None
+    cancel_requested: bool
+
+
+class AttemptResultOut(ResponseModel):
+    attempt_id: uuid.UUID
+    ok: bool
+    run_state: str | None = Field(default=None, description="the run's state afterwards")
+
+
+class AttemptRef(RequestModel):
+    attempt_id: uuid.UUID
+    fencing_token: FencingToken
+
+
+class HeartbeatItemIn(AttemptRef, ProgressReport):
+    pass
+
+
+class CompleteItemIn(AttemptRef):
+    result: Any = None
+
+
+class FailItemIn(AttemptRef):
+    error: str = Field(min_length=1, max_length=20_000)
+    retryable: Flag = True
+    retry_after: Seconds | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_RETRY_AFTER,
+        description="seconds: the next attempt starts no sooner (the longer of this and "
+        "the retry policy's backoff), e.g. from an HTTP `Retry-After`",
+    )
+
+
+class BatchRequest(RequestModel):
+    heartbeats: list[HeartbeatItemIn] = Field(default_factory=list, max_length=1000)
+    completions: list[CompleteItemIn] = Field(default_factory=list, max_length=1000)
+    failures: list[FailItemIn] = Field(default_factory=list, max_length=1000)
+    releases: list[AttemptRef] = Field(default_factory=list, max_length=1000)
+
+
+class OutcomeOut(ResponseModel):
+    attempt_id: uuid.UUID
+    ok: bool
+    error: str | None = Field(
+        default=None, description="when not ok: `stale_fencing_token` or `not_found`"
+    )
+    lease_expires_at: UtcInstant | None = None
+    cancel_requested: bool = False
+    run_state: str | None = None
+
+
+class BatchOut(ResponseModel):
+    heartbeats: list[OutcomeOut]
+    completions: list[OutcomeOut]
+    failures: list[OutcomeOut]
+    releases: list[OutcomeOut]
+
+
+class StartRequest(RequestModel):
+    fencing_tokens: list[FencingToken] = Field(
+        min_length=1, max_length=1000, description="the reservations to start, by token"
+    )
+
+
+class StartOut(ResponseModel):
+    started_at: UtcInstant | None = Field(
+        description="when the started ones started: each attempt's lease runs to this plus "
+        "its heartbeat timeout, its deadline to this plus its timeout"
+    )
+    started: list[int] = Field(description="tokens now running: their attempts are yours")
+    not_yet: list[int] = Field(
+        description="tokens due later: nothing changed; try at their `not_before`"
+    )
+    refused: list[int] = Field(
+        description="tokens whose reservation is gone (the run was cancelled or paused, or "
+        "the reservation lapsed and another worker took it): drop them"
+    )
+
+
+# -- worker logs -----------------------------------------------------------------------
+
+LOG_LINES_MAX = 1000  # lines per append
+LOG_MESSAGE_MAX = 16_384  # characters per line
+
+
+class LogLineIn(RequestModel):
+    ts: UtcRequestInstant = Field(description="when the line was written")
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
+    message: str = Field(max_length=LOG_MESSAGE_MAX)
+
+
+class LogAppendRequest(FencedRequest):
+    lines: list[LogLineIn] = Field(min_length=1, max_length=LOG_LINES_MAX)
+
+
+class LogAppendOut(ResponseModel):
+    attempt_id: uuid.UUID
+    accepted: int = Field(description="lines kept")
+    dropped: int = Field(description="lines past the attempt's log cap, not kept")
+    size: int = Field(description="bytes the attempt's log takes now")
+
+
+class LogLineOut(ResponseModel):
+    ts: UtcInstant
+    attempt: int
+    level: str
+    message: str
+
+
+class LogPageOut(ResponseModel):
+    run_id: uuid.UUID
+    run_state: str = Field(
+        description="the run's state when the lines were read: once it is final, "
+        "every line is there"
+    )
+    lines: list[LogLineOut] = Field(description="oldest first, attempt by attempt")
+    next_cursor: str | None = Field(description="more lines are there: pass it as `cursor`")
+    end_cursor: str = Field(
+        description="where this page ended: pass it as `cursor` later to read only newer lines"
+    )
