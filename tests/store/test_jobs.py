@@ -59,8 +59,8 @@ async def test_create_job_writes_job_first_run_and_events(store: Store) -> None:
     )
     assert job.next_due_at == at(60)
     assert job.created_at == job.updated_at == T0
-    assert job.template["task"] == "demo.task"
-    assert job.template["payload"] == {"region": "us"}
+    assert job.template.task == "demo.task"
+    assert job.template.payload == {"region": "us"}
 
     assert (run.tenant_id, run.job_id, run.job_name, run.state) == (
         tenant.id,

@@ -10,6 +10,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from cronwheel.domain.states import RunState
+from cronwheel.domain.template import RunTemplate
 from cronwheel.store import create_store
 from cronwheel.store.rows import new_run_row
 from cronwheel.store.schema import jobs, runs, tenants
@@ -71,7 +72,7 @@ async def test_waiting_runs_are_marked_from_their_reason(store_url: str) -> None
                     tenant_id=tenant_id,
                     job_id=job_id,
                     name="j",
-                    template=TEMPLATE,
+                    template=RunTemplate.from_json(TEMPLATE),
                     due_at=T0.replace(hour=i),
                     due_local=None,
                     shard=0,

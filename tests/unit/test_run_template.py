@@ -46,12 +46,13 @@ def test_a_template_stored_before_progress_timeouts_reads() -> None:
     assert RunTemplate.from_json(data).progress_timeout is None
 
 
-@pytest.mark.parametrize("key", ["payload", "pool", "priority", "retry", "timeout"])
-def test_a_template_missing_what_runs_need_is_refused(key: str) -> None:
+@pytest.mark.parametrize("key", ["payload", "pool", "priority", "retry", "timeout", "tags"])
+def test_a_field_the_stored_json_lacks_takes_the_specs_default(key: str) -> None:
     data = RunTemplate.of(JobSpec.model_validate(SPEC)).to_json()
     del data[key]
-    with pytest.raises(KeyError):
-        RunTemplate.from_json(data)
+    bare = {"name": "d", "schedule": {"asap": True}, "task": "t"}
+    defaults = RunTemplate.of(JobSpec.model_validate(bare))
+    assert getattr(RunTemplate.from_json(data), key) == getattr(defaults, key)
 
 
 def test_the_postgres_next_occurrence_statement_reads_the_templates_keys() -> None:

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from cronwheel.domain.spec import JobSpec
+from pydantic import BaseModel
+
+from cronwheel.domain.spec import JobSpec
 
 __all__ = ["RunTemplate"]
 
@@ -41,21 +42,10 @@ class RunTemplate:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> RunTemplate:
-        """The template as stored. A key the template needs and the JSON lacks raises
-        ``KeyError`` (a row no version wrote: the scheduler quarantines its run)."""
-        return cls(
-            task=data.get("task"),
-            webhook=data.get("webhook"),
-            payload=data["payload"],
-            pool=data["pool"],
-            requires=list(data["requires"]),
-            tags=list(data["tags"]),
-            priority=data["priority"],
-            retry=data["retry"],
-            timeout=data["timeout"],
-            heartbeat_timeout=data["heartbeat_timeout"],
-            progress_timeout=data.get("progress_timeout"),
-        )
+        """The template as stored. A field the JSON lacks (a job stored before the field
+        existed, or written by hand) takes the job spec's default, as a new job would."""
+        values = {name: data[name] if name in data else _DEFAULTS[name] for name in _FIELDS}
+        return cls(**values)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -67,3 +57,12 @@ class RunTemplate:
     @property
     def max_attempts(self) -> int:
         return int(self.retry["max_attempts"])
+
+
+def _default(name: str) -> Any:
+    value = JobSpec.model_fields[name].get_default(call_default_factory=True)
+    return value.model_dump(mode="json") if isinstance(value, BaseModel) else value
+
+
+_FIELDS = tuple(RunTemplate.__dataclass_fields__)
+_DEFAULTS: dict[str, Any] = {name: _default(name) for name in _FIELDS}

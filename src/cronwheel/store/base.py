@@ -22,38 +22,27 @@ from __future__ import annotations
 
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
 from cronwheel.domain.model import (
     ApiKey,
     Attempt,
-    AttemptOutcome,
-    DueRun,
     Event,
-    FiredRun,
     Job,
-    LeasedAttempt,
     NewJob,
     Page,
-    QuarantinedRun,
-    ReservationsStarted,
-    RouteCheck,
     Run,
     Tenant,
-    UnroutableRuns,
-    Worker,
 )
+from cronwheel.store.scheduler_side import SchedulerSide
 from cronwheel.store.values import (
     REDRIVE_BATCH_MAX,
-    CompleteItem,
-    FailItem,
-    HeartbeatItem,
-    LeaseRenewal,
     RedriveBatch,
     RunFilter,
 )
+from cronwheel.store.worker_side import WorkerSide
 
 __all__ = [
     "Store",
@@ -74,7 +63,7 @@ class Subscription(ABC):
     def close(self) -> None: ...
 
 
-class Store(ABC):
+class Store(SchedulerSide, WorkerSide):
     """Abstract store. Open with :meth:`open`, close with :meth:`close`."""
 
     dialect: str  # "postgresql" | "sqlite"
@@ -353,325 +342,11 @@ class Store(ABC):
     async def runs_count_by_state(self) -> dict[str, int]:
         """Every tenant's runs counted by state (for metrics)."""
 
-    # -- the scheduler's hot path --------------------------------------------------
-
-    @abstractmethod
-    async def runs_due_scan(
-        self,
-        *,
-        shards: Sequence[int],
-        until: datetime,
-        limit: int = 10_000,
-        since: datetime | None = None,
-    ) -> list[DueRun]:
-        """SCHEDULED runs of ``shards`` with ``since <= fire_at < until`` (no lower bound
-        when ``since`` is None), soonest first: an index range scan on ``(shard,
-        fire_at) WHERE state = 'SCHEDULED'``."""
-
-    @abstractmethod
-    async def runs_fire(
-        self,
-        *,
-        run_ids: Sequence[uuid.UUID],
-        node_id: str,
-        now: datetime | None = None,
-        lead: float = 0.0,
-        epochs: Mapping[int, int] | None = None,
-    ) -> list[FiredRun]:
-        """Move SCHEDULED runs to DISPATCHED in one conditional UPDATE: only runs still
-        SCHEDULED, due by ``now + lead`` seconds, and whose shard ``node_id`` holds an
-        unexpired lease on at ``now`` — with ``epochs`` (shard → the lease epoch the
-        caller acquired), a lease of that very epoch: a node whose lease lapsed fires
-        nothing from its stale view, even after it won the shard back. ``lead`` > 0
-        hands runs out that many seconds ahead of their instant; the default 0 never
-        dispatches a run early by the database's clock. Sets ``dispatched_at``; appends
-        one event per run. Returns what moved."""
-
-    @abstractmethod
-    async def shard_leases_acquire(
-        self,
-        *,
-        node_id: str,
-        shards: Sequence[int],
-        ttl: float,
-        limit: int | None = None,
-        now: datetime | None = None,
-    ) -> dict[int, int]:
-        """Renew ``node_id``'s leases among ``shards``, then take expired ones (failover
-        first) and free ones, in shard order, until it holds ``limit`` (no limit: all it
-        can); a change of owner increments the epoch. Returns ``{shard: epoch}`` of every
-        shard ``node_id`` holds afterwards."""
-
-    @abstractmethod
-    async def scheduler_nodes_leave(self, *, node_id: str) -> None: ...
-
-    @abstractmethod
-    async def scheduler_renew(
-        self, *, node_id: str, ttl: float, shards: int, now: datetime | None = None
-    ) -> LeaseRenewal:
-        """A scheduler node's periodic beat, in one go: record that ``node_id`` is alive
-        (forgetting nodes silent for ``ttl`` seconds), count the live nodes, and acquire
-        leases on the shards ``0 … shards-1`` as :meth:`shard_leases_acquire` does with
-        the fair share ``ceil(shards / live)`` as its limit. The result says what it
-        holds, the share, and when the first lease of another node runs out."""
-
-    @abstractmethod
-    async def shard_leases_release(self, *, node_id: str, shards: Sequence[int]) -> None: ...
-
-    @abstractmethod
-    async def shard_leases_list(self) -> list[dict[str, Any]]: ...
-
-    @abstractmethod
-    async def workers_register(
-        self,
-        tenant_id: uuid.UUID | None,
-        *,
-        pool: str,
-        capabilities: Sequence[str],
-        tags: Sequence[str],
-        capacity: int,
-        name: str | None = None,
-        webhooks_only: bool = False,
-        now: datetime | None = None,
-    ) -> Worker: ...
-
-    @abstractmethod
-    async def workers_get(self, worker_id: uuid.UUID) -> Worker: ...
-
-    @abstractmethod
-    async def workers_deregister(
-        self, worker_id: uuid.UUID, *, now: datetime | None = None
-    ) -> None:
-        """Record that the worker said goodbye: it no longer counts as live for routing
-        (see :meth:`runs_route_check`), and it may never lease or start a run again
-        (:meth:`attempts_lease`, :meth:`attempts_start_many`). An unknown or already
-        deregistered worker is left as it is. What it still holds is released by
-        :meth:`attempts_release_by_worker`, called after this: a lease in flight
-        meanwhile has either committed (and is released) or leases nothing."""
-
-    # -- routing: runs no live worker can take ---------------------------------------
-
-    @abstractmethod
-    async def runs_route_check(
-        self,
-        *,
-        shards: Sequence[int],
-        min_wait: float = 5.0,
-        worker_ttl: float = 30.0,
-        now: datetime | None = None,
-    ) -> RouteCheck:
-        """Record why DISPATCHED runs of ``shards`` wait. A run dispatched at least
-        ``min_wait`` seconds ago that no live worker can take gets ``wait_reason`` (e.g.
-        ``no live worker in pool 'gpu' has capabilities ['cuda']``) and, when the reason
-        is new for it, one ``run.waiting`` event; a run some live worker can take loses
-        its reason, as does a run no longer DISPATCHED. Live: not deregistered, and seen
-        within ``worker_ttl`` seconds or holding an unexpired lease. Can take: the run's
-        pool, its tenant (or every tenant), all the capabilities the run requires.
-        Works by group of (tenant, pool, requires), never run by run."""
-
-    @abstractmethod
-    async def runs_unroutable(
-        self, tenant_id: uuid.UUID | None, *, limit: int = 1000
-    ) -> list[UnroutableRuns]:
-        """The DISPATCHED runs waiting with a reason, by (tenant, pool, requires,
-        reason), longest waiting first; only ``tenant_id``'s, or every tenant's when
-        None."""
-
-    @abstractmethod
-    async def runs_quarantine(
-        self,
-        *,
-        run_ids: Sequence[uuid.UUID],
-        step: str,
-        error: str,
-        actor: str | None = None,
-        now: datetime | None = None,
-    ) -> list[uuid.UUID]:
-        """Take runs a step of a scheduler pass failed on (``step``: fire, expire,
-        retry) out of it: each live one becomes DEAD_LETTER with ``quarantined_at`` set
-        and ``error`` as its reason, its live attempt ends FAILED, its one-off job
-        finishes. Returns the runs quarantined (finished ones are left alone). See
-        ``store/sql/quarantine.py``."""
-
-    @abstractmethod
-    async def runs_quarantined(
-        self, tenant_id: uuid.UUID | None, *, limit: int = 1000
-    ) -> list[QuarantinedRun]:
-        """Quarantined runs not redriven, of jobs not cancelled: oldest first; only
-        ``tenant_id``'s, or every tenant's when None."""
-
-    @abstractmethod
-    async def runs_count_quarantined(self) -> int:
-        """How many runs :meth:`runs_quarantined` would list, over every tenant."""
-
-    @abstractmethod
-    async def attempts_lease(
-        self,
-        *,
-        worker: Worker,
-        max: int,
-        webhooks_only: bool = False,
-        ahead: float = 0.0,
-        now: datetime | None = None,
-    ) -> list[LeasedAttempt]:
-        """Lease up to ``max`` DISPATCHED runs the worker can execute (its pool, its
-        tenant if it has one, required capabilities a subset of its own; with
-        ``webhooks_only``, webhook runs only), highest priority then oldest first, in
-        one statement. Each whose instant (``fire_at``) has come becomes RUNNING with a
-        new attempt and a new, strictly larger fencing token; it loses its
-        ``wait_reason``. Two workers racing never get the same run. The worker counts
-        as seen (see :meth:`runs_route_check`).
-
-        With ``ahead`` > 0, runs due within that many seconds are leased too, as
-        *reservations* (``not_before`` set): the run stays DISPATCHED, held for this
-        worker under the attempt id and token it will start with, until it is started
-        by :meth:`attempts_start_many` at its instant, handed back, or the reservation
-        lapses (its instant plus the heartbeat timeout) and any worker may lease it.
-        A cancel or pause before the start wins. A lapsed reservation is taken over by
-        the next lease like any ready run.
-
-        A deregistered worker leases nothing: :class:`WorkerDeregisteredError`, decided
-        inside the statement. A lease racing :meth:`workers_deregister` is ordered with
-        it: either it commits first (and a release after the deregistration finds its
-        attempts) or it sees the deregistration and leases nothing."""
-
-    @abstractmethod
-    async def attempts_start_many(
-        self,
-        *,
-        worker_id: uuid.UUID,
-        tokens: Sequence[int],
-        tenant_id: uuid.UUID | None = None,
-        now: datetime | None = None,
-    ) -> ReservationsStarted:
-        """Start reservations of ``worker_id``, named by their fencing tokens, in one
-        statement: each whose run is still DISPATCHED under that reservation and whose
-        instant has come becomes RUNNING with the attempt (id and token) it was
-        reserved with, exactly as a lease at this moment would have made it. Refused:
-        ``not_yet`` (its instant is still ahead: nothing changed, start it then), and
-        ``refused`` (the reservation is gone: the run was cancelled, paused, or its
-        reservation lapsed and another worker took it; never this worker's or, with
-        ``tenant_id``, that tenant's). The worker drops what was refused. A
-        deregistered worker starts nothing: :class:`WorkerDeregisteredError`, ordered
-        with :meth:`workers_deregister` as :meth:`attempts_lease` is."""
-
-    @abstractmethod
-    async def attempts_heartbeat_many(
-        self,
-        *,
-        items: Sequence[HeartbeatItem],
-        tenant_id: uuid.UUID | None = None,
-        now: datetime | None = None,
-    ) -> list[AttemptOutcome]:
-        """Extend each live attempt's lease by its run's heartbeat timeout.
-
-        An item with ``progress`` is also a progress report: the attempt records now as
-        ``progress_at`` and the item's ``details`` (replacing the last ones, None
-        included), and under a progress timeout its ``progress_deadline`` moves to now
-        plus that timeout. Of several items for one attempt, the last report wins.
-
-        Conventions of every ``attempts_*_many``: one outcome per item, in order. An item
-        is applied only when its (attempt id, fencing token) pair is the attempt's live
-        lease and, with ``tenant_id``, the attempt is that tenant's; otherwise it gets
-        ``ok=False`` with ``error_code`` ``stale_fencing_token`` (the attempt exists) or
-        ``not_found`` (unknown, or another tenant's), and nothing changes for it. An ok
-        outcome carries the run's state afterwards."""
-
-    @abstractmethod
-    async def attempts_complete_many(
-        self,
-        *,
-        items: Sequence[CompleteItem],
-        tenant_id: uuid.UUID | None = None,
-        now: datetime | None = None,
-    ) -> list[AttemptOutcome]:
-        """Finish attempts successfully: their runs become SUCCESS (or CANCELLED when a
-        cancel was requested); one-off jobs become finished."""
-
-    @abstractmethod
-    async def attempts_fail_many(
-        self,
-        *,
-        items: Sequence[FailItem],
-        tenant_id: uuid.UUID | None = None,
-        now: datetime | None = None,
-    ) -> list[AttemptOutcome]:
-        """Fail attempts: the run is retried while attempts remain and the error is
-        retryable — after its backoff, or after the item's ``retry_after`` when that is
-        longer — else it becomes DEAD_LETTER (retries exhausted) or FAILED (not
-        retryable)."""
-
-    @abstractmethod
-    async def attempts_release_many(
-        self,
-        *,
-        items: Sequence[HeartbeatItem],
-        tenant_id: uuid.UUID | None = None,
-        now: datetime | None = None,
-    ) -> list[AttemptOutcome]:
-        """A worker shutting down hands attempts back: each run returns to DISPATCHED at
-        once and the try is not counted. An item naming a reservation that has not
-        started releases the reservation: the run is free for any worker again."""
-
-    @abstractmethod
-    async def attempts_release_by_worker(
-        self,
-        *,
-        worker_id: uuid.UUID,
-        tenant_id: uuid.UUID | None = None,
-        now: datetime | None = None,
-    ) -> list[AttemptOutcome]:
-        """A worker deregistering hands back every attempt it still holds, including
-        any it was leased but never received (a lease answer lost when it stopped
-        mid-long-poll): each of its RUNNING attempts (with ``tenant_id``, only that
-        tenant's) is released as by :meth:`attempts_release_many` — the run returns to
-        DISPATCHED at once, the try is not counted — and the event records
-        ``released: worker deregistered``; its reservations are released too. Returns
-        one ok outcome per released attempt or reservation (empty for an unknown worker
-        or one holding nothing)."""
-
-    @abstractmethod
-    async def attempts_expire(
-        self,
-        *,
-        now: datetime | None = None,
-        limit: int = 1000,
-        attempt_ids: Sequence[uuid.UUID] | None = None,
-    ) -> int:
-        """End attempts whose lease expired (LOST), or whose deadline or progress
-        deadline passed (TIMED_OUT, the error saying which), and retry or dead-letter
-        their runs, and void reservations not started by their
-        expiry (their runs are back in the ready queue). Returns how many attempts and
-        reservations were ended. ``attempt_ids``: only these attempts (of those
-        :meth:`attempts_expire_candidates` found), and no reservations."""
-
-    @abstractmethod
-    async def attempts_expire_candidates(
-        self, *, now: datetime | None = None, limit: int = 1000
-    ) -> list[tuple[uuid.UUID, uuid.UUID]]:
-        """``(attempt id, run id)`` of up to ``limit`` attempts :meth:`attempts_expire`
-        would end now: what the scheduler splits a failed sweep by."""
-
     @abstractmethod
     async def attempts_list(self, tenant_id: uuid.UUID, *, run_id: uuid.UUID) -> list[Attempt]: ...
 
     @abstractmethod
     async def attempts_get(self, attempt_id: uuid.UUID) -> Attempt: ...
-
-    @abstractmethod
-    async def attempts_get_live(
-        self,
-        *,
-        attempt_id: uuid.UUID,
-        fencing_token: int,
-        tenant_id: uuid.UUID | None = None,
-    ) -> Attempt:
-        """The attempt, when ``fencing_token`` is its token and it is still live
-        (RUNNING): the fencing check of writes kept outside the database, such as log
-        lines. One read by primary key, nothing written. Unknown (or, with
-        ``tenant_id``, another tenant's): :class:`NotFoundError`; a wrong token or an
-        attempt that ended (succeeded, failed, lost, timed out, released):
-        :class:`StaleFencingTokenError`."""
 
     # -- events --------------------------------------------------------------------
 

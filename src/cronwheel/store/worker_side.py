@@ -1,0 +1,198 @@
+"""The workers' side of the store interface: registration and the worker protocol —
+lease, start, heartbeat, complete, fail, release (the conventions are
+``store/base.py``'s)."""
+
+from __future__ import annotations
+
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from datetime import datetime
+
+from cronwheel.domain.model import (
+    Attempt,
+    AttemptOutcome,
+    LeasedAttempt,
+    ReservationsStarted,
+    Worker,
+)
+from cronwheel.store.values import (
+    CompleteItem,
+    FailItem,
+    HeartbeatItem,
+)
+
+__all__ = ["WorkerSide"]
+
+
+class WorkerSide(ABC):
+    """What the worker protocol calls."""
+
+    @abstractmethod
+    async def workers_register(
+        self,
+        tenant_id: uuid.UUID | None,
+        *,
+        pool: str,
+        capabilities: Sequence[str],
+        tags: Sequence[str],
+        capacity: int,
+        name: str | None = None,
+        webhooks_only: bool = False,
+        now: datetime | None = None,
+    ) -> Worker: ...
+
+    @abstractmethod
+    async def workers_get(self, worker_id: uuid.UUID) -> Worker: ...
+
+    @abstractmethod
+    async def workers_deregister(
+        self, worker_id: uuid.UUID, *, now: datetime | None = None
+    ) -> None:
+        """Record that the worker said goodbye: it no longer counts as live for routing
+        (see :meth:`runs_route_check`), and it may never lease or start a run again
+        (:meth:`attempts_lease`, :meth:`attempts_start_many`). An unknown or already
+        deregistered worker is left as it is. What it still holds is released by
+        :meth:`attempts_release_by_worker`, called after this: a lease in flight
+        meanwhile has either committed (and is released) or leases nothing."""
+
+    @abstractmethod
+    async def attempts_lease(
+        self,
+        *,
+        worker: Worker,
+        max: int,
+        webhooks_only: bool = False,
+        ahead: float = 0.0,
+        now: datetime | None = None,
+    ) -> list[LeasedAttempt]:
+        """Lease up to ``max`` DISPATCHED runs the worker can execute (its pool, its
+        tenant if it has one, required capabilities a subset of its own; with
+        ``webhooks_only``, webhook runs only), highest priority then oldest first, in
+        one statement. Each whose instant (``fire_at``) has come becomes RUNNING with a
+        new attempt and a new, strictly larger fencing token; it loses its
+        ``wait_reason``. Two workers racing never get the same run. The worker counts
+        as seen (see :meth:`runs_route_check`).
+
+        With ``ahead`` > 0, runs due within that many seconds are leased too, as
+        *reservations* (``not_before`` set): the run stays DISPATCHED, held for this
+        worker under the attempt id and token it will start with, until it is started
+        by :meth:`attempts_start_many` at its instant, handed back, or the reservation
+        lapses (its instant plus the heartbeat timeout) and any worker may lease it.
+        A cancel or pause before the start wins. A lapsed reservation is taken over by
+        the next lease like any ready run.
+
+        A deregistered worker leases nothing: :class:`WorkerDeregisteredError`, decided
+        inside the statement. A lease racing :meth:`workers_deregister` is ordered with
+        it: either it commits first (and a release after the deregistration finds its
+        attempts) or it sees the deregistration and leases nothing."""
+
+    @abstractmethod
+    async def attempts_start_many(
+        self,
+        *,
+        worker_id: uuid.UUID,
+        tokens: Sequence[int],
+        tenant_id: uuid.UUID | None = None,
+        now: datetime | None = None,
+    ) -> ReservationsStarted:
+        """Start reservations of ``worker_id``, named by their fencing tokens, in one
+        statement: each whose run is still DISPATCHED under that reservation and whose
+        instant has come becomes RUNNING with the attempt (id and token) it was
+        reserved with, exactly as a lease at this moment would have made it. Refused:
+        ``not_yet`` (its instant is still ahead: nothing changed, start it then), and
+        ``refused`` (the reservation is gone: the run was cancelled, paused, or its
+        reservation lapsed and another worker took it; never this worker's or, with
+        ``tenant_id``, that tenant's). The worker drops what was refused. A
+        deregistered worker starts nothing: :class:`WorkerDeregisteredError`, ordered
+        with :meth:`workers_deregister` as :meth:`attempts_lease` is."""
+
+    @abstractmethod
+    async def attempts_heartbeat_many(
+        self,
+        *,
+        items: Sequence[HeartbeatItem],
+        tenant_id: uuid.UUID | None = None,
+        now: datetime | None = None,
+    ) -> list[AttemptOutcome]:
+        """Extend each live attempt's lease by its run's heartbeat timeout.
+
+        An item with ``progress`` is also a progress report: the attempt records now as
+        ``progress_at`` and the item's ``details`` (replacing the last ones, None
+        included), and under a progress timeout its ``progress_deadline`` moves to now
+        plus that timeout. Of several items for one attempt, the last report wins.
+
+        Conventions of every ``attempts_*_many``: one outcome per item, in order. An item
+        is applied only when its (attempt id, fencing token) pair is the attempt's live
+        lease and, with ``tenant_id``, the attempt is that tenant's; otherwise it gets
+        ``ok=False`` with ``error_code`` ``stale_fencing_token`` (the attempt exists) or
+        ``not_found`` (unknown, or another tenant's), and nothing changes for it. An ok
+        outcome carries the run's state afterwards."""
+
+    @abstractmethod
+    async def attempts_complete_many(
+        self,
+        *,
+        items: Sequence[CompleteItem],
+        tenant_id: uuid.UUID | None = None,
+        now: datetime | None = None,
+    ) -> list[AttemptOutcome]:
+        """Finish attempts successfully: their runs become SUCCESS (or CANCELLED when a
+        cancel was requested); one-off jobs become finished."""
+
+    @abstractmethod
+    async def attempts_fail_many(
+        self,
+        *,
+        items: Sequence[FailItem],
+        tenant_id: uuid.UUID | None = None,
+        now: datetime | None = None,
+    ) -> list[AttemptOutcome]:
+        """Fail attempts: the run is retried while attempts remain and the error is
+        retryable — after its backoff, or after the item's ``retry_after`` when that is
+        longer — else it becomes DEAD_LETTER (retries exhausted) or FAILED (not
+        retryable)."""
+
+    @abstractmethod
+    async def attempts_release_many(
+        self,
+        *,
+        items: Sequence[HeartbeatItem],
+        tenant_id: uuid.UUID | None = None,
+        now: datetime | None = None,
+    ) -> list[AttemptOutcome]:
+        """A worker shutting down hands attempts back: each run returns to DISPATCHED at
+        once and the try is not counted. An item naming a reservation that has not
+        started releases the reservation: the run is free for any worker again."""
+
+    @abstractmethod
+    async def attempts_release_by_worker(
+        self,
+        *,
+        worker_id: uuid.UUID,
+        tenant_id: uuid.UUID | None = None,
+        now: datetime | None = None,
+    ) -> list[AttemptOutcome]:
+        """A worker deregistering hands back every attempt it still holds, including
+        any it was leased but never received (a lease answer lost when it stopped
+        mid-long-poll): each of its RUNNING attempts (with ``tenant_id``, only that
+        tenant's) is released as by :meth:`attempts_release_many` — the run returns to
+        DISPATCHED at once, the try is not counted — and the event records
+        ``released: worker deregistered``; its reservations are released too. Returns
+        one ok outcome per released attempt or reservation (empty for an unknown worker
+        or one holding nothing)."""
+
+    @abstractmethod
+    async def attempts_get_live(
+        self,
+        *,
+        attempt_id: uuid.UUID,
+        fencing_token: int,
+        tenant_id: uuid.UUID | None = None,
+    ) -> Attempt:
+        """The attempt, when ``fencing_token`` is its token and it is still live
+        (RUNNING): the fencing check of writes kept outside the database, such as log
+        lines. One read by primary key, nothing written. Unknown (or, with
+        ``tenant_id``, another tenant's): :class:`NotFoundError`; a wrong token or an
+        attempt that ended (succeeded, failed, lost, timed out, released):
+        :class:`StaleFencingTokenError`."""
