@@ -9,9 +9,9 @@ from typing import Any
 
 from sqlalchemy.engine import Row
 
-from cronwheel.domain.errors import ValidationError
+from cronwheel.domain.errors import IllegalTransitionError, ValidationError
 from cronwheel.domain.model import Attempt, Event, Job, Run, Tenant, Worker
-from cronwheel.domain.states import AttemptState, JobState, RunState
+from cronwheel.domain.states import AttemptState, JobState, RunState, illegal_transitions
 from cronwheel.domain.template import RunTemplate
 
 __all__ = [
@@ -43,6 +43,14 @@ def event_row(
     reason: str | None = None,
     data: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """An event's row. A ``run.transition`` must be one the state machine allows (a run
+    begins SCHEDULED): a statement about to record another fails before it is written."""
+    if kind == "run.transition" and illegal_transitions([(from_state, to_state or "")]):
+        raise IllegalTransitionError(
+            f"a run cannot move from {from_state or 'nothing'} to {to_state}",
+            source=from_state,
+            target=to_state,
+        )
     return {
         "tenant_id": tenant_id,
         "at": at,
