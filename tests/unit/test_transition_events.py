@@ -27,7 +27,7 @@ def _row(source: str | None, target: str) -> dict[str, object]:
 
 @pytest.mark.parametrize(
     ("source", "target"),
-    [(s.value, t.value) for s, targets in TRANSITIONS.items() for t in targets]
+    sorted((s.value, t.value) for s, targets in TRANSITIONS.items() for t in targets)
     + [(None, "SCHEDULED")],
 )
 def test_every_allowed_transition_makes_a_row(source: str | None, target: str) -> None:
