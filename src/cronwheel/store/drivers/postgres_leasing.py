@@ -1,15 +1,6 @@
 """The PostgreSQL driver's statements for workers — lease, start, heartbeat and
 complete a batch — in raw asyncpg on the transaction's own connection (the scheduler's
-side is in ``postgres_firing.py``).
-
-Each is one round trip per batch: data-modifying CTEs move runs, write attempts and
-append events in a single statement (COPY where rows need no answer). They implement the
-contract of ``store/driver.py``; the driver conformance suite runs them and the SQLite
-driver's against the same tests.
-
-Parameter conventions: ``$1`` is always the caller's ``now`` (NULL means the database
-clock, read once per statement with ``statement_timestamp()``); JSON goes in as text.
-"""
+side, and the conventions both follow, are in ``postgres_firing.py``)."""
 
 from __future__ import annotations
 
