@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from cronwheel.settings import Settings
+from cronwheel.testing import wait_until_async
 
 ADMIN_KEY = "test-admin-key-0123456789"
 LEAD = 5.0  # dispatch_lead and lease_ahead_max: runs are handed out up to 5 s early
@@ -125,7 +126,7 @@ async def until_due(api: Any, instant: datetime) -> None:
     async def due() -> bool:
         return bool(await api.store.db_now() >= instant)
 
-    await api.wait_until(due, timeout=AHEAD_SECONDS + 10)
+    await wait_until_async(due, timeout=AHEAD_SECONDS + 10)
 
 
 def assert_untouched(detail: dict[str, Any]) -> None:
@@ -408,7 +409,7 @@ async def test_a_lapsed_reservation_is_voided_by_the_expiry_sweep_and_taken(api:
     async def past_expiry() -> bool:
         return bool(await api.store.db_now() > expiry)
 
-    await api.wait_until(past_expiry, timeout=AHEAD_SECONDS + 10)
+    await wait_until_async(past_expiry, timeout=AHEAD_SECONDS + 10)
     # Past its expiry it is out of the queue still, until the sweep voids it.
     got, _ = await lease(api, worker, other, max=10)
     assert got == []
