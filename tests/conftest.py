@@ -2,7 +2,8 @@
 
 PostgreSQL: the schema is migrated once per session into a template database; each
 test gets its own database cloned from it (fast) and dropped afterwards.
-SQLite: each test gets its own file, migrated from scratch.
+SQLite: the schema is migrated once per session into a template file; each test gets
+its own copy of it.
 
 The suite runs on two processes (pytest-xdist, ``-n 2`` in pyproject.toml; ``-n 0``
 runs it in one). Each process has its own template and databases. The end-to-end tests,
@@ -11,7 +12,9 @@ which start real processes and measure them, all run on one process, one at a ti
 
 from __future__ import annotations
 
+import asyncio
 import os
+import shutil
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -50,8 +53,6 @@ async def _pg_admin(sql: str) -> None:
 @pytest.fixture(scope="session")
 def pg_template() -> Iterator[str]:
     """Name of a migrated template database, made once per test session."""
-    import asyncio
-
     name = f"cw_tpl_{os.getpid()}_{uuid.uuid4().hex[:6]}"
 
     async def make() -> None:
@@ -82,13 +83,28 @@ async def pg_url(pg_template: str) -> AsyncIterator[str]:
     yield _pg_url(name)
 
 
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A migrated SQLite file, made once per test session."""
+    path = tmp_path_factory.mktemp("sqlite-template") / "cronwheel.db"
+
+    async def make() -> None:
+        store = create_store(normalise_database_url(f"sqlite:///{path}"))
+        await store.migrate()
+        await store.close()
+
+    asyncio.run(make())
+    # Closed, the file holds everything: no write-ahead log is left beside it to copy.
+    assert sorted(p.name for p in path.parent.iterdir()) == [path.name]
+    return path
+
+
 @pytest.fixture
-async def sqlite_url(tmp_path: Path) -> AsyncIterator[str]:
-    url = normalise_database_url(f"sqlite:///{tmp_path / 'cronwheel.db'}")
-    store = create_store(url)
-    await store.migrate()
-    await store.close()
-    yield url
+def sqlite_url(sqlite_template: Path, tmp_path: Path) -> str:
+    """A fresh migrated SQLite database for one test: a copy of the template."""
+    path = tmp_path / "cronwheel.db"
+    shutil.copyfile(sqlite_template, path)
+    return normalise_database_url(f"sqlite:///{path}")
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
