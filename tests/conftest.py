@@ -1,7 +1,7 @@
 """Shared fixtures: a fresh, migrated store per test, on SQLite and on PostgreSQL.
 
 PostgreSQL: the schema is migrated once per session into a template database; each
-test gets its own database cloned from it (fast) and dropped afterwards.
+test gets its own database cloned from it (fast), dropped at the end of the session.
 SQLite: the schema is migrated once per session into a template file; each test gets
 its own copy of it.
 
@@ -33,6 +33,9 @@ os.environ.pop("LINES", None)
 
 # Per-test databases, dropped at the end of the session.
 _spent: list[str] = []
+# Drops at once at the end of the session: each one waits for a checkpoint, and
+# concurrent drops share one.
+_DROPS_AT_ONCE = 4
 
 PG_ADMIN_DSN = os.environ.get("CRONWHEEL_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 
@@ -65,8 +68,18 @@ def pg_template() -> Iterator[str]:
     yield name
 
     async def drop_all() -> None:
-        for db in [*_spent, name]:
-            await _pg_admin(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+        gate = asyncio.Semaphore(_DROPS_AT_ONCE)
+
+        async def drop(db: str) -> None:
+            async with gate:
+                await _pg_admin(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+
+        outcomes = await asyncio.gather(
+            *(drop(db) for db in [*_spent, name]), return_exceptions=True
+        )
+        for outcome in outcomes:  # every drop was tried before any failure is told
+            if isinstance(outcome, BaseException):
+                raise outcome
 
     asyncio.run(drop_all())
     _spent.clear()
