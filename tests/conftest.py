@@ -1,8 +1,9 @@
 """Shared fixtures: a fresh, migrated store per test, on SQLite and on PostgreSQL.
 
 PostgreSQL: the schema is migrated once per session into a template database; each
-test gets its own database cloned from it (fast) and dropped afterwards.
-SQLite: each test gets its own file, migrated from scratch.
+test gets its own database cloned from it (fast), dropped at the end of the session.
+SQLite: the schema is migrated once per session into a template file; each test gets
+its own copy of it.
 
 The suite runs on two processes (pytest-xdist, ``-n 2`` in pyproject.toml; ``-n 0``
 runs it in one). Each process has its own template and databases. The end-to-end tests,
@@ -11,7 +12,9 @@ which start real processes and measure them, all run on one process, one at a ti
 
 from __future__ import annotations
 
+import asyncio
 import os
+import shutil
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -31,6 +34,9 @@ os.environ.pop("LINES", None)
 
 # Per-test databases, dropped at the end of the session.
 _spent: list[str] = []
+# Drops at once at the end of the session: each one waits for a checkpoint, and
+# concurrent drops share one.
+_DROPS_AT_ONCE = 4
 
 PG_ADMIN_DSN = os.environ.get("CRONWHEEL_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 
@@ -51,8 +57,6 @@ async def _pg_admin(sql: str) -> None:
 @pytest.fixture(scope="session")
 def pg_template() -> Iterator[str]:
     """Name of a migrated template database, made once per test session."""
-    import asyncio
-
     name = f"cw_tpl_{os.getpid()}_{uuid.uuid4().hex[:6]}"
 
     async def make() -> None:
@@ -65,8 +69,18 @@ def pg_template() -> Iterator[str]:
     yield name
 
     async def drop_all() -> None:
-        for db in [*_spent, name]:
-            await _pg_admin(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+        gate = asyncio.Semaphore(_DROPS_AT_ONCE)
+
+        async def drop(db: str) -> None:
+            async with gate:
+                await _pg_admin(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+
+        outcomes = await asyncio.gather(
+            *(drop(db) for db in [*_spent, name]), return_exceptions=True
+        )
+        for outcome in outcomes:  # every drop was tried before any failure is told
+            if isinstance(outcome, BaseException):
+                raise outcome
 
     asyncio.run(drop_all())
     _spent.clear()
@@ -83,13 +97,28 @@ async def pg_url(pg_template: str) -> AsyncIterator[str]:
     yield _pg_url(name)
 
 
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A migrated SQLite file, made once per test session."""
+    path = tmp_path_factory.mktemp("sqlite-template") / "cronwheel.db"
+
+    async def make() -> None:
+        store = create_store(normalise_database_url(f"sqlite:///{path}"))
+        await store.migrate()
+        await store.close()
+
+    asyncio.run(make())
+    # Closed, the file holds everything: no write-ahead log is left beside it to copy.
+    assert sorted(p.name for p in path.parent.iterdir()) == [path.name]
+    return path
+
+
 @pytest.fixture
-async def sqlite_url(tmp_path: Path) -> AsyncIterator[str]:
-    url = normalise_database_url(f"sqlite:///{tmp_path / 'cronwheel.db'}")
-    store = create_store(url)
-    await store.migrate()
-    await store.close()
-    yield url
+def sqlite_url(sqlite_template: Path, tmp_path: Path) -> str:
+    """A fresh migrated SQLite database for one test: a copy of the template."""
+    path = tmp_path / "cronwheel.db"
+    shutil.copyfile(sqlite_template, path)
+    return normalise_database_url(f"sqlite:///{path}")
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

@@ -7,7 +7,7 @@ or frozen and thawed (``SIGSTOP`` / ``SIGCONT``)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import inspect
 import os
 import secrets
 import signal
@@ -28,7 +28,14 @@ from cronwheel.client import ApiError
 if TYPE_CHECKING:
     from typer.testing import Result
 
-__all__ = ["Cluster", "free_port", "invoke_then_terminate", "wait_until"]
+__all__ = [
+    "NOT_YET",
+    "Cluster",
+    "free_port",
+    "invoke_then_terminate",
+    "wait_until",
+    "wait_until_async",
+]
 
 
 def free_port() -> int:
@@ -37,20 +44,78 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_until(check: Callable[[], Any], timeout: float = 30.0) -> Any:
-    """Poll ``check`` until it returns something truthy (an HTTP or API error counts as
-    not yet), or fail at the deadline; returns what it returned."""
-    deadline = time.monotonic() + timeout
+NOT_YET: tuple[type[Exception], ...] = (httpx.HTTPError, ApiError)
+"""What :func:`wait_until` counts as "not yet" by default: an HTTP or API error, as from a
+process still starting."""
+
+
+class _Deadline:
+    """The I/O-free part of a wait, shared by its blocking and async forms."""
+
+    def __init__(
+        self,
+        timeout: float,
+        what: str | Callable[[], str],
+        not_yet: tuple[type[BaseException], ...],
+    ) -> None:
+        self.timeout = timeout
+        self.what = what
+        self.not_yet = not_yet
+        self._at = time.monotonic() + timeout
+
+    def check_passed(self) -> None:
+        if time.monotonic() > self._at:
+            what = self.what if isinstance(self.what, str) else self.what()
+            raise AssertionError(f"not within {self.timeout:g} s: {what}")
+
+
+def wait_until(
+    check: Callable[[], Any],
+    timeout: float = 30.0,
+    *,
+    what: str | Callable[[], str] = "the condition",
+    interval: float = 0.01,
+    not_yet: tuple[type[BaseException], ...] = NOT_YET,
+) -> Any:
+    """Poll ``check`` every ``interval`` seconds until it returns something truthy, and
+    return that; at the deadline fail with an ``AssertionError`` naming ``what`` (text,
+    or a function that tells it then, e.g. the state last seen). An exception of
+    ``not_yet`` counts as not yet (pass ``()`` to let every exception through at once);
+    any other is raised."""
+    deadline = _Deadline(timeout, what, not_yet)
     while True:
         try:
             value = check()
-        except (httpx.HTTPError, ApiError):
+        except deadline.not_yet:
             value = None
         if value:
             return value
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met before the deadline")
-        time.sleep(0.02)
+        deadline.check_passed()
+        time.sleep(interval)
+
+
+async def wait_until_async(
+    check: Callable[[], Any],
+    timeout: float = 30.0,
+    *,
+    what: str | Callable[[], str] = "the condition",
+    interval: float = 0.01,
+    not_yet: tuple[type[BaseException], ...] = NOT_YET,
+) -> Any:
+    """:func:`wait_until` on the running event loop: ``check`` may also return an
+    awaitable (be a coroutine function), whose result counts."""
+    deadline = _Deadline(timeout, what, not_yet)
+    while True:
+        try:
+            value = check()
+            if inspect.isawaitable(value):
+                value = await value
+        except deadline.not_yet:
+            value = None
+        if value:
+            return value
+        deadline.check_passed()
+        await asyncio.sleep(interval)
 
 
 def invoke_then_terminate(
@@ -201,16 +266,37 @@ class Cluster:
         self.paused.discard(name)
 
     async def wait_ready(self, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
+        """Wait until the API answers ``/readyz``; fail at once if a process exits."""
         async with httpx.AsyncClient() as client:
-            while True:
-                self.check_alive()
-                with contextlib.suppress(httpx.HTTPError):
-                    if (await client.get(self.url + "/readyz")).status_code == 200:
-                        return
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"the API at {self.url} did not become ready")
-                await asyncio.sleep(0.1)
+
+            async def ready() -> bool:
+                return (await client.get(self.url + "/readyz")).status_code == 200
+
+            await self.wait_until(
+                ready, timeout, what=f"the API at {self.url} to become ready", not_yet=NOT_YET
+            )
+
+    async def wait_until(
+        self,
+        check: Callable[[], Any],
+        timeout: float = 60.0,
+        *,
+        what: str | Callable[[], str] = "the condition",
+        interval: float = 0.1,
+        not_yet: tuple[type[BaseException], ...] = (),
+    ) -> Any:
+        """:func:`wait_until_async` while every process lives: one that exits fails the
+        wait at once (:meth:`check_alive`). Any exception of ``check`` fails it too by
+        default — a cluster that is up answers — unless it is one of ``not_yet``."""
+
+        async def alive_and_true() -> Any:
+            self.check_alive()
+            value = check()
+            return await value if inspect.isawaitable(value) else value
+
+        return await wait_until_async(
+            alive_and_true, timeout, what=what, interval=interval, not_yet=not_yet
+        )
 
     def check_alive(self) -> None:
         for name, proc in self.procs.items():

@@ -8,9 +8,7 @@ instant: those never start. Every other run starts once, never before its instan
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
-from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -54,14 +52,6 @@ async def _create(cluster: Cluster, key: str, due: datetime) -> list[str]:
         return [job["first_run_id"] for job in r.json()["items"]]
 
 
-async def _until(check: Callable[[], Awaitable[bool]], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not await check():
-        if time.monotonic() > deadline:
-            pytest.fail(f"not within {timeout} s: {what}")
-        await asyncio.sleep(0.1)
-
-
 async def _reserved(store: Store, run_ids: list[uuid.UUID]) -> int:
     """How many of ``run_ids`` are held by a worker's reservation right now."""
     assert isinstance(store, SqlStore)
@@ -93,10 +83,9 @@ async def test_a_burst_is_reserved_ahead_and_a_cancel_before_the_instant_wins(
 
         # Dispatched ahead and reserved by the workers, well before the instant.
         async def all_reserved() -> bool:
-            cluster.check_alive()
             return await _reserved(store, run_ids) == RUNS
 
-        await _until(all_reserved, AHEAD - 2, "every run reserved")
+        await cluster.wait_until(all_reserved, AHEAD - 2, what="every run reserved")
         assert await store.db_now() < due - timedelta(seconds=1)
         victims = run_ids[:CANCELLED]
         headers = {"Authorization": f"Bearer {operator_key}"}
@@ -108,11 +97,10 @@ async def test_a_burst_is_reserved_ahead_and_a_cancel_before_the_instant_wins(
         assert await store.db_now() < due  # every cancel came before the instant
 
         async def all_finished() -> bool:
-            cluster.check_alive()
             counts = await store.runs_count_by_state()
             return counts["SUCCESS"] + counts["CANCELLED"] >= RUNS
 
-        await _until(all_finished, 60, "every run finished")
+        await cluster.wait_until(all_finished, 60, what="every run finished")
         await asyncio.sleep(0.5)  # nothing further may happen to them
 
         runs = {run_id: await store.runs_get(tenant, run_id) for run_id in run_ids}

@@ -3,9 +3,7 @@ a separate scheduler process occurrence after occurrence, run by a separate work
 
 from __future__ import annotations
 
-import asyncio
 import itertools
-import time
 import uuid
 from datetime import timedelta
 from pathlib import Path
@@ -47,17 +45,18 @@ async def test_every_second_cron_job_keeps_running(pg_url: str, tmp_path: Path) 
             job_id = uuid.UUID(r.json()["id"])
 
         tenant = uuid.UUID(tenant_id)
-        deadline = time.monotonic() + 60
-        while True:
-            cluster.check_alive()
+        succeeded: list[int] = [0]
+
+        async def five_succeeded() -> bool:
             done = await store.runs_list(
                 tenant, filter=RunFilter(job_id=job_id, states=["SUCCESS"]), limit=100
             )
-            if len(done.items) >= 5:
-                break
-            if time.monotonic() > deadline:
-                pytest.fail(f"only {len(done.items)} runs succeeded in 60 s")
-            await asyncio.sleep(0.2)
+            succeeded[0] = len(done.items)
+            return succeeded[0] >= 5
+
+        await cluster.wait_until(
+            five_succeeded, 60, what=lambda: f"5 runs succeeded (only {succeeded[0]})", interval=0.2
+        )
 
         every = await store.runs_list(tenant, filter=RunFilter(job_id=job_id), limit=1000)
         runs = sorted(every.items, key=lambda r: r.due_at)

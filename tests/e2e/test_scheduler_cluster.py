@@ -9,10 +9,9 @@ bounded by the lease TTL. No worker runs: a dispatched run stays DISPATCHED."""
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -164,18 +163,6 @@ class Db:
         return out
 
 
-async def until(
-    cluster: Cluster, what: str, check: Callable[[], Awaitable[bool]], timeout: float = 30.0
-) -> None:
-    """Poll ``check`` until it holds; fail naming ``what`` after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while not await check():
-        cluster.check_alive()
-        if time.monotonic() > deadline:
-            pytest.fail(f"not within {timeout:.0f} s: {what}")
-        await asyncio.sleep(0.1)
-
-
 @dataclass
 class Timeline:
     """Instants of the scenario, ``base + t``, on the database's clock."""
@@ -225,7 +212,7 @@ async def start_node(cluster: Cluster, db: Db, name: str) -> str:
     async def has_share() -> bool:
         return bool((await db.held()).get(node))
 
-    await until(cluster, f"{node} holds shards", has_share)
+    await cluster.wait_until(has_share, 30, what=f"{node} holds shards")
     return node
 
 
@@ -313,7 +300,7 @@ async def test_joins_leaves_pauses_and_kills_dispatch_every_run_exactly_once(
             held = await db.held()
             return "node-1" not in held and frozen <= held["node-0"] | held["node-2"]
 
-        await until(cluster, "node-0 and node-2 take over node-1's shards", taken_over)
+        await cluster.wait_until(taken_over, 30, what="node-0 and node-2 take over node-1's shards")
         await asyncio.sleep(TTL)
         resume_mark = await db.mark()
         cluster.resume("node-1")
@@ -325,7 +312,7 @@ async def test_joins_leaves_pauses_and_kills_dispatch_every_run_exactly_once(
         async def spiking() -> bool:
             return await db.scheduled(due_by=clock.t(spike)) < 4 * 300
 
-        await until(cluster, "the spike is being dispatched", spiking)
+        await cluster.wait_until(spiking, 30, what="the spike is being dispatched")
         doomed = (await db.held())["node-0"]
         cluster.kill("node-0")
         killed_at = await db.now()
@@ -343,7 +330,7 @@ async def test_joins_leaves_pauses_and_kills_dispatch_every_run_exactly_once(
         async def all_dispatched() -> bool:
             return await db.scheduled() == 0
 
-        await until(cluster, "every run is dispatched", all_dispatched, timeout=60)
+        await cluster.wait_until(all_dispatched, 60, what="every run is dispatched")
         once = check_exactly_once(await db.dispatches(), await db.histories(), job_ids, nodes)
         assert any(d.late > LATE for d in once.values()), "no run was late: faults not felt"
 
@@ -379,9 +366,9 @@ async def freeze(cluster: Cluster, db: Db, name: str, *, mid_fire: bool) -> date
     """``SIGSTOP`` the only scheduler node, ``name``, at the chosen moment: inside a
     transaction that has written runs (a fire batch, its rows locked, not committed), or
     outside any transaction. Tries until the node is seen frozen there; returns when."""
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        cluster.check_alive()
+
+    async def frozen() -> datetime | None:
+        """One try: the instant it froze there, or None (thawed again)."""
         if mid_fire:
             writing = await db.writing_runs()
             if writing:
@@ -390,17 +377,19 @@ async def freeze(cluster: Cluster, db: Db, name: str, *, mid_fire: bool) -> date
                 if writing & await db.writing_runs():
                     return await db.now()
                 cluster.resume(name)
-            await asyncio.sleep(0.002)
-        else:
+        elif not await db.sessions():
+            cluster.pause(name)
+            await asyncio.sleep(0.3)
             if not await db.sessions():
-                cluster.pause(name)
-                await asyncio.sleep(0.3)
-                if not await db.sessions():
-                    return await db.now()
-                cluster.resume(name)
-            await asyncio.sleep(0.01)
+                return await db.now()
+            cluster.resume(name)
+        return None
+
     moment = "inside a fire transaction" if mid_fire else "between transactions"
-    pytest.fail(f"could not freeze {name} {moment} within 30 s")
+    at: datetime = await cluster.wait_until(
+        frozen, 30, what=f"{name} frozen {moment}", interval=0.002 if mid_fire else 0.01
+    )
+    return at
 
 
 @pytest.mark.parametrize("mid_fire", [False, True], ids=["between-passes", "mid-fire"])
@@ -418,7 +407,7 @@ async def test_a_node_frozen_holding_every_shard_fires_nothing_it_lost(
         async def a_holds_all() -> bool:
             return (await db.held()).get(a) == every_shard
 
-        await until(cluster, f"{a} holds every shard", a_holds_all)
+        await cluster.wait_until(a_holds_all, 30, what=f"{a} holds every shard")
         keys = [(await cluster.tenant(f"tenant-{i}"))[1] for i in range(2)]
 
         # Per tenant: a burst (several fire batches) when node-a is frozen, a stream due
@@ -441,12 +430,12 @@ async def test_a_node_frozen_holding_every_shard_fires_nothing_it_lost(
         async def due_dispatched() -> bool:
             return await db.scheduled(due_by=clock.t(9)) == 0
 
-        await until(cluster, f"{b} takes over every shard of frozen {a}", b_holds_all)
+        await cluster.wait_until(b_holds_all, 30, what=f"{b} takes over every shard of frozen {a}")
         try:
-            await until(
-                cluster, f"{b} dispatches what falls due while {a} is frozen", due_dispatched, 20
+            await cluster.wait_until(
+                due_dispatched, 20, what=f"{b} dispatches what falls due while {a} is frozen"
             )
-        except pytest.fail.Exception as exc:
+        except AssertionError as exc:
             still = await db.scheduled(due_by=clock.t(9))
             pytest.fail(f"{exc}: {still} runs still SCHEDULED; sessions: {await db.sessions()}")
         left = (paused_at + timedelta(seconds=3 * TTL) - await db.now()).total_seconds()
@@ -460,12 +449,12 @@ async def test_a_node_frozen_holding_every_shard_fires_nothing_it_lost(
             held = await db.held()
             return bool(held.get(a)) and held[a] | held[b] == every_shard
 
-        await until(cluster, f"{a} and {b} share the shards", shared)
+        await cluster.wait_until(shared, 30, what=f"{a} and {b} share the shards")
 
         async def all_dispatched() -> bool:
             return await db.scheduled() == 0
 
-        await until(cluster, "every run is dispatched", all_dispatched)
+        await cluster.wait_until(all_dispatched, 30, what="every run is dispatched")
         once = check_exactly_once(await db.dispatches(), await db.histories(), job_ids, {a, b})
 
         stale = [

@@ -10,7 +10,6 @@ import asyncio
 import itertools
 import os
 import re
-import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -107,15 +106,8 @@ class Tenant:
         self, what: str, check: Callable[[], Awaitable[T | None]], timeout: float = 60
     ) -> T:
         """Poll ``check`` until it returns something true, with a deadline."""
-        deadline = time.monotonic() + timeout
-        while True:
-            self.cluster.check_alive()
-            value = await check()
-            if value:
-                return value
-            if time.monotonic() > deadline:
-                pytest.fail(f"{what}: not within {timeout:g} s")
-            await asyncio.sleep(0.1)
+        value: T = await self.cluster.wait_until(check, timeout, what=what)
+        return value
 
     async def run_in(self, run_id: str, *states: str, timeout: float = 60) -> Json:
         async def check() -> Json | None:

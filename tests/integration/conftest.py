@@ -3,9 +3,8 @@ through httpx's ASGI transport, with its lifespan run by asgi-lifespan."""
 
 from __future__ import annotations
 
-import asyncio
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -86,23 +85,6 @@ class Driver:
         runs = await self.store.runs_list(tid, limit=1000)
         events = await self.store.events_list(tid, limit=1000)
         return jobs.items, runs.items, [e.id for e in events.items]
-
-    @staticmethod
-    async def wait_until(
-        predicate: Callable[[], bool | Awaitable[bool]], *, timeout: float = 5.0
-    ) -> None:
-        """Wait for a condition with a deadline (never a bare sleep)."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while True:
-            value = predicate()
-            if not isinstance(value, bool):
-                value = await value
-            if value:
-                return
-            if loop.time() > deadline:
-                raise AssertionError("condition not met before the deadline")
-            await asyncio.sleep(0.005)
 
 
 @pytest.fixture

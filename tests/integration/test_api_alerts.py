@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from cronwheel.cli import app as cli_app
 from cronwheel.runtime import BackgroundRuntime, Runtime
 from cronwheel.settings import Settings
 from cronwheel.store import Store
+from cronwheel.testing import wait_until
 
 ALL_SHARDS = list(range(256))
 
@@ -178,11 +178,7 @@ def test_the_scheduler_finds_them_and_the_client_and_cli_show_them(
             job = client.jobs.create(
                 name="train", schedule={"asap": True}, task="t", pool="gpu", requires=["cuda"]
             )
-            deadline = time.monotonic() + 30
-            while not (items := client.alerts.list()):
-                if time.monotonic() > deadline:
-                    pytest.fail("no alert within 30 s")
-                time.sleep(0.05)
+            items = wait_until(client.alerts.list, 30, what="an alert", not_yet=())
             assert [(a["pool"], a["runs"]) for a in items] == [("gpu", 1)]
             run = client.runs.get(job["first_run_id"])
             assert run["wait_reason"] == _reason("gpu")

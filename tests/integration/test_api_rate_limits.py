@@ -23,6 +23,7 @@ from cronwheel.api.auth import KeyCache, hash_key
 from cronwheel.runtime import serving
 from cronwheel.settings import Settings
 from cronwheel.store import Store
+from cronwheel.testing import wait_until_async
 from cronwheel.worker import TaskContext, Worker
 
 ADMIN = {"Authorization": "Bearer test-admin-key-0123456789"}
@@ -207,11 +208,9 @@ async def test_the_key_cache_remembers_valid_keys_for_rate_limits_only(api, stor
     assert await cache.lookup(made_up) is None
     assert cache.peek(made_up) == (True, None)  # known to be no key, for a moment
 
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 5
-    while cache.peek(valid)[0] or cache.peek(made_up)[0]:  # both entries expire
-        assert loop.time() < deadline
-        await asyncio.sleep(0.01)
+    await wait_until_async(  # both entries expire
+        lambda: not (cache.peek(valid)[0] or cache.peek(made_up)[0]), 5, what="expiry"
+    )
     assert cache.peek(valid, stale_for=600) == (True, record)
     assert cache.peek(made_up, stale_for=600) == (False, None)
 

@@ -3,24 +3,41 @@
 ``POST /v1/workers/{id}/start`` (fencing tokens in, ``started`` / ``not_yet`` /
 ``refused`` tokens out) at that instant — unless a cancel or pause came first, or the
 reservation lapsed. Both backends, on the in-process app; the store's own rules are in
-tests/store/test_reservations.py, these tests prove the HTTP layer around them."""
+tests/store/test_reservations.py, these tests prove the HTTP layer around them.
+
+The database's clock is the test's (see clocked_store): it stands still at a far-future
+instant, and a test moves it to the instants it needs instead of waiting for them."""
 
 from __future__ import annotations
 
 import uuid
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from clocked_store import ManualClock, clocked
 
 from cronwheel.settings import Settings
+from cronwheel.store import Store
 
 ADMIN_KEY = "test-admin-key-0123456789"
 LEAD = 5.0  # dispatch_lead and lease_ahead_max: runs are handed out up to 5 s early
 AHEAD_SECONDS = 2.0  # runs are created due this far ahead of the database clock
 START_KEYS = {"started_at", "started", "not_yet", "refused"}
+T0 = datetime(2031, 3, 4, 12, 0, tzinfo=UTC)  # where the database's clock stands at first
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock(T0)
+
+
+@pytest.fixture
+def store(store: Store, clock: ManualClock) -> Store:
+    """The store as the API and the tests see it: its clock is ``clock``."""
+    return clocked(store, clock)
 
 
 @pytest.fixture
@@ -119,15 +136,6 @@ async def ahead_run(api: Any, tenant: Any, **job: Any) -> dict[str, Any]:
     return detail
 
 
-async def until_due(api: Any, instant: datetime) -> None:
-    """Wait until the database clock reaches ``instant``."""
-
-    async def due() -> bool:
-        return bool(await api.store.db_now() >= instant)
-
-    await api.wait_until(due, timeout=AHEAD_SECONDS + 10)
-
-
 def assert_untouched(detail: dict[str, Any]) -> None:
     """A reserved run: still DISPATCHED, no attempt made, not started."""
     assert (detail["state"], detail["attempt"], detail["started_at"]) == ("DISPATCHED", 0, None)
@@ -165,13 +173,13 @@ async def test_lease_ahead_beyond_the_limit_or_negative_is_422_and_reserves_noth
     assert reserved["run_id"] == run["id"] and reserved["not_before"] is not None
 
 
-async def test_start_refuses_empty_and_oversized_lists(api: Any) -> None:
+async def test_start_refuses_empty_and_oversized_lists(api: Any, clock: ManualClock) -> None:
     t = await api.tenant()
     worker = await api.key(t, "worker")
     wid = await register(api, worker)
     await ahead_run(api, t)
     [reserved], _ = await lease(api, worker, wid, max=10, ahead=LEAD)
-    await until_due(api, parse(reserved["not_before"]))  # due: only the 422s stop a start
+    clock.move_to(parse(reserved["not_before"]))  # due: only the 422s stop a start
     before = await api.snapshot(t)
     token = reserved["fencing_token"]
     too_many = [token] + [token + 1 + i for i in range(1000)]
@@ -196,7 +204,9 @@ async def test_start_refuses_empty_and_oversized_lists(api: Any) -> None:
     assert answer["refused"] == too_many[1:1000]
 
 
-async def test_start_for_an_unknown_or_another_tenants_worker_is_404(api: Any) -> None:
+async def test_start_for_an_unknown_or_another_tenants_worker_is_404(
+    api: Any, clock: ManualClock
+) -> None:
     a = await api.tenant()
     b = await api.tenant()
     wa = await api.key(a, "worker")
@@ -204,7 +214,7 @@ async def test_start_for_an_unknown_or_another_tenants_worker_is_404(api: Any) -
     wid = await register(api, wa)
     run = await ahead_run(api, a)
     [reserved], _ = await lease(api, wa, wid, max=10, ahead=LEAD)
-    await until_due(api, parse(reserved["not_before"]))  # due: only the 404s stop a start
+    clock.move_to(parse(reserved["not_before"]))  # due: only the 404s stop a start
     before = await api.snapshot(a)
     body = {"fencing_tokens": [reserved["fencing_token"]]}
     for worker_id, headers in (
@@ -232,7 +242,9 @@ async def test_start_for_an_unknown_or_another_tenants_worker_is_404(api: Any) -
 # -- the life of a reservation ---------------------------------------------------------
 
 
-async def test_a_reservation_is_started_at_its_instant_and_completed(api: Any) -> None:
+async def test_a_reservation_is_started_at_its_instant_and_completed(
+    api: Any, clock: ManualClock
+) -> None:
     t = await api.tenant()
     worker = await api.key(t, "worker")
     wid, other = await register(api, worker), await register(api, worker)
@@ -269,7 +281,7 @@ async def test_a_reservation_is_started_at_its_instant_and_completed(api: Any) -
     assert await api.snapshot(t) == before
     assert_untouched(await run_detail(api, t, run["id"]))
 
-    await until_due(api, due)
+    clock.move_to(due)
     # Due, but not the other worker's: refused to it (beside an unknown token), and the
     # reservation is untouched.
     unknown = token + 1_000_000
@@ -282,7 +294,7 @@ async def test_a_reservation_is_started_at_its_instant_and_completed(api: Any) -
     answer = await start(api, worker, wid, [token])
     assert (answer["started"], answer["not_yet"], answer["refused"]) == ([token], [], [])
     started_at = parse(answer["started_at"])
-    assert started_at >= due
+    assert started_at == due  # the clock stands at the instant
     detail = await run_detail(api, t, run["id"])
     assert (detail["state"], detail["attempt"]) == ("RUNNING", 1)
     assert parse(detail["started_at"]) == started_at
@@ -322,7 +334,9 @@ async def test_a_reservation_is_started_at_its_instant_and_completed(api: Any) -
     assert await api.snapshot(t) == before
 
 
-async def test_a_cancel_before_the_instant_wins_over_the_start(api: Any) -> None:
+async def test_a_cancel_before_the_instant_wins_over_the_start(
+    api: Any, clock: ManualClock
+) -> None:
     t = await api.tenant()
     worker = await api.key(t, "worker")
     wid = await register(api, worker)
@@ -334,7 +348,7 @@ async def test_a_cancel_before_the_instant_wins_over_the_start(api: Any) -> None
     )
     assert r.status_code == 200, r.text
     assert r.json()["state"] == "CANCELLED"  # not started: cancelled at once
-    await until_due(api, parse(reserved["not_before"]))
+    clock.move_to(parse(reserved["not_before"]))
     token = reserved["fencing_token"]
     assert await start(api, worker, wid, [token]) == nothing_started(refused=[token])
     detail = await run_detail(api, t, run["id"])
@@ -345,7 +359,7 @@ async def test_a_cancel_before_the_instant_wins_over_the_start(api: Any) -> None
     assert ("DISPATCHED", "RUNNING") not in transitions
 
 
-async def test_a_pause_before_the_instant_wins_over_the_start(api: Any) -> None:
+async def test_a_pause_before_the_instant_wins_over_the_start(api: Any, clock: ManualClock) -> None:
     t = await api.tenant()
     worker = await api.key(t, "worker")
     wid = await register(api, worker)
@@ -356,7 +370,7 @@ async def test_a_pause_before_the_instant_wins_over_the_start(api: Any) -> None:
     assert r.status_code == 200, r.text
     detail = await run_detail(api, t, run["id"])
     assert (detail["state"], detail["attempt"]) == ("SCHEDULED", 0)  # taken back
-    await until_due(api, parse(reserved["not_before"]))
+    clock.move_to(parse(reserved["not_before"]))
     token = reserved["fencing_token"]
     assert await start(api, worker, wid, [token]) == nothing_started(refused=[token])
     detail = await run_detail(api, t, run["id"])
@@ -365,7 +379,9 @@ async def test_a_pause_before_the_instant_wins_over_the_start(api: Any) -> None:
     assert ("DISPATCHED", "RUNNING") not in transitions_of(detail)
 
 
-async def test_a_started_item_and_a_refused_one_in_one_request(api: Any) -> None:
+async def test_a_started_item_and_a_refused_one_in_one_request(
+    api: Any, clock: ManualClock
+) -> None:
     """Each token has its own outcome: a cancelled reservation does not stop the other
     from starting."""
     t = await api.tenant()
@@ -377,7 +393,7 @@ async def test_a_started_item_and_a_refused_one_in_one_request(api: Any) -> None
     assert set(reserved) == {first["id"], second["id"]}
     r = await api.client.post(f"/v1/runs/{first['id']}/cancel", headers=t.headers)
     assert r.status_code == 200 and r.json()["state"] == "CANCELLED", r.text
-    await until_due(api, max(parse(x["not_before"]) for x in reserved.values()))
+    clock.move_to(max(parse(x["not_before"]) for x in reserved.values()))
     cancelled = reserved[first["id"]]["fencing_token"]
     kept = reserved[second["id"]]["fencing_token"]
     answer = await start(api, worker, wid, [cancelled, kept])
@@ -391,7 +407,9 @@ async def test_a_started_item_and_a_refused_one_in_one_request(api: Any) -> None
     assert parse(detail["started_at"]) == parse(answer["started_at"])
 
 
-async def test_a_lapsed_reservation_is_voided_by_the_expiry_sweep_and_taken(api: Any) -> None:
+async def test_a_lapsed_reservation_is_voided_by_the_expiry_sweep_and_taken(
+    api: Any, clock: ManualClock
+) -> None:
     t = await api.tenant()
     worker = await api.key(t, "worker")
     wid, other = await register(api, worker), await register(api, worker)
@@ -405,10 +423,10 @@ async def test_a_lapsed_reservation_is_voided_by_the_expiry_sweep_and_taken(api:
     got, _ = await lease(api, worker, other, max=10, ahead=LEAD)
     assert got == []
 
-    async def past_expiry() -> bool:
-        return bool(await api.store.db_now() > expiry)
-
-    await api.wait_until(past_expiry, timeout=AHEAD_SECONDS + 10)
+    # Still held at the very instant of its expiry.
+    clock.move_to(expiry)
+    assert await api.store.attempts_expire() == 0
+    clock.advance(0.001)
     # Past its expiry it is out of the queue still, until the sweep voids it.
     got, _ = await lease(api, worker, other, max=10)
     assert got == []
@@ -434,7 +452,9 @@ async def test_a_lapsed_reservation_is_voided_by_the_expiry_sweep_and_taken(api:
     )
 
 
-async def test_handing_a_reservation_back_frees_the_run_at_once(api: Any) -> None:
+async def test_handing_a_reservation_back_frees_the_run_at_once(
+    api: Any, clock: ManualClock
+) -> None:
     t = await api.tenant()
     worker = await api.key(t, "worker")
     wid, other = await register(api, worker), await register(api, worker)
@@ -465,7 +485,7 @@ async def test_handing_a_reservation_back_frees_the_run_at_once(api: Any) -> Non
     assert r.json() == {"worker_id": other, "released": 1}
     assert_untouched(await run_detail(api, t, run["id"]))
 
-    await until_due(api, parse(reserved["not_before"]))
+    clock.move_to(parse(reserved["not_before"]))
     # Both handed back: neither starts (the deregistered worker starts nothing at all).
     token = reserved["fencing_token"]
     assert await start(api, worker, wid, [token]) == nothing_started(refused=[token])

@@ -15,6 +15,7 @@ from fastapi import FastAPI
 from cronwheel.api import create_app
 from cronwheel.domain.states import AttemptState, RunState
 from cronwheel.store import Store
+from cronwheel.testing import wait_until_async
 
 
 def error_of(r: Any) -> dict[str, Any]:
@@ -161,7 +162,7 @@ async def test_a_client_gone_during_the_wait_is_not_leased_to(api, app: FastAPI)
     wid = await register(api, worker)
     gone = asyncio.Event()
     poll = asyncio.create_task(vanishing_lease(app, worker, wid, {"max": 1, "wait": 10}, gone))
-    await api.wait_until(lambda: app.state.api.notifier.waiting == 1)
+    await wait_until_async(lambda: app.state.api.notifier.waiting == 1)
     gone.set()  # the worker stops while the server waits
     job = await api.job(t)
     assert len(await api.fire()) == 1  # wakes the poll
@@ -280,7 +281,7 @@ async def test_a_long_poll_waiting_when_its_worker_is_deregistered_gets_no_run(
     poll = asyncio.create_task(
         api.client.post(f"/v1/workers/{wid}/lease", json={"max": 1, "wait": 10}, headers=worker)
     )
-    await api.wait_until(lambda: app.state.api.notifier.waiting == 1)
+    await wait_until_async(lambda: app.state.api.notifier.waiting == 1)
 
     r = await api.client.delete(f"/v1/workers/{wid}", headers=worker)
     assert r.status_code == 200, r.text

@@ -13,6 +13,7 @@ import pytest
 
 from cronwheel.api.app import stop_long_polls
 from cronwheel.store import Store
+from cronwheel.testing import wait_until_async
 
 
 def error_of(r: httpx.Response) -> dict[str, Any]:
@@ -122,7 +123,7 @@ async def test_long_poll_wakes_when_a_run_is_dispatched(api, app) -> None:
     poll = asyncio.create_task(
         api.client.post(f"/v1/workers/{wid}/lease", json={"max": 2, "wait": 10}, headers=worker)
     )
-    await api.wait_until(lambda: notifier.waiting == 1)
+    await wait_until_async(lambda: notifier.waiting == 1)
     job = await api.job(t)
     loop = asyncio.get_running_loop()
     fired_at = loop.time()
@@ -153,7 +154,7 @@ async def test_long_poll_wakes_at_the_instant_of_a_run_dispatched_ahead(api, app
         )
 
     waiting = poll()
-    await api.wait_until(lambda: app.state.api.notifier.waiting == 1)
+    await wait_until_async(lambda: app.state.api.notifier.waiting == 1)
     await api.store.shard_leases_acquire(node_id="t", shards=range(256), ttl=60)
     ids = [uuid.UUID(first["first_run_id"]), uuid.UUID(second["first_run_id"])]
     fired = await api.store.runs_fire(run_ids=ids, node_id="t", lead=5)
@@ -504,7 +505,7 @@ async def test_stopping_the_app_answers_waiting_long_polls(api, app) -> None:
     poll = asyncio.create_task(
         api.client.post(f"/v1/workers/{wid}/lease", json={"wait": 10}, headers=worker)
     )
-    await api.wait_until(lambda: app.state.api.notifier.waiting == 1)
+    await wait_until_async(lambda: app.state.api.notifier.waiting == 1)
     await stop_long_polls(app)
     r = await asyncio.wait_for(poll, timeout=5)
     assert r.status_code == 200 and r.json()["attempts"] == []

@@ -3,7 +3,6 @@ port, on its own thread), on both backends."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import uuid
 from collections.abc import Iterator
@@ -21,7 +20,7 @@ from cronwheel.cli import app, dlq
 from cronwheel.runtime import BackgroundRuntime, Runtime
 from cronwheel.settings import Settings
 from cronwheel.store import FailItem, create_store
-from cronwheel.testing import free_port
+from cronwheel.testing import free_port, wait_until_async
 
 ADMIN_KEY = "cli-admin-key"
 
@@ -276,18 +275,12 @@ async def _dead_letter(server: Server, store_url: str) -> str:
         worker = await store.workers_register(
             tenant, pool="default", capabilities=[], tags=[], capacity=1
         )
-        deadline = asyncio.get_running_loop().time() + 30
-        leased: list[Any] = []
-        while not leased:
-            assert asyncio.get_running_loop().time() < deadline, "never dispatched"
-            leased = [
-                a
-                for a in await store.attempts_lease(worker=worker, max=10)
-                if str(a.run_id) == run_id
-            ]
-            if not leased:
-                await asyncio.sleep(0.05)
-        [attempt] = leased
+
+        async def dispatched() -> list[Any]:
+            leased = await store.attempts_lease(worker=worker, max=10)
+            return [a for a in leased if str(a.run_id) == run_id]
+
+        [attempt] = await wait_until_async(dispatched, 30, what="dispatch", interval=0.05)
         await store.attempts_fail_many(
             items=[FailItem(attempt.attempt_id, attempt.fencing_token, "disk full")]
         )
@@ -326,14 +319,13 @@ async def _dead_letters(server: Server, store_url: str, count: int) -> list[str]
         worker = await store.workers_register(
             tenant, pool="default", capabilities=[], tags=[], capacity=count
         )
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 30
         leased: list[Any] = []
-        while len(leased) < count:
-            assert loop.time() < deadline, "never dispatched"
-            leased += await store.attempts_lease(worker=worker, max=count)
-            if len(leased) < count:
-                await asyncio.sleep(0.05)
+
+        async def all_dispatched() -> bool:
+            leased.extend(await store.attempts_lease(worker=worker, max=count))
+            return len(leased) >= count
+
+        await wait_until_async(all_dispatched, 30, what="dispatch", interval=0.05)
         assert {str(a.run_id) for a in leased} == runs
         await store.attempts_fail_many(
             items=[FailItem(a.attempt_id, a.fencing_token, "disk full") for a in leased]

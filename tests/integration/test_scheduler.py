@@ -14,6 +14,7 @@ from cronwheel.domain.spec import JobSpec
 from cronwheel.scheduler import Clock, SchedulerNode
 from cronwheel.settings import Settings
 from cronwheel.store import HeartbeatItem, Store
+from cronwheel.testing import wait_until_async
 
 T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 
@@ -151,11 +152,11 @@ async def test_run_fires_asap_job_created_while_running(store: Store) -> None:
     stop = asyncio.Event()
     task = asyncio.create_task(node.run(stop))
     try:
-        await _wait_for(lambda: bool(node.shards))
+        await wait_until_async(lambda: bool(node.shards), 10, what="the node to hold shards")
         now = await store.db_now()
         runs = await _jobs(store, [now])
         run = runs[0]
-        await _wait_until_state(store, run, "DISPATCHED")
+        await wait_until_async(lambda: _in_state(store, run, "DISPATCHED"), 10, what="dispatch")
         fired = await store.runs_get(run.tenant_id, run.id)  # type: ignore[attr-defined]
         assert fired.dispatched_at is not None
     finally:
@@ -199,23 +200,9 @@ async def test_expired_lease_is_retried(store: Store) -> None:
     assert not refused[0].ok
 
 
-async def _wait_for(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not predicate():
-        if asyncio.get_running_loop().time() > deadline:
-            pytest.fail("condition not met in time")
-        await asyncio.sleep(0.01)
-
-
-async def _wait_until_state(store: Store, run: object, state: str, timeout: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        r = await store.runs_get(run.tenant_id, run.id)  # type: ignore[attr-defined]
-        if r.state.value == state:
-            return
-        if asyncio.get_running_loop().time() > deadline:
-            pytest.fail(f"run stayed {r.state.value}, expected {state}")
-        await asyncio.sleep(0.02)
+async def _in_state(store: Store, run: object, state: str) -> bool:
+    r = await store.runs_get(run.tenant_id, run.id)  # type: ignore[attr-defined]
+    return bool(r.state.value == state)
 
 
 async def test_nodes_share_the_shards_and_take_over_a_dead_ones(store: Store) -> None:
@@ -286,13 +273,14 @@ async def test_a_skewed_local_clock_fires_by_database_time(store: Store, skew: f
     start = await store.db_now()
     dues = [start + timedelta(seconds=s) for s in (1.5, 2.0, 2.0, 2.5, 3.0)]
     runs = await _jobs(store, dues)
+
+    async def dispatched() -> bool:
+        return "SCHEDULED" not in await _states(store, runs)
+
     stop = asyncio.Event()
     task = asyncio.create_task(node.run(stop))
     try:
-        deadline = asyncio.get_running_loop().time() + 30
-        while "SCHEDULED" in await _states(store, runs):
-            assert asyncio.get_running_loop().time() < deadline, "runs were not dispatched"
-            await asyncio.sleep(0.1)
+        await wait_until_async(dispatched, 30, what="the runs to be dispatched", interval=0.1)
     finally:
         stop.set()
         await task

@@ -38,7 +38,7 @@ from cronwheel.client import Call
 from cronwheel.runtime import BackgroundRuntime, Runtime, serving
 from cronwheel.settings import Settings
 from cronwheel.store import Store
-from cronwheel.testing import free_port, invoke_then_terminate, wait_until
+from cronwheel.testing import free_port, invoke_then_terminate, wait_until, wait_until_async
 from cronwheel.worker import Lease, Worker, webhook_worker
 from cronwheel.worker.webhook import WebhookCaller, WebhookFailure
 
@@ -180,20 +180,24 @@ class Env:
         return str((await self.operator.send(call))["webhook_secret"])
 
     async def wait_run(self, run_id: str, *states: str, timeout: float = 30.0) -> dict[str, Any]:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while True:
-            run = await self.operator.runs.get(run_id)
-            if run["state"] in states:
-                return run
+        seen: dict[str, Any] = {}
+
+        async def reached() -> dict[str, Any] | None:
+            seen.update(await self.operator.runs.get(run_id))
+            if seen["state"] in states:
+                return seen
             for task in self.background:
                 if task.done() and not task.cancelled() and task.exception() is not None:
                     raise AssertionError("a background task failed") from task.exception()
-            if loop.time() > deadline:
-                raise AssertionError(
-                    f"run {run_id} is {run['state']} (not {states}): {run['last_error']}"
-                )
-            await asyncio.sleep(0.05)
+            return None
+
+        def stuck() -> str:
+            return f"run {run_id} is {seen['state']} (not {states}): {seen['last_error']}"
+
+        run: dict[str, Any] = await wait_until_async(
+            reached, timeout, what=stuck, interval=0.05, not_yet=()
+        )
+        return run
 
     @contextlib.asynccontextmanager
     async def working(self, **options: Any) -> AsyncIterator[Worker]:

@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -21,6 +21,7 @@ from cronwheel.client import Call
 from cronwheel.runtime import serving
 from cronwheel.settings import Settings
 from cronwheel.store import Store
+from cronwheel.testing import wait_until_async
 from cronwheel.worker import TaskContext
 from cronwheel.worker import session as session_module
 
@@ -71,16 +72,6 @@ async def open_tracked(settings: Settings, store: Store) -> AsyncIterator[tuple[
                 tracker.deletes_go.set()  # never leave the server waiting on a held request
 
 
-async def until(predicate: Callable[[], bool], seconds: float = 10.0) -> None:
-    """Wait for a condition with a deadline (never a bare sleep)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + seconds
-    while not predicate():
-        if loop.time() > deadline:
-            raise AssertionError("condition not met before the deadline")
-        await asyncio.sleep(0.005)
-
-
 def events_of(
     caplog: pytest.LogCaptureFixture, event: str, worker_id: str | None
 ) -> list[logging.LogRecord]:
@@ -103,17 +94,17 @@ async def test_a_worker_stopped_mid_long_poll_leaves_no_run_running(
         first.task("work")(_never_called)
         stop = asyncio.Event()
         running = asyncio.create_task(first.run_async(stop))
-        await until(lambda: api.notifier.waiting == 1)
+        await wait_until_async(lambda: api.notifier.waiting == 1)
 
         stop.set()
         await within(running, 5)  # no waiting out the long-poll
         # The worker deregistered as it stopped: the server side of its cut-off poll,
         # waiting until then, ends with that (not at a dispatch, nor at its timer a
         # minute away), so a run dispatched now cannot be leased to a client gone.
-        await until(lambda: tracker.in_flight == 0, seconds=5)
+        await wait_until_async(lambda: tracker.in_flight == 0, 5)
         job = await env.job("work", heartbeat_timeout=LONG_HEARTBEAT)
         assert await env.fire() == 1
-        await until(lambda: tracker.in_flight == 0)
+        await wait_until_async(lambda: tracker.in_flight == 0)
 
         second = env.worker()
 
@@ -197,7 +188,7 @@ async def test_a_hanging_deregister_does_not_hold_up_shutdown(
         worker = env.worker(lease_wait=0.1)
         stop = asyncio.Event()
         running = asyncio.create_task(worker.run_async(stop))
-        await until(lambda: any("/lease" in p for p, _ in env.transports[0].requests))
+        await wait_until_async(lambda: any("/lease" in p for p, _ in env.transports[0].requests))
         stop.set()
         await within(running, 5)
         assert len(events_of(caplog, "worker.deregister_failed", worker.worker_id)) == 1
@@ -238,7 +229,7 @@ async def test_a_worker_deregistered_by_someone_else_registers_again(
         await transport.until(lambda: len(leasing_ids()) == 2)
         job = await env.job("work")
         await env.fire()
-        await until(lambda: worker.stats.succeeded == 1)
+        await wait_until_async(lambda: worker.stats.succeeded == 1)
         stop.set()
         await within(running, 10)
         second_id = leasing_ids()[1]

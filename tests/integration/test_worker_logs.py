@@ -14,7 +14,7 @@ import re
 import sys
 import threading
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -31,6 +31,7 @@ from cronwheel.client import ApiConnectionError
 from cronwheel.runtime import BackgroundRuntime, Runtime, serving
 from cronwheel.settings import Settings
 from cronwheel.store import Store
+from cronwheel.testing import wait_until_async
 from cronwheel.worker import LogShipConfig, TaskContext, Worker
 from cronwheel.worker.logship import LogShipper
 from cronwheel.worker.protocol import LogsAppended, WorkerProtocol
@@ -99,18 +100,6 @@ async def env(settings: Settings, store: Store) -> AsyncIterator[Env]:
 async def within(aw: Awaitable[Any], seconds: float = 30.0) -> Any:
     async with asyncio.timeout(seconds):
         return await aw
-
-
-async def until(predicate: Callable[[], Awaitable[bool] | bool], seconds: float = 20.0) -> None:
-    """Poll ``predicate`` until it holds, failing after ``seconds``."""
-    async with asyncio.timeout(seconds):
-        while True:
-            value = predicate()
-            if not isinstance(value, bool):
-                value = await value
-            if value:
-                return
-            await asyncio.sleep(0.02)
 
 
 # -- through the real API ----------------------------------------------------------------
@@ -204,14 +193,16 @@ async def test_a_lost_lease_drops_the_attempts_later_lines(env: Env) -> None:
     stop = asyncio.Event()
     running = asyncio.create_task(worker.run_async(stop))
     try:
-        await until(lambda: _has_line(env, run_id, "before"))
+        await wait_until_async(lambda: _has_line(env, run_id, "before"), 20, not_yet=())
         # The lease expires behind the worker's back: the run is retried elsewhere.
         later = await env.store.db_now() + timedelta(hours=1)
         assert await env.store.attempts_expire(now=later) == 1
         gate.set()
-        await until(lambda: worker.held == 0 and worker.running == 0)
+        await wait_until_async(lambda: worker.held == 0 and worker.running == 0)
         # The late line was offered and refused (409): nothing more was written.
-        await until(lambda: any(body and "after" in str(body) for _p, body in transport.requests))
+        await wait_until_async(
+            lambda: any(body and "after" in str(body) for _p, body in transport.requests)
+        )
         assert [line["message"] for line in await env.lines(run_id)] == ["before"]
     finally:
         gate.set()
@@ -274,7 +265,7 @@ async def test_memory_is_bounded_while_the_server_is_out_of_reach() -> None:
         for i in range(8):
             log.info("line %d", i)
         assert shipper.dropped == 3  # the oldest, at once
-        await until(lambda: fake.calls >= 2)  # tried, failed, tried again
+        await wait_until_async(lambda: fake.calls >= 2)  # tried, failed, tried again
         fake.up = True
         reported = asyncio.Event()
         shipper.then("a-1", reported.set)
@@ -425,7 +416,7 @@ async def _dispatched(server: Server, task: str) -> str:
         async def dispatched() -> bool:
             return (await client.runs.get(run_id))["state"] == "DISPATCHED"
 
-        await until(dispatched)
+        await wait_until_async(dispatched, 20, not_yet=())
     return run_id
 
 

@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_worker_reservations import eventually
 from test_worker_sdk import Env, RecordingTransport, open_env, within
 
 from cronwheel.scheduler import SchedulerNode
 from cronwheel.settings import Settings
 from cronwheel.store import Store
+from cronwheel.testing import wait_until_async
 from cronwheel.worker import TaskContext
 
 PROGRESS_TIMEOUT = 1.0
@@ -128,7 +128,7 @@ async def test_a_handler_hanging_without_progress_is_timed_out_and_retried(
         async def succeeded() -> bool:
             return (await env.run(run_id))["state"] == "SUCCESS"
 
-        await eventually(succeeded)
+        await wait_until_async(succeeded, 20, not_yet=())
     finally:
         stop.set()
         await within(running)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -24,6 +24,7 @@ from cronwheel.domain.model import Run
 from cronwheel.scheduler import SchedulerNode
 from cronwheel.settings import Settings
 from cronwheel.store import Store
+from cronwheel.testing import wait_until_async
 from cronwheel.worker import TaskContext, Worker
 
 LEAD = 10.0  # dispatch_lead and lease_ahead_max
@@ -189,18 +190,6 @@ async def create_runs(env: Env, dues: list[datetime]) -> list[str]:
     return [str(job["first_run_id"]) for job in out["items"]]
 
 
-async def eventually(check: Callable[[], Awaitable[bool]], timeout: float = 20.0) -> None:
-    """Wait for a condition with a deadline (never a bare sleep)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        if await check():
-            return
-        if loop.time() > deadline:
-            raise AssertionError("condition not met before the deadline")
-        await asyncio.sleep(0.02)
-
-
 async def tenant_of(env: Env, run_id: str) -> uuid.UUID:
     return uuid.UUID((await env.run(run_id))["tenant_id"])
 
@@ -227,7 +216,7 @@ async def test_reserved_runs_start_at_their_instants_and_run_once(env: Env) -> N
 
     base = await env.store.db_now() + timedelta(seconds=2)
     run_ids = await create_runs(env, [base + timedelta(milliseconds=50 * i) for i in range(n)])
-    await eventually(lambda: all_in(env, run_ids, "SUCCESS"))
+    await wait_until_async(lambda: all_in(env, run_ids, "SUCCESS"), 20)
     stop.set()
     await within(running)
 
@@ -286,7 +275,7 @@ async def test_a_run_cancelled_while_reserved_never_reaches_the_handler(env: Env
     victim_token = transport.reserved()[victim]["fencing_token"]
     control_token = transport.reserved()[control]["fencing_token"]
 
-    await eventually(lambda: all_in(env, [control], "SUCCESS"))
+    await wait_until_async(lambda: all_in(env, [control], "SUCCESS"), 20)
     await transport.until(lambda: victim_token in transport.refused())
     stop.set()
     await within(running)
@@ -335,7 +324,7 @@ async def test_a_worker_stopping_hands_its_reservations_back(env: Env) -> None:
     second, second_transport = reserving_worker(env, concurrency=n)
     recording_handler(second, second_calls)
     stop, running = await start_worker(second, second_transport)
-    await eventually(lambda: all_in(env, run_ids, "SUCCESS"))
+    await wait_until_async(lambda: all_in(env, run_ids, "SUCCESS"), 20)
     stop.set()
     await within(running)
 

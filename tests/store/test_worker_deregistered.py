@@ -15,6 +15,7 @@ from cronwheel.domain.errors import NotFoundError, WorkerDeregisteredError
 from cronwheel.domain.states import AttemptState, RunState
 from cronwheel.store import Store
 from cronwheel.store.schema import workers
+from cronwheel.testing import wait_until_async
 
 from .helpers import (
     T0,
@@ -132,16 +133,16 @@ def _postgres_only(store: Store) -> None:
 
 async def _until_blocked(watcher: AsyncConnection, task: asyncio.Task[Any]) -> None:
     """Wait until some session of this database waits on a row lock (the task's)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 10
     query = sa.text(
         "SELECT count(*) FROM pg_stat_activity "
         "WHERE datname = current_database() AND wait_event_type = 'Lock'"
     )
-    while await _waiting(watcher, query) == 0:
+
+    async def blocked() -> bool:
         assert not task.done(), "it went ahead instead of waiting for the row"
-        assert loop.time() < deadline, "it never waited"
-        await asyncio.sleep(0.01)
+        return await _waiting(watcher, query) > 0
+
+    await wait_until_async(blocked, 10, what="a session waiting on the row lock")
     assert not task.done()
 
 

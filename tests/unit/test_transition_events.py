@@ -27,8 +27,10 @@ def _row(source: str | None, target: str) -> dict[str, object]:
 
 @pytest.mark.parametrize(
     ("source", "target"),
-    sorted((s.value, t.value) for s, targets in TRANSITIONS.items() for t in targets)
-    + [(None, "SCHEDULED")],
+    [
+        *sorted((s.value, t.value) for s, targets in TRANSITIONS.items() for t in targets),
+        (None, "SCHEDULED"),
+    ],
 )
 def test_every_allowed_transition_makes_a_row(source: str | None, target: str) -> None:
     assert _row(source, target)["to_state"] == target
