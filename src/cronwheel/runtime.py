@@ -49,9 +49,6 @@ __all__ = [
     "serving",
 ]
 
-# Database connections the API keeps open (scheduler nodes: the store's default).
-_API_POOL_SIZE = 32
-
 log = logging.getLogger("cronwheel.runtime")
 
 ADMIN_KEY_FILE = "admin.key"
@@ -239,7 +236,7 @@ class Runtime:
             idle_transaction_timeout=min(5.0, settings.shard_lease_ttl / 2),
             # The API serves every worker: enough connections, ready before the first
             # burst, for the start statements it runs at once (see StartsFirst).
-            pool_size=_API_POOL_SIZE if self.with_api else None,
+            pool_size=settings.api_pool_size if self.with_api else None,
             warm=self.with_api,
         )
         try:

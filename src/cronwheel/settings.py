@@ -70,6 +70,9 @@ class Settings(BaseSettings):
     anonymous_rate_limit_burst: int = Field(default=100, ge=1)
 
     max_payload_bytes: int = Field(default=64 * 1024, ge=1024)
+    # Database connections an API process keeps open (PostgreSQL), all made at start-up
+    # so a burst's start statements never wait for one; scheduler nodes keep fewer.
+    api_pool_size: int = Field(default=32, ge=2, le=500)
     max_horizon_days: int = Field(default=3 * 366, ge=1)
     past_grace_seconds: float = Field(default=300.0, ge=0)
 
