@@ -33,7 +33,7 @@ os.environ.pop("COLUMNS", None)
 os.environ.pop("LINES", None)
 # Every API process the suite starts (in this process or as a child) keeps a few
 # connections, not production's 32: two test processes share one PostgreSQL server.
-os.environ.setdefault("CRONWHEEL_API_POOL_SIZE", "6")
+os.environ.setdefault("CRONWHEEL_API_POOL_SIZE", "10")
 
 # Per-test databases, dropped at the end of the session.
 _spent: list[str] = []
