@@ -9,7 +9,7 @@ from typing import Any
 
 from cronwheel.store.schema import scheduler_nodes, shard_leases
 from cronwheel.store.sql.core import SqlCore
-from cronwheel.store.sql.statements import shard_leases_take
+from cronwheel.store.sql.statements import free_shard_leases, shard_leases_take
 from cronwheel.store.values import LeaseRenewal
 
 __all__ = ["ShardLeasesMixin"]
@@ -42,10 +42,7 @@ class ShardLeasesMixin(SqlCore):
                 await conn.execute(
                     self.driver.insert_ignore(
                         shard_leases,
-                        [
-                            {"shard": s, "owner": None, "epoch": 0, "expires_at": None}
-                            for s in range(shards)
-                        ],
+                        free_shard_leases(range(shards)),
                     )
                 )
             self._seeded_shards = shards

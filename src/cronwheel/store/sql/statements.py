@@ -20,6 +20,7 @@ __all__ = [
     "ONE_OFF_KINDS",
     "attempts_end",
     "attempts_live",
+    "free_shard_leases",
     "insert_ignoring",
     "jobs_finish_one_off",
     "shard_held",
@@ -113,6 +114,11 @@ async def jobs_finish_one_off(
     )
 
 
+def free_shard_leases(shards: Sequence[int]) -> list[dict[str, Any]]:
+    """Rows of shard leases no node holds yet."""
+    return [{"shard": s, "owner": None, "epoch": 0, "expires_at": None} for s in shards]
+
+
 def shard_held(
     shard: sa.ColumnElement[Any],
     *,
@@ -155,7 +161,7 @@ async def shard_leases_take(
             await conn.execute(
                 driver.insert_ignore(
                     shard_leases,
-                    [{"shard": s, "owner": None, "epoch": 0, "expires_at": None} for s in missing],
+                    free_shard_leases(missing),
                 )
             )
         await conn.execute(
