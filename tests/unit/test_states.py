@@ -9,6 +9,13 @@ import pytest
 from cronwheel.domain.errors import ConflictError, IllegalTransitionError
 from cronwheel.domain.states import (
     ACTIVE_STATES,
+    CANCEL,
+    FINISH,
+    FIRE,
+    MOVES,
+    QUARANTINE,
+    RETRY,
+    START,
     TERMINAL_STATES,
     TRANSITIONS,
     RunState,
@@ -65,3 +72,28 @@ def test_lifecycle_of_the_requirements() -> None:
 @pytest.mark.parametrize("target", list(RunState))
 def test_sources_of_inverts_the_table(target: RunState) -> None:
     assert sources_of(target) == {s for s in RunState if target in TRANSITIONS[s]}
+
+
+def test_the_table_is_exactly_what_the_named_moves_allow() -> None:
+    """Each statement that moves runs takes its precondition from one move: the table
+    is their union, no more. A move's name says where it is done."""
+    pairs = {(s, t) for m in MOVES for s in m.sources for t in m.targets}
+    assert pairs == set(ALLOWED)
+    assert len({m.name for m in MOVES}) == len(MOVES)
+    # The hot path, in order: fire, start, finish.
+    assert (FIRE.source, START.source, FINISH.source) == (
+        RunState.SCHEDULED,
+        RunState.DISPATCHED,
+        RunState.RUNNING,
+    )
+    # A cancel moves only runs not yet started; a running one is asked to stop.
+    assert CANCEL.sources == {RunState.SCHEDULED, RunState.DISPATCHED}
+    assert QUARANTINE.sources == ACTIVE_STATES
+
+
+def test_a_move_renders_its_precondition_as_sql() -> None:
+    assert FIRE.sql() == "state = 'SCHEDULED'"
+    assert CANCEL.sql("r.state") == "r.state IN ('DISPATCHED', 'SCHEDULED')"
+    assert RETRY.source_values == ["CANCELLED", "DEAD_LETTER", "FAILED"]
+    with pytest.raises(ValueError, match="unpack"):
+        _ = RETRY.source  # three sources: no one state to record

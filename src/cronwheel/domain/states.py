@@ -39,17 +39,31 @@ Who moves runs into and out of each state:
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from enum import StrEnum
 
 from cronwheel.domain.errors import IllegalTransitionError
 
 __all__ = [
     "ACTIVE_STATES",
+    "CANCEL",
     "CREATED_AS",
+    "FAIL",
+    "FINISH",
+    "FIRE",
+    "MOVES",
+    "PARK",
+    "QUARANTINE",
+    "REDRIVE",
+    "RELEASE",
+    "RETRY",
+    "SKIP",
+    "START",
     "TERMINAL_STATES",
     "TRANSITIONS",
     "AttemptState",
     "JobState",
+    "Move",
     "RunState",
     "check_transition",
     "illegal_transitions",
@@ -79,28 +93,63 @@ TERMINAL_STATES: frozenset[RunState] = frozenset(
 )
 ACTIVE_STATES: frozenset[RunState] = frozenset(RunState) - TERMINAL_STATES
 
+
+@dataclass(frozen=True, slots=True)
+class Move:
+    """One named way a run changes state: the states it may leave and those it may
+    enter. Every statement that moves runs takes its state precondition from a move
+    (``sources``), so the SQL and this table cannot disagree."""
+
+    name: str
+    sources: frozenset[RunState]
+    targets: frozenset[RunState]
+
+    @property
+    def source(self) -> RunState:
+        """The one state a single-source move leaves (for its event rows)."""
+        (sole,) = self.sources
+        return sole
+
+    @property
+    def source_values(self) -> list[str]:
+        """The source states' values, sorted (for ``IN`` lists and iteration)."""
+        return sorted(s.value for s in self.sources)
+
+    def sql(self, column: str = "state") -> str:
+        """The precondition as SQL text over ``column`` (for hand-written statements)."""
+        values = ", ".join(f"'{v}'" for v in self.source_values)
+        return f"{column} = {values}" if len(self.sources) == 1 else f"{column} IN ({values})"
+
+
+def _move(name: str, sources: Iterable[RunState], targets: Iterable[RunState]) -> Move:
+    return Move(name, frozenset(sources), frozenset(targets))
+
+
+_S, _D, _R = RunState.SCHEDULED, RunState.DISPATCHED, RunState.RUNNING
+
+FIRE = _move("fire", {_S}, {_D})
+SKIP = _move("skip", {_S}, {RunState.SKIPPED})  # catch-up or overlap policy
+# A running run is not moved by a cancel: it is asked to stop, and ends by FINISH/FAIL.
+CANCEL = _move("cancel", {_S, _D}, {RunState.CANCELLED})
+PARK = _move("park", {_D}, {_S})  # its job paused before a worker took it
+START = _move("start", {_D}, {_R})  # leased by a worker, or its reservation confirmed
+RELEASE = _move("release", {_R}, {_D})  # handed back by a worker shutting down
+# A completion: CANCELLED when a cancel was asked meanwhile.
+FINISH = _move("finish", {_R}, {RunState.SUCCESS, RunState.CANCELLED})
+# A failed, lost or timed-out attempt: retried, or final.
+FAIL = _move("fail", {_R}, {_S, RunState.FAILED, RunState.DEAD_LETTER, RunState.CANCELLED})
+QUARANTINE = _move("quarantine", {_S, _D, _R}, {RunState.DEAD_LETTER})  # a poison row
+REDRIVE = _move("redrive", {RunState.DEAD_LETTER}, {_S})
+RETRY = _move("retry", {RunState.FAILED, RunState.CANCELLED, RunState.DEAD_LETTER}, {_S})
+
+MOVES: tuple[Move, ...] = (
+    FIRE, SKIP, CANCEL, PARK, START, RELEASE, FINISH, FAIL, QUARANTINE, REDRIVE, RETRY
+)  # fmt: skip
+
+# The table every recorded (from_state, to_state) pair is held to: the moves' union.
 TRANSITIONS: dict[RunState, frozenset[RunState]] = {
-    RunState.SCHEDULED: frozenset(
-        {RunState.DISPATCHED, RunState.SKIPPED, RunState.CANCELLED, RunState.DEAD_LETTER}
-    ),
-    RunState.DISPATCHED: frozenset(
-        {RunState.RUNNING, RunState.CANCELLED, RunState.SCHEDULED, RunState.DEAD_LETTER}
-    ),
-    RunState.RUNNING: frozenset(
-        {
-            RunState.DISPATCHED,
-            RunState.SUCCESS,
-            RunState.FAILED,
-            RunState.DEAD_LETTER,
-            RunState.CANCELLED,
-            RunState.SCHEDULED,
-        }
-    ),
-    RunState.SUCCESS: frozenset(),
-    RunState.SKIPPED: frozenset(),
-    RunState.FAILED: frozenset({RunState.SCHEDULED}),
-    RunState.CANCELLED: frozenset({RunState.SCHEDULED}),
-    RunState.DEAD_LETTER: frozenset({RunState.SCHEDULED}),
+    state: frozenset(t for m in MOVES if state in m.sources for t in m.targets)
+    for state in RunState
 }
 
 

@@ -13,8 +13,10 @@ Conventions:
   (:class:`NotFoundError`).
 - Every time-sensitive call takes ``now``; ``None`` means the database clock, the one
   time authority. Tests pass a fixed instant.
-- Every run transition is one of ``domain.states.TRANSITIONS`` and appends an event in
-  the same transaction; a rejected transition writes nothing.
+- Every run transition is one of the named moves of ``domain.states`` (``FIRE``,
+  ``START``, ``FAIL``, …; ``TRANSITIONS`` is their union): a statement that moves runs
+  takes its state precondition from the move (``statements.may``, ``Move.sql``) and
+  appends an event in the same transaction; a rejected transition writes nothing.
 - Batch methods take and return lists: one statement per batch, never one per run.
 """
 
@@ -36,6 +38,7 @@ from cronwheel.domain.model import (
     Run,
     Tenant,
 )
+from cronwheel.domain.states import REDRIVE, Move
 from cronwheel.store.scheduler_side import SchedulerSide
 from cronwheel.store.values import (
     REDRIVE_BATCH_MAX,
@@ -307,15 +310,15 @@ class Store(SchedulerSide, WorkerSide):
         tenant_id: uuid.UUID,
         run_id: uuid.UUID,
         *,
-        states: Sequence[str] = ("DEAD_LETTER",),
+        move: Move = REDRIVE,
         actor: str | None = None,
         reason: str | None = None,
         now: datetime | None = None,
     ) -> Run:
         """Send a finished run back to SCHEDULED, due now, with a new series of attempts
-        (its retry policy's ``max_attempts`` more; attempt numbers go on). Only from
-        ``states`` (a redrive: DEAD_LETTER; a retry: also FAILED and CANCELLED); from any
-        other state :class:`IllegalTransitionError`. A finished one-off job is active
+        (its retry policy's ``max_attempts`` more; attempt numbers go on). Only from the
+        sources of ``move`` (REDRIVE: DEAD_LETTER; RETRY: also FAILED and CANCELLED); from
+        any other state :class:`IllegalTransitionError`. A finished one-off job is active
         again until the run ends."""
 
     @abstractmethod

@@ -30,7 +30,7 @@ from cronwheel.api.state import api_state
 from cronwheel.domain.bounds import Instant
 from cronwheel.domain.errors import ValidationError
 from cronwheel.domain.model import Attempt, Event, Run
-from cronwheel.domain.states import RunState
+from cronwheel.domain.states import REDRIVE, RETRY, RunState
 from cronwheel.store.values import RunFilter
 
 __all__ = ["attempt_out", "dead_letters", "event_out", "router", "run_fields", "run_out"]
@@ -228,7 +228,7 @@ async def redrive_run(
     run = await api_state(request).store.runs_redrive(
         scope.tenant_id,
         parse_id(run_id, "run"),
-        states=(RunState.DEAD_LETTER.value,),
+        move=REDRIVE,
         actor=scope.principal.actor,
         reason=(body.reason if body else None) or "redriven",
     )
@@ -248,7 +248,7 @@ async def retry_run(
     run = await api_state(request).store.runs_redrive(
         scope.tenant_id,
         parse_id(run_id, "run"),
-        states=(RunState.FAILED.value, RunState.CANCELLED.value, RunState.DEAD_LETTER.value),
+        move=RETRY,
         actor=scope.principal.actor,
         reason=(body.reason if body else None) or "retried",
     )

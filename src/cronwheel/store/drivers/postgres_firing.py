@@ -20,9 +20,8 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from cronwheel.domain.model import (
-    FiredRun,
-)
+from cronwheel.domain.model import FiredRun
+from cronwheel.domain.states import FIRE
 from cronwheel.store.driver import CreatedRun, FireCandidate, PlannedRun
 from cronwheel.store.notices import CHANNEL_RUNS_READY, ready_notices
 from cronwheel.store.values import LeaseRenewal
@@ -48,7 +47,8 @@ NOW = "WITH t AS (SELECT COALESCE($1::timestamptz, statement_timestamp()) AS now
 # in the last minute, all due now — the planner reads that index instead: every due run
 # of the node's shards, for each batch of 1,000. Wrapped in IS TRUE the precondition
 # means the same and implies nothing, so only the primary key is left.
-_SCHEDULED = "(runs.state = 'SCHEDULED') IS TRUE"
+# (The fire and skip moves leave the same states.)
+_FIRABLE = f"({FIRE.sql('runs.state')}) IS TRUE"
 
 # The shards ``$3`` holds an unexpired lease on — of the epochs it acquired them at
 # (``$5`` shards, ``$6`` epochs; NULL: any) — computed once per statement, then a filter
@@ -69,7 +69,7 @@ fired AS (
     -- runs meanwhile can at worst deadlock, which PostgreSQL breaks: the batch fails,
     -- its runs are picked up again by the next poll.
     WHERE runs.id = ANY($2::uuid[])
-      AND {_SCHEDULED}
+      AND {_FIRABLE}
       AND runs.fire_at <= t.now + make_interval(secs => $4)
       AND (runs.origin <> 'schedule' OR runs.attempt > 0)
       AND runs.shard = ANY({_HELD.format(now="(SELECT now FROM t)")})
@@ -77,7 +77,7 @@ fired AS (
 ),
 ev AS (
     INSERT INTO events (tenant_id, at, kind, job_id, run_id, from_state, to_state, actor, reason)
-    SELECT tenant_id, now, 'run.transition', job_id, id, 'SCHEDULED', 'DISPATCHED', $3,
+    SELECT tenant_id, now, 'run.transition', job_id, id, '{FIRE.source}', 'DISPATCHED', $3,
            CASE WHEN now - fire_at > interval '1 second' THEN
                'dispatched ' || round(extract(epoch FROM now - fire_at)::numeric, 1)
                || ' s after its due time (scheduler catching up)' END
@@ -126,7 +126,7 @@ SELECT runs.id, runs.tenant_id, runs.job_id, runs.job_name, runs.shard, runs.due
        runs.fire_at, runs.pool, jobs.state AS job_state, jobs.schedule::text AS schedule
 FROM runs JOIN jobs ON jobs.id = runs.job_id
 WHERE runs.id = ANY($2::uuid[])
-  AND {_SCHEDULED}
+  AND {_FIRABLE}
   AND runs.origin = 'schedule' AND runs.attempt = 0
   AND runs.fire_at <= $1::timestamptz + make_interval(secs => $4)
   AND runs.shard = ANY({_HELD.format(now="$1::timestamptz")})

@@ -16,7 +16,7 @@ from cronwheel.domain.model import (
     ReservationsStarted,
     Worker,
 )
-from cronwheel.domain.states import RunState
+from cronwheel.domain.states import FINISH, START, RunState
 from cronwheel.store.driver import Outcomes, WorkerGone
 from cronwheel.store.drivers.postgres_firing import NOW, Raw
 from cronwheel.store.sql.progress import last_reports, progress_deadline
@@ -52,7 +52,7 @@ picked AS (
     -- run is out of the queue until its reservation is used, handed back or lapses.
     SELECT id FROM runs
     WHERE EXISTS (SELECT 1 FROM live)
-      AND state = 'DISPATCHED' AND pool = $2
+      AND {START.sql()} AND pool = $2
       AND fire_at <= (SELECT now FROM t) + make_interval(secs => $8)
       AND reserved_token IS NULL
       AND ($3::uuid IS NULL OR tenant_id = $3)
@@ -200,8 +200,8 @@ async def lease(
                 r["job_id"],
                 r["id"],
                 attempt_id,
-                "DISPATCHED",
-                "RUNNING",
+                START.source.value,
+                RunState.RUNNING.value,
                 actor,
                 json.dumps({"attempt": r["attempt"], "fencing_token": r["token"]}),
             )
@@ -240,7 +240,7 @@ picked AS MATERIALIZED (
     SELECT id, reserved_attempt, reserved_token, fire_at FROM runs
     WHERE EXISTS (SELECT 1 FROM live)
       AND reserved_token = ANY($2::bigint[]) AND reserved_token IS NOT NULL
-      AND (state = 'DISPATCHED') IS TRUE AND reserved_by = $3
+      AND ({START.sql()}) IS TRUE AND reserved_by = $3
       AND ($4::uuid IS NULL OR tenant_id = $4)
 ),
 -- Each by primary key: still DISPATCHED under this reservation, and due. A cancel or
@@ -253,7 +253,7 @@ started AS (
                       reserved_until = NULL
     FROM t, picked p
     WHERE r.id = p.id AND p.fire_at <= t.now
-      AND (r.state = 'DISPATCHED' AND r.reserved_token = p.reserved_token
+      AND ({START.sql("r.state")} AND r.reserved_token = p.reserved_token
            AND r.fire_at <= t.now) IS TRUE
     RETURNING r.id, r.tenant_id, r.job_id, r.attempt, r.due_at, r.heartbeat_timeout, r.timeout,
               r.progress_timeout, p.reserved_attempt AS attempt_id, p.reserved_token AS token,
@@ -270,7 +270,7 @@ att AS (
 ev AS (
     INSERT INTO events (tenant_id, at, kind, job_id, run_id, attempt_id, from_state, to_state,
                         actor, data)
-    SELECT tenant_id, now, 'run.transition', job_id, id, attempt_id, 'DISPATCHED', 'RUNNING',
+    SELECT tenant_id, now, 'run.transition', job_id, id, attempt_id, '{START.source}', 'RUNNING',
            'worker:' || $3::text, jsonb_build_object('attempt', attempt, 'fencing_token', token)
     FROM started
 )
@@ -318,13 +318,13 @@ finished AS (
     UPDATE runs SET state = CASE WHEN runs.cancel_requested THEN 'CANCELLED' ELSE 'SUCCESS' END,
                     finished_at = done.now, result = done.result, reason = NULL
     FROM done
-    WHERE runs.id = done.run_id AND runs.state = 'RUNNING'
+    WHERE runs.id = done.run_id AND {FINISH.sql("runs.state")}
     RETURNING runs.id, runs.tenant_id, runs.job_id, runs.state, done.id AS attempt_id, done.now
 ),
 ev AS (
     INSERT INTO events (tenant_id, at, kind, job_id, run_id, attempt_id, from_state, to_state,
                         reason)
-    SELECT tenant_id, now, 'run.transition', job_id, id, attempt_id, 'RUNNING', state,
+    SELECT tenant_id, now, 'run.transition', job_id, id, attempt_id, '{FINISH.source}', state,
            CASE WHEN state = 'CANCELLED' THEN 'cancelled while running' END
     FROM finished
 ),

@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from cronwheel.domain.model import FiredRun
-from cronwheel.domain.states import RunState
+from cronwheel.domain.states import FIRE, RunState
 from cronwheel.domain.template import RunTemplate
 from cronwheel.store.driver import (
     CreatedRun,
@@ -34,6 +34,7 @@ from cronwheel.store.schema import (
 )
 from cronwheel.store.sql.statements import (
     insert_ignoring,
+    may,
     shard_held,
     shard_leases_take,
 )
@@ -69,7 +70,7 @@ class CoreFiring(Driver):
                 runs.update()
                 .where(
                     self.id_in(runs.c.id, list(run_ids)),
-                    runs.c.state == RunState.SCHEDULED.value,
+                    may(FIRE),
                     runs.c.fire_at <= at + timedelta(seconds=lead),
                     sa.or_(runs.c.origin != "schedule", runs.c.attempt > 0),
                     held,
@@ -95,7 +96,7 @@ class CoreFiring(Driver):
                         tenant_id=r.tenant_id,
                         job_id=r.job_id,
                         run_id=r.id,
-                        from_state=RunState.SCHEDULED.value,
+                        from_state=FIRE.source.value,
                         to_state=RunState.DISPATCHED.value,
                         actor=node_id,
                         reason=lateness_reason(r.fire_at, at),
@@ -143,7 +144,7 @@ class CoreFiring(Driver):
             .join(jobs, jobs.c.id == runs.c.job_id)
             .where(
                 self.id_in(runs.c.id, list(run_ids)),
-                runs.c.state == RunState.SCHEDULED.value,
+                may(FIRE),  # to fire, or to skip (SKIP leaves the same states)
                 runs.c.origin == "schedule",
                 runs.c.attempt == 0,
                 runs.c.fire_at <= at + timedelta(seconds=lead),

@@ -21,7 +21,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from cronwheel.domain.model import AttemptOutcome, LeasedAttempt, ReservationsStarted, Worker
-from cronwheel.domain.states import AttemptState, RunState
+from cronwheel.domain.states import FINISH, START, AttemptState, RunState
 from cronwheel.ids import new_id
 from cronwheel.store.driver import (
     Driver,
@@ -40,6 +40,7 @@ from cronwheel.store.sql.statements import (
     attempts_end,
     attempts_live,
     jobs_finish_one_off,
+    may,
     update_each,
 )
 from cronwheel.store.values import CompleteItem, HeartbeatItem
@@ -75,7 +76,7 @@ class CoreLeasing(Driver):
         pick = (
             sa.select(*_LEASED_COLUMNS)
             .where(
-                runs.c.state == RunState.DISPATCHED.value,
+                may(START),
                 runs.c.pool == worker.pool,
                 # fire_at is the run's not-before: dispatched ahead, it waits in the
                 # ready queue until then, or (within ``ahead`` of it) is reserved.
@@ -205,7 +206,7 @@ class CoreLeasing(Driver):
                     job_id=r.job_id,
                     run_id=r.id,
                     attempt_id=attempt_id,
-                    from_state=RunState.DISPATCHED.value,
+                    from_state=START.source.value,
                     to_state=RunState.RUNNING.value,
                     actor=f"worker:{worker_id}",
                     data={"attempt": number, "fencing_token": token},
@@ -254,7 +255,7 @@ class CoreLeasing(Driver):
             sa.select(*_LEASED_COLUMNS, runs.c.reserved_attempt, runs.c.reserved_token)
             .where(
                 runs.c.reserved_token.in_(list(tokens)),
-                runs.c.state == RunState.DISPATCHED.value,
+                may(START),
                 runs.c.reserved_by == worker_id,
             )
             .with_for_update()
@@ -354,7 +355,7 @@ class CoreLeasing(Driver):
                 runs.update()
                 .where(
                     self.id_in(runs.c.id, list(ended.values())),
-                    runs.c.state == RunState.RUNNING.value,
+                    may(FINISH),
                 )
                 .values(
                     state=sa.case(
@@ -387,7 +388,7 @@ class CoreLeasing(Driver):
                     job_id=r.job_id,
                     run_id=r.id,
                     attempt_id=attempt_of[r.id],
-                    from_state=RunState.RUNNING.value,
+                    from_state=FINISH.source.value,
                     to_state=r.state,
                     reason="cancelled while running" if r.state == "CANCELLED" else None,
                 )

@@ -32,7 +32,7 @@ from cronwheel.domain.model import (
     ReservationsStarted,
     Worker,
 )
-from cronwheel.domain.states import AttemptState, RunState
+from cronwheel.domain.states import RELEASE, AttemptState, RunState
 from cronwheel.store.driver import WorkerGone
 from cronwheel.store.notices import CHANNEL_RUNS_READY
 from cronwheel.store.rows import (
@@ -41,7 +41,7 @@ from cronwheel.store.rows import (
 )
 from cronwheel.store.schema import NO_RESERVATION, attempts, runs
 from cronwheel.store.sql.retries import Ended, RetriesMixin
-from cronwheel.store.sql.statements import attempts_end, update_each
+from cronwheel.store.sql.statements import attempts_end, may, update_each
 from cronwheel.store.sql.workers import WorkersMixin
 from cronwheel.store.values import CompleteItem, FailItem, HeartbeatItem
 
@@ -206,7 +206,7 @@ class AttemptsMixin(WorkersMixin, RetriesMixin):
                     runs.update()
                     .where(
                         self.driver.id_in(runs.c.id, list(ended.values())),
-                        runs.c.state == RunState.RUNNING.value,
+                        may(RELEASE),
                     )
                     .values(state=RunState.DISPATCHED.value, attempt=runs.c.attempt - 1)
                     .returning(runs.c.id, runs.c.tenant_id, runs.c.job_id, runs.c.pool)
@@ -223,7 +223,7 @@ class AttemptsMixin(WorkersMixin, RetriesMixin):
                         job_id=r.job_id,
                         run_id=r.id,
                         attempt_id=attempt_of[r.id],
-                        from_state=RunState.RUNNING.value,
+                        from_state=RELEASE.source.value,
                         to_state=RunState.DISPATCHED.value,
                         actor=actor,
                         reason=reason,

@@ -17,7 +17,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from cronwheel.domain.errors import NotFoundError, StoreUnavailableError
-from cronwheel.domain.states import RunState
+from cronwheel.domain.states import ACTIVE_STATES, CANCEL, RunState
 from cronwheel.store.base import Store, Subscription
 from cronwheel.store.driver import Driver
 from cronwheel.store.rows import event_row
@@ -198,9 +198,7 @@ class SqlCore(Store):
             .where(
                 runs.c.tenant_id == tenant_id,
                 where,
-                runs.c.state.in_(
-                    [RunState.SCHEDULED.value, RunState.DISPATCHED.value, RunState.RUNNING.value]
-                ),
+                runs.c.state.in_(sorted(s.value for s in ACTIVE_STATES)),
             )
             .order_by(runs.c.id)
             .with_for_update()
@@ -218,11 +216,11 @@ class SqlCore(Store):
     ) -> list[dict[str, Any]]:
         """Cancel the selected runs not yet started, and ask running ones to stop."""
         out: list[dict[str, Any]] = []
-        for source in (RunState.SCHEDULED, RunState.DISPATCHED):
+        for source in CANCEL.source_values:
             cancelled = (
                 await conn.execute(
                     runs.update()
-                    .where(runs.c.tenant_id == tenant_id, where, runs.c.state == source.value)
+                    .where(runs.c.tenant_id == tenant_id, where, runs.c.state == source)
                     .values(state=RunState.CANCELLED.value, finished_at=at, reason=reason)
                     .returning(runs.c.id, runs.c.job_id)
                 )
@@ -234,7 +232,7 @@ class SqlCore(Store):
                     tenant_id=tenant_id,
                     job_id=r.job_id,
                     run_id=r.id,
-                    from_state=source.value,
+                    from_state=source,
                     to_state=RunState.CANCELLED.value,
                     actor=actor,
                     reason=reason,

@@ -22,7 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from cronwheel.domain.errors import describe_error
 from cronwheel.domain.model import FiredRun
 from cronwheel.domain.spec import CronSchedule, IntervalSchedule
-from cronwheel.domain.states import JobState, RunState
+from cronwheel.domain.states import FIRE, SKIP, JobState, RunState
 from cronwheel.ids import new_id
 from cronwheel.store.driver import FireCandidate, PlannedRun
 from cronwheel.store.notices import (
@@ -232,7 +232,11 @@ class FiringMixin(QuarantineMixin):
                     for i in wait
                 ],
             )
-        for ids, target in ((dispatch, RunState.DISPATCHED), (skip, RunState.SKIPPED)):
+        # The rows were locked as candidates under FIRE's precondition (SKIP's is the same).
+        for ids, move, target in (
+            (dispatch, FIRE, RunState.DISPATCHED),
+            (skip, SKIP, RunState.SKIPPED),
+        ):
             events += [
                 event_row(
                     at=at,
@@ -240,7 +244,7 @@ class FiringMixin(QuarantineMixin):
                     tenant_id=by_id[i].tenant_id,
                     job_id=by_id[i].job_id,
                     run_id=i,
-                    from_state=RunState.SCHEDULED.value,
+                    from_state=move.source.value,
                     to_state=target.value,
                     actor=node_id,
                     reason=plans[i].reason,

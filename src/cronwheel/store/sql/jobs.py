@@ -48,7 +48,7 @@ from cronwheel.domain.spec import (
     ScheduleSpec,
     schedule_kind,
 )
-from cronwheel.domain.states import JobState, RunState
+from cronwheel.domain.states import PARK, JobState, RunState
 from cronwheel.domain.template import RunTemplate
 from cronwheel.ids import new_id
 from cronwheel.store.notices import ANNOUNCE_HORIZON, CHANNEL_RUNS_NEW, announce
@@ -412,10 +412,11 @@ class JobsMixin(SqlCore):
                     reason=reason,
                 )
             ]
-            # SCHEDULED first: the DISPATCHED runs moved next must not be counted twice.
+            # SCHEDULED runs are parked in place, first: the DISPATCHED runs moved back
+            # next (PARK) must not be counted twice.
             for source, kind in (
                 (RunState.SCHEDULED, "run.parked"),
-                (RunState.DISPATCHED, "run.transition"),
+                (PARK.source, "run.transition"),
             ):
                 moved = (
                     await conn.execute(

@@ -33,16 +33,15 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from cronwheel.domain.model import QuarantinedRun
-from cronwheel.domain.states import ACTIVE_STATES, AttemptState, JobState, RunState
+from cronwheel.domain.states import QUARANTINE, AttemptState, JobState, RunState
 from cronwheel.store.rows import event_row
 from cronwheel.store.schema import NO_RESERVATION, attempts, jobs, runs
 from cronwheel.store.sql.core import SqlCore
-from cronwheel.store.sql.statements import jobs_finish_one_off, update_each
+from cronwheel.store.sql.statements import jobs_finish_one_off, may, update_each
 
 __all__ = ["Poison", "QuarantineMixin"]
 
 _ERROR_MAX = 2000
-_LIVE = sorted(s.value for s in ACTIVE_STATES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,7 +140,7 @@ class QuarantineMixin(SqlCore):
         live = (
             await conn.execute(
                 sa.select(runs.c.id, runs.c.tenant_id, runs.c.job_id, runs.c.state)
-                .where(self.driver.id_in(runs.c.id, sorted(poison)), runs.c.state.in_(_LIVE))
+                .where(self.driver.id_in(runs.c.id, sorted(poison)), may(QUARANTINE))
                 .order_by(runs.c.id)
                 .with_for_update()
             )

@@ -26,12 +26,12 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from cronwheel.domain.errors import IllegalTransitionError, ValidationError
 from cronwheel.domain.model import Run
-from cronwheel.domain.states import JobState, RunState
+from cronwheel.domain.states import REDRIVE, JobState, Move, RunState
 from cronwheel.store.notices import CHANNEL_RUNS_NEW, announce
 from cronwheel.store.rows import event_row, run_from
 from cronwheel.store.schema import jobs, runs
 from cronwheel.store.sql.core import SqlCore
-from cronwheel.store.sql.statements import ONE_OFF_KINDS
+from cronwheel.store.sql.statements import ONE_OFF_KINDS, may
 from cronwheel.store.values import REDRIVE_BATCH_MAX, RedriveBatch
 
 __all__ = ["RedriveMixin"]
@@ -45,7 +45,7 @@ class RedriveMixin(SqlCore):
         tenant_id: uuid.UUID,
         run_id: uuid.UUID,
         *,
-        states: Sequence[str] = ("DEAD_LETTER",),
+        move: Move = REDRIVE,
         actor: str | None = None,
         reason: str | None = None,
         now: datetime | None = None,
@@ -61,10 +61,10 @@ class RedriveMixin(SqlCore):
             ).first()
             if current is None:
                 raise self._not_found("run", run_id)
-            if current.state not in states:
+            if current.state not in move.source_values:
                 raise IllegalTransitionError(
                     f"run {run_id} is {current.state}; only a run that is "
-                    f"{' or '.join(states)} can be sent back",
+                    f"{' or '.join(move.source_values)} can be sent back",
                     source=current.state,
                     target=RunState.SCHEDULED.value,
                 )
@@ -99,7 +99,7 @@ class RedriveMixin(SqlCore):
                 f"run_ids: at most {REDRIVE_BATCH_MAX} ids at once, not {len(named)}",
                 field="run_ids",
             )
-        selected = [runs.c.tenant_id == tenant_id, runs.c.state == RunState.DEAD_LETTER.value]
+        selected = [runs.c.tenant_id == tenant_id, may(REDRIVE)]
         if job_id is not None:
             selected.append(runs.c.job_id == job_id)
         if named is not None:

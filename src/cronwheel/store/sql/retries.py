@@ -20,12 +20,12 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from cronwheel.domain.errors import describe_error
 from cronwheel.domain.retry import backoff_delay
-from cronwheel.domain.states import AttemptState, JobState, RunState
+from cronwheel.domain.states import FAIL, AttemptState, JobState, RunState
 from cronwheel.store.notices import ANNOUNCE_HORIZON, CHANNEL_RUNS_NEW, announce
 from cronwheel.store.rows import event_row
 from cronwheel.store.schema import PARKED_FIRE_AT, jobs, runs
 from cronwheel.store.sql.quarantine import Poison, QuarantineMixin
-from cronwheel.store.sql.statements import jobs_finish_one_off, update_each
+from cronwheel.store.sql.statements import jobs_finish_one_off, may, update_each
 
 __all__ = ["Ended", "RetriesMixin"]
 
@@ -67,7 +67,7 @@ class RetriesMixin(QuarantineMixin):
                 )
                 .where(
                     self.driver.id_in(runs.c.id, list(by_run)),
-                    runs.c.state == RunState.RUNNING.value,
+                    may(FAIL),
                 )
                 .order_by(runs.c.id)
                 .with_for_update()  # a cancel must not slip between this read and the write
@@ -141,7 +141,7 @@ class RetriesMixin(QuarantineMixin):
                     job_id=r.job_id,
                     run_id=r.id,
                     attempt_id=f.attempt_id,
-                    from_state=RunState.RUNNING.value,
+                    from_state=FAIL.source.value,
                     to_state=target.value,
                     actor=actor,
                     reason=reason[:2000],

@@ -11,9 +11,9 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from cronwheel.domain.states import AttemptState, JobState
+from cronwheel.domain.states import AttemptState, JobState, Move
 from cronwheel.store.driver import Driver, lease_fence
-from cronwheel.store.schema import attempts, jobs, shard_leases
+from cronwheel.store.schema import attempts, jobs, runs, shard_leases
 from cronwheel.store.values import CompleteItem, FailItem, HeartbeatItem
 
 __all__ = [
@@ -23,12 +23,19 @@ __all__ = [
     "free_shard_leases",
     "insert_ignoring",
     "jobs_finish_one_off",
+    "may",
     "shard_held",
     "shard_leases_take",
     "update_each",
 ]
 
 ONE_OFF_KINDS = ("at", "delay", "asap")
+
+
+def may(move: Move, state: sa.ColumnElement[Any] = runs.c.state) -> sa.ColumnElement[bool]:
+    """The precondition of ``move``: ``state`` is one the move may leave."""
+    values = move.source_values
+    return state == values[0] if len(values) == 1 else state.in_(values)
 
 
 async def update_each(conn: AsyncConnection, table: sa.Table, rows: list[dict[str, Any]]) -> None:
