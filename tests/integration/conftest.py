@@ -10,6 +10,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import httpcore
 import httpx
 import pytest
 from asgi_lifespan import LifespanManager
@@ -115,3 +116,18 @@ async def client(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
 @pytest.fixture
 def api(client: httpx.AsyncClient, store: Store, app: FastAPI) -> Driver:
     return Driver(client, store, app)
+
+
+@pytest.fixture
+def only_loopback_traffic(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tripwire under every HTTP client of a test (the webhook tests use it): no
+    connection ever leaves this machine, even should the webhook worker's own guard
+    fail (the test fails instead)."""
+    real = httpcore.AnyIOBackend.connect_tcp
+
+    async def connect_tcp(self: Any, host: str, port: int, **kwargs: Any) -> Any:
+        if host not in ("127.0.0.1", "::1", "localhost"):
+            raise AssertionError(f"tripwire: a connection to {host} was attempted")
+        return await real(self, host, port, **kwargs)
+
+    monkeypatch.setattr(httpcore.AnyIOBackend, "connect_tcp", connect_tcp)

@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
+from answers import error_of
 from asgi_lifespan import LifespanManager
 from fastapi import FastAPI
 
@@ -33,13 +34,6 @@ async def app(settings: Settings, store: Store, log_store: FileLogStore) -> Asyn
     application = create_app(settings, store, log_store=log_store)
     async with LifespanManager(application):
         yield application
-
-
-def error_of(r: httpx.Response) -> dict[str, Any]:
-    body = r.json()
-    assert set(body) == {"error"}, body
-    err: dict[str, Any] = body["error"]
-    return err
 
 
 def lines(*messages: str, level: str = "INFO") -> list[dict[str, str]]:

@@ -8,8 +8,8 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import httpx
 import pytest
+from answers import error_of, parse
 
 from cronwheel.api.routers.jobs import preview_items
 from cronwheel.domain.spec import MAX_CRON_LENGTH
@@ -21,19 +21,6 @@ D1, D2 = "2020-01-01T00:00:00Z", "2020-01-02T00:00:00Z"
 FUTURE = "2999-01-01T00:00:00Z"
 HOURLY_NY = {"cron": "0 * * * *", "timezone": "America/New_York"}
 CONTROL = ("pause", "resume", "trigger", "backfill")
-
-
-def error_of(r: httpx.Response) -> dict[str, Any]:
-    body = r.json()
-    assert set(body) == {"error"}, body
-    err: dict[str, Any] = body["error"]
-    assert isinstance(err["message"], str) and err["message"]
-    return err
-
-
-def parse(value: str) -> datetime:
-    assert value.endswith("Z"), value
-    return datetime.fromisoformat(value)
 
 
 def _body(action: str) -> dict[str, Any] | None:

@@ -15,8 +15,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
+from answers import error_of, parse
 from clocked_store import ManualClock, clocked
 
 from cronwheel.settings import Settings
@@ -54,18 +54,6 @@ def settings(tmp_path: Path) -> Settings:
 
 
 # -- helpers ---------------------------------------------------------------------------
-
-
-def error_of(r: httpx.Response) -> dict[str, Any]:
-    body = r.json()
-    assert set(body) == {"error"}, body
-    err: dict[str, Any] = body["error"]
-    return err
-
-
-def parse(value: str) -> datetime:
-    assert value.endswith("Z"), value
-    return datetime.fromisoformat(value)
 
 
 def ref(item: dict[str, Any]) -> dict[str, Any]:

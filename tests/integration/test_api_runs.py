@@ -3,25 +3,13 @@
 from __future__ import annotations
 
 import uuid
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
-import httpx
+from answers import error_of, parse
 
 from cronwheel.store import Store
-
-
-def error_of(r: httpx.Response) -> dict[str, Any]:
-    body = r.json()
-    assert set(body) == {"error"}, body
-    err: dict[str, Any] = body["error"]
-    return err
-
-
-def parse(value: str) -> datetime:
-    assert value.endswith("Z"), value
-    return datetime.fromisoformat(value)
 
 
 async def test_run_detail_shows_timings_attempts_and_events(api) -> None:

@@ -4,17 +4,10 @@ from __future__ import annotations
 
 import uuid
 
-import httpx
+from answers import error_of
 
 from cronwheel.api import generate_key, hash_key
 from cronwheel.store import Store
-
-
-def error_of(r: httpx.Response) -> dict[str, object]:
-    body = r.json()
-    assert set(body) == {"error"}, body
-    err: dict[str, object] = body["error"]
-    return err
 
 
 def test_generate_key_shape() -> None:

@@ -9,6 +9,7 @@ import uuid
 from typing import Any
 
 import httpx
+from answers import error_of
 from asgi_lifespan import LifespanManager
 from fastapi import FastAPI
 
@@ -16,13 +17,6 @@ from cronwheel.api import create_app
 from cronwheel.domain.states import AttemptState, RunState
 from cronwheel.store import Store
 from cronwheel.testing import wait_until_async
-
-
-def error_of(r: Any) -> dict[str, Any]:
-    body = r.json()
-    assert set(body) == {"error"}, body
-    err: dict[str, Any] = body["error"]
-    return err
 
 
 async def register(api, headers: dict[str, str]) -> str:

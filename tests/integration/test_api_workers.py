@@ -5,27 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import httpx
 import pytest
+from answers import error_of, parse
 
 from cronwheel.api.app import stop_long_polls
 from cronwheel.store import Store
 from cronwheel.testing import wait_until_async
-
-
-def error_of(r: httpx.Response) -> dict[str, Any]:
-    body = r.json()
-    assert set(body) == {"error"}, body
-    err: dict[str, Any] = body["error"]
-    return err
-
-
-def parse(value: str) -> datetime:
-    assert value.endswith("Z"), value
-    return datetime.fromisoformat(value)
 
 
 async def register(api, headers: dict[str, str], **body: Any) -> str:

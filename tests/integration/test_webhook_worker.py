@@ -8,66 +8,36 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gzip
-import hashlib
-import hmac
 import json
-import logging
 import socket
 import ssl
-import threading
 import time
 import uuid
 from collections import defaultdict, deque
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from email.utils import formatdate, parsedate_to_datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import httpcore
-import httpx
 import pytest
-from typer.testing import CliRunner
+from webhook_checks import verify
 
-from cronwheel import AsyncClient, Client
+from cronwheel import AsyncClient
 from cronwheel.api import create_app
-from cronwheel.cli import app as cli
 from cronwheel.client import Call
-from cronwheel.runtime import BackgroundRuntime, Runtime, serving
+from cronwheel.runtime import serving
 from cronwheel.settings import Settings
 from cronwheel.store import Store
-from cronwheel.testing import free_port, invoke_then_terminate, wait_until, wait_until_async
+from cronwheel.testing import wait_until_async
 from cronwheel.worker import Lease, Worker, webhook_worker
 from cronwheel.worker.webhook import WebhookCaller, WebhookFailure
 
+pytestmark = pytest.mark.usefixtures("only_loopback_traffic")
+
 ALL_SHARDS = range(256)
 ALLOW_LOOPBACK = ["127.0.0.1/32"]
-LOOPBACK = ("127.0.0.1", "::1", "localhost")
-
-
-@pytest.fixture(autouse=True)
-def only_loopback_traffic(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A tripwire under every HTTP client of these tests: no connection ever leaves this
-    machine, even should the webhook worker's own guard fail (the test fails instead)."""
-    real = httpcore.AnyIOBackend.connect_tcp
-
-    async def connect_tcp(self: Any, host: str, port: int, **kwargs: Any) -> Any:
-        if host not in LOOPBACK:
-            raise AssertionError(f"tripwire: a connection to {host} was attempted")
-        return await real(self, host, port, **kwargs)
-
-    monkeypatch.setattr(httpcore.AnyIOBackend, "connect_tcp", connect_tcp)
-
-
-def verify(secret: str, headers: Mapping[str, str], body: bytes, tolerance: float = 300) -> bool:
-    """What a receiver does, exactly as docs/webhooks.md shows it."""
-    timestamp = headers["cronwheel-timestamp"]
-    expected = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256)
-    signature = headers["cronwheel-signature"].removeprefix("v1=")
-    fresh = abs(time.time() - int(timestamp)) <= tolerance
-    return fresh and hmac.compare_digest(expected.hexdigest(), signature)
 
 
 # -- the receiver ---------------------------------------------------------------------
@@ -622,148 +592,3 @@ async def test_the_webhook_secret_endpoints(api: Any) -> None:
     rotations = [e for e in events if e.kind == "tenant.webhook_secret_rotated"]
     assert [e.actor for e in rotations][1:] == ["admin"] and len(rotations) == 2
     assert all(fresh not in json.dumps(e.data) for e in rotations)
-
-
-# -- the commands ---------------------------------------------------------------------
-
-runner = CliRunner()
-
-
-@pytest.fixture
-def _restore_logging() -> Iterator[None]:
-    """The commands configure logging for a terminal; put pytest's back afterwards."""
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
-
-
-class _SyncReceiver:
-    """A real HTTP endpoint on its own thread, for tests of blocking commands."""
-
-    def __init__(self) -> None:
-        self.requests: list[tuple[str, dict[str, str], bytes]] = []
-        self.got = threading.Event()
-        received = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                headers = {k.lower(): v for k, v in self.headers.items()}
-                received.requests.append((self.path, headers, body))
-                self.send_response(200)
-                self.send_header("Content-Length", "2")
-                self.end_headers()
-                self.wfile.write(b"ok")
-                received.got.set()
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    def __enter__(self) -> _SyncReceiver:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join()
-
-
-def _secret(client: Client, tenant_id: str) -> str:
-    return str(
-        client.send(Call("GET", f"/v1/tenants/{tenant_id}/webhook-secret"))["webhook_secret"]
-    )
-
-
-@pytest.mark.usefixtures("_restore_logging")
-def test_cronwheel_server_runs_a_webhook_job_end_to_end(tmp_path: Path) -> None:
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    seen: dict[str, Any] = {}
-    with _SyncReceiver() as receiver:
-
-        def webhook_called() -> None:
-            wait_until(lambda: httpx.get(f"{url}/healthz", timeout=1).status_code == 200)
-            with Client(url, api_key="adm-webhooks") as admin:
-                tenant = admin.tenants.create("hooks-e2e")
-            with Client(url, api_key=tenant["api_key"]) as operator:
-                job = operator.jobs.create(
-                    name="e2e",
-                    schedule={"asap": True},
-                    webhook={"url": f"{receiver.url}/e2e"},
-                    payload={"n": 1},
-                )
-                assert receiver.got.wait(30), "the webhook was never called"
-                seen["run"] = wait_until(
-                    lambda: (
-                        (r := operator.runs.get(job["first_run_id"]))["state"] == "SUCCESS" and r
-                    )
-                )
-                seen["secret"] = _secret(operator, tenant["id"])
-
-        env = {
-            "CRONWHEEL_ADMIN_KEY": "adm-webhooks",
-            "CRONWHEEL_WEBHOOK_ALLOW": "127.0.0.1/32",
-            "CRONWHEEL_WEBHOOK_POOLS": "default",
-        }
-        result = invoke_then_terminate(
-            ["server", "--port", str(port), "--data-dir", str(tmp_path)], webhook_called, env
-        )
-    assert result.exit_code == 0, result.output
-    [(path, headers, body)] = receiver.requests
-    assert path == "/e2e" and json.loads(body) == {"n": 1}
-    assert verify(seen["secret"], headers, body)
-    assert headers["cronwheel-run-id"] == seen["run"]["id"]
-    assert seen["run"]["result"] == {"status": 200, "body": "ok", "truncated": False}
-
-
-@pytest.fixture
-def live(store_url: str, tmp_path: Path) -> Iterator[tuple[str, Client, str]]:
-    """A server without webhook workers, a tenant's operator client and a worker key."""
-    settings = Settings(database_url=store_url, data_dir=tmp_path, port=0, admin_key="adm")
-    with BackgroundRuntime(Runtime(settings)) as server, Client(server.url, api_key="adm") as admin:
-        tenant = admin.tenants.create(f"w-{uuid.uuid4().hex[:6]}")
-        worker_key = admin.tenants.create_key(tenant["id"], role="worker")["api_key"]
-        with Client(server.url, api_key=tenant["api_key"]) as operator:
-            yield server.url, operator, worker_key
-
-
-@pytest.mark.usefixtures("_restore_logging")
-def test_the_worker_command_calls_webhooks(live: tuple[str, Client, str]) -> None:
-    url, operator, worker_key = live
-    with _SyncReceiver() as receiver:
-        job = operator.jobs.create(
-            name="cli", schedule={"asap": True}, webhook={"url": f"{receiver.url}/cli"}
-        )
-
-        def called() -> None:
-            assert receiver.got.wait(30), "the webhook was never called"
-            wait_until(lambda: operator.runs.get(job["first_run_id"])["state"] == "SUCCESS")
-
-        args = ["worker", "--webhook", "--allow", "127.0.0.1/32", "--url", url]
-        result = invoke_then_terminate([*args, "--api-key", worker_key], called)
-    assert result.exit_code == 0, result.output
-    assert "webhooks" in result.stdout
-    assert "worker stopped: 1 succeeded, 0 failed, 0 released" in result.stdout
-    [(path, headers, _)] = receiver.requests
-    assert path == "/cli" and headers["cronwheel-attempt"] == "1"
-
-
-def test_the_worker_command_errors(live: tuple[str, Client, str]) -> None:
-    url, _, worker_key = live
-    result = runner.invoke(cli, ["worker", "--url", url, "--api-key", worker_key])
-    assert result.exit_code == 2 and "nothing to run" in result.stderr
-    result = runner.invoke(
-        cli, ["worker", "--webhook", "--allow", "10.0.0.0/33", "--url", url, "--api-key", "k"]
-    )
-    assert result.exit_code == 1 and "'10.0.0.0/33' is neither a network" in result.stderr
-    result = runner.invoke(
-        cli, ["worker", "--import", "json", "--allow", "10.0.0.0/8", "--api-key", "k"]
-    )
-    assert result.exit_code == 2 and "--allow applies to webhooks" in result.stderr

@@ -24,22 +24,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import functools
-import inspect
 import logging
 import time
-import traceback
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
-
-from pydantic_core import PydanticSerializationError, to_jsonable_python
+from typing import TypeVar
 
 from cronwheel.client import ApiError
-from cronwheel.domain.bounds import RESULT_DEPTH_MAX, check_json_tree
-from cronwheel.domain.errors import ValidationError
+from cronwheel.worker.held import (
+    CancelReason,
+    DeadlineExceeded,
+    Held,
+    format_error,
+    handler_is_async,
+)
 from cronwheel.worker.logship import LogShipConfig, LogShipper
 from cronwheel.worker.outbox import (
     FATAL_STATUSES,
@@ -66,7 +66,6 @@ __all__ = ["SessionConfig", "WorkerSession"]
 log = logging.getLogger("cronwheel.worker")
 T = TypeVar("T")
 
-_ERROR_LIMIT = 8000
 _REGISTER_AGAIN = frozenset({(404, "not_found"), (410, "worker_deregistered")})
 _LEASE_MAX = 1000  # the most runs one lease request may ask for (the server's limit)
 _IDLE_POLL_SECONDS = 1.0
@@ -91,24 +90,6 @@ class SessionConfig:
     # Lease runs due within this many seconds as reservations started at their instant
     # (None: as far ahead as the server allows; 0: never).
     lease_ahead: float | None = None
-
-
-_CancelReason = Literal["cancel_requested", "lease_lost", "shutdown"]
-
-
-@dataclass(slots=True, eq=False)
-class _Held:
-    lease: Lease
-    ctx: TaskContext
-    task: asyncio.Task[None] | None = None
-    is_async: bool = False
-    finished: bool = False  # the handler returned, raised or was cancelled
-    reported: bool = False  # an outcome (or release) is queued or sent
-    cancel_reason: _CancelReason | None = None
-
-    @property
-    def ref(self) -> TokenRef:
-        return TokenRef(self.lease.attempt_id, self.lease.fencing_token)
 
 
 class _Stopped(Exception):
@@ -139,7 +120,7 @@ class WorkerSession:
         self.worker_id: str | None = None
         self.heartbeat_interval = config.heartbeat_interval or 10.0
         self.lease_wait = config.lease_wait
-        self.held: dict[str, _Held] = {}
+        self.held: dict[str, Held] = {}
         self.running = 0
         self._slot_free = asyncio.Event()
         self._held_changed = asyncio.Event()
@@ -391,7 +372,8 @@ class WorkerSession:
             handler = self.registry.get(lease.task)
         else:
             handler = None if self.webhook is None else self.webhook(lease)
-        held = _Held(lease=lease, ctx=ctx, is_async=handler is not None and _is_async(handler))
+        is_async = handler is not None and handler_is_async(handler)
+        held = Held(lease=lease, ctx=ctx, is_async=is_async)
         self.held[lease.attempt_id] = held
         self.running += 1
         held.task = asyncio.create_task(
@@ -401,22 +383,21 @@ class WorkerSession:
 
     # -- executing -------------------------------------------------------------------
 
-    async def _execute(self, held: _Held, handler: Handler | None) -> None:
+    async def _execute(self, held: Held, handler: Handler | None) -> None:
         lease, ctx = held.lease, held.ctx
         outcome: Completion | Failure | None = None
         started = time.monotonic()
         try:
             if handler is None:
                 what = f"task {lease.task!r}" if lease.task else "a webhook run"
-                outcome = self._failure(
-                    held,
+                outcome = held.failure(
                     f"no handler for {what} on this worker "
                     f"(it has: {', '.join(self.registry.names()) or 'none'})",
                     retryable=False,
                 )
             else:
-                result = await self._call(held, handler)
-                outcome = self._completion(held, result)
+                result = await held.call(handler, self._executor)
+                outcome = held.completion(result)
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if held.cancel_reason is None or task is None:
@@ -425,22 +406,20 @@ class WorkerSession:
             if held.cancel_reason == "cancel_requested":
                 # The store ends a run whose cancel was requested as CANCELLED, whatever
                 # its attempt reports; a failure keeps the attempt's record truthful.
-                outcome = self._failure(
-                    held, "cancelled on request: the handler was stopped", retryable=False
+                outcome = held.failure(
+                    "cancelled on request: the handler was stopped", retryable=False
                 )
         except WebhookFailure as exc:
-            outcome = self._failure(
-                held, str(exc), retryable=exc.retryable, retry_after=exc.retry_after
-            )
+            outcome = held.failure(str(exc), retryable=exc.retryable, retry_after=exc.retry_after)
         except TimeoutError as exc:
-            if isinstance(exc, _DeadlineExceeded):
-                outcome = self._failure(held, f"deadline exceeded after {exc.seconds:.1f} s")
+            if isinstance(exc, DeadlineExceeded):
+                outcome = held.failure(f"deadline exceeded after {exc.seconds:.1f} s")
             else:
-                outcome = self._failure(held, _format_error(exc))
+                outcome = held.failure(format_error(exc))
         except NonRetryableError as exc:
-            outcome = self._failure(held, _format_error(exc), retryable=False)
+            outcome = held.failure(format_error(exc), retryable=False)
         except Exception as exc:
-            outcome = self._failure(held, _format_error(exc))
+            outcome = held.failure(format_error(exc))
         finally:
             held.finished = True
             self.running -= 1
@@ -460,53 +439,6 @@ class WorkerSession:
             )
         # The server keeps log lines only while the attempt is live: they go first.
         self.logs.then(lease.attempt_id, functools.partial(self.outbox.add, outcome))
-
-    async def _call(self, held: _Held, handler: Handler) -> Any:
-        ctx, payload = held.ctx, held.lease.payload
-        if held.is_async:
-            budget = held.lease.run_seconds_left
-            try:
-                async with asyncio.timeout(budget) as scope:
-                    return await handler(ctx, payload)
-            except TimeoutError:
-                if scope.expired():
-                    raise _DeadlineExceeded(budget) from None
-                raise
-        loop = asyncio.get_running_loop()
-        call = functools.partial(contextvars.copy_context().run, handler, ctx, payload)
-        result = await loop.run_in_executor(self._executor, call)
-        if inspect.isawaitable(result):
-            result = await result
-        return result
-
-    def _completion(self, held: _Held, result: Any) -> Completion | Failure:
-        try:
-            value = to_jsonable_python(result)
-        except PydanticSerializationError as exc:
-            return self._failure(
-                held, f"the handler's result is not JSON-serialisable: {exc}", retryable=False
-            )
-        try:
-            # As the server would refuse it (NaN, a NUL, nesting), but with the reason
-            # on the run rather than a refused request.
-            check_json_tree(value, max_depth=RESULT_DEPTH_MAX, prefix="result")
-        except ValidationError as exc:
-            return self._failure(
-                held, f"the handler's result cannot be stored: {exc.message}", retryable=False
-            )
-        return Completion(held.lease.attempt_id, held.lease.fencing_token, value)
-
-    @staticmethod
-    def _failure(
-        held: _Held, error: str, *, retryable: bool = True, retry_after: float | None = None
-    ) -> Failure:
-        return Failure(
-            held.lease.attempt_id,
-            held.lease.fencing_token,
-            error[-_ERROR_LIMIT:],
-            retryable,
-            retry_after,
-        )
 
     def _settled(self, attempt_id: str) -> None:
         self.held.pop(attempt_id, None)
@@ -562,7 +494,7 @@ class WorkerSession:
                 held.ctx.log.info("cancel requested", extra={"event": "task.cancel_requested"})
                 self._cancel(held, "cancel_requested")
 
-    def _lose(self, held: _Held, error: str | None) -> None:
+    def _lose(self, held: Held, error: str | None) -> None:
         """The server no longer counts this attempt as ours: stop it, report nothing."""
         self.stats.lost += 1
         held.ctx.lease_lost = True
@@ -575,7 +507,7 @@ class WorkerSession:
         self._cancel(held, "lease_lost")
 
     @staticmethod
-    def _cancel(held: _Held, reason: _CancelReason) -> None:
+    def _cancel(held: Held, reason: CancelReason) -> None:
         if held.is_async and not held.finished and held.task is not None:
             held.cancel_reason = reason
             held.task.cancel()
@@ -640,21 +572,3 @@ class WorkerSession:
             finally:
                 for w in waiters:
                     w.cancel()
-
-
-class _DeadlineExceeded(TimeoutError):
-    def __init__(self, seconds: float) -> None:
-        super().__init__(f"deadline exceeded after {seconds:.1f} s")
-        self.seconds = seconds
-
-
-def _is_async(handler: Callable[..., Any]) -> bool:
-    return inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
-        getattr(handler, "__call__", None)  # noqa: B004 - an object with async __call__
-    )
-
-
-def _format_error(exc: BaseException) -> str:
-    head = f"{type(exc).__name__}: {exc}"
-    tb = "".join(traceback.format_exception(exc))
-    return f"{head}\n\n{tb}"

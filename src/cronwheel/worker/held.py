@@ -1,0 +1,114 @@
+"""An attempt a worker holds, from its lease until the server has acknowledged its
+outcome: how its handler is called (an async one under the run's deadline, a sync one
+on the session's threads) and what the handler's end becomes — the
+:class:`~cronwheel.worker.protocol.Completion` or
+:class:`~cronwheel.worker.protocol.Failure` sent back."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+import inspect
+import traceback
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic_core import PydanticSerializationError, to_jsonable_python
+
+from cronwheel.domain.bounds import RESULT_DEPTH_MAX, check_json_tree
+from cronwheel.domain.errors import ValidationError
+from cronwheel.worker.protocol import Completion, Failure, Lease, TokenRef
+from cronwheel.worker.tasks import Handler, TaskContext
+
+__all__ = ["CancelReason", "DeadlineExceeded", "Held", "format_error", "handler_is_async"]
+
+# The most of an error (its traceback's end) a failure carries.
+_ERROR_LIMIT = 8000
+
+CancelReason = Literal["cancel_requested", "lease_lost", "shutdown"]
+
+
+class DeadlineExceeded(TimeoutError):
+    """An async handler ran past its run's deadline (``timeout``)."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"deadline exceeded after {seconds:.1f} s")
+        self.seconds = seconds
+
+
+@dataclass(slots=True, eq=False)
+class Held:
+    lease: Lease
+    ctx: TaskContext
+    task: asyncio.Task[None] | None = None
+    is_async: bool = False
+    finished: bool = False  # the handler returned, raised or was cancelled
+    reported: bool = False  # an outcome (or release) is queued or sent
+    cancel_reason: CancelReason | None = None
+
+    @property
+    def ref(self) -> TokenRef:
+        return TokenRef(self.lease.attempt_id, self.lease.fencing_token)
+
+    async def call(self, handler: Handler, executor: ThreadPoolExecutor) -> Any:
+        """The handler's result for this attempt's payload."""
+        ctx, payload = self.ctx, self.lease.payload
+        if self.is_async:
+            budget = self.lease.run_seconds_left
+            try:
+                async with asyncio.timeout(budget) as scope:
+                    return await handler(ctx, payload)
+            except TimeoutError:
+                if scope.expired():
+                    raise DeadlineExceeded(budget) from None
+                raise
+        loop = asyncio.get_running_loop()
+        call = functools.partial(contextvars.copy_context().run, handler, ctx, payload)
+        result = await loop.run_in_executor(executor, call)
+        if inspect.isawaitable(result):
+            result = await result
+        return result
+
+    def completion(self, result: Any) -> Completion | Failure:
+        """A completion with ``result``, or the failure saying why it cannot be stored."""
+        try:
+            value = to_jsonable_python(result)
+        except PydanticSerializationError as exc:
+            return self.failure(
+                f"the handler's result is not JSON-serialisable: {exc}", retryable=False
+            )
+        try:
+            # As the server would refuse it (NaN, a NUL, nesting), but with the reason
+            # on the run rather than a refused request.
+            check_json_tree(value, max_depth=RESULT_DEPTH_MAX, prefix="result")
+        except ValidationError as exc:
+            return self.failure(
+                f"the handler's result cannot be stored: {exc.message}", retryable=False
+            )
+        return Completion(self.lease.attempt_id, self.lease.fencing_token, value)
+
+    def failure(
+        self, error: str, *, retryable: bool = True, retry_after: float | None = None
+    ) -> Failure:
+        return Failure(
+            self.lease.attempt_id,
+            self.lease.fencing_token,
+            error[-_ERROR_LIMIT:],
+            retryable,
+            retry_after,
+        )
+
+
+def handler_is_async(handler: Callable[..., Any]) -> bool:
+    return inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
+        getattr(handler, "__call__", None)  # noqa: B004 - an object with async __call__
+    )
+
+
+def format_error(exc: BaseException) -> str:
+    head = f"{type(exc).__name__}: {exc}"
+    tb = "".join(traceback.format_exception(exc))
+    return f"{head}\n\n{tb}"
