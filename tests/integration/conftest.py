@@ -4,7 +4,7 @@ through httpx's ASGI transport, with its lifespan run by asgi-lifespan."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -16,8 +16,10 @@ import pytest
 from asgi_lifespan import LifespanManager
 from fastapi import FastAPI
 
+from cronwheel import Client
 from cronwheel.api import create_app
 from cronwheel.domain.model import FiredRun
+from cronwheel.runtime import BackgroundRuntime, Runtime
 from cronwheel.settings import Settings
 from cronwheel.store import Store
 
@@ -131,3 +133,14 @@ def only_loopback_traffic(monkeypatch: pytest.MonkeyPatch) -> None:
         return await real(self, host, port, **kwargs)
 
     monkeypatch.setattr(httpcore.AnyIOBackend, "connect_tcp", connect_tcp)
+
+
+@pytest.fixture
+def live(store_url: str, tmp_path: Path) -> Iterator[tuple[str, Client, str]]:
+    """A server (API + scheduler), a tenant's operator client and a worker key."""
+    settings = Settings(database_url=store_url, data_dir=tmp_path, port=0, admin_key="adm")
+    with BackgroundRuntime(Runtime(settings)) as server, Client(server.url, api_key="adm") as admin:
+        tenant = admin.tenants.create(f"w-{uuid.uuid4().hex[:6]}")
+        worker_key = admin.tenants.create_key(tenant["id"], role="worker")["api_key"]
+        with Client(server.url, api_key=tenant["api_key"]) as operator:
+            yield server.url, operator, worker_key

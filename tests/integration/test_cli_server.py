@@ -19,8 +19,6 @@ from typer.testing import CliRunner
 
 from cronwheel import Client
 from cronwheel.cli import app
-from cronwheel.runtime import BackgroundRuntime, Runtime
-from cronwheel.settings import Settings
 from cronwheel.testing import free_port, invoke_then_terminate, wait_until
 from cronwheel.worker import registry
 
@@ -166,17 +164,6 @@ def test_db_upgrade(store_url: str, tmp_path: Path) -> None:
     )
     assert result.exit_code == 1 and "cannot migrate" in result.stderr
     assert "secret" not in result.stderr
-
-
-@pytest.fixture
-def live(store_url: str, tmp_path: Path) -> Iterator[tuple[str, Client, str]]:
-    """A server (API + scheduler), a tenant's operator client and a worker key."""
-    settings = Settings(database_url=store_url, data_dir=tmp_path, port=0, admin_key="adm")
-    with BackgroundRuntime(Runtime(settings)) as server, Client(server.url, api_key="adm") as admin:
-        tenant = admin.tenants.create(f"w-{uuid.uuid4().hex[:6]}")
-        worker_key = admin.tenants.create_key(tenant["id"], role="worker")["api_key"]
-        with Client(server.url, api_key=tenant["api_key"]) as operator:
-            yield server.url, operator, worker_key
 
 
 def test_worker_command_runs_handlers_of_the_imported_module(

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import uuid
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -21,8 +20,6 @@ from webhook_checks import verify
 from cronwheel import Client
 from cronwheel.cli import app as cli
 from cronwheel.client import Call
-from cronwheel.runtime import BackgroundRuntime, Runtime
-from cronwheel.settings import Settings
 from cronwheel.testing import free_port, invoke_then_terminate, wait_until
 
 pytestmark = pytest.mark.usefixtures("only_loopback_traffic")
@@ -125,17 +122,6 @@ def test_cronwheel_server_runs_a_webhook_job_end_to_end(tmp_path: Path) -> None:
     assert verify(seen["secret"], headers, body)
     assert headers["cronwheel-run-id"] == seen["run"]["id"]
     assert seen["run"]["result"] == {"status": 200, "body": "ok", "truncated": False}
-
-
-@pytest.fixture
-def live(store_url: str, tmp_path: Path) -> Iterator[tuple[str, Client, str]]:
-    """A server without webhook workers, a tenant's operator client and a worker key."""
-    settings = Settings(database_url=store_url, data_dir=tmp_path, port=0, admin_key="adm")
-    with BackgroundRuntime(Runtime(settings)) as server, Client(server.url, api_key="adm") as admin:
-        tenant = admin.tenants.create(f"w-{uuid.uuid4().hex[:6]}")
-        worker_key = admin.tenants.create_key(tenant["id"], role="worker")["api_key"]
-        with Client(server.url, api_key=tenant["api_key"]) as operator:
-            yield server.url, operator, worker_key
 
 
 @pytest.mark.usefixtures("_restore_logging")
