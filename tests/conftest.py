@@ -19,42 +19,33 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
-import asyncpg
 import pytest
 
 from cronwheel.domain.states import illegal_transitions
 from cronwheel.settings import normalise_database_url
 from cronwheel.store import Store, create_store
+from pg_server import pg_admin
+from pg_server import pg_url as pg_url_of
 
 # The CLI's tables are as wide as COLUMNS says when its console is made; tests that
 # read them set it per call. pytest-xdist sets COLUMNS=80 in its processes: drop it, so
 # the console reads the width of each call.
 os.environ.pop("COLUMNS", None)
 os.environ.pop("LINES", None)
-# Every API process the suite starts (in this process or as a child) keeps a few
-# connections, not production's 32: two test processes share one PostgreSQL server.
+# Every process the suite starts (in this process or as a child) keeps a few
+# connections, not production's 32 (API) and 10 (scheduler), and opens few more under
+# load: two test processes share one PostgreSQL server, maybe with other users.
 os.environ.setdefault("CRONWHEEL_API_POOL_SIZE", "10")
+os.environ.setdefault("CRONWHEEL_DB_POOL_SIZE", "3")
+os.environ.setdefault("CRONWHEEL_DB_POOL_OVERFLOW", "4")
+# A store the suite opens itself keeps as few.
+TEST_POOL = {"pool_size": 3, "pool_overflow": 4}
 
 # Per-test databases, dropped at the end of the session.
 _spent: list[str] = []
 # Drops at once at the end of the session: each one waits for a checkpoint, and
 # concurrent drops share one.
 _DROPS_AT_ONCE = 4
-
-PG_ADMIN_DSN = os.environ.get("CRONWHEEL_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
-
-
-def _pg_url(database: str) -> str:
-    base = PG_ADMIN_DSN.rsplit("/", 1)[0]
-    return normalise_database_url(f"{base}/{database}")
-
-
-async def _pg_admin(sql: str) -> None:
-    conn = await asyncpg.connect(PG_ADMIN_DSN)
-    try:
-        await conn.execute(sql)
-    finally:
-        await conn.close()
 
 
 @pytest.fixture(scope="session")
@@ -63,8 +54,8 @@ def pg_template() -> Iterator[str]:
     name = f"cw_tpl_{os.getpid()}_{uuid.uuid4().hex[:6]}"
 
     async def make() -> None:
-        await _pg_admin(f'CREATE DATABASE "{name}"')
-        store = create_store(_pg_url(name))
+        await pg_admin(f'CREATE DATABASE "{name}"')
+        store = create_store(pg_url_of(name))
         await store.migrate()
         await store.close()
 
@@ -76,7 +67,7 @@ def pg_template() -> Iterator[str]:
 
         async def drop(db: str) -> None:
             async with gate:
-                await _pg_admin(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+                await pg_admin(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
 
         outcomes = await asyncio.gather(
             *(drop(db) for db in [*_spent, name]), return_exceptions=True
@@ -93,11 +84,11 @@ def pg_template() -> Iterator[str]:
 async def pg_url(pg_template: str) -> AsyncIterator[str]:
     """A fresh migrated PostgreSQL database for one test; dropped afterwards."""
     name = f"cw_t_{uuid.uuid4().hex[:12]}"
-    await _pg_admin(f'CREATE DATABASE "{name}" TEMPLATE "{pg_template}"')
+    await pg_admin(f'CREATE DATABASE "{name}" TEMPLATE "{pg_template}"')
     # Dropped with the template at the end of the session: a drop costs as much as the
     # create, and nothing reuses the name.
     _spent.append(name)
-    yield _pg_url(name)
+    yield pg_url_of(name)
 
 
 @pytest.fixture(scope="session")
@@ -134,7 +125,7 @@ def store_url(request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 async def store(store_url: str) -> AsyncIterator[Store]:
     """An open store on a fresh migrated database, once per backend."""
-    s = create_store(store_url)
+    s = create_store(store_url, **TEST_POOL)
     await s.open()
     try:
         yield s

@@ -236,7 +236,8 @@ class Runtime:
             idle_transaction_timeout=min(5.0, settings.shard_lease_ttl / 2),
             # The API serves every worker: enough connections, ready before the first
             # burst, for the start statements it runs at once (see StartsFirst).
-            pool_size=settings.api_pool_size if self.with_api else None,
+            pool_size=settings.api_pool_size if self.with_api else settings.db_pool_size,
+            pool_overflow=settings.db_pool_overflow,
             warm=self.with_api,
         )
         try:

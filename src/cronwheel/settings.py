@@ -70,9 +70,14 @@ class Settings(BaseSettings):
     anonymous_rate_limit_burst: int = Field(default=100, ge=1)
 
     max_payload_bytes: int = Field(default=64 * 1024, ge=1024)
-    # Database connections an API process keeps open (PostgreSQL), all made at start-up
-    # so a burst's start statements never wait for one; scheduler nodes keep fewer.
+    # Database connections a process keeps open (PostgreSQL). An API process makes all
+    # of its ``api_pool_size`` at start-up, so a burst's start statements never wait for
+    # one; a process without the API (a scheduler node) keeps ``db_pool_size``. Under
+    # load either may open ``db_pool_overflow`` more, closed again when returned, and
+    # each keeps one more for LISTEN. So a process holds at most pool + overflow + 1.
     api_pool_size: int = Field(default=32, ge=2, le=500)
+    db_pool_size: int = Field(default=10, ge=2, le=500)
+    db_pool_overflow: int = Field(default=8, ge=0, le=500)
     max_horizon_days: int = Field(default=3 * 366, ge=1)
     past_grace_seconds: float = Field(default=300.0, ge=0)
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import os
 import re
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -17,17 +16,15 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
-import asyncpg
 import httpx
 import pytest
 
-from cronwheel.settings import normalise_database_url
 from cronwheel.testing import Cluster
+from pg_server import pg_admin, pg_url
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 
 HERE = Path(__file__).resolve().parent
-PG_ADMIN_DSN = os.environ.get("CRONWHEEL_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 LIVENESS_BOUND = 30.0  # the requirement: dead workers detected within 30 s
 T = TypeVar("T")
 Json = dict[str, Any]
@@ -36,19 +33,11 @@ Json = dict[str, Any]
 # -- the cluster, shared by the module ----------------------------------------------
 
 
-async def _pg_admin(sql: str) -> None:
-    conn = await asyncpg.connect(PG_ADMIN_DSN)
-    try:
-        await conn.execute(sql)
-    finally:
-        await conn.close()
-
-
 @pytest.fixture(scope="module")
 def cluster(pg_template: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     database = f"cw_faults_{uuid.uuid4().hex[:12]}"
-    asyncio.run(_pg_admin(f'CREATE DATABASE "{database}" TEMPLATE "{pg_template}"'))
-    url = normalise_database_url(f"{PG_ADMIN_DSN.rsplit('/', 1)[0]}/{database}")
+    asyncio.run(pg_admin(f'CREATE DATABASE "{database}" TEMPLATE "{pg_template}"'))
+    url = pg_url(database)
     running = Cluster(
         database_url=url,
         workdir=tmp_path_factory.mktemp("faults"),
@@ -69,7 +58,7 @@ def cluster(pg_template: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
         yield running
     finally:
         running.stop()
-        asyncio.run(_pg_admin(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)'))
+        asyncio.run(pg_admin(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)'))
 
 
 @dataclass

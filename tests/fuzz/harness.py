@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import io
-import os
 import uuid
 from collections import Counter
 from collections.abc import Coroutine, Mapping
@@ -20,7 +19,6 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
-import asyncpg
 import httpx
 import pytest
 import requests
@@ -31,6 +29,7 @@ from asgi_lifespan import LifespanManager
 from cronwheel.api import create_app
 from cronwheel.settings import Settings, normalise_database_url
 from cronwheel.store import Store, create_store
+from pg_server import pg_admin, pg_url
 
 __all__ = [
     "ADMIN_KEY",
@@ -148,17 +147,6 @@ def served_schema() -> dict[str, Any]:
     return create_app(fuzz_settings(Path("unused")), create_store(unused)).openapi()
 
 
-PG_ADMIN_DSN = os.environ.get("CRONWHEEL_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
-
-
-async def _pg_admin(sql: str) -> None:
-    conn = await asyncpg.connect(PG_ADMIN_DSN)
-    try:
-        await conn.execute(sql)
-    finally:
-        await conn.close()
-
-
 class FuzzTarget:
     """The app on its own event loop over a fresh database (a SQLite file, or a
     PostgreSQL database cloned from the migrated template); :meth:`run` drives a
@@ -175,9 +163,7 @@ class FuzzTarget:
             self.backend = "postgresql"
             self._pg_database = f"cw_fuzz_{uuid.uuid4().hex[:12]}"
             self._pg_template = pg_template
-            database_url = normalise_database_url(
-                f"{PG_ADMIN_DSN.rsplit('/', 1)[0]}/{self._pg_database}"
-            )
+            database_url = pg_url(self._pg_database)
         self.store: Store = create_store(database_url)
         self.app = create_app(self.settings, self.store)
         self._lifespan: LifespanManager | None = None
@@ -200,7 +186,7 @@ class FuzzTarget:
 
     async def _start(self) -> None:
         if self._pg_database is not None:
-            await _pg_admin(f'CREATE DATABASE "{self._pg_database}" TEMPLATE "{self._pg_template}"')
+            await pg_admin(f'CREATE DATABASE "{self._pg_database}" TEMPLATE "{self._pg_template}"')
         await self.store.open()
         await self.store.migrate()
         self._lifespan = LifespanManager(self.app)  # it needs the running loop
@@ -223,7 +209,7 @@ class FuzzTarget:
         finally:
             await self.store.close()
             if self._pg_database is not None:
-                await _pg_admin(f'DROP DATABASE IF EXISTS "{self._pg_database}" WITH (FORCE)')
+                await pg_admin(f'DROP DATABASE IF EXISTS "{self._pg_database}" WITH (FORCE)')
 
     @property
     def served(self) -> int:

@@ -11,6 +11,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from cronwheel.api import create_app
 from cronwheel.settings import Settings
 from cronwheel.store import Store, create_store
+from pg_server import pg_admin
+from pg_server import pg_url as database_url
 
 ADMIN = {"Authorization": "Bearer test-admin-key-0123456789"}
 
@@ -246,3 +248,25 @@ async def test_admin_routes_reject_tenant_keys_even_for_unknown_ids(api) -> None
         f"/v1/tenants/{uuid.uuid4()}", json={"limits": {}}, headers=t.headers
     )
     assert r.status_code == 403
+
+
+async def test_no_free_connection_is_503_with_retry_after(settings: Settings, pg_url: str) -> None:
+    """The database has no connection for the API (every slot taken — here a role that
+    may open none): a moment of overload, answered 503 with Retry-After, never a 500."""
+    role = f"cw_full_{uuid.uuid4().hex[:8]}"
+    await pg_admin(f'CREATE ROLE "{role}" LOGIN CONNECTION LIMIT 0')
+    full = create_store(database_url(pg_url.rsplit("/", 1)[1], user=role), pool_size=2)
+    await full.open()
+    try:
+        app = create_app(settings, full)
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://cw") as client:
+            headers = {**ADMIN, "Cronwheel-Tenant": str(uuid.uuid4())}
+            r = await client.get("/v1/jobs", headers=headers)
+            assert r.status_code == 503, r.text
+            assert r.json()["error"]["code"] == "store_unavailable"
+            assert "too many connections" in r.json()["error"]["message"]
+            assert r.headers["Retry-After"] == "1"
+    finally:
+        await full.close()
+        await pg_admin(f'DROP ROLE "{role}"')

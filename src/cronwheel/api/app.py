@@ -23,7 +23,7 @@ from cronwheel.api.metrics import MetricsMiddleware, RunsByStateRefresher
 from cronwheel.api.notifier import ReadyNotifier
 from cronwheel.api.rate_limits import RateLimitMiddleware
 from cronwheel.api.routers import alerts, health, jobs, logs, runs, tenants, workers
-from cronwheel.api.state import ApiState
+from cronwheel.api.state import ApiState, StartsFirst
 from cronwheel.logstore import FileLogStore, LogStore
 from cronwheel.settings import Settings
 from cronwheel.store.base import Store
@@ -137,6 +137,8 @@ def create_app(settings: Settings, store: Store, *, log_store: LogStore | None =
         key_cache=KeyCache(store),
         notifier=ReadyNotifier(store),
         runs_by_state=RunsByStateRefresher(store, pools=settings.metrics_pools),
+        # As many start statements at once as the pool keeps connections for.
+        starts=StartsFirst(statements=settings.api_pool_size),
     )
 
     @asynccontextmanager

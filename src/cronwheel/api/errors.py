@@ -9,6 +9,8 @@
 - Starlette's HTTP errors (unknown route, wrong method): their status, a stable code; a
   405 lists in ``Allow`` every method of the resource, not only those of the one route
   that matched its path first.
+- The database unreachable or overloaded (no connection to be had): 503
+  ``store_unavailable`` with ``Retry-After``.
 - Anything else: 500 ``internal_error``, logged with its traceback, never shown.
 """
 
@@ -24,7 +26,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Route
 
-from cronwheel.domain.errors import AuthError, CronwheelError
+from cronwheel.domain.errors import AuthError, CronwheelError, StoreUnavailableError
 
 __all__ = [
     "AllowedMethods",
@@ -146,7 +148,12 @@ def validation_error_body(errors: Sequence[Any]) -> tuple[int, dict[str, Any]]:
 
 async def _cronwheel_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, CronwheelError)
-    headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, AuthError) else None
+    headers: dict[str, str] | None = None
+    if isinstance(exc, AuthError):
+        headers = {"WWW-Authenticate": "Bearer"}
+    elif isinstance(exc, StoreUnavailableError):
+        # Overload or a failover: the same request may well succeed in a moment.
+        headers = {"Retry-After": "1"}
     return JSONResponse(exc.to_dict(), status_code=exc.status, headers=headers)
 
 

@@ -23,13 +23,15 @@ def create_store(
     url: str,
     *,
     idle_transaction_timeout: float | None = None,
-    pool_size: int | None = None,
+    pool_size: int = 10,
+    pool_overflow: int = 8,
     warm: bool = False,
 ) -> Store:
     """A store for a normalised database URL (see ``Settings``); call ``open()`` next.
     PostgreSQL only: ``idle_transaction_timeout``, how long the server lets a session
     sit inside a transaction before ending it; ``pool_size``, the connections kept
-    open; ``warm``, open them all at ``open()`` rather than on demand (see
+    open; ``pool_overflow``, how many more may be opened under load; ``warm``, open the
+    pool at ``open()`` rather than on demand (see
     :class:`~cronwheel.store.drivers.postgres.PostgresDriver`)."""
     from cronwheel.store.driver import Driver
     from cronwheel.store.sql import SqlStore
@@ -41,7 +43,8 @@ def create_store(
         driver = PostgresDriver(
             url,
             idle_transaction_timeout=idle_transaction_timeout,
-            pool_size=pool_size or 10,
+            pool_size=pool_size,
+            pool_overflow=pool_overflow,
             warm=warm,
         )
     elif url.startswith("sqlite+aiosqlite://"):

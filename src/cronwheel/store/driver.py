@@ -29,6 +29,7 @@ from typing import Any, ClassVar
 
 import sqlalchemy as sa
 from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from cronwheel.domain.model import (
@@ -179,8 +180,9 @@ class Driver(ABC):
         return None
 
     def transient(self, exc: BaseException) -> bool:
-        """A failure worth retrying (lost connection, lock conflict)."""
-        return isinstance(exc, OperationalError | OSError)
+        """A failure worth retrying (lost connection, lock conflict, no connection free
+        in the pool within its timeout)."""
+        return isinstance(exc, OperationalError | OSError | PoolTimeoutError)
 
     @abstractmethod
     async def notify(self, conn: AsyncConnection, channel: str, payloads: Sequence[str]) -> None:

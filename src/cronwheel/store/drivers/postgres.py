@@ -32,6 +32,9 @@ __all__ = ["PostgresDriver"]
 log = logging.getLogger("cronwheel.store.postgres")
 
 _TRANSIENT = (
+    # The server's connection slots are all taken (by this or any other client): a
+    # moment of overload, not a fault of the request.
+    asyncpg.TooManyConnectionsError,
     asyncpg.DeadlockDetectedError,
     asyncpg.SerializationError,
     asyncpg.PostgresConnectionError,
@@ -73,6 +76,7 @@ class PostgresDriver(Driver):
         url: str,
         *,
         pool_size: int = 10,
+        pool_overflow: int = 8,
         idle_transaction_timeout: float | None = None,
         warm: bool = False,
     ) -> None:
@@ -82,11 +86,14 @@ class PostgresDriver(Driver):
         say — and stall whoever takes its shards over; keep it well under the shard
         lease TTL. None: no limit (tools loading data in big batches).
 
-        ``pool_size`` connections are kept open once made; ``warm`` makes them all when
-        the store opens, so that a burst of requests (the API at a burst's instant)
-        does not wait for connections being set up."""
+        ``pool_size`` connections are kept open once made, and ``pool_overflow`` more
+        may be opened while all are in use (closed when returned): with the LISTEN
+        connection, the most this store ever holds is their sum plus one. ``warm``
+        makes the pool when the store opens, so that a burst of requests (the API at a
+        burst's instant) does not wait for connections being set up."""
         super().__init__(url)
         self._pool_size = pool_size
+        self._pool_overflow = pool_overflow
         self._warm = warm
         self._server_settings = (
             {}
@@ -106,7 +113,7 @@ class PostgresDriver(Driver):
         return create_async_engine(
             self.url,
             pool_size=self._pool_size,
-            max_overflow=self._pool_size * 2,
+            max_overflow=self._pool_overflow,
             pool_recycle=3600,
             connect_args={"server_settings": self._server_settings},
         )
