@@ -48,7 +48,11 @@ __all__ = [
     "LogPage",
     "LogStore",
     "decode_cursor",
+    "decode_line",
     "encode_cursor",
+    "encode_line",
+    "marker_counts",
+    "plan_append",
 ]
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -151,14 +155,15 @@ class LogStore(ABC):
         """Bytes the attempt's log takes (0 when it has none)."""
 
 
-# -- lines on disk -------------------------------------------------------------------
+# -- lines as stored ------------------------------------------------------------------
 
 
 def _instant(value: datetime) -> str:
     return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
-def _encode(entry: LogEntry, attempt: int) -> bytes:
+def encode_line(entry: LogEntry, attempt: int) -> bytes:
+    """One line as every store keeps it: JSON, then a newline."""
     body = {
         "ts": _instant(entry.ts),
         "level": entry.level,
@@ -192,7 +197,67 @@ def _marker(*, ts: datetime, attempt: int, cap: int, lines: int, size: int) -> b
     return head + b" " * pad + tail
 
 
-def _decode(raw: bytes, attempt: int) -> LogLine:
+def marker_counts(line: bytes) -> tuple[datetime, int, int] | None:
+    """``(ts, dropped lines, dropped bytes)`` of a marker line, or None when ``line`` is
+    not one. Only a marker line starts with ``{"marker":true,``: every other line
+    starts with ``{"ts":``."""
+    if len(line) != MARKER_BYTES or not line.startswith(_MARKER_HEAD):
+        return None
+    try:
+        body = json.loads(line)
+        ts = datetime.fromisoformat(str(body["ts"]).replace("Z", "+00:00"))
+        return ts, int(body["dropped_lines"]), int(body["dropped_bytes"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def plan_append(
+    *,
+    size: int,
+    marker: tuple[datetime, int, int] | None,
+    encoded: Sequence[bytes],
+    stamps: Sequence[datetime],
+    attempt: int,
+    cap: int,
+) -> tuple[bytes, bytes | None, AppendResult]:
+    """The cap, for every store: what appending the ``encoded`` lines (sent at
+    ``stamps``) does to an attempt's log of ``size`` bytes, ended by ``marker``
+    (:func:`marker_counts`) once capped. Returns the bytes to append, the marker line
+    to write — after them when the log had none, else over the old one, in place — and
+    the append's result."""
+    if marker is None:
+        take, used = 0, size
+        for line in encoded:
+            if used + len(line) > cap:
+                break
+            used += len(line)
+            take += 1
+        out = b"".join(encoded[:take])
+        rest = encoded[take:]
+        if not rest:
+            return out, None, AppendResult(take, 0, size + len(out))
+        new = _marker(
+            ts=stamps[take],
+            attempt=attempt,
+            cap=cap,
+            lines=len(rest),
+            size=sum(len(r) for r in rest),
+        )
+        return out, new, AppendResult(take, len(rest), size + len(out) + len(new))
+    if not encoded:
+        return b"", None, AppendResult(0, 0, size)
+    ts, lines, dropped_bytes = marker
+    new = _marker(
+        ts=ts,
+        attempt=attempt,
+        cap=cap,
+        lines=lines + len(encoded),
+        size=dropped_bytes + sum(len(r) for r in encoded),
+    )
+    return b"", new, AppendResult(0, len(encoded), size)
+
+
+def decode_line(raw: bytes, attempt: int) -> LogLine:
     """A stored line; one that cannot be read (a crash mid-write) says so instead."""
     try:
         body = json.loads(raw)
@@ -272,7 +337,7 @@ class FileLogStore(LogStore):
     ) -> AppendResult:
         if attempt < 1:
             raise ValueError("attempt numbers start at 1")
-        encoded = [_encode(line, attempt) for line in lines]
+        encoded = [encode_line(line, attempt) for line in lines]
         stamps = [line.ts for line in lines]
         path = self.path(tenant_id, run_id, attempt)
         return await asyncio.to_thread(self._append, path, attempt, encoded, stamps)
@@ -281,47 +346,30 @@ class FileLogStore(LogStore):
         self, path: Path, attempt: int, encoded: list[bytes], stamps: list[datetime]
     ) -> AppendResult:
         path.parent.mkdir(parents=True, exist_ok=True)
-        cap = self.max_bytes_per_attempt
         with _locked(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, fcntl.LOCK_EX) as fd:
             size = os.fstat(fd).st_size
             marker = _marker_counts(fd, size)
+            out, new_marker, result = plan_append(
+                size=size,
+                marker=marker,
+                encoded=encoded,
+                stamps=stamps,
+                attempt=attempt,
+                cap=self.max_bytes_per_attempt,
+            )
             if marker is None:
-                take, used = 0, size
-                for line in encoded:
-                    if used + len(line) > cap:
-                        break
-                    used += len(line)
-                    take += 1
-                out = b"".join(encoded[:take])
-                rest = encoded[take:]
-                if rest:
-                    out += _marker(
-                        ts=stamps[take],
-                        attempt=attempt,
-                        cap=cap,
-                        lines=len(rest),
-                        size=sum(len(r) for r in rest),
-                    )
+                out += new_marker or b""
                 if out:
                     _write_all(fd, out)
-                return AppendResult(take, len(rest), size + len(out))
-            if encoded:
-                ts, lines, dropped_bytes = marker
-                new = _marker(
-                    ts=ts,
-                    attempt=attempt,
-                    cap=cap,
-                    lines=lines + len(encoded),
-                    size=dropped_bytes + sum(len(r) for r in encoded),
-                )
+            elif new_marker is not None:
                 # pwrite on an O_APPEND descriptor appends on Linux: rewrite through
                 # a second one, still under the lock.
                 inplace = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
                 try:
-                    os.pwrite(inplace, new, size - MARKER_BYTES)
+                    os.pwrite(inplace, new_marker, size - MARKER_BYTES)
                 finally:
                     os.close(inplace)
-            return AppendResult(0, len(encoded), size)
+            return result
 
     async def read(
         self,
@@ -380,22 +428,13 @@ def _attempt_files(run_dir: Path) -> list[int]:
 
 
 def _marker_counts(fd: int, size: int) -> tuple[datetime, int, int] | None:
-    """The marker that ends the file, as ``(ts, dropped lines, dropped bytes)``, or
-    None when the attempt is still under its cap. Only a marker line starts with
-    ``{"marker":true,`` at a line start: every other line starts with ``{"ts":``."""
+    """The marker that ends the file (:func:`marker_counts`), or None when the attempt
+    is still under its cap."""
     if size < MARKER_BYTES:
         return None
     start = size - MARKER_BYTES
-    line = os.pread(fd, MARKER_BYTES, start)
     at_line_start = start == 0 or os.pread(fd, 1, start - 1) == b"\n"
-    if not (at_line_start and line.startswith(_MARKER_HEAD)):
-        return None
-    try:
-        body = json.loads(line)
-        ts = datetime.fromisoformat(str(body["ts"]).replace("Z", "+00:00"))
-        return ts, int(body["dropped_lines"]), int(body["dropped_bytes"])
-    except (ValueError, KeyError, TypeError):
-        return None
+    return marker_counts(os.pread(fd, MARKER_BYTES, start)) if at_line_start else None
 
 
 def _read_file(
@@ -428,6 +467,6 @@ def _scan(fd: int, attempt: int, offset: int, limit: int) -> tuple[list[LogLine]
                 position -= len(b"\n".join(parts[index:])) + 1
                 break
             if raw:
-                lines.append(_decode(raw, attempt))
+                lines.append(decode_line(raw, attempt))
     position -= len(pending)
     return lines, position, position < size

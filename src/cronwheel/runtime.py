@@ -64,30 +64,72 @@ class StartupError(RuntimeError):
 
 @dataclass(frozen=True, slots=True)
 class AdminKey:
-    key: str
+    key: str | None  # None: the database's, which this process never saw
     created: bool  # True when generated just now: the only time it is shown
-    path: Path | None  # where it is kept (None when it came from the environment)
+    path: Path | None  # the file it is kept in (None: the environment, or not kept)
 
 
-def ensure_admin_key(settings: Settings) -> AdminKey:
-    """The admin key: ``settings.admin_key``, else the one kept in the data directory,
-    else a new one written there readable by the owner only."""
+async def ensure_admin_key(settings: Settings, store: Store) -> AdminKey:
+    """The admin key: ``settings.admin_key`` (``CRONWHEEL_ADMIN_KEY``), else the
+    deployment's bootstrap admin key, which lives hashed in the database so that every
+    API node knows it, and is made once — by the first process that finds none (of
+    processes starting at once, exactly one makes it; the others find it).
+
+    Its plaintext is shown once, by the process that made it. On SQLite (one machine)
+    it is also kept in ``<data_dir>/admin.key``, readable by the owner only, as it
+    always was; on PostgreSQL it is kept nowhere. A key file found in the data directory
+    becomes the bootstrap key of a database that has none (an upgrade keeps its admin
+    key); a file holding another key than the database's is ignored, with a warning.
+    """
     if settings.admin_key:
         return AdminKey(settings.admin_key, created=False, path=None)
+    from cronwheel.api.auth import generate_key, hash_key
+
     path = settings.data_dir / ADMIN_KEY_FILE
+    kept = _read_key(path)
+    keep_file = store.dialect == "sqlite"
+    if kept is not None:
+        key, key_hash, prefix = kept, hash_key(kept), kept[:10]
+    else:
+        key, key_hash, prefix = generate_key()
+        if keep_file:  # written first: a key in the database is never one nobody has
+            _write_key(path, key)
+    try:
+        record, created = await store.api_keys_bootstrap(key_hash=key_hash, prefix=prefix)
+    except BaseException:
+        if kept is None and keep_file:
+            path.unlink(missing_ok=True)
+        raise
+    if created:
+        return AdminKey(key, created=kept is None, path=path if keep_file or kept else None)
+    if kept is None and keep_file:
+        path.unlink(missing_ok=True)  # the database has another: ours was never used
+    if kept is not None:
+        known = await store.api_keys_get_by_hash(key_hash=key_hash)
+        if known is not None and known.id == record.id:
+            return AdminKey(kept, created=False, path=path)
+        log.warning(
+            "the admin key in %s is not this database's admin key: ignored",
+            path,
+            extra={"event": "runtime.admin_key_ignored", "path": str(path)},
+        )
+    return AdminKey(None, created=False, path=None)
+
+
+def _read_key(path: Path) -> str | None:
     with contextlib.suppress(FileNotFoundError):
         key = path.read_text(encoding="utf-8").strip()
         if key:
-            return AdminKey(key, created=False, path=path)
-    from cronwheel.api.auth import generate_key
+            return key
+    return None
 
-    key = generate_key()[0]
+
+def _write_key(path: Path, key: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(key + "\n")
     os.chmod(path, 0o600)  # O_CREAT's mode does not apply to a file that existed
-    return AdminKey(key, created=True, path=path)
 
 
 class _Server(uvicorn.Server):
@@ -248,8 +290,19 @@ class Runtime:
             raise StartupError(f"cannot open the database: {exc}") from exc
         self._store = store
         if self.with_api:
-            self.admin = ensure_admin_key(settings)
-            self.settings = settings.model_copy(update={"admin_key": self.admin.key})
+            try:
+                self.admin = await ensure_admin_key(settings, store)
+            except Exception as exc:
+                await store.close()
+                self._store = None
+                raise StartupError(f"cannot read or make the admin key: {exc}") from exc
+            # The key this process compares requests with itself (no look-up), and the
+            # one its built-in workers use: the admin key when this process knows it,
+            # else a key of its own, never stored, that no other process accepts.
+            from cronwheel.api.auth import generate_key
+
+            own = self.admin.key or generate_key()[0]
+            self.settings = settings.model_copy(update={"admin_key": own})
 
     async def serve(self, stop: asyncio.Event) -> None:
         """Run until ``stop`` is set (or a component fails), then shut down in order."""
@@ -392,13 +445,13 @@ async def _webhook_workers(runtime: Runtime, stop: asyncio.Event) -> None:
     from cronwheel.worker import webhook_worker
 
     settings = runtime.settings
-    if not settings.webhook_pools or runtime.url is None or runtime.admin is None:
+    if not settings.webhook_pools or runtime.url is None or settings.admin_key is None:
         await stop.wait()  # an extra that returns would stop the whole process
         return
     workers = [
         webhook_worker(
             runtime.url,
-            api_key=runtime.admin.key,
+            api_key=settings.admin_key,
             pool=pool,
             allow=settings.webhook_allow,
             timeout=settings.webhook_timeout,

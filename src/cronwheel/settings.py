@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -114,9 +114,36 @@ class Settings(BaseSettings):
     # reservations off.
     lease_ahead_max: float = Field(default=5.0, ge=0, le=60)
 
-    # worker logs (see docs/logs.md): files under ``log_dir`` (default: data_dir/logs)
-    log_dir: Path | None = None
+    # API keys: how long an API process trusts a key it looked up before asking the
+    # database again (heartbeats must not cost a round trip each). A revoked key is
+    # dropped at once on every API process all the same: the revocation's notice wakes
+    # them (LISTEN/NOTIFY on PostgreSQL); the TTL only bounds a notice that got lost.
+    key_cache_ttl: float = Field(
+        default=5.0,
+        ge=0,
+        le=3600,
+        description="seconds an API process keeps a looked-up API key before reading it "
+        "again; revocations reach every process at once regardless",
+    )
+
+    # worker logs (see docs/logs.md)
+    log_store: Literal["files", "database"] | None = Field(
+        default=None,
+        description="where worker logs are kept: `files` under `log_dir`, or `database` "
+        "(the `log_chunks` table, which every API process reads); unset: `database` on "
+        "PostgreSQL, `files` on SQLite",
+    )
+    log_dir: Path | None = Field(
+        default=None, description="the file log store's directory (default: data_dir/logs)"
+    )
     max_log_bytes_per_attempt: int = Field(default=1 << 20, ge=4096)
+    log_retention_days: int = Field(
+        default=30,
+        ge=1,
+        le=3660,
+        description="days the database log store keeps lines (whole days are dropped once "
+        "older); the file store keeps them until removed",
+    )
 
     # the built-in webhook worker
     webhook_pools: Annotated[list[str], NoDecode] = Field(
@@ -181,6 +208,13 @@ class Settings(BaseSettings):
             max_horizon=timedelta(days=self.max_horizon_days),
             past_grace=timedelta(seconds=self.past_grace_seconds),
         )
+
+    @property
+    def resolved_log_store(self) -> str:
+        """``files`` or ``database``: the setting, else what the database suggests."""
+        if self.log_store is not None:
+            return self.log_store
+        return "database" if self.resolved_database_url.startswith("postgresql") else "files"
 
     @property
     def resolved_log_dir(self) -> Path:

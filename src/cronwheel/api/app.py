@@ -7,6 +7,8 @@ shared wake-up subscription of lease long-polls), stopped by its lifespan.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from importlib.metadata import PackageNotFoundError, version
@@ -28,7 +30,7 @@ from cronwheel.logstore import FileLogStore, LogStore
 from cronwheel.settings import Settings
 from cronwheel.store.base import Store
 
-__all__ = ["BodyLimitMiddleware", "create_app", "stop_long_polls"]
+__all__ = ["BodyLimitMiddleware", "create_app", "default_log_store", "stop_long_polls"]
 
 _DESCRIPTION = """\
 cronwheel decides when a run is due and hands it to workers.
@@ -128,13 +130,29 @@ async def stop_long_polls(app: FastAPI) -> None:
     await state.notifier.close()
 
 
+def default_log_store(settings: Settings, store: Store) -> LogStore:
+    """The log store the settings name (``resolved_log_store``): files under
+    ``resolved_log_dir``, or the database of ``store``."""
+    if settings.resolved_log_store == "database":
+        from cronwheel.logstore_db import DatabaseLogStore
+
+        return DatabaseLogStore(
+            store,
+            max_bytes_per_attempt=settings.max_log_bytes_per_attempt,
+            retention_days=settings.log_retention_days,
+        )
+    return FileLogStore(
+        settings.resolved_log_dir, max_bytes_per_attempt=settings.max_log_bytes_per_attempt
+    )
+
+
 def create_app(settings: Settings, store: Store, *, log_store: LogStore | None = None) -> FastAPI:
     """The REST API over an open, migrated ``store``. Worker logs go to ``log_store``
-    (default: files under ``settings.resolved_log_dir``)."""
+    (default: :func:`default_log_store`)."""
     state = ApiState(
         settings=settings,
         store=store,
-        key_cache=KeyCache(store),
+        key_cache=KeyCache(store, ttl=settings.key_cache_ttl),
         notifier=ReadyNotifier(store),
         runs_by_state=RunsByStateRefresher(store, pools=settings.metrics_pools),
         # As many start statements at once as the pool keeps connections for.
@@ -143,9 +161,18 @@ def create_app(settings: Settings, store: Store, *, log_store: LogStore | None =
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # Revocations made on any API node reach this one's key cache.
+        subscribed = asyncio.Event()
+        revocations = asyncio.create_task(
+            state.key_cache.follow_revocations(subscribed), name="cronwheel-api-key-revocations"
+        )
+        await subscribed.wait()
         try:
             yield
         finally:
+            revocations.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await revocations
             await state.notifier.close()
 
     app = FastAPI(
@@ -158,9 +185,7 @@ def create_app(settings: Settings, store: Store, *, log_store: LogStore | None =
     app.state.api = state
     app.state.settings = settings
     app.state.store = store
-    app.state.logs = log_store or FileLogStore(
-        settings.resolved_log_dir, max_bytes_per_attempt=settings.max_log_bytes_per_attempt
-    )
+    app.state.logs = log_store or default_log_store(settings, store)
     app.state.key_cache = state.key_cache
 
     install_error_handlers(app)

@@ -16,15 +16,25 @@ worker     the worker protocol only (its own tenant's runs, or every tenant's
            when the key has no tenant)
 =========  ==================================================================
 
-Key look-ups are cached for a few seconds: a worker heartbeating every few seconds
-must not cost a database round trip per request. A revoked key therefore keeps working
-for at most :data:`KEY_CACHE_TTL` seconds on each API node.
+The admin key is ``CRONWHEEL_ADMIN_KEY`` (from the settings), or the deployment's
+bootstrap admin key, which lives hashed in the database like any other key: every API
+node knows it.
+
+Key look-ups are cached (``key_cache_ttl``, :data:`KEY_CACHE_TTL` seconds by default):
+a worker heartbeating every few seconds must not cost a database round trip per
+request. A revocation does not wait for the cache: its notice (LISTEN/NOTIFY on
+PostgreSQL, in process on SQLite) makes every API node drop the key at once
+(:meth:`KeyCache.follow_revocations`). The database stays the truth; should a notice be
+lost (a dropped LISTEN connection), the TTL bounds how long the key keeps working.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import hmac
+import logging
 import secrets
 import time
 import uuid
@@ -39,7 +49,8 @@ from cronwheel.api.errors import TenantRequiredError
 from cronwheel.domain.errors import AuthError, NotFoundError, PermissionDeniedError
 from cronwheel.domain.model import ApiKey
 from cronwheel.settings import Settings
-from cronwheel.store.base import Store
+from cronwheel.store.base import Store, Subscription
+from cronwheel.store.notices import CHANNEL_KEYS_REVOKED, parse_key_revoked
 
 __all__ = [
     "KEY_CACHE_TTL",
@@ -60,6 +71,8 @@ __all__ = [
     "tenant_reader",
     "tenant_writer",
 ]
+
+log = logging.getLogger("cronwheel.api")
 
 KEY_PREFIX = "cw_"
 KEY_CACHE_TTL = 5.0
@@ -92,8 +105,9 @@ class Principal:
 
     @property
     def actor(self) -> str:
-        """What the audit trail records as having done something."""
-        return "admin" if self.key_id is None else str(self.key_id)
+        """What the audit trail records as having done something: ``admin`` for the
+        admin key, else the key's id."""
+        return "admin" if self.key_id is None or self.is_admin else str(self.key_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,13 +120,63 @@ class TenantScope:
 
 class KeyCache:
     """Key records by hash, each kept for ``ttl`` seconds (unknown hashes for less, so a
-    freshly created key works at once while a flood of wrong keys stays cheap)."""
+    freshly created key works at once while a flood of wrong keys stays cheap), and
+    forgotten at once when revoked (:meth:`forget`, :meth:`follow_revocations`)."""
 
     def __init__(self, store: Store, *, ttl: float = KEY_CACHE_TTL, max_entries: int = 10_000):
         self._store = store
         self._ttl = ttl
         self._max_entries = max_entries
         self._entries: dict[str, tuple[float, ApiKey | None]] = {}
+        # Bumped by every revocation heard of: a look-up that began before one does not
+        # cache what it read, which may predate the revocation.
+        self._generation = 0
+
+    def forget(self, key_id: uuid.UUID) -> None:
+        """Drop the key ``key_id`` (revoked): its next request reads the store."""
+        self._generation += 1
+        self._entries = {
+            h: e for h, e in self._entries.items() if e[1] is None or e[1].id != key_id
+        }
+
+    def clear(self) -> None:
+        self._generation += 1
+        self._entries = {}
+
+    async def follow_revocations(self, ready: asyncio.Event | None = None) -> None:
+        """Forget every key revoked anywhere as its notice arrives, until cancelled
+        (the app runs it for its lifetime); ``ready`` is set once subscribed."""
+        subscription: Subscription | None = None
+        try:
+            while True:
+                try:
+                    if subscription is None:
+                        subscription = self._store.subscribe(CHANNEL_KEYS_REVOKED)
+                        # Whatever was revoked while no one listened is forgotten too.
+                        self.clear()
+                        if ready is not None:
+                            ready.set()
+                    for payload in await subscription.wait(5.0):
+                        try:
+                            self.forget(parse_key_revoked(payload))
+                        except ValueError:
+                            self.clear()
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    log.warning(
+                        "key revocation subscription failed",
+                        exc_info=True,
+                        extra={"event": "api.key_subscription_failed"},
+                    )
+                    with contextlib.suppress(Exception):
+                        if subscription is not None:
+                            subscription.close()
+                    subscription = None
+                    await asyncio.sleep(1.0)
+        finally:
+            if subscription is not None:
+                subscription.close()
 
     def peek(self, key_hash: str, *, stale_for: float = 0.0) -> tuple[bool, ApiKey | None]:
         """``(known, record)`` from the cache alone, never the store: ``known`` is False
@@ -134,10 +198,14 @@ class KeyCache:
         hit = self._entries.get(key_hash)
         if hit is not None and hit[0] > now:
             return hit[1]
+        generation = self._generation
         key = await self._store.api_keys_get_by_hash(key_hash=key_hash)
+        if generation != self._generation:
+            return key  # a revocation was heard meanwhile: do not keep what predates it
         if len(self._entries) >= self._max_entries:
             self._evict(now)
-        self._entries[key_hash] = (now + (self._ttl if key else _NEGATIVE_TTL), key)
+        ttl = self._ttl if key else min(self._ttl, _NEGATIVE_TTL)
+        self._entries[key_hash] = (now + ttl, key)
         return key
 
     def _evict(self, now: float) -> None:
@@ -214,7 +282,9 @@ async def require_metrics_reader(
         )
     if may_read_metrics(credentials.credentials, _settings(request)):
         return
-    await authenticate(request, credentials)  # 401 unless it is some tenant's key
+    principal = await authenticate(request, credentials)  # 401 unless it is some key
+    if principal.is_admin:  # the bootstrap admin key, kept in the database
+        return
     raise PermissionDeniedError("metrics need the metrics token or the admin key")
 
 

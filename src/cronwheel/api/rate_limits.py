@@ -190,7 +190,9 @@ class RateLimitMiddleware:
         return self.anonymous, address, 0.0
 
     def _take_key(self, record: ApiKey, now: float) -> tuple[Buckets, Hashable, float]:
-        buckets = self.workers if record.role == "worker" else self.keys
+        # Worker keys and admin keys (the bootstrap one lives in the database) carry
+        # whole fleets' worker protocol.
+        buckets = self.workers if record.role in ("worker", "admin") else self.keys
         return buckets, record.id, buckets.take(record.id, now)
 
     async def _refuse(

@@ -44,6 +44,8 @@ __all__ = [
     "JobOut",
     "KeyCreate",
     "KeyCreated",
+    "KeyList",
+    "KeyOut",
     "PreviewItem",
     "PreviewOut",
     "RequestModel",
@@ -168,6 +170,24 @@ class KeyCreated(ResponseModel):
     prefix: str
     api_key: str = Field(description="the key; shown only once")
     created_at: UtcInstant
+
+
+class KeyOut(ResponseModel):
+    """A key as listed: never the key itself, nor its hash."""
+
+    id: uuid.UUID
+    tenant_id: uuid.UUID
+    role: str = Field(description="operator | viewer | worker")
+    prefix: str = Field(description="the key's first characters, to recognise it by")
+    created_at: UtcInstant
+    revoked_at: UtcInstant | None = Field(
+        description="when it was revoked (it authenticates nothing since); null: in use"
+    )
+
+
+class KeyList(ResponseModel):
+    items: list[KeyOut]
+    next_cursor: str | None
 
 
 # -- jobs ------------------------------------------------------------------------------

@@ -106,14 +106,23 @@ def _serve(runtime: Runtime, what: str) -> None:
             console.print(f"metrics on http://{escape(host)}:{port}/metrics", highlight=False)
         if rt.admin is not None:
             if rt.admin.created:
+                kept = (
+                    f", kept in {rt.admin.path}"
+                    if rt.admin.path is not None
+                    else "; only its hash is kept, in the database"
+                )
                 console.print(
-                    f"admin key (shown once, kept in {rt.admin.path}): [bold]{rt.admin.key}[/]",
-                    highlight=False,
+                    f"admin key (shown once{kept}): [bold]{rt.admin.key}[/]", highlight=False
                 )
             elif rt.admin.path is not None:
                 console.print(f"admin key: in {rt.admin.path}", highlight=False)
-            else:
+            elif rt.admin.key is not None:
                 console.print("admin key: from CRONWHEEL_ADMIN_KEY", highlight=False)
+            else:
+                console.print(
+                    "admin key: the database's (shown once, by the process that made it)",
+                    highlight=False,
+                )
         await stop.wait()
 
     runtime.extras.insert(0, announce)

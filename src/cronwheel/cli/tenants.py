@@ -10,9 +10,19 @@ import typer
 from cronwheel.cli.options import DEFAULT_URL, ApiKeyOpt, JsonOpt, UrlOpt, client_for
 from cronwheel.cli.output import console, handle_errors, print_json, short_time, table
 
-__all__ = ["tenants_app", "tenants_create", "tenants_create_key", "tenants_list"]
+__all__ = [
+    "keys_app",
+    "tenants_app",
+    "tenants_create",
+    "tenants_create_key",
+    "tenants_keys_list",
+    "tenants_keys_revoke",
+    "tenants_list",
+]
 
 tenants_app = typer.Typer(help="Tenants and their keys (admin key).", no_args_is_help=True)
+keys_app = typer.Typer(help="A tenant's API keys: list, revoke (admin key).", no_args_is_help=True)
+tenants_app.add_typer(keys_app, name="keys")
 
 
 @tenants_app.command("create")
@@ -70,3 +80,54 @@ def tenants_create_key(
         print_json(key)
         return
     console.print(f"{key.get('role', role)} key (shown once): {key['api_key']}", highlight=False)
+
+
+@keys_app.command("list")
+def tenants_keys_list(
+    tenant_id: Annotated[str, typer.Argument(help="The tenant id.")],
+    limit: Annotated[int, typer.Option("--limit", min=1, max=500)] = 100,
+    url: UrlOpt = DEFAULT_URL,
+    api_key: ApiKeyOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """A tenant's keys, revoked ones too (never the keys themselves)."""
+    with handle_errors(), client_for(url, api_key, None) as client:
+        page = client.tenants.list_keys(tenant_id, limit=limit)
+    if as_json:
+        print_json({"items": page.items, "next_cursor": page.next_cursor})
+        return
+    rows = [
+        (
+            k["id"],
+            k["role"],
+            k["prefix"],
+            short_time(k.get("created_at")),
+            short_time(k.get("revoked_at")) if k.get("revoked_at") else "-",
+        )
+        for k in page.items
+    ]
+    console.print(
+        table(f"keys ({len(rows)})", ["id", "role", "prefix", "created", "revoked"], rows)
+    )
+
+
+@keys_app.command("revoke")
+def tenants_keys_revoke(
+    tenant_id: Annotated[str, typer.Argument(help="The tenant id.")],
+    key_id: Annotated[str, typer.Argument(help="The key's id (see 'tenants keys list').")],
+    reason: Annotated[
+        str | None, typer.Option("--reason", help="Recorded in the audit trail.")
+    ] = None,
+    url: UrlOpt = DEFAULT_URL,
+    api_key: ApiKeyOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Revoke a key: it stops working at once, on every API node."""
+    with handle_errors(), client_for(url, api_key, None) as client:
+        key = client.tenants.revoke_key(tenant_id, key_id, reason=reason)
+    if as_json:
+        print_json(key)
+        return
+    console.print(
+        f"[green]revoked[/] {key['role']} key {key['id']} ({key['prefix']}…)", highlight=False
+    )

@@ -121,6 +121,14 @@ class AsyncTenants(_AsyncResource):
     async def create_key(self, tenant_id: Id, *, role: str = "operator") -> Json:
         return await self._one(Calls.tenants_create_key(tenant_id, role))
 
+    async def list_keys(
+        self, tenant_id: Id, *, cursor: str | None = None, limit: int | None = None
+    ) -> Page[Json]:
+        return await self._page(Calls.tenants_list_keys(tenant_id, cursor, limit))
+
+    async def revoke_key(self, tenant_id: Id, key_id: Id, *, reason: str | None = None) -> Json:
+        return await self._one(Calls.tenants_revoke_key(tenant_id, key_id, reason))
+
 
 class AsyncJobs(_AsyncResource):
     async def create(

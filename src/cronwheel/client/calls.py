@@ -80,6 +80,22 @@ class Calls:
         return Call("POST", f"/v1/tenants/{_seg(tenant_id)}/keys", json={"role": role})
 
     @staticmethod
+    def tenants_list_keys(tenant_id: Id, cursor: str | None, limit: int | None) -> Call:
+        return Call(
+            "GET",
+            f"/v1/tenants/{_seg(tenant_id)}/keys",
+            params=query_params(cursor=cursor, limit=limit),
+        )
+
+    @staticmethod
+    def tenants_revoke_key(tenant_id: Id, key_id: Id, reason: str | None) -> Call:
+        return Call(
+            "DELETE",
+            f"/v1/tenants/{_seg(tenant_id)}/keys/{_seg(key_id)}",
+            params=query_params(reason=reason),
+        )
+
+    @staticmethod
     def jobs_create(
         name: str,
         schedule: Any,

@@ -121,6 +121,16 @@ class Tenants(_Resource):
     def create_key(self, tenant_id: Id, *, role: str = "operator") -> Json:
         return self._one(Calls.tenants_create_key(tenant_id, role))
 
+    def list_keys(
+        self, tenant_id: Id, *, cursor: str | None = None, limit: int | None = None
+    ) -> Page[Json]:
+        """The tenant's keys (id, role, prefix, created_at, revoked_at; never a key)."""
+        return self._page(Calls.tenants_list_keys(tenant_id, cursor, limit))
+
+    def revoke_key(self, tenant_id: Id, key_id: Id, *, reason: str | None = None) -> Json:
+        """Revoke a key at once, on every API node; the answer is its record."""
+        return self._one(Calls.tenants_revoke_key(tenant_id, key_id, reason))
+
 
 class Jobs(_Resource):
     def create(

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from cronwheel.store.base import Store, Subscription
-from cronwheel.store.notices import CHANNEL_RUNS_NEW, CHANNEL_RUNS_READY
+from cronwheel.store.notices import CHANNEL_KEYS_REVOKED, CHANNEL_RUNS_NEW, CHANNEL_RUNS_READY
 from cronwheel.store.values import CompleteItem, FailItem, HeartbeatItem, RunFilter
 
 __all__ = [
+    "CHANNEL_KEYS_REVOKED",
     "CHANNEL_RUNS_NEW",
     "CHANNEL_RUNS_READY",
     "CompleteItem",

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
-from datetime import datetime
+from collections.abc import Callable, Sequence
+from datetime import date, datetime
 from typing import Any
 
 from cronwheel.domain.model import (
@@ -42,6 +42,9 @@ from cronwheel.domain.states import REDRIVE, Move
 from cronwheel.store.scheduler_side import SchedulerSide
 from cronwheel.store.values import (
     REDRIVE_BATCH_MAX,
+    LogChunk,
+    LogHead,
+    LogWrite,
     RedriveBatch,
     RunFilter,
 )
@@ -156,6 +159,37 @@ class Store(SchedulerSide, WorkerSide):
     @abstractmethod
     async def api_keys_get_by_hash(self, *, key_hash: str) -> ApiKey | None:
         """The unrevoked key with this hash, or None."""
+
+    @abstractmethod
+    async def api_keys_bootstrap(
+        self, *, key_hash: str, prefix: str, now: datetime | None = None
+    ) -> tuple[ApiKey, bool]:
+        """The deployment's bootstrap admin key (no tenant): stored by ``key_hash``
+        unless one exists, in which case that one is returned untouched — ``(record,
+        created)``. Of any number of processes calling at once on an empty database,
+        exactly one creates it. (A revoked bootstrap key stays the bootstrap key.)"""
+
+    @abstractmethod
+    async def api_keys_list(
+        self, tenant_id: uuid.UUID, *, cursor: str | None = None, limit: int = 100
+    ) -> Page[ApiKey]:
+        """The tenant's keys, revoked ones included, oldest first (never a hash)."""
+
+    @abstractmethod
+    async def api_keys_revoke(
+        self,
+        tenant_id: uuid.UUID,
+        key_id: uuid.UUID,
+        *,
+        actor: str | None = None,
+        reason: str | None = None,
+        now: datetime | None = None,
+    ) -> ApiKey:
+        """Revoke the tenant's key: it authenticates nothing from now on. The event
+        ``api_key.revoked`` records who and why, and a notice on
+        :data:`CHANNEL_KEYS_REVOKED` tells every API node to forget the key at once.
+        Revoking a revoked key changes nothing and returns it; an unknown key, or
+        another tenant's, raises :class:`NotFoundError`."""
 
     # -- jobs ----------------------------------------------------------------------
 
@@ -369,3 +403,48 @@ class Store(SchedulerSide, WorkerSide):
     async def events_transitions(self) -> dict[tuple[str | None, str], int]:
         """Every ``(from_state, to_state)`` pair the history records for runs, with how
         often: what ``domain.states.illegal_transitions`` checks against the table."""
+
+    # -- worker logs (the database log store) --------------------------------------
+
+    @abstractmethod
+    async def log_chunks_append(
+        self,
+        tenant_id: uuid.UUID,
+        *,
+        run_id: uuid.UUID,
+        attempt: int,
+        plan: Callable[[LogHead], LogWrite],
+        now: datetime | None = None,
+    ) -> int:
+        """Append to an attempt's log what ``plan`` makes of its head (called once,
+        while no other append to the attempt, from any process, runs), as one chunk of
+        the day of ``now``; return the bytes the log takes after. The day's partition
+        must exist (:meth:`log_chunks_maintain`)."""
+
+    @abstractmethod
+    async def log_chunks_read(
+        self,
+        tenant_id: uuid.UUID,
+        *,
+        run_id: uuid.UUID,
+        after: tuple[int, int] = (0, 0),
+        attempt: int | None = None,
+        limit: int = 100,
+    ) -> list[LogChunk]:
+        """Up to ``limit`` chunks of the run's log past ``after`` — ``(attempt,
+        offset)``: the chunks of that attempt ending past the offset, then every chunk
+        of later attempts — by attempt, then position; only ``attempt``'s when given."""
+
+    @abstractmethod
+    async def log_chunks_size(
+        self, tenant_id: uuid.UUID, *, run_id: uuid.UUID, attempt: int
+    ) -> int:
+        """Bytes the attempt's log takes (0: none)."""
+
+    @abstractmethod
+    async def log_chunks_maintain(
+        self, *, retention_days: int, now: datetime | None = None
+    ) -> list[date]:
+        """Make room for the chunks of the day before ``now``, its day and the next
+        (PostgreSQL: a partition each), and remove those of every day more than
+        ``retention_days`` before it (whole partitions); the days removed."""

@@ -24,7 +24,7 @@ import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from typing import Any, ClassVar
 
 import sqlalchemy as sa
@@ -39,7 +39,7 @@ from cronwheel.domain.model import (
     ReservationsStarted,
     Worker,
 )
-from cronwheel.store.schema import shard_leases
+from cronwheel.store.schema import log_chunks, shard_leases
 from cronwheel.store.values import CompleteItem, HeartbeatItem, LeaseRenewal
 
 __all__ = [
@@ -179,6 +179,12 @@ class Driver(ABC):
         transaction (SQLite: the write transaction already does)."""
         return None
 
+    async def lock(self, conn: AsyncConnection, name: str) -> None:
+        """Hold the lock called ``name`` until the write transaction of ``conn`` ends
+        (PostgreSQL: an advisory lock; SQLite: the write transaction already excludes
+        every other)."""
+        return None
+
     def transient(self, exc: BaseException) -> bool:
         """A failure worth retrying (lost connection, lock conflict, no connection free
         in the pool within its timeout)."""
@@ -220,6 +226,25 @@ class Driver(ABC):
     @abstractmethod
     async def fencing_tokens(self, conn: AsyncConnection, count: int) -> list[int]:
         """``count`` new fencing tokens, each larger than any handed out before."""
+
+    # -- worker logs (log_chunks) ------------------------------------------------------
+
+    async def log_days_prepare(self, conn: AsyncConnection, days: Sequence[date]) -> None:
+        """Make room for the log chunks of ``days`` (PostgreSQL: a partition each, made
+        unless it exists; one table needs nothing)."""
+        return None
+
+    async def log_days_drop(self, conn: AsyncConnection, *, before: date) -> list[date]:
+        """Remove every log chunk of a day before ``before``; the days removed."""
+        days = (
+            await conn.execute(
+                sa.select(log_chunks.c.day).where(log_chunks.c.day < before).distinct()
+            )
+        ).scalars()
+        dropped = sorted(days)
+        if dropped:
+            await conn.execute(log_chunks.delete().where(log_chunks.c.day < before))
+        return dropped
 
     # -- events ----------------------------------------------------------------------
 

@@ -12,10 +12,13 @@ from cronwheel.domain.model import DueRun
 
 __all__ = [
     "ANNOUNCE_HORIZON",
+    "CHANNEL_KEYS_REVOKED",
     "CHANNEL_RUNS_NEW",
     "CHANNEL_RUNS_READY",
     "announce",
+    "key_revoked",
     "parse_announcement",
+    "parse_key_revoked",
     "parse_ready_notice",
     "ready_notices",
 ]
@@ -26,6 +29,8 @@ CHANNEL_RUNS_NEW = "cw_runs_new"  # runs created or rescheduled to fire soon: "s
 # and "pool<US>ms,ms,…" with the instants (epoch ms) the others may be leased from when
 # they were dispatched ahead of them.
 CHANNEL_RUNS_READY = "cw_runs_ready"
+# An API key was revoked: "key id" (hex). Every API node drops it from its key cache.
+CHANNEL_KEYS_REVOKED = "cw_keys_revoked"
 _NOT_BEFORE = "\x1f"
 _MAX_INSTANTS = 32  # per notice: a batch spread wider is woken at evenly spaced ones
 
@@ -79,3 +84,13 @@ def parse_announcement(payload: str) -> DueRun:
         shard=int(shard_s),
         fire_at=datetime.fromtimestamp(int(ms_s) / 1000, UTC),
     )
+
+
+def key_revoked(key_id: uuid.UUID) -> str:
+    """The payload of a CHANNEL_KEYS_REVOKED notification."""
+    return key_id.hex
+
+
+def parse_key_revoked(payload: str) -> uuid.UUID:
+    """The key a CHANNEL_KEYS_REVOKED payload names; ValueError when it is unreadable."""
+    return uuid.UUID(hex=payload)

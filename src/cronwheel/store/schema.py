@@ -34,6 +34,7 @@ __all__ = [
     "counters",
     "events",
     "jobs",
+    "log_chunks",
     "metadata",
     "runs",
     "scheduler_nodes",
@@ -106,8 +107,20 @@ api_keys = sa.Table(
     sa.Column("prefix", sa.String(20), nullable=False),
     sa.Column("created_at", UtcDateTime, nullable=False),
     sa.Column("revoked_at", UtcDateTime),
+    # The admin key a deployment made for itself on first start (when no admin key is
+    # configured): at most one row, whichever API node got there first.
+    sa.Column("bootstrap", sa.Boolean, nullable=False, server_default=sa.false()),
     sa.CheckConstraint("role IN ('admin', 'operator', 'viewer', 'worker')", name="role"),
     sa.CheckConstraint("role = 'worker' OR role = 'admin' OR tenant_id IS NOT NULL", name="scope"),
+    sa.CheckConstraint("NOT bootstrap OR (role = 'admin' AND tenant_id IS NULL)", name="bootstrap"),
+    sa.Index("ix_api_keys_tenant", "tenant_id", "id"),
+    sa.Index(
+        "uq_api_keys_bootstrap",
+        "bootstrap",
+        unique=True,
+        postgresql_where=sa.text("bootstrap"),
+        sqlite_where=sa.text("bootstrap"),
+    ),
 )
 
 jobs = sa.Table(
@@ -389,4 +402,27 @@ counters = sa.Table(
     metadata,
     sa.Column("name", sa.String(40), primary_key=True),
     sa.Column("value", sa.BigInteger, nullable=False),
+)
+
+# Worker logs in the database (the database log store, docs/logs.md): one row per
+# appended batch of an attempt's lines — its JSON lines, zlib-compressed — covering the
+# bytes [start_offset, end_offset) of the attempt's log; a ``marker`` row is the line
+# that ends a capped log, rewritten in place as more lines are dropped. Partitioned by
+# the day of the append on PostgreSQL (partitions are made ahead by the writers and
+# dropped whole by retention); one table on SQLite.
+log_chunks = sa.Table(
+    "log_chunks",
+    metadata,
+    sa.Column("tenant_id", Uuid, nullable=False),
+    sa.Column("run_id", Uuid, nullable=False),
+    sa.Column("attempt", sa.Integer, nullable=False),
+    sa.Column("seq", sa.Integer, nullable=False),
+    sa.Column("day", sa.Date, nullable=False),
+    sa.Column("start_offset", sa.BigInteger, nullable=False),
+    sa.Column("end_offset", sa.BigInteger, nullable=False),
+    sa.Column("marker", sa.Boolean, nullable=False, server_default=sa.false()),
+    sa.Column("data", sa.LargeBinary, nullable=False),
+    # A partitioned table's keys must hold its partition key: ``day`` comes last.
+    sa.PrimaryKeyConstraint("tenant_id", "run_id", "attempt", "seq", "day"),
+    postgresql_partition_by="RANGE (day)",
 )

@@ -17,6 +17,9 @@ __all__ = [
     "FailItem",
     "HeartbeatItem",
     "LeaseRenewal",
+    "LogChunk",
+    "LogHead",
+    "LogWrite",
     "RedriveBatch",
     "RunFilter",
 ]
@@ -81,3 +84,33 @@ class RedriveBatch:
     # run. A DEAD_LETTER one was left out by the limit.
     skipped: dict[uuid.UUID, str | None]
     more: bool  # dead letters matching the selection remain (the limit cut the batch)
+
+
+@dataclass(frozen=True, slots=True)
+class LogHead:
+    """An attempt's log as an append finds it (under the attempt's lock): the bytes it
+    takes, and the marker line that ends it once capped (None before)."""
+
+    size: int
+    marker: bytes | None
+
+
+@dataclass(frozen=True, slots=True)
+class LogWrite:
+    """What an append adds to an attempt's log: ``lines`` at its end (may be empty),
+    then ``marker`` (None: none) — appended when the log had none, else rewritten in
+    place (a marker line keeps its length)."""
+
+    lines: bytes
+    marker: bytes | None
+
+
+@dataclass(frozen=True, slots=True)
+class LogChunk:
+    """Stored bytes of an attempt's log: ``data`` is ``[start, end)`` of it, whole
+    lines."""
+
+    attempt: int
+    start: int
+    end: int
+    data: bytes

@@ -15,6 +15,8 @@ from cronwheel.api.schemas import (
     ErrorResponse,
     KeyCreate,
     KeyCreated,
+    KeyList,
+    KeyOut,
     TenantCreate,
     TenantCreated,
     TenantList,
@@ -24,7 +26,7 @@ from cronwheel.api.schemas import (
 )
 from cronwheel.api.state import api_state
 from cronwheel.domain.errors import NotFoundError, PermissionDeniedError
-from cronwheel.domain.model import Tenant
+from cronwheel.domain.model import ApiKey, Tenant
 from cronwheel.domain.spec import TenantLimits
 
 __all__ = ["router"]
@@ -128,6 +130,57 @@ async def create_key(
         api_key=key,
         created_at=record.created_at,
     )
+
+
+def key_out(key: ApiKey, tenant_id: uuid.UUID) -> KeyOut:
+    return KeyOut(
+        id=key.id,
+        tenant_id=tenant_id,
+        role=key.role,
+        prefix=key.prefix,
+        created_at=key.created_at,
+        revoked_at=key.revoked_at,
+    )
+
+
+@router.get("/{tenant_id}/keys", summary="List a tenant's API keys")
+async def list_keys(
+    tenant_id: str,
+    request: Request,
+    cursor: str | None = Query(default=None, max_length=100),
+    limit: int = Query(default=100, ge=1, le=500),
+    principal: Principal = Depends(require_admin),
+) -> KeyList:
+    """Every key of the tenant, revoked ones too, oldest first: id, role, prefix and
+    when it was made and revoked — never the key or its hash."""
+    store = api_state(request).store
+    tenant = await store.tenants_get(parse_id(tenant_id, "tenant"))
+    page = await store.api_keys_list(tenant.id, cursor=cursor, limit=limit)
+    return KeyList(items=[key_out(k, tenant.id) for k in page.items], next_cursor=page.next_cursor)
+
+
+@router.delete("/{tenant_id}/keys/{key_id}", summary="Revoke an API key")
+async def revoke_key(
+    tenant_id: str,
+    key_id: str,
+    request: Request,
+    reason: str | None = Query(
+        default=None, max_length=1000, description="recorded in the audit trail"
+    ),
+    principal: Principal = Depends(require_admin),
+) -> KeyOut:
+    """The key authenticates nothing from now on, on every API node at once. Answers
+    the key's record (``revoked_at`` set); revoking a revoked key changes nothing. The
+    audit trail records who revoked it and why (event ``api_key.revoked``). Another
+    tenant's key answers 404 like an unknown one."""
+    state = api_state(request)
+    tid = parse_id(tenant_id, "tenant")
+    kid = parse_id(key_id, "API key")
+    await state.store.tenants_get(tid)  # unknown: 404
+    key = await state.store.api_keys_revoke(tid, kid, actor=principal.actor, reason=reason)
+    # This node at once; the others when the revocation's notice reaches them.
+    state.key_cache.forget(key.id)
+    return key_out(key, tid)
 
 
 # -- the webhook secret ----------------------------------------------------------------

@@ -7,9 +7,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from datetime import datetime
+from datetime import date, datetime, timedelta
 from typing import Any
 
 import asyncpg
@@ -23,7 +24,7 @@ from cronwheel.ids import new_id
 from cronwheel.store.driver import CreatedRun, Driver, FireCandidate, Outcomes, PlannedRun
 from cronwheel.store.drivers import postgres_firing as firing
 from cronwheel.store.drivers import postgres_leasing as leasing
-from cronwheel.store.notices import CHANNEL_RUNS_NEW, CHANNEL_RUNS_READY
+from cronwheel.store.notices import CHANNEL_KEYS_REVOKED, CHANNEL_RUNS_NEW, CHANNEL_RUNS_READY
 from cronwheel.store.schema import runs
 from cronwheel.store.values import CompleteItem, HeartbeatItem, LeaseRenewal
 
@@ -47,6 +48,13 @@ _MIGRATION_LOCK = 0x63776D67  # "cwmg"
 
 # A NOTIFY payload must stay under 8000 bytes.
 _NOTIFY_CHUNK = 7000
+
+# The partitions of log_chunks: one a day, named after it.
+_LOG_PARTITION = re.compile(r"^log_chunks_p(\d{8})$")
+
+
+def _log_partition(day: date) -> str:
+    return f"log_chunks_p{day:%Y%m%d}"
 
 
 async def _raw(conn: AsyncConnection) -> firing.Raw:
@@ -151,7 +159,7 @@ class PostgresDriver(Driver):
             try:
                 conn = await asyncpg.connect(dsn)
                 self._listener = conn
-                for channel in (CHANNEL_RUNS_NEW, CHANNEL_RUNS_READY):
+                for channel in (CHANNEL_RUNS_NEW, CHANNEL_RUNS_READY, CHANNEL_KEYS_REVOKED):
                     await conn.add_listener(channel, on_notify)
                 closed = asyncio.Event()
                 conn.add_termination_listener(lambda _c, done=closed: done.set())
@@ -188,6 +196,12 @@ class PostgresDriver(Driver):
     async def migration_lock(self, conn: AsyncConnection) -> None:
         # An api and a scheduler starting at once would both create alembic_version.
         await conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": _MIGRATION_LOCK})
+
+    async def lock(self, conn: AsyncConnection, name: str) -> None:
+        # Two names may share a lock (a 64-bit hash): that only serialises them.
+        await conn.execute(
+            sa.text("SELECT pg_advisory_xact_lock(hashtextextended(:name, 0))"), {"name": name}
+        )
 
     def transient(self, exc: BaseException) -> bool:
         # The hot statements speak asyncpg directly, so its errors arrive untranslated.
@@ -241,6 +255,41 @@ class PostgresDriver(Driver):
             sa.text("SELECT nextval('fencing_tokens') FROM generate_series(1, :n)"), {"n": count}
         )
         return sorted(int(r[0]) for r in rows)
+
+    # -- worker logs: a partition of log_chunks a day ------------------------------------
+
+    async def log_days_prepare(self, conn: AsyncConnection, days: Sequence[date]) -> None:
+        # Making a partition locks the parent table: done ahead of the day (and once per
+        # process and day), not in the appends' transactions.
+        for day in days:
+            await conn.execute(
+                sa.text(
+                    f'CREATE TABLE IF NOT EXISTS "{_log_partition(day)}" PARTITION OF log_chunks'
+                    f" FOR VALUES FROM ('{day.isoformat()}')"
+                    f" TO ('{(day + timedelta(days=1)).isoformat()}')"
+                )
+            )
+
+    async def log_days_drop(self, conn: AsyncConnection, *, before: date) -> list[date]:
+        # Retention drops whole partitions: no row-by-row delete, no vacuum behind it.
+        names = (
+            await conn.execute(
+                sa.text(
+                    "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
+                    " WHERE i.inhparent = 'log_chunks'::regclass"
+                )
+            )
+        ).scalars()
+        dropped: list[date] = []
+        for name in names:
+            match = _LOG_PARTITION.match(name)
+            if match is None:
+                continue
+            day = datetime.strptime(match.group(1), "%Y%m%d").date()
+            if day < before:
+                await conn.execute(sa.text(f'DROP TABLE IF EXISTS "{name}"'))
+                dropped.append(day)
+        return sorted(dropped)
 
     # -- hot statements: one round trip per batch ----------------------------------------
 

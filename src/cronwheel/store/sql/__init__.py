@@ -6,6 +6,7 @@ from cronwheel.store.sql.attempts import AttemptsMixin
 from cronwheel.store.sql.events import EventsMixin
 from cronwheel.store.sql.expiry import ExpiryMixin
 from cronwheel.store.sql.firing import FiringMixin
+from cronwheel.store.sql.logs import LogsMixin
 from cronwheel.store.sql.redrive import RedriveMixin
 from cronwheel.store.sql.routing import RoutingMixin
 from cronwheel.store.sql.runs import RunsMixin
@@ -27,6 +28,7 @@ class SqlStore(
     ExpiryMixin,
     RoutingMixin,
     EventsMixin,
+    LogsMixin,
 ):
     """Implements every method of ``Store``, once, over the driver it is given.
 

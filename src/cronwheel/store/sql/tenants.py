@@ -13,6 +13,7 @@ from sqlalchemy.exc import IntegrityError
 from cronwheel.domain.errors import ConflictError, ValidationError
 from cronwheel.domain.model import ApiKey, Page, Tenant
 from cronwheel.ids import new_id
+from cronwheel.store.notices import CHANNEL_KEYS_REVOKED, key_revoked
 from cronwheel.store.rows import event_row, tenant_from, uuid_cursor
 from cronwheel.store.schema import api_keys, tenants
 from cronwheel.store.sql.core import SqlCore
@@ -209,13 +210,7 @@ class TenantsMixin(SqlCore):
                     )
                 ],
             )
-        return ApiKey(
-            id=row.id,
-            tenant_id=row.tenant_id,
-            role=row.role,
-            prefix=row.prefix,
-            created_at=row.created_at,
-        )
+        return _key_from(row)
 
     async def api_keys_get_by_hash(self, *, key_hash: str) -> ApiKey | None:
         async with self._read() as conn:
@@ -226,13 +221,113 @@ class TenantsMixin(SqlCore):
                     )
                 )
             ).first()
-        if row is None:
-            return None
-        return ApiKey(
-            id=row.id,
-            tenant_id=row.tenant_id,
-            role=row.role,
-            prefix=row.prefix,
-            created_at=row.created_at,
-            revoked_at=row.revoked_at,
+        return None if row is None else _key_from(row)
+
+    async def api_keys_bootstrap(
+        self, *, key_hash: str, prefix: str, now: datetime | None = None
+    ) -> tuple[ApiKey, bool]:
+        # One row may be the bootstrap key (a unique partial index): of nodes inserting
+        # at once, one inserts and the others wait for its commit, then insert nothing.
+        async with self._write() as conn:
+            at = await self._now(conn, now)
+            row = {
+                "id": new_id(),
+                "tenant_id": None,
+                "role": "admin",
+                "key_hash": key_hash,
+                "prefix": prefix,
+                "created_at": at,
+                "bootstrap": True,
+            }
+            created = (
+                await conn.execute(
+                    self.driver.insert_ignore(api_keys, [row]).returning(*api_keys.c)
+                )
+            ).first()
+            if created is None:
+                existing = (
+                    await conn.execute(api_keys.select().where(api_keys.c.bootstrap.is_(True)))
+                ).one()
+                return _key_from(existing), False
+            await self._insert_events(
+                conn,
+                [
+                    event_row(
+                        at=at,
+                        kind="api_key.created",
+                        tenant_id=None,
+                        actor="bootstrap",
+                        data={"key_id": str(created.id), "role": "admin", "prefix": prefix},
+                    )
+                ],
+            )
+        return _key_from(created), True
+
+    async def api_keys_list(
+        self, tenant_id: uuid.UUID, *, cursor: str | None = None, limit: int = 100
+    ) -> Page[ApiKey]:
+        after = uuid_cursor(cursor)
+        stmt = (
+            api_keys.select()
+            .where(api_keys.c.tenant_id == tenant_id)
+            .order_by(api_keys.c.id)
+            .limit(limit + 1)
         )
+        if after is not None:
+            stmt = stmt.where(api_keys.c.id > after)
+        async with self._read() as conn:
+            rows = (await conn.execute(stmt)).all()
+        items = [_key_from(r) for r in rows[:limit]]
+        return Page(items, str(items[-1].id) if len(rows) > limit else None)
+
+    async def api_keys_revoke(
+        self,
+        tenant_id: uuid.UUID,
+        key_id: uuid.UUID,
+        *,
+        actor: str | None = None,
+        reason: str | None = None,
+        now: datetime | None = None,
+    ) -> ApiKey:
+        mine = sa.and_(api_keys.c.id == key_id, api_keys.c.tenant_id == tenant_id)
+        async with self._write() as conn:
+            at = await self._now(conn, now)
+            row = (
+                await conn.execute(
+                    api_keys.update()
+                    .where(mine, api_keys.c.revoked_at.is_(None))
+                    .values(revoked_at=at)
+                    .returning(*api_keys.c)
+                )
+            ).first()
+            if row is None:  # unknown, another tenant's, or revoked already
+                existing = (await conn.execute(api_keys.select().where(mine))).first()
+                if existing is None:
+                    raise self._not_found("api_key", key_id)
+                return _key_from(existing)
+            await self._insert_events(
+                conn,
+                [
+                    event_row(
+                        at=at,
+                        kind="api_key.revoked",
+                        tenant_id=tenant_id,
+                        actor=actor,
+                        reason=reason,
+                        data={"key_id": str(row.id), "role": row.role, "prefix": row.prefix},
+                    )
+                ],
+            )
+            await self._notify(conn, CHANNEL_KEYS_REVOKED, [key_revoked(row.id)])
+        return _key_from(row)
+
+
+def _key_from(row: Any) -> ApiKey:
+    return ApiKey(
+        id=row.id,
+        tenant_id=row.tenant_id,
+        role=row.role,
+        prefix=row.prefix,
+        created_at=row.created_at,
+        revoked_at=row.revoked_at,
+    )
