@@ -2,8 +2,10 @@
 
 Logs never go to the transactional tables: a run row is about 1 KB, while one chatty
 attempt writes megabytes. They go to a :class:`LogStore` — files under the data
-directory by default (:class:`FileLogStore`), or anything that can append bytes and
-read them back, such as an object store.
+directory (:class:`FileLogStore`, the default on SQLite), a table of their own shared by
+every API process (``cronwheel.logstore_db.DatabaseLogStore``, the default on
+PostgreSQL), or anything that can append bytes and read them back, such as an object
+store.
 
 What every store keeps, per attempt of a run, in order::
 

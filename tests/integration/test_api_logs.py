@@ -1,5 +1,6 @@
-"""Worker logs over HTTP, on both backends: ``POST /v1/attempts/{id}/logs`` fenced like
-every attempt call, ``GET /v1/runs/{id}/logs`` scoped like every run read."""
+"""Worker logs over HTTP, on both backends and with both log stores (files, and the
+database's ``log_chunks``): ``POST /v1/attempts/{id}/logs`` fenced like every attempt
+call, ``GET /v1/runs/{id}/logs`` scoped like every run read."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from asgi_lifespan import LifespanManager
 from fastapi import FastAPI
 
 from cronwheel.api import create_app
-from cronwheel.logstore import FileLogStore
+from cronwheel.logstore import FileLogStore, LogStore
+from cronwheel.logstore_db import DatabaseLogStore
 from cronwheel.settings import Settings
 from cronwheel.store import Store
 
@@ -24,13 +26,26 @@ TS = "2031-03-04T12:00:00.250Z"
 TS_OUT = "2031-03-04T12:00:00.250000Z"
 
 
-@pytest.fixture
-def log_store(tmp_path: Path) -> FileLogStore:
+@pytest.fixture(params=["files", "database"])
+def log_store(request: pytest.FixtureRequest, tmp_path: Path, store: Store) -> LogStore:
+    if request.param == "database":
+        return DatabaseLogStore(store, max_bytes_per_attempt=4096)
     return FileLogStore(tmp_path / "run-logs", max_bytes_per_attempt=4096)
 
 
+async def nothing_written(log_store: LogStore, run_id: str, *tenants: Any) -> bool:
+    """No line of the run under any of ``tenants`` (and, for files, no file at all)."""
+    if isinstance(log_store, FileLogStore):
+        return not log_store.root.exists()
+    for tenant in tenants:
+        page = await log_store.read(uuid.UUID(tenant.id), run_id=uuid.UUID(run_id))
+        if page.lines:
+            return False
+    return True
+
+
 @pytest.fixture
-async def app(settings: Settings, store: Store, log_store: FileLogStore) -> AsyncIterator[FastAPI]:
+async def app(settings: Settings, store: Store, log_store: LogStore) -> AsyncIterator[FastAPI]:
     application = create_app(settings, store, log_store=log_store)
     async with LifespanManager(application):
         yield application
@@ -133,7 +148,7 @@ async def test_pages_and_attempt_filter(api: Any) -> None:
 
 
 async def test_stale_token_is_409_and_writes_nothing(
-    api: Any, store: Store, log_store: FileLogStore
+    api: Any, store: Store, log_store: LogStore
 ) -> None:
     t = await api.tenant()
     worker, attempt = await leased(api, t)
@@ -210,7 +225,7 @@ async def test_a_lost_attempt_is_superseded(api: Any, store: Store) -> None:
     assert [line["message"] for line in only["lines"]] == ["second try"]
 
 
-async def test_unknown_and_other_tenants_are_404(api: Any, log_store: FileLogStore) -> None:
+async def test_unknown_and_other_tenants_are_404(api: Any, log_store: LogStore) -> None:
     mine, other = await api.tenant(), await api.tenant()
     worker, attempt = await leased(api, mine)
     other_worker = await api.key(other, "worker")
@@ -227,7 +242,7 @@ async def test_unknown_and_other_tenants_are_404(api: Any, log_store: FileLogSto
         )
         assert r.status_code == 404, r.text
         assert error_of(r)["code"] == "not_found"
-    assert not log_store.root.exists()  # nothing was written anywhere
+    assert await nothing_written(log_store, attempt["run_id"], mine, other)
 
     for run_id, headers in [
         (attempt["run_id"], other.headers),  # another tenant's run
@@ -239,7 +254,7 @@ async def test_unknown_and_other_tenants_are_404(api: Any, log_store: FileLogSto
         assert error_of(r)["code"] == "not_found"
 
 
-async def test_bad_input_is_422_and_writes_nothing(api: Any, log_store: FileLogStore) -> None:
+async def test_bad_input_is_422_and_writes_nothing(api: Any, log_store: LogStore) -> None:
     t = await api.tenant()
     worker, attempt = await leased(api, t)
     good = lines("ok")[0]
@@ -260,7 +275,7 @@ async def test_bad_input_is_422_and_writes_nothing(api: Any, log_store: FileLogS
         f"/v1/attempts/{attempt['attempt_id']}/logs", json={"lines": [good]}, headers=worker
     )
     assert r.status_code == 422 and error_of(r)["field"] == "fencing_token"
-    assert not log_store.root.exists()
+    assert await nothing_written(log_store, attempt["run_id"], t)
 
     for params, field in [
         ({"cursor": "garbage"}, "cursor"),
@@ -304,3 +319,19 @@ async def test_the_default_log_store_lives_under_the_data_dir(
     )
     moved = create_app(elsewhere, store).state.logs
     assert (moved.root, moved.max_bytes_per_attempt) == (settings.data_dir / "elsewhere", 8192)
+
+
+async def test_the_database_log_store_is_the_default_on_postgresql(
+    settings: Settings, store: Store
+) -> None:
+    """API nodes on one PostgreSQL database read each other's lines: their default log
+    store is the database; SQLite (one machine) keeps files. The setting decides."""
+    on_postgres = settings.model_copy(update={"database_url": "postgresql+asyncpg://h/db"})
+    logs = create_app(on_postgres, store).state.logs
+    assert isinstance(logs, DatabaseLogStore)
+    assert (logs.max_bytes_per_attempt, logs.retention_days) == (1 << 20, 30)
+    files = on_postgres.model_copy(update={"log_store": "files"})
+    assert isinstance(create_app(files, store).state.logs, FileLogStore)
+    kept = settings.model_copy(update={"log_store": "database", "log_retention_days": 7})
+    logs = create_app(kept, store).state.logs
+    assert isinstance(logs, DatabaseLogStore) and logs.retention_days == 7

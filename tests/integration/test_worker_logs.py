@@ -84,9 +84,16 @@ class Env:
         return [line async for line in self.operator.runs.logs(run_id, **kwargs)]
 
 
+@pytest.fixture(params=["files", "database"])
+def log_kind(request: pytest.FixtureRequest) -> str:
+    """Where the server keeps the lines: both log stores hold the same contract."""
+    return str(request.param)
+
+
 @pytest.fixture
-async def env(settings: Settings, store: Store) -> AsyncIterator[Env]:
+async def env(settings: Settings, store: Store, log_kind: str) -> AsyncIterator[Env]:
     assert settings.admin_key is not None
+    settings = settings.model_copy(update={"log_store": log_kind})
     async with (
         serving(create_app(settings, store)) as url,
         AsyncClient(url, api_key=settings.admin_key) as admin,

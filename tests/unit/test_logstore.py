@@ -1,20 +1,25 @@
-"""The file log store: lines kept in order per attempt, the cap and its marker, reading
-across attempts with a cursor, and appends from many threads and processes at once."""
+"""The log stores' contract, held by the file store and the database store alike (on
+PostgreSQL): lines kept in order per attempt, the cap and its marker, reading across
+attempts with a cursor, and appends from many threads and processes at once."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sys
 import threading
 import uuid
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
 from cronwheel.domain.errors import ValidationError
-from cronwheel.logstore import MARKER_BYTES, FileLogStore, LogEntry, LogLine
+from cronwheel.logstore import MARKER_BYTES, FileLogStore, LogEntry, LogLine, LogStore
+from cronwheel.logstore_db import DatabaseLogStore
+from cronwheel.store import create_store
 
 T0 = datetime(2031, 3, 4, 12, 0, tzinfo=UTC)
 TENANT = uuid.UUID("00000000-0000-0000-0000-00000000000a")
@@ -28,18 +33,45 @@ def messages(lines: list[LogLine]) -> list[str]:
     return [line.message for line in lines]
 
 
-async def read_all(store: FileLogStore, run_id: uuid.UUID, **kwargs: object) -> list[LogLine]:
+async def read_all(store: LogStore, run_id: uuid.UUID, **kwargs: object) -> list[LogLine]:
     page = await store.read(TENANT, run_id=run_id, limit=1000, **kwargs)  # type: ignore[arg-type]
     assert page.next_cursor is None
     return page.lines
 
 
+@pytest.fixture(params=["files", "database"])
+def kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
 @pytest.fixture
-def store(tmp_path: Path) -> FileLogStore:
-    return FileLogStore(tmp_path / "logs", max_bytes_per_attempt=4096)
+def db_url(kind: str, request: pytest.FixtureRequest) -> str | None:
+    """A fresh PostgreSQL database for the database store."""
+    return str(request.getfixturevalue("pg_url")) if kind == "database" else None
 
 
-async def test_lines_come_back_as_written(store: FileLogStore) -> None:
+@contextlib.asynccontextmanager
+async def log_store(
+    kind: str, tmp_path: Path, db_url: str | None, cap: int
+) -> AsyncIterator[LogStore]:
+    if db_url is None:
+        yield FileLogStore(tmp_path / "logs", max_bytes_per_attempt=cap)
+        return
+    db = create_store(db_url)
+    await db.open()
+    try:
+        yield DatabaseLogStore(db, max_bytes_per_attempt=cap)
+    finally:
+        await db.close()
+
+
+@pytest.fixture
+async def store(kind: str, tmp_path: Path, db_url: str | None) -> AsyncIterator[LogStore]:
+    async with log_store(kind, tmp_path, db_url, 4096) as made:
+        yield made
+
+
+async def test_lines_come_back_as_written(store: LogStore) -> None:
     run = uuid.uuid4()
     result = await store.append(
         TENANT,
@@ -56,6 +88,8 @@ async def test_lines_come_back_as_written(store: FileLogStore) -> None:
         LogLine(T0, "INFO", "starting", 1),
         LogLine(T0 + timedelta(milliseconds=1), "ERROR", 'ünïcode, "quotes"\nand a newline', 1),
     ]
+    if not isinstance(store, FileLogStore):
+        return
     # One file per attempt, one JSON object a line.
     path = store.path(TENANT, run, 1)
     assert path.is_relative_to(store.root / str(TENANT))
@@ -64,7 +98,7 @@ async def test_lines_come_back_as_written(store: FileLogStore) -> None:
     assert rows[0]["ts"] == "2031-03-04T12:00:00Z"
 
 
-async def test_unknown_runs_and_other_tenants_have_no_lines(store: FileLogStore) -> None:
+async def test_unknown_runs_and_other_tenants_have_no_lines(store: LogStore) -> None:
     run = uuid.uuid4()
     await store.append(TENANT, run_id=run, attempt=1, lines=entries("mine"))
     assert await read_all(store, uuid.uuid4()) == []
@@ -73,7 +107,7 @@ async def test_unknown_runs_and_other_tenants_have_no_lines(store: FileLogStore)
     assert await store.size(TENANT, run_id=run, attempt=2) == 0
 
 
-async def test_attempts_in_order_and_one_at_a_time(store: FileLogStore) -> None:
+async def test_attempts_in_order_and_one_at_a_time(store: LogStore) -> None:
     run = uuid.uuid4()
     # Numeric order, not the files' names: attempt 10 comes after attempt 2.
     for attempt in (10, 2, 1):
@@ -87,7 +121,7 @@ async def test_attempts_in_order_and_one_at_a_time(store: FileLogStore) -> None:
     assert await read_all(store, run, attempt=3) == []
 
 
-async def test_pages_and_following_with_cursors(store: FileLogStore) -> None:
+async def test_pages_and_following_with_cursors(store: LogStore) -> None:
     run = uuid.uuid4()
     await store.append(TENANT, run_id=run, attempt=1, lines=entries("1", "2", "3"))
     await store.append(TENANT, run_id=run, attempt=2, lines=entries("4", "5"))
@@ -121,13 +155,13 @@ async def test_pages_and_following_with_cursors(store: FileLogStore) -> None:
 
 
 @pytest.mark.parametrize("cursor", ["x", "1", "1:", ":5", "-1:0", "1:2:3", "9" * 30 + ":0"])
-async def test_a_bad_cursor_is_refused(store: FileLogStore, cursor: str) -> None:
+async def test_a_bad_cursor_is_refused(store: LogStore, cursor: str) -> None:
     with pytest.raises(ValidationError) as refused:
         await store.read(TENANT, run_id=uuid.uuid4(), cursor=cursor)
     assert refused.value.field == "cursor"
 
 
-async def test_the_cap_drops_later_lines_behind_one_marker(store: FileLogStore) -> None:
+async def test_the_cap_drops_later_lines_behind_one_marker(store: LogStore) -> None:
     run = uuid.uuid4()
     line = "x" * 900  # about 980 bytes a line: four fit under 4096
     result = await store.append(TENANT, run_id=run, attempt=1, lines=entries(*[line] * 6))
@@ -153,7 +187,7 @@ async def test_the_cap_drops_later_lines_behind_one_marker(store: FileLogStore) 
     assert (other.accepted, other.dropped) == (1, 0)
 
 
-async def test_a_first_line_over_the_cap(store: FileLogStore) -> None:
+async def test_a_first_line_over_the_cap(store: LogStore) -> None:
     run = uuid.uuid4()
     result = await store.append(TENANT, run_id=run, attempt=1, lines=entries("y" * 5000))
     assert (result.accepted, result.dropped, result.size) == (0, 1, MARKER_BYTES)
@@ -161,7 +195,8 @@ async def test_a_first_line_over_the_cap(store: FileLogStore) -> None:
     assert "1 later line (" in marker.message
 
 
-async def test_a_torn_or_broken_line_is_never_fatal(store: FileLogStore) -> None:
+async def test_a_torn_or_broken_line_is_never_fatal(tmp_path: Path) -> None:
+    store = FileLogStore(tmp_path / "logs", max_bytes_per_attempt=4096)
     run = uuid.uuid4()
     await store.append(TENANT, run_id=run, attempt=1, lines=entries("whole"))
     path = store.path(TENANT, run, 1)
@@ -179,8 +214,14 @@ async def test_a_torn_or_broken_line_is_never_fatal(store: FileLogStore) -> None
     assert messages(later.lines) == ["late"]
 
 
-async def test_concurrent_appends_from_threads(tmp_path: Path) -> None:
-    store = FileLogStore(tmp_path / "logs", max_bytes_per_attempt=1 << 20)
+async def test_concurrent_appends_from_threads(
+    kind: str, tmp_path: Path, db_url: str | None
+) -> None:
+    async with log_store(kind, tmp_path, db_url, 1 << 20) as store:
+        await _appends_from_threads(store)
+
+
+async def _appends_from_threads(store: LogStore) -> None:
     run = uuid.uuid4()
     loop = asyncio.get_running_loop()
 
@@ -210,11 +251,19 @@ import asyncio, sys, uuid
 from datetime import UTC, datetime
 from pathlib import Path
 from cronwheel.logstore import FileLogStore, LogEntry
+from cronwheel.logstore_db import DatabaseLogStore
+from cronwheel.store import create_store
 
-root, tenant, run, name, cap = sys.argv[1:]
-store = FileLogStore(Path(root), max_bytes_per_attempt=int(cap))
+target, tenant, run, name, cap = sys.argv[1:]
 
 async def main() -> None:
+    db = None
+    if target.startswith("postgresql"):
+        db = create_store(target)
+        await db.open()
+        store = DatabaseLogStore(db, max_bytes_per_attempt=int(cap))
+    else:
+        store = FileLogStore(Path(target), max_bytes_per_attempt=int(cap))
     accepted = dropped = 0
     for batch in range(40):
         lines = [LogEntry(datetime.now(UTC), "INFO", f"{name}:{batch}:{i}") for i in range(5)]
@@ -223,6 +272,8 @@ async def main() -> None:
         )
         accepted += result.accepted
         dropped += result.dropped
+    if db is not None:
+        await db.close()
     print(accepted, dropped)
 
 asyncio.run(main())
@@ -230,7 +281,9 @@ asyncio.run(main())
 
 
 @pytest.mark.parametrize("cap", [1 << 20, 20_000])
-async def test_concurrent_appends_from_processes(tmp_path: Path, cap: int) -> None:
+async def test_concurrent_appends_from_processes(
+    kind: str, tmp_path: Path, db_url: str | None, cap: int
+) -> None:
     root = tmp_path / "logs"
     run = uuid.uuid4()
     procs = [
@@ -238,7 +291,7 @@ async def test_concurrent_appends_from_processes(tmp_path: Path, cap: int) -> No
             sys.executable,
             "-c",
             _WRITER,
-            str(root),
+            db_url or str(root),
             str(TENANT),
             str(run),
             f"p{n}",
@@ -256,7 +309,13 @@ async def test_concurrent_appends_from_processes(tmp_path: Path, cap: int) -> No
     dropped = sum(d for _a, d in counts)
     assert accepted + dropped == 4 * 40 * 5
 
-    store = FileLogStore(root, max_bytes_per_attempt=cap)
+    async with log_store(kind, tmp_path, db_url, cap) as store:
+        await _check_process_appends(store, run, cap, accepted, dropped)
+
+
+async def _check_process_appends(
+    store: LogStore, run: uuid.UUID, cap: int, accepted: int, dropped: int
+) -> None:
     lines = await read_all(store, run)
     kept = [line for line in lines if "log cap" not in line.message]
     assert len(kept) == accepted

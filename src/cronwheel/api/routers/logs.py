@@ -1,9 +1,9 @@
 """Worker logs: workers append an attempt's lines, readers page through a run's.
 
-Lines live in the app's :class:`~cronwheel.logstore.LogStore`, never in the database.
+Lines live in the app's :class:`~cronwheel.logstore.LogStore`, never in the hot tables.
 An append is fenced like every other call about an attempt — the attempt must still be
 live under the token sent, else 409 ``stale_fencing_token`` and nothing is written —
-but with one read by primary key: the lines themselves never touch the database. An
+but with one read by primary key: the lines never touch the transactional tables. An
 append that passed the check just as the attempt ended may still land after it; the
 SDK never races so, as it sends an attempt's last lines before its outcome.
 """
