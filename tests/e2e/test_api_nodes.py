@@ -40,6 +40,7 @@ async def test_two_api_nodes_share_the_admin_key_logs_and_revocations(
                 "CRONWHEEL_DATA_DIR": str(tmp_path / name),
                 "CRONWHEEL_API_POOL_SIZE": "4",
                 "CRONWHEEL_KEY_CACHE_TTL": "300",
+                "PYTHONUNBUFFERED": "1",  # what it prints reaches its log at once
             },
         )
     store = create_store(pg_url)

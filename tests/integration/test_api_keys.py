@@ -129,6 +129,7 @@ async def test_another_tenants_key_and_bad_ids_change_nothing(api: Driver) -> No
         (f"/v1/tenants/{uuid.uuid4()}/keys/{others_key['id']}", {}, 404, None),
         (f"/v1/tenants/nope/keys/{others_key['id']}", {}, 404, None),
         (f"/v1/tenants/{other.id}/keys/{others_key['id']}", {"reason": "x" * 1001}, 422, "reason"),
+        (f"/v1/tenants/{other.id}/keys/{others_key['id']}", {"reason": "a\x00b"}, 422, "reason"),
     ]
     for path, params, status, field in cases:
         r = await api.client.delete(path, params=params, headers=api.admin)

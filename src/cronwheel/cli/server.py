@@ -165,7 +165,10 @@ def api(
     database_url: DatabaseUrlOpt = None,
     log_level: LogLevelOpt = "info",
 ) -> None:
-    """The API only (run scheduler nodes separately)."""
+    """The API only (run scheduler nodes separately). Keeps nothing of its own: run
+    several, each with its own data directory, behind a balancer. Unless
+    CRONWHEEL_ADMIN_KEY is set, the first to start on an empty database makes the admin
+    key (kept hashed in the database) and prints it once."""
     setup_logging(log_level)
     settings = _settings(host=host, port=port, data_dir=data_dir, database_url=database_url)
     _serve(Runtime(settings, scheduler=False), "api")

@@ -165,7 +165,10 @@ async def revoke_key(
     key_id: str,
     request: Request,
     reason: str | None = Query(
-        default=None, max_length=1000, description="recorded in the audit trail"
+        default=None,
+        max_length=1000,
+        pattern=r"^[^\x00]*$",  # no database keeps a NUL in text
+        description="why; recorded in the audit trail",
     ),
     principal: Principal = Depends(require_admin),
 ) -> KeyOut:
