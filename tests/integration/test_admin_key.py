@@ -21,7 +21,7 @@ from cronwheel.store import Store
 
 def node(tmp_path: Path, name: str, **fields: object) -> Settings:
     """The settings of an API process with a data directory of its own."""
-    return Settings(data_dir=tmp_path / name, admin_key=None, **fields)  # type: ignore[arg-type]
+    return Settings(**{"data_dir": tmp_path / name, "admin_key": None, **fields})  # type: ignore[arg-type]
 
 
 async def test_made_once_and_known_to_every_node(store: Store, tmp_path: Path) -> None:
