@@ -15,7 +15,7 @@ import sqlalchemy as sa
 
 from cronwheel.store import create_store
 from cronwheel.store.sql import SqlStore
-from cronwheel.testing import Cluster, free_port
+from cronwheel.testing import NOT_YET, Cluster, free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 
@@ -52,7 +52,7 @@ async def test_two_api_nodes_share_the_admin_key_logs_and_revocations(
                 answers = [await http.get(f"{url}/readyz") for url in urls.values()]
                 return all(r.status_code == 200 for r in answers)
 
-            await cluster.wait_until(ready, 60, what="both API nodes to be ready")
+            await cluster.wait_until(ready, 60, what="both API nodes to be ready", not_yet=NOT_YET)
             await cluster.wait_until(
                 lambda: all("admin key" in cluster.log(name) for name in ports),
                 30,
