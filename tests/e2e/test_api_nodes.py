@@ -1,10 +1,12 @@
 """Two ``cronwheel api`` processes on one PostgreSQL database, each with a data
 directory of its own (two machines behind a balancer): whatever one is told, the other
-knows — the admin key one of them made, the log lines a worker sent through one, a key
-revoked through one (although keys are cached for five minutes)."""
+knows — the admin key one of them made, the log lines a worker sent through one (read,
+and followed with ``cronwheel runs logs --follow``, through the other), a key revoked
+through one (although keys are cached for five minutes)."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 from datetime import timedelta
 from pathlib import Path
@@ -12,7 +14,9 @@ from pathlib import Path
 import httpx
 import pytest
 import sqlalchemy as sa
+from typer.testing import CliRunner
 
+from cronwheel.cli import app as cli_app
 from cronwheel.store import create_store
 from cronwheel.store.sql import SqlStore
 from cronwheel.testing import NOT_YET, Cluster, free_port
@@ -112,6 +116,21 @@ async def test_two_api_nodes_share_the_admin_key_logs_and_revocations(
             r = await http.get(f"{b}/v1/runs/{run_id}/logs", headers=operator)
             assert r.status_code == 200, r.text
             assert [x["message"] for x in r.json()["lines"]] == ["through A"]
+            # Once the run is over, following its log through B ends with every line.
+            r = await http.post(
+                f"{a}/v1/attempts/{attempt['attempt_id']}/complete",
+                json={"fencing_token": attempt["fencing_token"]},
+                headers=keys["worker"],
+            )
+            assert r.status_code == 200, r.text
+            followed = await asyncio.to_thread(
+                CliRunner().invoke,
+                cli_app,
+                ["runs", "logs", run_id, "--follow"],
+                env={"CRONWHEEL_URL": b, "CRONWHEEL_API_KEY": made["api_key"]},
+            )
+            assert followed.exit_code == 0, followed.output
+            assert "through A" in followed.stdout
 
             # A key node B has cached is revoked through node A: B refuses it at once.
             assert (await http.get(f"{b}/v1/jobs", headers=keys["viewer"])).status_code == 200
