@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from importlib.metadata import PackageNotFoundError, version
 
 from fastapi import FastAPI
 from fastapi.routing import APIRouter
+from fastapi_offline import FastAPIOffline
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -27,6 +27,7 @@ from cronwheel.api.state import ApiState
 from cronwheel.logstore import FileLogStore, LogStore
 from cronwheel.settings import Settings
 from cronwheel.store.base import Store
+from cronwheel.version import package_version
 
 __all__ = ["BodyLimitMiddleware", "create_app", "stop_long_polls"]
 
@@ -56,13 +57,6 @@ _TAGS = [
     {"name": "worker protocol", "description": "How workers lease and report runs."},
     {"name": "operations", "description": "Probes and Prometheus metrics."},
 ]
-
-
-def _version() -> str:
-    try:
-        return version("cronwheel")
-    except PackageNotFoundError:  # pragma: no cover - running from a bare checkout
-        return "0.0.0"
 
 
 class BodyLimitMiddleware:
@@ -146,9 +140,11 @@ def create_app(settings: Settings, store: Store, *, log_store: LogStore | None =
         finally:
             await state.notifier.close()
 
-    app = FastAPI(
+    # The docs pages (/docs, /redoc) load their scripts and styles from the package
+    # (under /static-offline-docs), never from a CDN: they work without internet.
+    app = FastAPIOffline(
         title="cronwheel",
-        version=_version(),
+        version=package_version(),
         description=_DESCRIPTION,
         openapi_tags=_TAGS,
         lifespan=lifespan,

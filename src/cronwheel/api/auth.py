@@ -18,7 +18,8 @@ worker     the worker protocol only (its own tenant's runs, or every tenant's
 
 Key look-ups are cached for a few seconds: a worker heartbeating every few seconds
 must not cost a database round trip per request. A revoked key therefore keeps working
-for at most :data:`KEY_CACHE_TTL` seconds on each API node.
+for at most :data:`KEY_CACHE_TTL` seconds on each API node; the keys of a deleted tenant
+are dropped from the cache of the node that deleted it at once.
 """
 
 from __future__ import annotations
@@ -139,6 +140,13 @@ class KeyCache:
             self._evict(now)
         self._entries[key_hash] = (now + (self._ttl if key else _NEGATIVE_TTL), key)
         return key
+
+    def forget_tenant(self, tenant_id: uuid.UUID) -> None:
+        """Drop the cached keys of a deleted tenant: they are refused at once here
+        (other API nodes refuse them when their entries expire)."""
+        self._entries = {
+            h: e for h, e in self._entries.items() if e[1] is None or e[1].tenant_id != tenant_id
+        }
 
     def _evict(self, now: float) -> None:
         self._entries = {h: e for h, e in self._entries.items() if e[0] > now}

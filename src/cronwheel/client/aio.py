@@ -121,6 +121,14 @@ class AsyncTenants(_AsyncResource):
     async def create_key(self, tenant_id: Id, *, role: str = "operator") -> Json:
         return await self._one(Calls.tenants_create_key(tenant_id, role))
 
+    async def delete(
+        self, tenant_id: Id, *, force: bool = False, reason: str | None = None
+    ) -> Json:
+        """Delete the tenant with its keys, workers, jobs and their history (admin
+        key). Refused (409 ``in_use``) while it has jobs not over or runs in progress,
+        unless ``force``. Answers what was deleted."""
+        return await self._one(Calls.tenants_delete(tenant_id, force, reason))
+
 
 class AsyncJobs(_AsyncResource):
     async def create(
@@ -169,6 +177,12 @@ class AsyncJobs(_AsyncResource):
 
     async def cancel(self, job_id: Id, *, reason: str | None = None) -> Json:
         return await self._one(Calls.jobs_cancel(job_id, reason))
+
+    async def delete(self, job_id: Id, *, force: bool = False, reason: str | None = None) -> Json:
+        """Delete the job with its runs and their history. Refused (409 ``in_use``)
+        while a run of it is in progress, unless ``force`` (which ends them). Answers
+        what was deleted."""
+        return await self._one(Calls.jobs_delete(job_id, force, reason))
 
     async def pause(self, job_id: Id, *, reason: str | None = None) -> Json:
         return await self._one(Calls.jobs_control(job_id, "pause", reason))

@@ -121,6 +121,12 @@ class Tenants(_Resource):
     def create_key(self, tenant_id: Id, *, role: str = "operator") -> Json:
         return self._one(Calls.tenants_create_key(tenant_id, role))
 
+    def delete(self, tenant_id: Id, *, force: bool = False, reason: str | None = None) -> Json:
+        """Delete the tenant with its keys, workers, jobs and their history (admin
+        key). Refused (409 ``in_use``) while it has jobs not over or runs in progress,
+        unless ``force``. Answers what was deleted."""
+        return self._one(Calls.tenants_delete(tenant_id, force, reason))
+
 
 class Jobs(_Resource):
     def create(
@@ -172,6 +178,12 @@ class Jobs(_Resource):
 
     def cancel(self, job_id: Id, *, reason: str | None = None) -> Json:
         return self._one(Calls.jobs_cancel(job_id, reason))
+
+    def delete(self, job_id: Id, *, force: bool = False, reason: str | None = None) -> Json:
+        """Delete the job with its runs and their history. Refused (409 ``in_use``)
+        while a run of it is in progress, unless ``force`` (which ends them). Answers
+        what was deleted."""
+        return self._one(Calls.jobs_delete(job_id, force, reason))
 
     def pause(self, job_id: Id, *, reason: str | None = None) -> Json:
         """Hold an active job's runs until :meth:`resume`; answers the job."""

@@ -42,8 +42,10 @@ from cronwheel.domain.states import REDRIVE, Move
 from cronwheel.store.scheduler_side import SchedulerSide
 from cronwheel.store.values import (
     REDRIVE_BATCH_MAX,
+    JobDeleted,
     RedriveBatch,
     RunFilter,
+    TenantDeleted,
 )
 from cronwheel.store.worker_side import WorkerSide
 
@@ -142,6 +144,25 @@ class Store(SchedulerSide, WorkerSide):
         event ``tenant.webhook_secret_rotated`` records who (never the secret)."""
 
     @abstractmethod
+    async def tenants_delete(
+        self,
+        tenant_id: uuid.UUID,
+        *,
+        force: bool = False,
+        actor: str | None = None,
+        role: str | None = None,
+        reason: str | None = None,
+        now: datetime | None = None,
+    ) -> TenantDeleted:
+        """Delete the tenant with its API keys, workers, jobs, runs, attempts and run
+        events, in one transaction. Refused (:class:`InUseError`, naming them) while it
+        has a job active or paused or a run in progress (DISPATCHED or RUNNING), unless
+        ``force``. The event ``tenant.deleted`` (``actor``, ``role``, ``reason``, the
+        name and counts) and the tenant's other events not tied to a run remain: the
+        audit trail. Attempts under way are refused as stale from then on (see
+        ``store/sql/deletion.py``). An unknown tenant: :class:`NotFoundError`."""
+
+    @abstractmethod
     async def api_keys_create(
         self,
         tenant_id: uuid.UUID | None,
@@ -200,6 +221,27 @@ class Store(SchedulerSide, WorkerSide):
         """Cancel a job: it fires no more, and its SCHEDULED and DISPATCHED runs become
         CANCELLED; RUNNING runs get ``cancel_requested``. Cancelling a finished or
         cancelled job raises :class:`IllegalTransitionError`."""
+
+    @abstractmethod
+    async def jobs_delete(
+        self,
+        tenant_id: uuid.UUID,
+        job_id: uuid.UUID,
+        *,
+        force: bool = False,
+        actor: str | None = None,
+        role: str | None = None,
+        reason: str | None = None,
+        now: datetime | None = None,
+    ) -> JobDeleted:
+        """Delete the job with its runs, their attempts and their events, in one
+        transaction, whatever the job's state. Refused (:class:`InUseError`, naming the
+        runs and their states) while a run of it is DISPATCHED or RUNNING, unless
+        ``force``: then those runs end with it, and a worker's later report about one
+        of their attempts is refused as stale. The event ``job.deleted`` (``actor``,
+        ``role``, ``reason``, the job's name and state, what was stopped) and the job's
+        other events not tied to a run remain: the audit trail. Worker logs are the
+        caller's to delete (``JobDeleted.attempted``)."""
 
     @abstractmethod
     async def jobs_pause(

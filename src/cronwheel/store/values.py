@@ -16,9 +16,11 @@ __all__ = [
     "CompleteItem",
     "FailItem",
     "HeartbeatItem",
+    "JobDeleted",
     "LeaseRenewal",
     "RedriveBatch",
     "RunFilter",
+    "TenantDeleted",
 ]
 
 
@@ -81,3 +83,32 @@ class RedriveBatch:
     # run. A DEAD_LETTER one was left out by the limit.
     skipped: dict[uuid.UUID, str | None]
     more: bool  # dead letters matching the selection remain (the limit cut the batch)
+
+
+@dataclass(frozen=True, slots=True)
+class JobDeleted:
+    """What one ``jobs_delete`` removed."""
+
+    id: uuid.UUID
+    name: str
+    at: datetime
+    runs: int  # runs deleted, with their attempts and run events
+    # Runs that were in progress (DISPATCHED or RUNNING) and ended by the deletion
+    # (``force``), with their state then, in id order.
+    stopped: list[tuple[uuid.UUID, str]]
+    # Runs that had attempts: those whose worker logs go too.
+    attempted: list[uuid.UUID]
+
+
+@dataclass(frozen=True, slots=True)
+class TenantDeleted:
+    """What one ``tenants_delete`` removed."""
+
+    id: uuid.UUID
+    name: str
+    at: datetime
+    jobs: int
+    runs: int
+    stopped: list[tuple[uuid.UUID, str]]  # as in :class:`JobDeleted`
+    api_keys: int
+    workers: int
