@@ -3,16 +3,32 @@
 from __future__ import annotations
 
 import json
+import uuid
 from typing import Annotated
 
 import typer
 
 from cronwheel.cli.options import DEFAULT_URL, ApiKeyOpt, JsonOpt, UrlOpt, client_for
-from cronwheel.cli.output import console, handle_errors, print_json, short_time, table
+from cronwheel.cli.output import (
+    command_group,
+    console,
+    fail,
+    handle_errors,
+    print_json,
+    short_time,
+    table,
+)
+from cronwheel.client import Client
 
-__all__ = ["tenants_app", "tenants_create", "tenants_create_key", "tenants_list"]
+__all__ = [
+    "tenants_app",
+    "tenants_create",
+    "tenants_create_key",
+    "tenants_delete",
+    "tenants_list",
+]
 
-tenants_app = typer.Typer(help="Tenants and their keys (admin key).", no_args_is_help=True)
+tenants_app = command_group("Tenants and their keys (admin key): create, list, delete.")
 
 
 @tenants_app.command("create")
@@ -70,3 +86,56 @@ def tenants_create_key(
         print_json(key)
         return
     console.print(f"{key.get('role', role)} key (shown once): {key['api_key']}", highlight=False)
+
+
+def _tenant_id(client: Client, tenant: str) -> str:
+    """The id of the tenant named ``tenant`` (an id, or a name)."""
+    try:
+        return str(uuid.UUID(tenant))
+    except ValueError:
+        pass
+    cursor: str | None = None
+    while True:
+        page = client.tenants.list(cursor=cursor, limit=500)
+        for item in page.items:
+            if item["name"] == tenant:
+                return str(item["id"])
+        if not page.next_cursor:
+            fail(f"no tenant named {tenant!r}")
+        cursor = page.next_cursor
+
+
+@tenants_app.command("delete")
+def tenants_delete(
+    tenant: Annotated[str, typer.Argument(help="The tenant's id or name.")],
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help="Also end its jobs not over and runs in progress (otherwise the deletion "
+            "is refused).",
+        ),
+    ] = False,
+    reason: Annotated[
+        str | None,
+        typer.Option("--reason", help="Recorded in the audit trail.", show_default=False),
+    ] = None,
+    url: UrlOpt = DEFAULT_URL,
+    api_key: ApiKeyOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Delete a tenant with its keys (refused from then on), workers, jobs and their
+    history. Refused while it has jobs active or paused or runs in progress, unless
+    --force. The deletion itself stays in the audit trail."""
+    with handle_errors(), client_for(url, api_key, None) as client:
+        out = client.tenants.delete(_tenant_id(client, tenant), force=force, reason=reason)
+    if as_json:
+        print_json(out)
+        return
+    console.print(
+        f"[red]deleted[/] tenant [bold]{out['id']}[/] ({out['name']}) with "
+        f"{out['jobs_deleted']} jobs, {out['runs_deleted']} runs "
+        f"({out['runs_stopped']} in progress ended), {out['api_keys_deleted']} keys and "
+        f"{out['workers_deleted']} workers",
+        highlight=False,
+    )

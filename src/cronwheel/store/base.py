@@ -43,6 +43,7 @@ from cronwheel.store.scheduler_side import SchedulerSide
 from cronwheel.store.values import (
     REDRIVE_BATCH_MAX,
     JobDeleted,
+    Migrated,
     RedriveBatch,
     RunFilter,
     TenantDeleted,
@@ -87,8 +88,8 @@ class Store(SchedulerSide, WorkerSide):
     async def close(self) -> None: ...
 
     @abstractmethod
-    async def migrate(self) -> None:
-        """Apply every pending Alembic migration."""
+    async def migrate(self) -> Migrated:
+        """Apply every pending Alembic migration; say from which revision to which."""
 
     @abstractmethod
     async def db_now(self) -> datetime:

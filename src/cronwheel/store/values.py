@@ -18,6 +18,7 @@ __all__ = [
     "HeartbeatItem",
     "JobDeleted",
     "LeaseRenewal",
+    "Migrated",
     "RedriveBatch",
     "RunFilter",
     "TenantDeleted",
@@ -112,3 +113,13 @@ class TenantDeleted:
     stopped: list[tuple[uuid.UUID, str]]  # as in :class:`JobDeleted`
     api_keys: int
     workers: int
+
+
+@dataclass(frozen=True, slots=True)
+class Migrated:
+    """What one ``migrate`` did: the revision before (None: an empty database) and
+    after, and how many migrations ran (0: it was up to date)."""
+
+    before: str | None
+    after: str | None
+    steps: int
