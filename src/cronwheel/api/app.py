@@ -147,6 +147,8 @@ def create_app(settings: Settings, store: Store, *, log_store: LogStore | None =
         version=package_version(),
         description=_DESCRIPTION,
         openapi_tags=_TAGS,
+        # Nothing leaves the page: no call to the public validator either.
+        swagger_ui_parameters={"validatorUrl": None},
         lifespan=lifespan,
     )
     app.state.api = state

@@ -192,7 +192,8 @@ def jobs_create(
         typer.Option(
             "--start",
             help="--every: the instant (ISO-8601 with an offset) the intervals are counted "
-            "from; an occurrence falls on it and every --every seconds before and after.",
+            "from: the first run is due then (or, if it has passed, at the next interval "
+            "counted from it), the next ones every --every seconds after.",
             show_default="the Unix epoch",
         ),
     ] = None,
