@@ -9,6 +9,7 @@ from typing import Any
 
 from answers import error_of, parse
 
+from cronwheel.api.auth import hash_key
 from cronwheel.logstore import FileLogStore
 
 TS = "2031-03-04T12:00:00.250Z"
@@ -58,15 +59,9 @@ async def test_a_job_is_deleted_with_its_runs_and_the_deletion_is_audited(api: A
 
     events = (await api.store.events_list(uuid.UUID(t.id), job_id=uuid.UUID(job["id"]))).items
     [record] = [e for e in events if e.kind == "job.deleted"]
-    operator = await api.store.api_keys_get_by_hash(key_hash=_hash(t.key))
+    operator = await api.store.api_keys_get_by_hash(key_hash=hash_key(t.key))
     assert record.actor == str(operator.id) and record.reason == "replaced"
     assert record.data["role"] == "operator" and record.data["name"] == "job"
-
-
-def _hash(key: str) -> str:
-    from cronwheel.api.auth import hash_key
-
-    return hash_key(key)
 
 
 async def test_who_may_delete_a_job_and_bad_input_changes_nothing(api: Any) -> None:
@@ -104,7 +99,10 @@ async def test_runs_in_progress_refuse_the_deletion_until_forced(api: Any) -> No
     ]
     r = await api.client.post(
         f"/v1/attempts/{attempt['attempt_id']}/logs",
-        json={"fencing_token": attempt["fencing_token"], "lines": [{"ts": TS, "message": "hi"}]},
+        json={
+            "fencing_token": attempt["fencing_token"],
+            "lines": [{"ts": TS, "level": "INFO", "message": "hi"}],
+        },
         headers=worker,
     )
     assert r.status_code == 200, r.text
@@ -133,7 +131,7 @@ async def test_runs_in_progress_refuse_the_deletion_until_forced(api: Any) -> No
         ("heartbeat", token),
         ("complete", {**token, "result": {"rows": 1}}),
         ("fail", {**token, "error": "late"}),
-        ("logs", {**token, "lines": [{"ts": TS, "message": "late"}]}),
+        ("logs", {**token, "lines": [{"ts": TS, "level": "INFO", "message": "late"}]}),
     ):
         r = await api.client.post(
             f"/v1/attempts/{attempt['attempt_id']}/{action}", json=body, headers=worker

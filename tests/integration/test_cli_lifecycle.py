@@ -36,7 +36,7 @@ async def test_jobs_delete(cli_server: Server, store_url: str) -> None:
     idle = cli_server.json("jobs", "create", "--name", "idle", "--task", "t", "--delay", "3600")
     result = cli_server.cli("jobs", "delete", idle["id"], "--reason", "not needed")
     assert result.exit_code == 0, result.output
-    assert f"deleted job {idle['id']} (idle) with 1 runs" in result.stdout
+    assert f"deleted job {idle['id']} (idle) with 1 run" in result.stdout
     result = cli_server.cli("jobs", "show", idle["id"])
     assert result.exit_code == 1 and "not_found" in result.stderr
 
@@ -46,7 +46,7 @@ async def test_jobs_delete(cli_server: Server, store_url: str) -> None:
         result = cli_server.cli("jobs", "delete", busy["id"])
         assert result.exit_code == 1 and result.stdout == ""
         assert "[in_use]" in result.stderr and str(attempt.run_id) in result.stderr
-        assert "RUNNING" in result.stderr and "force" in result.stderr
+        assert "RUNNING" in result.stderr and "--force ends" in result.stderr
         assert cli_server.json("runs", "show", str(attempt.run_id))["state"] == "RUNNING"
 
         out = cli_server.json("jobs", "delete", busy["id"], "--force")
@@ -79,7 +79,7 @@ def test_tenants_delete_by_name(cli_server: Server) -> None:
 
     result = cli_server.cli("tenants", "delete", "leaving", "--force", key=CLI_ADMIN_KEY)
     assert result.exit_code == 0, result.output
-    assert f"deleted tenant {made['id']} (leaving) with 1 jobs, 1 runs" in result.stdout
+    assert f"deleted tenant {made['id']} (leaving) with 1 job, 1 run, 1 API key" in result.stdout
     result = cli_server.cli("jobs", "list", key=key)
     assert result.exit_code == 1 and "invalid API key" in result.stderr
     names = [t["name"] for t in cli_server.json("tenants", "list", key=CLI_ADMIN_KEY)["items"]]

@@ -23,6 +23,7 @@ from cronwheel.cli.options import (
 from cronwheel.cli.output import (
     command_group,
     console,
+    count,
     handle_errors,
     key_values,
     print_json,
@@ -42,6 +43,7 @@ from cronwheel.cli.schedule import (
 
 __all__ = [
     "IdArg",
+    "WebhookMethod",
     "jobs_app",
     "jobs_backfill",
     "jobs_cancel",
@@ -417,10 +419,10 @@ def jobs_delete(
         print_json(out)
         return
     stopped = out.get("runs_stopped") or []
-    ended = f", {len(stopped)} in progress ended" if stopped else ""
+    ended = f", {len(stopped)} of them in progress" if stopped else ""
     console.print(
         f"[red]deleted[/] job [bold]{out['id']}[/] ({out['name']}) with "
-        f"{out['runs_deleted']} runs{ended}",
+        f"{count(out['runs_deleted'], 'run')}{ended}",
         highlight=False,
     )
 

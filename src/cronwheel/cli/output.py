@@ -26,6 +26,7 @@ __all__ = [
     "PIPE_WIDTH",
     "command_group",
     "console",
+    "count",
     "err",
     "fail",
     "handle_errors",
@@ -104,7 +105,9 @@ def handle_errors() -> Iterator[None]:
                 "with --tenant TENANT_ID (or CRONWHEEL_TENANT)",
                 code=2,
             )
-        if exc.status == 401:
+        if exc.code == "in_use":
+            hint = " — --force ends what is in progress"
+        elif exc.status == 401:
             hint = " — check --api-key / CRONWHEEL_API_KEY"
         elif exc.status == 0:
             hint = " — is the server running? check --url / CRONWHEEL_URL"
@@ -116,6 +119,11 @@ def handle_errors() -> Iterator[None]:
         fail(exc.message)
     except (ValueError, OSError) as exc:
         fail(str(exc))
+
+
+def count(number: int, noun: str) -> str:
+    """``1 run``, ``2 runs``."""
+    return f"{number} {noun}{'' if number == 1 else 's'}"
 
 
 def print_json(value: Any) -> None:

@@ -12,6 +12,7 @@ from cronwheel.cli.options import DEFAULT_URL, ApiKeyOpt, JsonOpt, UrlOpt, clien
 from cronwheel.cli.output import (
     command_group,
     console,
+    count,
     fail,
     handle_errors,
     print_json,
@@ -132,10 +133,11 @@ def tenants_delete(
     if as_json:
         print_json(out)
         return
+    ended = f" ({out['runs_stopped']} in progress)" if out["runs_stopped"] else ""
     console.print(
         f"[red]deleted[/] tenant [bold]{out['id']}[/] ({out['name']}) with "
-        f"{out['jobs_deleted']} jobs, {out['runs_deleted']} runs "
-        f"({out['runs_stopped']} in progress ended), {out['api_keys_deleted']} keys and "
-        f"{out['workers_deleted']} workers",
+        f"{count(out['jobs_deleted'], 'job')}, {count(out['runs_deleted'], 'run')}{ended}, "
+        f"{count(out['api_keys_deleted'], 'API key')} and "
+        f"{count(out['workers_deleted'], 'worker')}",
         highlight=False,
     )

@@ -94,8 +94,8 @@ class DeletionMixin(SqlCore):
             if stopped and not force:
                 raise InUseError(
                     f"job {job_id} has {_listing(stopped, len(stopped), 'run')} in progress: "
-                    "cancel the job and let them finish, or delete with force=true to end "
-                    "them now",
+                    "cancel the job and let them finish, or force the deletion (force=true) "
+                    "to end them now",
                     field="force",
                     runs=[{"id": str(i), "state": s} for i, s in stopped[:100]],
                     count=len(stopped),
@@ -173,7 +173,7 @@ class DeletionMixin(SqlCore):
                     blocking.append(_listing(stopped, len(stopped), "run") + " in progress")
                 raise InUseError(
                     f"tenant {tenant_id} has {'; and '.join(blocking)}: cancel its jobs and "
-                    "let their runs finish, or delete with force=true",
+                    "let their runs finish, or force the deletion (force=true)",
                     field="force",
                     jobs=[{"id": str(i), "state": s} for i, s in live_jobs[:100]],
                     runs=[{"id": str(i), "state": s} for i, s in stopped[:100]],
