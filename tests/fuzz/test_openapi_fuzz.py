@@ -86,6 +86,10 @@ _CONFIG: dict[str, Any] = {
 }
 
 
+# The deletions the fuzzer aims at learnt ids only.
+_DELETIONS = frozenset({"/v1/tenants/{tenant_id}", "/v1/jobs/{job_id}"})
+
+
 def _role_of(path: str) -> str:
     """The key a route wants: admin, operator (a tenant's), worker, or none."""
     if path in _PUBLIC:
@@ -145,8 +149,8 @@ class Aim:
             return self.seeded.tenant_id
         return None
 
-    def _pick(self, name: str) -> str | None:
-        pool = self.seeded.ids.get(name)
+    def _pick(self, name: str, *, spare_seeded: bool = False) -> str | None:
+        pool = self.seeded.learnt(name) if spare_seeded else self.seeded.ids.get(name)
         if not pool or self.rng.random() < 0.35:
             return None
         return self.rng.choice(pool)
@@ -155,8 +159,11 @@ class Aim:
         params = case.path_parameters
         if not params:
             return
+        # A deletion aims at what the fuzzing made, never at what was seeded: the seeded
+        # tenants and jobs are what every later request is aimed at.
+        spare = case.method.upper() == "DELETE" and case.operation.path in _DELETIONS
         for name in list(params):
-            ident = self._pick(name)
+            ident = self._pick(name, spare_seeded=spare)
             if ident is not None:
                 params[name] = ident
 
