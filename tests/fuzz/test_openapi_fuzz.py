@@ -55,7 +55,7 @@ SEED = os.environ.get("CRONWHEEL_FUZZ_SEED")
 SCENARIOS = max(1, MAX_EXAMPLES * 3 // 2)
 STEPS = 12
 
-_PUBLIC = frozenset({"/healthz", "/readyz"})
+_PUBLIC = frozenset({"/", "/healthz", "/readyz"})
 # 4xx statuses a request may get before its key is looked at: the body is too large or
 # not strict JSON, or a query value cannot be stored.
 _BEFORE_AUTH = frozenset({400, 413, 422})
