@@ -44,8 +44,8 @@ PIPE_WIDTH = 10_000
 
 class _Console(Console):
     """A console as wide as the terminal it writes to, or :data:`PIPE_WIDTH` when it
-    writes to something else (a terminal on stdin or stderr does not count), unless
-    COLUMNS says otherwise."""
+    writes to something else (a terminal on stdin or stderr does not count: Rich would
+    take its width), unless COLUMNS says otherwise."""
 
     @property
     def size(self) -> ConsoleDimensions:
@@ -60,7 +60,8 @@ class _Console(Console):
 
 
 console = _Console(soft_wrap=True)  # keys and ids must stay on one line to be copied
-err = _Console(stderr=True, soft_wrap=True)
+# Messages and log lines: as wide as a terminal (log lines fill the width they get).
+err = Console(stderr=True, soft_wrap=True)
 
 
 def command_group(help: str, **options: Any) -> typer.Typer:
