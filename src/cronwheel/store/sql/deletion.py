@@ -62,10 +62,12 @@ TOMBSTONE_TTL = timedelta(seconds=TIMEOUT_MAX) + timedelta(days=1)
 _NAMED = 10
 
 
-def _listing(items: list[tuple[Any, str]], total: int, noun: str) -> str:
+def _listing(items: list[tuple[Any, str]], noun: str, what: str) -> str:
+    """``2 runs in progress: <id> (RUNNING), <id> (DISPATCHED)``, naming the first few."""
+    total = len(items)
     shown = ", ".join(f"{ident} ({state})" for ident, state in items[:_NAMED])
     more = f" and {total - _NAMED} more" if total > _NAMED else ""
-    return f"{total} {noun}{'s' if total != 1 else ''}: {shown}{more}"
+    return f"{total} {noun}{'s' if total != 1 else ''} {what}: {shown}{more}"
 
 
 def _ids(where: sa.ColumnElement[bool]) -> Any:
@@ -93,9 +95,9 @@ class DeletionMixin(SqlCore):
             stopped = await self._in_progress(conn, of_job)
             if stopped and not force:
                 raise InUseError(
-                    f"job {job_id} has {_listing(stopped, len(stopped), 'run')} in progress: "
-                    "cancel the job and let them finish, or force the deletion (force=true) "
-                    "to end them now",
+                    f"job {job_id} has {_listing(stopped, 'run', 'in progress')}; cancel the "
+                    "job and let them finish, or force the deletion (force=true) to end them "
+                    "now",
                     field="force",
                     runs=[{"id": str(i), "state": s} for i, s in stopped[:100]],
                     count=len(stopped),
@@ -168,11 +170,11 @@ class DeletionMixin(SqlCore):
             if (live_jobs or stopped) and not force:
                 blocking = []
                 if live_jobs:
-                    blocking.append(_listing(live_jobs, len(live_jobs), "job") + " not over")
+                    blocking.append(_listing(live_jobs, "job", "not over"))
                 if stopped:
-                    blocking.append(_listing(stopped, len(stopped), "run") + " in progress")
+                    blocking.append(_listing(stopped, "run", "in progress"))
                 raise InUseError(
-                    f"tenant {tenant_id} has {'; and '.join(blocking)}: cancel its jobs and "
+                    f"tenant {tenant_id} has {'; and '.join(blocking)}; cancel its jobs and "
                     "let their runs finish, or force the deletion (force=true)",
                     field="force",
                     jobs=[{"id": str(i), "state": s} for i, s in live_jobs[:100]],
