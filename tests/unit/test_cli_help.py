@@ -6,8 +6,8 @@ from __future__ import annotations
 import inspect
 import re
 from collections.abc import Iterator
+from typing import Any
 
-import click
 import pytest
 import typer
 from typer.testing import CliRunner
@@ -18,15 +18,15 @@ from cronwheel.version import package_version
 runner = CliRunner()
 
 
-def _commands() -> Iterator[tuple[list[str], click.Command]]:
-    """Every command and group, with the words that name it."""
+def _commands() -> Iterator[tuple[list[str], Any]]:
+    """Every command and group (Typer's own click commands), with the words naming it."""
     root = typer.main.get_command(app)
-    todo: list[tuple[list[str], click.Command]] = [([], root)]
+    todo: list[tuple[list[str], Any]] = [([], root)]
     while todo:
         path, command = todo.pop()
         yield path, command
-        if isinstance(command, click.Group):
-            todo += [([*path, name], sub) for name, sub in command.commands.items()]
+        for name, sub in getattr(command, "commands", {}).items():
+            todo.append(([*path, name], sub))
 
 
 COMMANDS = sorted(_commands(), key=lambda item: item[0])
@@ -38,7 +38,7 @@ def _help(path: list[str], columns: int = 250) -> str:
     return result.stdout
 
 
-def _prose(command: click.Command) -> list[str]:
+def _prose(command: Any) -> list[str]:
     """The paragraphs of a command's own help (not code), as single lines."""
     text = inspect.cleandoc(command.help or "")
     out = []
@@ -58,7 +58,7 @@ def test_every_command_is_reached() -> None:
 @pytest.mark.parametrize(
     ("path", "command"), COMMANDS, ids=[" ".join(p) or "cronwheel" for p, _ in COMMANDS]
 )
-def test_help_flows_paragraphs_and_keeps_defaults(path: list[str], command: click.Command) -> None:
+def test_help_flows_paragraphs_and_keeps_defaults(path: list[str], command: Any) -> None:
     shown = _help(path)
     lines = [" ".join(line.strip(" │╭╮╰╯─").split()) for line in shown.splitlines()]
     for paragraph in _prose(command):
