@@ -58,7 +58,8 @@ IN_PROGRESS = (RunState.DISPATCHED.value, RunState.RUNNING.value)
 # How long a deleted attempt's id is refused as stale: longer than the longest attempt.
 TOMBSTONE_TTL = timedelta(seconds=TIMEOUT_MAX) + timedelta(days=1)
 
-# How many of the runs or jobs in the way an error names (the details count them all).
+# How many of the runs or jobs in the way an error's message names (its details list up
+# to 100).
 _NAMED = 10
 
 
@@ -181,8 +182,8 @@ class DeletionMixin(SqlCore):
                     runs=[{"id": str(i), "state": s} for i, s in stopped[:100]],
                 )
             await self._bury_attempts(conn, tenant_id, of_tenant, at)
-            _attempted, run_count = await self._delete_runs(
-                conn, tenant_id, of_tenant, events.c.run_id.is_not(None)
+            _none, run_count = await self._delete_runs(
+                conn, tenant_id, of_tenant, events.c.run_id.is_not(None), attempted=False
             )
             counts = {}
             for name, table in (("jobs", jobs), ("workers", workers), ("api_keys", api_keys)):
@@ -288,19 +289,23 @@ class DeletionMixin(SqlCore):
         tenant_id: uuid.UUID,
         where: sa.ColumnElement[bool],
         run_events: sa.ColumnElement[bool],
+        *,
+        attempted: bool = True,
     ) -> tuple[list[uuid.UUID], int]:
         """Delete the selected runs with their attempts and their events (the tenant's
-        events ``run_events`` selects): ``(ids of the runs that had attempts, how many
-        runs)``."""
+        events ``run_events`` selects): ``(ids of the runs that had attempts — unless
+        not ``attempted`` —, how many runs)``."""
         selected = _ids(where)
-        attempted = [
-            r.run_id
-            for r in await conn.execute(
-                sa.select(attempts.c.run_id)
-                .where(attempts.c.tenant_id == tenant_id, attempts.c.run_id.in_(selected))
-                .distinct()
-            )
-        ]
+        had: list[uuid.UUID] = []
+        if attempted:
+            had = [
+                r.run_id
+                for r in await conn.execute(
+                    sa.select(attempts.c.run_id)
+                    .where(attempts.c.tenant_id == tenant_id, attempts.c.run_id.in_(selected))
+                    .distinct()
+                )
+            ]
         await conn.execute(events.delete().where(events.c.tenant_id == tenant_id, run_events))
         await conn.execute(
             attempts.delete().where(
@@ -308,4 +313,4 @@ class DeletionMixin(SqlCore):
             )
         )
         result = await conn.execute(runs.delete().where(where))
-        return sorted(attempted), result.rowcount
+        return sorted(had), result.rowcount
