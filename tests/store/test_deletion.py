@@ -38,8 +38,8 @@ async def test_a_deleted_job_takes_its_runs_attempts_and_run_events_and_leaves_i
     await store.attempts_complete_many(
         items=[CompleteItem(attempt.attempt_id, attempt.fencing_token)], now=at(1)
     )
-    job = await store.jobs_cancel(tenant.id, run.job_id, actor="k1", now=at(2))
-    # Cancelled is not deleted: the history stays readable.
+    job = await store.jobs_get(tenant.id, run.job_id)
+    assert job.state.value == "finished"  # a finished job keeps its history until deleted
     assert (await store.runs_get(tenant.id, run.id)).state is RunState.SUCCESS
     assert len(await store.attempts_list(tenant.id, run_id=run.id)) == 1
 
@@ -58,11 +58,11 @@ async def test_a_deleted_job_takes_its_runs_attempts_and_run_events_and_leaves_i
 
     history = (await store.events_list(tenant.id, job_id=job.id, limit=1000)).items
     assert all(e.run_id is None for e in history)
-    assert [e.kind for e in history] == ["job.created", "job.cancelled", "job.deleted"]
+    assert [e.kind for e in history] == ["job.created", "job.deleted"]
     record = history[-1]
     assert (record.actor, record.reason, record.at) == ("k1", "obsolete", at(3))
     assert record.data["name"] == job.name and record.data["role"] == "operator"
-    assert record.data["state"] == "cancelled" and record.data["runs"] == 1
+    assert record.data["state"] == "finished" and record.data["runs"] == 1
     # The admin's view of every tenant finds it too.
     assert [e.id for e in await _audit(store, None, "job.deleted")] == [record.id]
 
@@ -70,7 +70,7 @@ async def test_a_deleted_job_takes_its_runs_attempts_and_run_events_and_leaves_i
 async def test_a_job_with_runs_in_progress_is_refused_and_kept(store: Store) -> None:
     tenant = await make_tenant(store)
     dispatched = await dispatched_run(store, tenant.id)
-    running, _attempt = await leased_run(store, tenant.id, now=at(1))
+    running, _attempt = await leased_run(store, tenant.id, now=at(1), pool="other")
     for run, state in ((dispatched, "DISPATCHED"), (running, "RUNNING")):
         with pytest.raises(InUseError) as refused:
             await store.jobs_delete(tenant.id, run.job_id, now=at(2))
