@@ -67,9 +67,9 @@ async def test_a_job_is_deleted_with_its_runs_and_the_deletion_is_audited(api: A
 async def test_who_may_delete_a_job_and_bad_input_changes_nothing(api: Any) -> None:
     t, other = await api.tenant(), await api.tenant()
     job = await api.job(t, schedule={"delay": 3600})
+    viewer = await api.key(t, "viewer")
     before = await api.snapshot(t)
 
-    viewer = await api.key(t, "viewer")
     r = await api.client.delete(f"/v1/jobs/{job['id']}", headers=viewer)
     assert r.status_code == 403 and error_of(r)["code"] == "forbidden"
     r = await api.client.delete(f"/v1/jobs/{job['id']}", headers=other.headers)
@@ -196,8 +196,9 @@ async def test_a_tenant_is_deleted_with_its_keys_which_stop_working_at_once(api:
 async def test_only_the_admin_deletes_tenants_and_bad_input_changes_nothing(api: Any) -> None:
     t = await api.tenant()
     await api.job(t, schedule={"delay": 3600})
+    worker = await api.key(t, "worker")
     before = await api.snapshot(t)
-    for headers in (t.headers, await api.key(t, "worker")):
+    for headers in (t.headers, worker):
         r = await api.client.delete(f"/v1/tenants/{t.id}", headers=headers)
         assert r.status_code == 403 and error_of(r)["code"] == "forbidden"
     r = await api.client.delete(f"/v1/tenants/{t.id}", params={"force": "x"}, headers=api.admin)
