@@ -141,15 +141,18 @@ def test_every_is_anchored_to_the_epoch_or_to_start(cli_server: Server) -> None:
     first = parse(epoch["next_due_at"])
     assert (first.second, first.microsecond) == (0, 0)  # at a minute's start, UTC
 
-    start = "2031-01-01T00:00:30Z"
+    start = "2026-01-01T00:00:30Z"  # past: the next interval counted from it
     job = cli_server.json(
         "jobs", "create", "--name", "s", "--task", "t", "--every", "60", "--start", start
     )
-    assert job["schedule"]["start"].startswith("2031-01-01T00:00:30")
+    assert job["schedule"]["start"].startswith("2026-01-01T00:00:30")
     due = [
         item["due_at"] for item in cli_server.json("jobs", "preview", job["id"], "-n", "3")["items"]
     ]
-    assert [(parse(d).minute, parse(d).second) for d in due] == [(0, 30), (1, 30), (2, 30)]
+    instants = [parse(d) for d in due]
+    assert [i.second for i in instants] == [30, 30, 30]
+    assert [(b - a).total_seconds() for a, b in zip(instants, instants[1:])] == [60, 60]
+    assert parse(job["next_due_at"]) == instants[0]
 
     result = cli_server.cli(
         "jobs", "create", "--name", "x", "--task", "t", "--every", "60", "--start", "soon"
