@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 import uuid
 from typing import Any
 
@@ -151,7 +152,7 @@ def test_every_is_anchored_to_the_epoch_or_to_start(cli_server: Server) -> None:
     ]
     instants = [parse(d) for d in due]
     assert [i.second for i in instants] == [30, 30, 30]
-    assert [(b - a).total_seconds() for a, b in zip(instants, instants[1:])] == [60, 60]
+    assert [(b - a).total_seconds() for a, b in itertools.pairwise(instants)] == [60, 60]
     assert parse(job["next_due_at"]) == instants[0]
 
     result = cli_server.cli(
