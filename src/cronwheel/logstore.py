@@ -31,6 +31,7 @@ import fcntl
 import json
 import os
 import re
+import shutil
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
@@ -155,6 +156,13 @@ class LogStore(ABC):
     @abstractmethod
     async def size(self, tenant_id: uuid.UUID, *, run_id: uuid.UUID, attempt: int) -> int:
         """Bytes the attempt's log takes (0 when it has none)."""
+
+    @abstractmethod
+    async def delete(
+        self, tenant_id: uuid.UUID, *, run_ids: Sequence[uuid.UUID] | None = None
+    ) -> None:
+        """Delete the lines of ``run_ids`` (None: every line of the tenant), as their
+        job or tenant is deleted. Runs without lines are no error."""
 
 
 # -- lines as stored ------------------------------------------------------------------
@@ -419,6 +427,20 @@ class FileLogStore(LogStore):
                 return 0
 
         return await asyncio.to_thread(stat)
+
+    async def delete(
+        self, tenant_id: uuid.UUID, *, run_ids: Sequence[uuid.UUID] | None = None
+    ) -> None:
+        if run_ids is None:
+            doomed = [self.root / str(tenant_id)]
+        else:
+            doomed = [self.run_dir(tenant_id, r) for r in run_ids]
+
+        def remove() -> None:
+            for path in doomed:
+                shutil.rmtree(path, ignore_errors=True)
+
+        await asyncio.to_thread(remove)
 
 
 def _attempt_files(run_dir: Path) -> list[int]:

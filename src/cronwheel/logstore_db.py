@@ -137,6 +137,11 @@ class DatabaseLogStore(LogStore):
     async def size(self, tenant_id: uuid.UUID, *, run_id: uuid.UUID, attempt: int) -> int:
         return await self.store.log_chunks_size(tenant_id, run_id=run_id, attempt=attempt)
 
+    async def delete(
+        self, tenant_id: uuid.UUID, *, run_ids: Sequence[uuid.UUID] | None = None
+    ) -> None:
+        await self.store.log_chunks_delete(tenant_id, run_ids=run_ids)
+
 
 def _lines_of(data: bytes, start: int, offset: int, limit: int) -> tuple[list[bytes], int]:
     """Up to ``limit`` lines of a chunk holding bytes ``[start, …)`` of a log, from

@@ -82,6 +82,10 @@ class Seeded:
                 del pool[self._fixed.get(name, 0)]
         self.owners[ident] = owner if isinstance(owner, str) else ""
 
+    def learnt(self, name: str) -> list[str]:
+        """The ids of ``name`` learnt from answers, not seeded."""
+        return self.ids.get(name, [])[self._fixed.get(name, 0) :]
+
     def freeze(self) -> None:
         """What is there now was seeded: it stays in the pools."""
         self._fixed = {name: len(pool) for name, pool in self.ids.items()}

@@ -55,7 +55,7 @@ SEED = os.environ.get("CRONWHEEL_FUZZ_SEED")
 SCENARIOS = max(1, MAX_EXAMPLES * 3 // 2)
 STEPS = 12
 
-_PUBLIC = frozenset({"/healthz", "/readyz"})
+_PUBLIC = frozenset({"/", "/healthz", "/readyz"})
 # 4xx statuses a request may get before its key is looked at: the body is too large or
 # not strict JSON, or a query value cannot be stored.
 _BEFORE_AUTH = frozenset({400, 413, 422})
@@ -84,6 +84,10 @@ _CONFIG: dict[str, Any] = {
         },
     },
 }
+
+
+# The deletions the fuzzer aims at learnt ids only.
+_DELETIONS = frozenset({"/v1/tenants/{tenant_id}", "/v1/jobs/{job_id}"})
 
 
 def _role_of(path: str) -> str:
@@ -145,8 +149,8 @@ class Aim:
             return self.seeded.tenant_id
         return None
 
-    def _pick(self, name: str) -> str | None:
-        pool = self.seeded.ids.get(name)
+    def _pick(self, name: str, *, spare_seeded: bool = False) -> str | None:
+        pool = self.seeded.learnt(name) if spare_seeded else self.seeded.ids.get(name)
         if not pool or self.rng.random() < 0.35:
             return None
         return self.rng.choice(pool)
@@ -155,8 +159,11 @@ class Aim:
         params = case.path_parameters
         if not params:
             return
+        # A deletion aims at what the fuzzing made, never at what was seeded: the seeded
+        # tenants and jobs are what every later request is aimed at.
+        spare = case.method.upper() == "DELETE" and case.operation.path in _DELETIONS
         for name in list(params):
-            ident = self._pick(name)
+            ident = self._pick(name, spare_seeded=spare)
             if ident is not None:
                 params[name] = ident
 

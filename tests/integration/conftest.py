@@ -14,7 +14,9 @@ import httpcore
 import httpx
 import pytest
 from asgi_lifespan import LifespanManager
+from cli_server import CLI_ADMIN_KEY, Server
 from fastapi import FastAPI
+from typer.testing import CliRunner
 
 from cronwheel import Client
 from cronwheel.api import create_app
@@ -144,3 +146,17 @@ def live(store_url: str, tmp_path: Path) -> Iterator[tuple[str, Client, str]]:
         worker_key = admin.tenants.create_key(tenant["id"], role="worker")["api_key"]
         with Client(server.url, api_key=tenant["api_key"]) as operator:
             yield server.url, operator, worker_key
+
+
+# -- the CLI against a real server ----------------------------------------------------
+
+
+@pytest.fixture
+def cli_server(store_url: str, tmp_path: Path) -> Iterator[Server]:
+    settings = Settings(database_url=store_url, data_dir=tmp_path, port=0, admin_key=CLI_ADMIN_KEY)
+    with (
+        BackgroundRuntime(Runtime(settings)) as running,
+        Client(running.url, api_key=CLI_ADMIN_KEY) as admin,
+    ):
+        tenant = admin.tenants.create(f"cli-{uuid.uuid4().hex[:6]}")
+        yield Server(running.url, tenant["api_key"], tenant["id"], CliRunner())

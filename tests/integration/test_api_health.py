@@ -186,8 +186,8 @@ async def test_a_wrong_method_is_answered_with_every_method_of_the_resource(api)
     for method, path, allowed in (
         ("DELETE", "/v1/jobs", {"GET", "POST"}),
         ("OPTIONS", "/v1/tenants", {"GET", "POST"}),
-        ("PUT", f"/v1/tenants/{t.id}", {"GET", "PATCH"}),
-        ("DELETE", f"/v1/jobs/{job['id']}", {"GET"}),
+        ("PUT", f"/v1/tenants/{t.id}", {"DELETE", "GET", "PATCH"}),
+        ("PUT", f"/v1/jobs/{job['id']}", {"DELETE", "GET"}),
         ("GET", "/v1/workers/x", {"DELETE"}),
         # The literal path is the resource, not a job named "batch".
         ("OPTIONS", "/v1/jobs/batch", {"POST"}),

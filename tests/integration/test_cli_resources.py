@@ -3,63 +3,22 @@ port, on its own thread), on both backends."""
 
 from __future__ import annotations
 
-import json
 import uuid
-from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
-from click.testing import Result
-from typer.testing import CliRunner
+from cli_server import CLI_ADMIN_KEY, Server
 
 from cronwheel import ApiError, Client
 from cronwheel.cli import app, dlq
-from cronwheel.runtime import BackgroundRuntime, Runtime
-from cronwheel.settings import Settings
 from cronwheel.store import FailItem, create_store
 from cronwheel.testing import free_port, wait_until_async
 
-ADMIN_KEY = "cli-admin-key"
-
-
-@dataclass
-class Server:
-    url: str
-    operator_key: str
-    tenant_id: str
-    runner: CliRunner
-
-    def cli(
-        self, *args: str, key: str | None = None, input: str | None = None, **env: str
-    ) -> Result:
-        """``cronwheel <args>`` with the URL and key in the environment, as users set them;
-        ``input`` is what the user types."""
-        environ = {
-            "CRONWHEEL_URL": self.url,
-            "CRONWHEEL_API_KEY": key or self.operator_key,
-            "COLUMNS": "200",
-            **env,
-        }
-        return self.runner.invoke(app, list(args), env=environ, input=input)
-
-    def json(self, *args: str, key: str | None = None) -> Any:
-        result = self.cli(*args, "--json", key=key)
-        assert result.exit_code == 0, result.output
-        return json.loads(result.stdout)
-
 
 @pytest.fixture
-def server(store_url: str, tmp_path: Path) -> Iterator[Server]:
-    settings = Settings(database_url=store_url, data_dir=tmp_path, port=0, admin_key=ADMIN_KEY)
-    with (
-        BackgroundRuntime(Runtime(settings)) as running,
-        Client(running.url, api_key=ADMIN_KEY) as admin,
-    ):
-        tenant = admin.tenants.create(f"cli-{uuid.uuid4().hex[:6]}")
-        yield Server(running.url, tenant["api_key"], tenant["id"], CliRunner())
+def server(cli_server: Server) -> Server:
+    return cli_server
 
 
 def test_jobs_create_list_and_cancel(server: Server) -> None:
@@ -189,17 +148,18 @@ def test_webhook_header_values_never_reach_the_terminal(server: Server) -> None:
 
 
 def test_tenant_commands_with_the_admin_key(server: Server) -> None:
-    made = server.json("tenants", "create", "cli-second", key=ADMIN_KEY)
+    made = server.json("tenants", "create", "cli-second", key=CLI_ADMIN_KEY)
     assert made["name"] == "cli-second" and made["api_key"].startswith("cw_")
-    listed = server.json("tenants", "list", key=ADMIN_KEY)
+    listed = server.json("tenants", "list", key=CLI_ADMIN_KEY)
     assert {"cli-second"} <= {t["name"] for t in listed["items"]}
-    key = server.json("tenants", "create-key", made["id"], "--role", "viewer", key=ADMIN_KEY)
+    key = server.json("tenants", "create-key", made["id"], "--role", "viewer", key=CLI_ADMIN_KEY)
     assert key["role"] == "viewer"
 
     # the admin key reaches a tenant's jobs when it names the tenant
-    result = server.cli("jobs", "list", key=ADMIN_KEY)
-    assert result.exit_code == 1 and "Cronwheel-Tenant" in result.stderr
-    result = server.cli("jobs", "list", "--tenant", made["id"], key=ADMIN_KEY)
+    result = server.cli("jobs", "list", key=CLI_ADMIN_KEY)
+    assert result.exit_code == 2 and "Cronwheel-Tenant" not in result.stderr
+    assert "--tenant" in result.stderr and "CRONWHEEL_TENANT" in result.stderr
+    result = server.cli("jobs", "list", "--tenant", made["id"], key=CLI_ADMIN_KEY)
     assert result.exit_code == 0, result.output
 
 

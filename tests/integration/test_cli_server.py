@@ -15,10 +15,12 @@ from typing import Any
 
 import httpx
 import pytest
+from alembic.script import ScriptDirectory
 from typer.testing import CliRunner
 
 from cronwheel import Client
 from cronwheel.cli import app
+from cronwheel.store.sql.core import MIGRATIONS_DIR
 from cronwheel.testing import free_port, invoke_then_terminate, wait_until
 from cronwheel.worker import registry
 
@@ -148,14 +150,23 @@ def test_scheduler_metrics_port_taken_fails_clearly(tmp_path: Path) -> None:
 
 
 def test_db_upgrade(store_url: str, tmp_path: Path) -> None:
+    script = ScriptDirectory(str(MIGRATIONS_DIR))
+    head = script.get_current_head()
+    steps = len(list(script.walk_revisions()))
     result = runner.invoke(app, ["db", "upgrade", "--database-url", store_url])
     assert result.exit_code == 0, result.output
-    assert "up to date" in result.stdout
+    assert f"already up to date at revision {head}" in result.stdout
+    assert "migrated" not in result.stdout
 
+    # An empty database: what ran, from where to where.
     fresh = tmp_path / "fresh"
     result = runner.invoke(app, ["db", "upgrade", "--data-dir", str(fresh)])
     assert result.exit_code == 0, result.output
     assert (fresh / "cronwheel.db").exists()
+    assert f"from an empty database to revision {head} ({steps} migrations)" in result.stdout
+    assert "up to date" not in result.stdout
+    result = runner.invoke(app, ["db", "upgrade", "--data-dir", str(fresh)])
+    assert f"already up to date at revision {head}" in result.stdout
 
     result = runner.invoke(app, ["db", "upgrade", "--database-url", "mysql://db/x"])
     assert result.exit_code == 1 and "unsupported database URL" in result.stderr

@@ -197,3 +197,27 @@ async def test_tenant_resource(app: FastAPI, admin: AsyncClient, tenant: dict[st
         with pytest.raises(ApiError) as info:
             await operator.tenants.list()
         assert info.value.status == 403
+
+
+async def test_delete_a_job_and_a_tenant(
+    app: FastAPI, admin: AsyncClient, tenant: dict[str, Any], operator: AsyncClient
+) -> None:
+    job = await operator.jobs.create(name="gone", schedule={"delay": 60}, task="t")
+    deleted = await operator.jobs.delete(job["id"], reason="tidy")
+    assert (deleted["id"], deleted["deleted"], deleted["runs_deleted"]) == (job["id"], True, 1)
+    with pytest.raises(ApiError) as info:
+        await operator.jobs.get(job["id"])
+    assert info.value.status == 404
+
+    await operator.jobs.create(name="live", schedule={"delay": 60}, task="t")
+    with pytest.raises(ApiError) as info:
+        await admin.tenants.delete(tenant["id"])
+    assert (info.value.status, info.value.code) == (409, "in_use")
+    with pytest.raises(ApiError) as info:
+        await operator.tenants.delete(tenant["id"], force=True)
+    assert info.value.status == 403
+    gone = await admin.tenants.delete(tenant["id"], force=True, reason="left")
+    assert (gone["id"], gone["jobs_deleted"], gone["api_keys_deleted"]) == (tenant["id"], 1, 1)
+    with pytest.raises(ApiError) as info:
+        await operator.jobs.list()
+    assert info.value.status == 401

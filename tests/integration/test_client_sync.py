@@ -57,3 +57,19 @@ def test_blocking_client_bad_key(server: BackgroundRuntime) -> None:
     with Client(server.url, api_key="cw_wrong") as client, pytest.raises(ApiError) as info:
         client.tenants.list()
     assert (info.value.status, info.value.code) == (401, "unauthorized")
+
+
+def test_blocking_client_deletes(server: BackgroundRuntime) -> None:
+    with Client(server.url, api_key=ADMIN_KEY) as admin:
+        tenant = admin.tenants.create("sync-deleted")
+        with Client(server.url, api_key=tenant["api_key"]) as client:
+            job = client.jobs.create(name="j", schedule={"delay": 300}, task="t")
+            assert client.jobs.delete(job["id"], force=True)["runs_deleted"] == 1
+            with pytest.raises(ApiError) as info:
+                client.jobs.delete(job["id"])
+            assert info.value.status == 404
+        out = admin.tenants.delete(tenant["id"], reason="done")
+        assert (out["name"], out["jobs_deleted"], out["api_keys_deleted"]) == ("sync-deleted", 0, 1)
+        with pytest.raises(ApiError) as info:
+            admin.tenants.get(tenant["id"])
+        assert info.value.status == 404

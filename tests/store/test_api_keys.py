@@ -145,3 +145,28 @@ async def test_revocations_reach_other_processes(store_url: str) -> None:
     finally:
         await writer.close()
         await listener.close()
+
+
+async def test_a_deleted_tenants_keys_are_announced_as_revoked(store: Store) -> None:
+    tenant, other = await make_tenant(store), await make_tenant(store)
+    keys = [
+        await store.api_keys_create(tenant.id, role=role, key_hash=c * 64, prefix=f"cw_{c}", now=T0)
+        for c, role in (("b", "worker"), ("c", "viewer"))
+    ]
+    theirs = await store.api_keys_create(
+        other.id, role="worker", key_hash="d" * 64, prefix="cw_d", now=T0
+    )
+    sub = store.subscribe(CHANNEL_KEYS_REVOKED)
+    try:
+        deleted = await store.tenants_delete(tenant.id, actor="admin", now=at(1))
+        assert deleted.api_keys == 2
+        # Every API process forgets them at once, as it does a revoked key (the notice
+        # is heard in process on SQLite; across processes on PostgreSQL, see above).
+        if store.dialect == "sqlite":
+            heard = {parse_key_revoked(p) for p in await sub.wait(5.0)}
+            assert heard == {k.id for k in keys}
+    finally:
+        sub.close()
+    for c in "bc":
+        assert await store.api_keys_get_by_hash(key_hash=c * 64) is None
+    assert await store.api_keys_get_by_hash(key_hash="d" * 64) == theirs

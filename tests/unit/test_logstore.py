@@ -328,3 +328,24 @@ async def _check_process_appends(
         assert f"{dropped} later lines" in lines[-1].message
     else:
         assert len(lines) == 800 and size <= cap
+
+
+async def test_delete_takes_the_named_runs_then_the_whole_tenant(store: LogStore) -> None:
+    kept, doomed, other_tenant = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+    for run in (kept, doomed):
+        await store.append(TENANT, run_id=run, attempt=1, lines=entries("one"))
+        await store.append(TENANT, run_id=run, attempt=2, lines=entries("two"))
+    await store.append(other_tenant, run_id=other_tenant, attempt=1, lines=entries("theirs"))
+
+    await store.delete(TENANT, run_ids=[doomed, uuid.uuid4()])  # an unknown run is no error
+    assert await read_all(store, doomed) == []
+    assert await store.size(TENANT, run_id=doomed, attempt=2) == 0
+    assert messages(await read_all(store, kept)) == ["one", "two"]
+
+    await store.delete(TENANT)
+    assert await read_all(store, kept) == []
+    page = await store.read(other_tenant, run_id=other_tenant)
+    assert messages(page.lines) == ["theirs"]
+    # A deleted run's log starts afresh if lines come for it again.
+    await store.append(TENANT, run_id=doomed, attempt=1, lines=entries("again"))
+    assert messages(await read_all(store, doomed)) == ["again"]

@@ -11,10 +11,10 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from importlib.metadata import PackageNotFoundError, version
 
 from fastapi import FastAPI
 from fastapi.routing import APIRouter
+from fastapi_offline import FastAPIOffline
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -29,6 +29,7 @@ from cronwheel.api.state import ApiState, StartsFirst
 from cronwheel.logstore import FileLogStore, LogStore
 from cronwheel.settings import Settings
 from cronwheel.store.base import Store
+from cronwheel.version import package_version
 
 __all__ = ["BodyLimitMiddleware", "create_app", "default_log_store", "stop_long_polls"]
 
@@ -58,13 +59,6 @@ _TAGS = [
     {"name": "worker protocol", "description": "How workers lease and report runs."},
     {"name": "operations", "description": "Probes and Prometheus metrics."},
 ]
-
-
-def _version() -> str:
-    try:
-        return version("cronwheel")
-    except PackageNotFoundError:  # pragma: no cover - running from a bare checkout
-        return "0.0.0"
 
 
 class BodyLimitMiddleware:
@@ -175,11 +169,15 @@ def create_app(settings: Settings, store: Store, *, log_store: LogStore | None =
                 await revocations
             await state.notifier.close()
 
-    app = FastAPI(
+    # The docs pages (/docs, /redoc) load their scripts and styles from the package
+    # (under /static-offline-docs), never from a CDN: they work without internet.
+    app = FastAPIOffline(
         title="cronwheel",
-        version=_version(),
+        version=package_version(),
         description=_DESCRIPTION,
         openapi_tags=_TAGS,
+        # Nothing leaves the page: no call to the public validator either.
+        swagger_ui_parameters={"validatorUrl": None},
         lifespan=lifespan,
     )
     app.state.api = state

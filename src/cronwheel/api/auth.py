@@ -25,7 +25,9 @@ a worker heartbeating every few seconds must not cost a database round trip per
 request. A revocation does not wait for the cache: its notice (LISTEN/NOTIFY on
 PostgreSQL, in process on SQLite) makes every API node drop the key at once
 (:meth:`KeyCache.follow_revocations`). The database stays the truth; should a notice be
-lost (a dropped LISTEN connection), the TTL bounds how long the key keeps working.
+lost (a dropped LISTEN connection), the TTL bounds how long the key keeps working. A
+deleted tenant's keys go the same way (and from the deleting node's cache before its
+answer).
 """
 
 from __future__ import annotations
@@ -207,6 +209,14 @@ class KeyCache:
         ttl = self._ttl if key else min(self._ttl, _NEGATIVE_TTL)
         self._entries[key_hash] = (now + ttl, key)
         return key
+
+    def forget_tenant(self, tenant_id: uuid.UUID) -> None:
+        """Drop the cached keys of a deleted tenant before the deletion is answered (its
+        keys' notices make every node, this one too, forget them as they arrive)."""
+        self._generation += 1
+        self._entries = {
+            h: e for h, e in self._entries.items() if e[1] is None or e[1].tenant_id != tenant_id
+        }
 
     def _evict(self, now: float) -> None:
         self._entries = {h: e for h, e in self._entries.items() if e[0] > now}

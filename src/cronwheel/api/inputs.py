@@ -1,13 +1,27 @@
 """What routes check of their inputs beyond the request models: a path id (the size of a
-JSON value against its limit is ``domain.new_job.check_json_size``)."""
+JSON value against its limit is ``domain.new_job.check_json_size``); and the query
+parameters several routes share."""
 
 from __future__ import annotations
 
 import uuid
+from typing import Any
+
+from fastapi import Query
 
 from cronwheel.domain.errors import NotFoundError
 
-__all__ = ["parse_id"]
+__all__ = ["FORCE_QUERY", "REASON_QUERY", "parse_id"]
+
+# Of a deletion (``DELETE /v1/jobs/{id}``, ``DELETE /v1/tenants/{id}``).
+FORCE_QUERY: Any = Query(
+    default=False,
+    description="also end what is still in progress (otherwise the deletion is refused "
+    "with 409 `in_use`, naming it)",
+)
+REASON_QUERY: Any = Query(
+    default=None, max_length=1000, description="recorded in the audit trail with the deletion"
+)
 
 
 def parse_id(value: str, what: str) -> uuid.UUID:

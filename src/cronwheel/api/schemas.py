@@ -39,7 +39,9 @@ __all__ = [
     "ErrorResponse",
     "EventOut",
     "FencingToken",
+    "IndexOut",
     "JobControlRequest",
+    "JobDeletedOut",
     "JobList",
     "JobOut",
     "KeyCreate",
@@ -54,8 +56,10 @@ __all__ = [
     "RunList",
     "RunOut",
     "SkippedRun",
+    "StoppedRun",
     "TenantCreate",
     "TenantCreated",
+    "TenantDeletedOut",
     "TenantList",
     "TenantOut",
     "TenantUpdate",
@@ -116,6 +120,14 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
+class IndexOut(ResponseModel):
+    """What `GET /` answers: the server, and where to go from here."""
+
+    name: str
+    version: str
+    links: dict[str, str] = Field(description="name → path on this server")
+
+
 # -- tenants ---------------------------------------------------------------------------
 
 
@@ -157,6 +169,21 @@ class WebhookSecretOut(ResponseModel):
         description="the key of the HMAC-SHA256 in each webhook request's "
         "`Cronwheel-Signature` (see docs/webhooks.md)"
     )
+
+
+class TenantDeletedOut(ResponseModel):
+    """What deleting a tenant removed. The event `tenant.deleted` (who, when, why, these
+    counts) and the tenant's other events not tied to a run remain: the audit trail."""
+
+    id: uuid.UUID
+    name: str
+    deleted: Literal[True] = True
+    deleted_at: UtcInstant
+    jobs_deleted: int
+    runs_deleted: int = Field(description="runs deleted with their attempts and events")
+    runs_stopped: int = Field(description="runs that were in progress (force)")
+    api_keys_deleted: int = Field(description="its keys: refused from now on")
+    workers_deleted: int
 
 
 class KeyCreate(RequestModel):
@@ -219,6 +246,27 @@ class JobOut(ResponseModel):
     idempotency_key: str | None = None
     first_run_id: uuid.UUID | None = Field(
         default=None, description="the run created with the job (in the answer to its creation)"
+    )
+
+
+class StoppedRun(ResponseModel):
+    id: uuid.UUID
+    state: str = Field(description="DISPATCHED or RUNNING: its state when the deletion ended it")
+
+
+class JobDeletedOut(ResponseModel):
+    """What deleting a job removed: the job, its runs, their attempts, events and worker
+    logs. The event `job.deleted` (who, when, why) and the job's other events not tied
+    to a run remain: the audit trail."""
+
+    id: uuid.UUID
+    name: str
+    deleted: Literal[True] = True
+    deleted_at: UtcInstant
+    runs_deleted: int
+    runs_stopped: list[StoppedRun] = Field(
+        description="runs that were in progress, ended by the deletion (force=true): a "
+        "worker's later report about one is refused as stale (409)"
     )
 
 

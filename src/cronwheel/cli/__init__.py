@@ -10,25 +10,50 @@ database), sharing ``options`` (the connection options and the client they make)
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
 from cronwheel.cli.alerts import alerts
 from cronwheel.cli.dlq import dlq_app
 from cronwheel.cli.jobs import jobs_app
+from cronwheel.cli.output import command_group, console
 from cronwheel.cli.runs import runs_app
 from cronwheel.cli.schedule import schedule_app
 from cronwheel.cli.server import api, db_app, demo, scheduler, server, worker
 from cronwheel.cli.tenants import tenants_app
+from cronwheel.version import package_version
 
 __all__ = ["app", "main"]
 
-app = typer.Typer(
+app = command_group(
+    "cronwheel: a multi-tenant distributed job scheduler.",
     name="cronwheel",
-    help="cronwheel: a multi-tenant distributed job scheduler.",
-    no_args_is_help=True,
     pretty_exceptions_enable=False,
-    context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+def _print_version(wanted: bool) -> None:
+    if wanted:
+        console.print(f"cronwheel {package_version()}", highlight=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            callback=_print_version,
+            is_eager=True,
+            help="Print cronwheel's version and exit.",
+        ),
+    ] = False,
+) -> None:
+    """cronwheel: a multi-tenant distributed job scheduler."""
+
+
 # --help lists the commands in the order they are added here, then the groups.
 app.add_typer(jobs_app, name="jobs")
 app.add_typer(runs_app, name="runs")

@@ -18,13 +18,21 @@ from cronwheel.cli.options import (
     UrlOpt,
     client_for,
 )
-from cronwheel.cli.output import console, fail, handle_errors, print_json, short_time, table
+from cronwheel.cli.output import (
+    command_group,
+    console,
+    fail,
+    handle_errors,
+    print_json,
+    short_time,
+    table,
+)
 from cronwheel.cli.runs import runs_show, send_back
 from cronwheel.store.values import REDRIVE_BATCH_MAX
 
 __all__ = ["dlq_app", "dlq_list", "dlq_redrive"]
 
-dlq_app = typer.Typer(help="Dead letters: list, show, redrive.", no_args_is_help=True)
+dlq_app = command_group("Dead letters: list, show, redrive.")
 
 
 @dlq_app.command("list")

@@ -1,10 +1,10 @@
-"""``cronwheel jobs …``: create, list, show and cancel jobs; pause, resume, trigger,
-backfill and preview them."""
+"""``cronwheel jobs …``: create (a task or a webhook), list, show, cancel and delete
+jobs; pause, resume, trigger, backfill and preview them."""
 
 from __future__ import annotations
 
-import json
 from datetime import datetime
+from enum import StrEnum
 from typing import Annotated, Any
 
 import typer
@@ -20,7 +20,16 @@ from cronwheel.cli.options import (
     parse_instant,
     parse_json_object,
 )
-from cronwheel.cli.output import console, handle_errors, key_values, print_json, short_time, table
+from cronwheel.cli.output import (
+    command_group,
+    console,
+    count,
+    handle_errors,
+    key_values,
+    print_json,
+    short_time,
+    table,
+)
 from cronwheel.cli.schedule import (
     Ambiguous,
     CatchUp,
@@ -28,14 +37,18 @@ from cronwheel.cli.schedule import (
     Nonexistent,
     Overlap,
     occurrence_table,
+    schedule_from_flags,
+    schedule_text,
 )
 
 __all__ = [
     "IdArg",
+    "WebhookMethod",
     "jobs_app",
     "jobs_backfill",
     "jobs_cancel",
     "jobs_create",
+    "jobs_delete",
     "jobs_list",
     "jobs_pause",
     "jobs_preview",
@@ -44,9 +57,8 @@ __all__ = [
     "jobs_trigger",
 ]
 
-jobs_app = typer.Typer(
-    help="Create, list, preview and control jobs (cancel, pause, resume, trigger, backfill).",
-    no_args_is_help=True,
+jobs_app = command_group(
+    "Create, list, preview and control jobs (cancel, pause, resume, trigger, backfill, delete)."
 )
 
 IdArg = Annotated[str, typer.Argument(help="The job id.")]
@@ -60,87 +72,71 @@ def _payload(value: str | None) -> dict[str, Any]:
     return {} if value is None else parse_json_object(value, "--payload")
 
 
-def _schedule_text(schedule: dict[str, Any]) -> str:
-    for key in ("at", "delay", "asap", "cron", "interval"):
-        if key in schedule:
-            value = schedule[key]
-            if key == "asap":
-                return "asap"
-            if key == "cron":
-                return f"cron {value} {schedule.get('timezone', 'UTC')}"
-            if key in ("delay", "interval"):
-                return f"{key} {value:g} s" if isinstance(value, int | float) else f"{key} {value}"
-            return f"at {short_time(value)}"
-    return json.dumps(schedule)
+class WebhookMethod(StrEnum):
+    GET = "GET"
+    POST = "POST"
+    PUT = "PUT"
+    PATCH = "PATCH"
+    DELETE = "DELETE"
 
 
-_OPTION_NAMES = {
-    "timezone": "--tz",
-    "on_ambiguous": "--on-ambiguous",
-    "on_nonexistent": "--on-nonexistent",
-    "start": "--start",
-    "catch_up": "--catch-up",
-    "overlap": "--overlap",
-}
-
-
-def _schedule(
-    *,
-    at: str | None,
-    delay: float | None,
-    asap: bool,
-    cron: str | None,
-    every: float | None,
-    cron_options: dict[str, Any],
-    every_options: dict[str, Any],
-    recurring_options: dict[str, Any],
+def _target(
+    task: str | None, webhook: str | None, headers: list[str], method: WebhookMethod | None
 ) -> dict[str, Any]:
-    """The schedule the flags describe; a usage error when they do not fit together."""
-    chosen = [
-        flag
-        for flag, given in (
-            ("--at", at is not None),
-            ("--delay", delay is not None),
-            ("--asap", asap),
-            ("--cron", cron is not None),
-            ("--every", every is not None),
-        )
-        if given
-    ]
-    if len(chosen) != 1:
+    """``task`` or ``webhook`` of the job the flags describe; a usage error when they
+    do not fit together."""
+    if (task is None) == (webhook is None):
         raise typer.BadParameter(
-            "give exactly one of --at, --delay, --asap, --cron, --every"
-            + (f" (got {', '.join(chosen)})" if chosen else ""),
-            param_hint="the schedule",
+            "give exactly one of --task or --webhook", param_hint="the job's target"
         )
-    allowed: dict[str, Any] = {}
-    if cron is not None:
-        allowed = {**cron_options, **recurring_options}
-    elif every is not None:
-        allowed = {**every_options, **recurring_options}
-    for options in (cron_options, every_options, recurring_options):
-        for key, value in options.items():
-            if value is not None and key not in allowed:
-                raise typer.BadParameter(
-                    f"{_OPTION_NAMES[key]} does not apply to {chosen[0]}",
-                    param_hint=f"'{_OPTION_NAMES[key]}'",
-                )
-    extra = {k: v for k, v in allowed.items() if v is not None}
-    if at is not None:
-        return {"at": _instant(at)}
-    if delay is not None:
-        return {"delay": delay}
-    if cron is not None:
-        return {"cron": cron, **extra}
-    if every is not None:
-        return {"interval": every, **extra}
-    return {"asap": True}
+    if webhook is None:
+        for flag, given in (("--header", headers), ("--method", method)):
+            if given:
+                raise typer.BadParameter("applies to --webhook only", param_hint=f"'{flag}'")
+        return {"task": task}
+    named: dict[str, str] = {}
+    for item in headers:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            raise typer.BadParameter(
+                f"{item!r} is not NAME=VALUE (e.g. Authorization=Bearer …)", param_hint="'--header'"
+            )
+        named[name.strip()] = value
+    spec: dict[str, Any] = {"url": webhook, "headers": named}
+    if method is not None:
+        spec["method"] = method.value
+    return {"webhook": spec}
 
 
 @jobs_app.command("create")
 def jobs_create(
     name: Annotated[str, typer.Option("--name", help="The job's name.")],
-    task: Annotated[str, typer.Option("--task", help="The task name a worker implements.")],
+    task: Annotated[
+        str | None,
+        typer.Option("--task", help="The task name a worker implements.", show_default=False),
+    ] = None,
+    webhook: Annotated[
+        str | None,
+        typer.Option(
+            "--webhook",
+            help="Instead of --task: the URL the built-in webhook worker calls for each run "
+            "(the payload is the JSON body; see docs/webhooks.md).",
+            show_default=False,
+        ),
+    ] = None,
+    header: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--header",
+            help="--webhook: a header NAME=VALUE sent with each call (repeatable); values "
+            "are write-only: answers show them as [redacted].",
+            show_default=False,
+        ),
+    ] = None,
+    method: Annotated[
+        WebhookMethod | None,
+        typer.Option("--method", help="--webhook: the HTTP method.", show_default="POST"),
+    ] = None,
     at: Annotated[
         str | None,
         typer.Option(
@@ -164,24 +160,22 @@ def jobs_create(
     ] = None,
     tz: Annotated[
         str | None,
-        typer.Option(
-            "--tz", help="The IANA time zone of --cron [default: UTC].", show_default=False
-        ),
+        typer.Option("--tz", help="The IANA time zone of --cron.", show_default="UTC"),
     ] = None,
     on_ambiguous: Annotated[
         Ambiguous | None,
         typer.Option(
             "--on-ambiguous",
-            help="--cron: a wall time that occurs twice fires once or at both [first].",
-            show_default=False,
+            help="--cron: a wall time that occurs twice fires once or at both.",
+            show_default="first",
         ),
     ] = None,
     on_nonexistent: Annotated[
         Nonexistent | None,
         typer.Option(
             "--on-nonexistent",
-            help="--cron: a wall time skipped by DST fires after the gap or not [shift].",
-            show_default=False,
+            help="--cron: a wall time skipped by DST fires after the gap or not.",
+            show_default="shift",
         ),
     ] = None,
     every: Annotated[
@@ -190,29 +184,35 @@ def jobs_create(
             "--every",
             min=0.001,
             show_default=False,
-            help="Recurring: every this many seconds of elapsed time.",
+            help="Recurring: every this many seconds of elapsed time, counted from --start: "
+            "without it, from the Unix epoch (1970-01-01T00:00:00Z), so --every 60 fires at "
+            "each minute's start and --every 3600 on the hour, UTC.",
         ),
     ] = None,
     start: Annotated[
         str | None,
         typer.Option(
-            "--start", help="--every: counted from this instant [the epoch].", show_default=False
+            "--start",
+            help="--every: the instant (ISO-8601 with an offset) the intervals are counted "
+            "from: the first run is due then (or, if it has passed, at the next interval "
+            "counted from it), the next ones every --every seconds after.",
+            show_default="the Unix epoch",
         ),
     ] = None,
     catch_up: Annotated[
         CatchUp | None,
         typer.Option(
             "--catch-up",
-            help="Recurring: what becomes of occurrences missed while down [coalesce].",
-            show_default=False,
+            help="Recurring: what becomes of occurrences missed while down.",
+            show_default="coalesce",
         ),
     ] = None,
     overlap: Annotated[
         Overlap | None,
         typer.Option(
             "--overlap",
-            help="Recurring: a run due while the previous one still runs [allow].",
-            show_default=False,
+            help="Recurring: a run due while the previous one still runs.",
+            show_default="allow",
         ),
     ] = None,
     payload: Annotated[
@@ -221,7 +221,7 @@ def jobs_create(
     ] = None,
     pool: Annotated[
         str | None,
-        typer.Option("--pool", help="The worker pool (default: default).", show_default=False),
+        typer.Option("--pool", help="The worker pool.", show_default="default"),
     ] = None,
     priority: Annotated[
         int | None,
@@ -244,9 +244,9 @@ def jobs_create(
         float | None,
         typer.Option(
             "--progress-timeout",
-            show_default=False,
+            show_default="no bound",
             help="Seconds a handler may go without reporting progress (ctx.heartbeat) "
-            "before its attempt times out [no bound].",
+            "before its attempt times out.",
         ),
     ] = None,
     idempotency_key: Annotated[
@@ -263,8 +263,10 @@ def jobs_create(
     as_json: JsonOpt = False,
 ) -> None:
     """Create a job: one-off (--at, --delay, --asap) or recurring (--cron with --tz,
-    or --every); exactly one of them."""
-    schedule = _schedule(
+    or --every with --start); exactly one of them. Its runs call a task (--task) or a
+    URL (--webhook, with --header and --method); exactly one of them."""
+    target = _target(task, webhook, header or [], method)
+    schedule = schedule_from_flags(
         at=at,
         delay=delay,
         asap=asap,
@@ -289,7 +291,7 @@ def jobs_create(
     }
     with handle_errors(), client_for(url, api_key, tenant) as client:
         job = client.jobs.create(
-            name=name, schedule=schedule, task=task, idempotency_key=idempotency_key, **fields
+            name=name, schedule=schedule, idempotency_key=idempotency_key, **target, **fields
         )
     if as_json:
         print_json(job)
@@ -334,7 +336,7 @@ def jobs_list(
             j["id"],
             j["name"],
             j["state"],
-            _schedule_text(j.get("schedule") or {}),
+            schedule_text(j.get("schedule") or {}),
             j.get("task") or "webhook",
             j.get("pool"),
             f"P{j.get('priority', '')}",
@@ -388,6 +390,41 @@ def jobs_cancel(
         print_json(job)
         return
     console.print(f"[yellow]cancelled[/] job [bold]{job['id']}[/] ({job['name']})", highlight=False)
+
+
+@jobs_app.command("delete")
+def jobs_delete(
+    job_id: IdArg,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force", help="Also end its runs in progress (otherwise the deletion is refused)."
+        ),
+    ] = False,
+    reason: Annotated[
+        str | None,
+        typer.Option("--reason", help="Recorded in the audit trail.", show_default=False),
+    ] = None,
+    url: UrlOpt = DEFAULT_URL,
+    api_key: ApiKeyOpt = None,
+    tenant: TenantOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Delete a job with its runs and their history and logs. Refused while a run of it
+    is dispatched or running, unless --force ends them. A cancelled job's history stays
+    until it is deleted; the deletion itself stays in the audit trail."""
+    with handle_errors(), client_for(url, api_key, tenant) as client:
+        out = client.jobs.delete(job_id, force=force, reason=reason)
+    if as_json:
+        print_json(out)
+        return
+    stopped = out.get("runs_stopped") or []
+    ended = f", {len(stopped)} of them in progress" if stopped else ""
+    console.print(
+        f"[red]deleted[/] job [bold]{out['id']}[/] ({out['name']}) with "
+        f"{count(out['runs_deleted'], 'run')}{ended}",
+        highlight=False,
+    )
 
 
 # -- a job's control -----------------------------------------------------------------
@@ -468,9 +505,7 @@ def jobs_backfill(
     ],
     rate: Annotated[
         float | None,
-        typer.Option(
-            "--rate", min=0.001, max=1000, show_default=False, help="Runs per second [10]."
-        ),
+        typer.Option("--rate", min=0.001, max=1000, show_default="10", help="Runs per second."),
     ] = None,
     url: UrlOpt = DEFAULT_URL,
     api_key: ApiKeyOpt = None,

@@ -1,5 +1,6 @@
-"""What ``cronwheel`` commands print and how they fail: the consoles, tables, JSON,
-instants, logging, and the errors a user can cause as a red line and an exit code."""
+"""What ``cronwheel`` commands print and how they fail: their help, the consoles, tables,
+JSON, instants, logging, and the errors a user can cause as a red line and an exit
+code."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Any, NoReturn
 import typer
 from pydantic import ValidationError as PydanticValidationError
 from pydantic_core import to_jsonable_python
-from rich.console import Console
+from rich.console import Console, ConsoleDimensions
 from rich.logging import RichHandler
 from rich.markup import escape
 from rich.table import Table
@@ -22,7 +23,10 @@ from cronwheel.client import ApiError
 from cronwheel.domain.errors import CronwheelError
 
 __all__ = [
+    "PIPE_WIDTH",
+    "command_group",
     "console",
+    "count",
     "err",
     "fail",
     "handle_errors",
@@ -33,8 +37,45 @@ __all__ = [
     "table",
 ]
 
-console = Console(soft_wrap=True)  # keys and ids must stay on one line to be copied
+# How wide output is when it goes to a pipe or a file (and COLUMNS does not say): wide
+# enough that no table folds a cell, so each row stays one line for grep and awk.
+PIPE_WIDTH = 10_000
+
+
+class _Console(Console):
+    """A console as wide as the terminal it writes to, or :data:`PIPE_WIDTH` when it
+    writes to something else (a terminal on stdin or stderr does not count: Rich would
+    take its width), unless COLUMNS says otherwise."""
+
+    @property
+    def size(self) -> ConsoleDimensions:
+        measured = super().size
+        if self._width is None and not self.is_terminal and "COLUMNS" not in self._environ:
+            return ConsoleDimensions(PIPE_WIDTH, measured.height)
+        return measured
+
+    @size.setter
+    def size(self, new_size: tuple[int, int]) -> None:
+        self._width, self._height = new_size
+
+
+console = _Console(soft_wrap=True)  # keys and ids must stay on one line to be copied
+# Messages and log lines: as wide as a terminal (log lines fill the width they get).
 err = Console(stderr=True, soft_wrap=True)
+
+
+def command_group(help: str, **options: Any) -> typer.Typer:
+    """A group of commands. Every group's help (and the root's) is rendered as Markdown:
+    paragraphs flow to the terminal's width instead of breaking where the source line
+    did, and brackets in help texts are text, not Rich markup (which would swallow
+    them). Defaults are declared with ``show_default``, never written into the help."""
+    return typer.Typer(
+        help=help,
+        no_args_is_help=True,
+        rich_markup_mode="markdown",
+        context_settings={"help_option_names": ["-h", "--help"]},
+        **options,
+    )
 
 
 def fail(message: str, *, code: int = 1) -> NoReturn:
@@ -58,7 +99,16 @@ def handle_errors() -> Iterator[None]:
         yield
     except ApiError as exc:
         hint = ""
-        if exc.status == 401:
+        if exc.code == "tenant_required":
+            # The server names its HTTP header; here the user names the tenant otherwise.
+            fail(
+                "the admin key acts on a tenant's jobs and runs only for a tenant named "
+                "with --tenant TENANT_ID (or CRONWHEEL_TENANT)",
+                code=2,
+            )
+        if exc.code == "in_use":
+            hint = " — --force ends what is in progress"
+        elif exc.status == 401:
             hint = " — check --api-key / CRONWHEEL_API_KEY"
         elif exc.status == 0:
             hint = " — is the server running? check --url / CRONWHEEL_URL"
@@ -70,6 +120,11 @@ def handle_errors() -> Iterator[None]:
         fail(exc.message)
     except (ValueError, OSError) as exc:
         fail(str(exc))
+
+
+def count(number: int, noun: str) -> str:
+    """``1 run``, ``2 runs``."""
+    return f"{number} {noun}{'' if number == 1 else 's'}"
 
 
 def print_json(value: Any) -> None:

@@ -20,6 +20,7 @@ from cronwheel.cli.options import (
     client_for,
 )
 from cronwheel.cli.output import (
+    command_group,
     console,
     err,
     handle_errors,
@@ -41,9 +42,8 @@ __all__ = [
     "send_back",
 ]
 
-runs_app = typer.Typer(
-    help="Run history: list runs, show one with its attempts and events, read its logs.",
-    no_args_is_help=True,
+runs_app = command_group(
+    "Run history: list runs, show one with its attempts and events, read its logs."
 )
 
 RunArg = Annotated[str, typer.Argument(help="The run id.")]

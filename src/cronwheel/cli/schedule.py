@@ -1,8 +1,11 @@
 """``cronwheel schedule preview``: a cron expression evaluated offline (the time engine,
-no server); and the schedule policies and occurrence table ``cronwheel jobs`` shares."""
+no server); and what ``cronwheel jobs`` shares about schedules: the policies, the
+schedule the flags of ``jobs create`` describe, a schedule in a few words, and the
+occurrence table."""
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 from enum import StrEnum
 from itertools import islice
@@ -13,7 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from cronwheel.cli.options import JsonOpt, parse_instant
-from cronwheel.cli.output import console, fail, print_json
+from cronwheel.cli.output import command_group, console, fail, print_json, short_time
 from cronwheel.domain.errors import CronwheelError
 from cronwheel.domain.spec import CronSchedule, utc_iso
 from cronwheel.timing import iter_occurrences
@@ -26,12 +29,12 @@ __all__ = [
     "Overlap",
     "occurrence_table",
     "schedule_app",
+    "schedule_from_flags",
     "schedule_preview",
+    "schedule_text",
 ]
 
-schedule_app = typer.Typer(
-    help="Evaluate schedules offline (no server needed).", no_args_is_help=True
-)
+schedule_app = command_group("Evaluate schedules offline (no server needed).")
 
 
 class Ambiguous(StrEnum):
@@ -60,6 +63,84 @@ class Overlap(StrEnum):
 CountOpt = Annotated[
     int, typer.Option("--count", "-n", min=1, max=1000, help="How many occurrences.")
 ]
+
+
+def schedule_text(schedule: dict[str, Any]) -> str:
+    """A job's schedule in a few words, for tables."""
+    for key in ("at", "delay", "asap", "cron", "interval"):
+        if key in schedule:
+            value = schedule[key]
+            if key == "asap":
+                return "asap"
+            if key == "cron":
+                return f"cron {value} {schedule.get('timezone', 'UTC')}"
+            if key in ("delay", "interval"):
+                return f"{key} {value:g} s" if isinstance(value, int | float) else f"{key} {value}"
+            return f"at {short_time(value)}"
+    return json.dumps(schedule)
+
+
+_OPTION_NAMES = {
+    "timezone": "--tz",
+    "on_ambiguous": "--on-ambiguous",
+    "on_nonexistent": "--on-nonexistent",
+    "start": "--start",
+    "catch_up": "--catch-up",
+    "overlap": "--overlap",
+}
+
+
+def schedule_from_flags(
+    *,
+    at: str | None,
+    delay: float | None,
+    asap: bool,
+    cron: str | None,
+    every: float | None,
+    cron_options: dict[str, Any],
+    every_options: dict[str, Any],
+    recurring_options: dict[str, Any],
+) -> dict[str, Any]:
+    """The schedule the flags describe; a usage error when they do not fit together."""
+    chosen = [
+        flag
+        for flag, given in (
+            ("--at", at is not None),
+            ("--delay", delay is not None),
+            ("--asap", asap),
+            ("--cron", cron is not None),
+            ("--every", every is not None),
+        )
+        if given
+    ]
+    if len(chosen) != 1:
+        raise typer.BadParameter(
+            "give exactly one of --at, --delay, --asap, --cron, --every"
+            + (f" (got {', '.join(chosen)})" if chosen else ""),
+            param_hint="the schedule",
+        )
+    allowed: dict[str, Any] = {}
+    if cron is not None:
+        allowed = {**cron_options, **recurring_options}
+    elif every is not None:
+        allowed = {**every_options, **recurring_options}
+    for options in (cron_options, every_options, recurring_options):
+        for key, value in options.items():
+            if value is not None and key not in allowed:
+                raise typer.BadParameter(
+                    f"{_OPTION_NAMES[key]} does not apply to {chosen[0]}",
+                    param_hint=f"'{_OPTION_NAMES[key]}'",
+                )
+    extra = {k: v for k, v in allowed.items() if v is not None}
+    if at is not None:
+        return {"at": parse_instant(at, "--at")}
+    if delay is not None:
+        return {"delay": delay}
+    if cron is not None:
+        return {"cron": cron, **extra}
+    if every is not None:
+        return {"interval": every, **extra}
+    return {"asap": True}
 
 
 def _offset(local: str) -> str:
@@ -102,9 +183,7 @@ def schedule_preview(
     count: CountOpt = 10,
     start: Annotated[
         str | None,
-        typer.Option(
-            "--from", help="Start at this ISO-8601 instant [default: now].", show_default=False
-        ),
+        typer.Option("--from", help="Start at this ISO-8601 instant.", show_default="now"),
     ] = None,
     on_ambiguous: Annotated[
         Ambiguous, typer.Option("--on-ambiguous", help="A wall time that occurs twice.")

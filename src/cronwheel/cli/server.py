@@ -16,9 +16,10 @@ import typer
 from rich.markup import escape
 
 from cronwheel.cli.options import DEFAULT_URL, UrlOpt
-from cronwheel.cli.output import console, err, fail, handle_errors, setup_logging
+from cronwheel.cli.output import command_group, console, err, fail, handle_errors, setup_logging
 from cronwheel.runtime import Runtime, StartupError
 from cronwheel.settings import Settings
+from cronwheel.store.values import Migrated
 
 __all__ = [
     "DataDirOpt",
@@ -35,14 +36,12 @@ __all__ = [
     "worker",
 ]
 
-db_app = typer.Typer(help="The database: migrations.", no_args_is_help=True)
+db_app = command_group("The database: migrations.")
 
 
 HostOpt = Annotated[
     str | None,
-    typer.Option(
-        "--host", envvar=None, show_default=False, help="Listen address [default: 127.0.0.1]."
-    ),
+    typer.Option("--host", envvar=None, show_default="127.0.0.1", help="Listen address."),
 ]
 PortOpt = Annotated[
     int | None,
@@ -50,25 +49,25 @@ PortOpt = Annotated[
         "--port",
         min=0,
         max=65535,
-        show_default=False,
-        help="Listen port (0: any free one) [default: 8000].",
+        show_default="8000",
+        help="Listen port (0: any free one).",
     ),
 ]
 DataDirOpt = Annotated[
     Path | None,
     typer.Option(
         "--data-dir",
-        show_default=False,
+        show_default="~/.cronwheel",
         file_okay=False,
-        help="Where the SQLite database and the admin key live [default: ~/.cronwheel].",
+        help="Where the SQLite database and the admin key live.",
     ),
 ]
 DatabaseUrlOpt = Annotated[
     str | None,
     typer.Option(
         "--database-url",
-        show_default=False,
-        help="postgresql://… or sqlite:///… [default: SQLite in the data directory].",
+        show_default="SQLite in the data directory",
+        help="The database: a postgresql://… or sqlite:///… URL.",
     ),
 ]
 LogLevelOpt = Annotated[str, typer.Option("--log-level", help="debug | info | warning | error")]
@@ -177,7 +176,7 @@ def api(
 def scheduler(
     node_id: Annotated[
         str | None,
-        typer.Option("--node-id", show_default=False, help="This node's name [default: host:pid]."),
+        typer.Option("--node-id", show_default="host:pid", help="This node's name."),
     ] = None,
     data_dir: DataDirOpt = None,
     database_url: DatabaseUrlOpt = None,
@@ -225,23 +224,34 @@ def db_upgrade(
     settings = _settings(database_url=database_url, data_dir=data_dir)
     url = settings.resolved_database_url
 
-    async def upgrade() -> None:
+    async def upgrade() -> Migrated:
         from cronwheel.store import create_store
 
         if not settings.database_url:
             settings.data_dir.mkdir(parents=True, exist_ok=True)
         store = create_store(url)
         try:
-            await store.migrate()
+            return await store.migrate()
         finally:
             await store.close()
 
-    with err.status(f"migrating {escape(_redacted(url))} …"):
+    where = escape(_redacted(url))
+    with err.status(f"migrating {where} …"):
         try:
-            asyncio.run(upgrade())
+            done = asyncio.run(upgrade())
         except Exception as exc:
             fail(f"cannot migrate {_redacted(url)}: {type(exc).__name__}: {exc}")
-    console.print(f"[green]up to date:[/] {escape(_redacted(url))}", highlight=False)
+    if done.steps == 0:
+        console.print(
+            f"[green]already up to date[/] at revision {done.after}: {where}", highlight=False
+        )
+        return
+    start = "an empty database" if done.before is None else f"revision {done.before}"
+    noun = "migration" if done.steps == 1 else "migrations"
+    console.print(
+        f"[green]migrated[/] {where} from {start} to revision {done.after} ({done.steps} {noun})",
+        highlight=False,
+    )
 
 
 def demo(
@@ -286,8 +296,8 @@ def worker(
         typer.Option(
             "--allow",
             help="With --webhook: a CIDR or host name webhooks may reach although it is "
-            "private, loopback… (repeatable) [default: CRONWHEEL_WEBHOOK_ALLOW].",
-            show_default=False,
+            "private, loopback… (repeatable).",
+            show_default="CRONWHEEL_WEBHOOK_ALLOW",
         ),
     ] = None,
     url: UrlOpt = DEFAULT_URL,

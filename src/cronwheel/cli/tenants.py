@@ -3,25 +3,37 @@
 from __future__ import annotations
 
 import json
+import uuid
 from typing import Annotated
 
 import typer
 
 from cronwheel.cli.options import DEFAULT_URL, ApiKeyOpt, JsonOpt, UrlOpt, client_for
-from cronwheel.cli.output import console, handle_errors, print_json, short_time, table
+from cronwheel.cli.output import (
+    command_group,
+    console,
+    count,
+    fail,
+    handle_errors,
+    print_json,
+    short_time,
+    table,
+)
+from cronwheel.client import Client
 
 __all__ = [
     "keys_app",
     "tenants_app",
     "tenants_create",
     "tenants_create_key",
+    "tenants_delete",
     "tenants_keys_list",
     "tenants_keys_revoke",
     "tenants_list",
 ]
 
-tenants_app = typer.Typer(help="Tenants and their keys (admin key).", no_args_is_help=True)
-keys_app = typer.Typer(help="A tenant's API keys: list, revoke (admin key).", no_args_is_help=True)
+tenants_app = command_group("Tenants and their keys (admin key): create, list, delete.")
+keys_app = command_group("A tenant's API keys: list, revoke (admin key).")
 tenants_app.add_typer(keys_app, name="keys")
 
 
@@ -84,7 +96,7 @@ def tenants_create_key(
 
 @keys_app.command("list")
 def tenants_keys_list(
-    tenant_id: Annotated[str, typer.Argument(help="The tenant id.")],
+    tenant: Annotated[str, typer.Argument(help="The tenant's id or name.")],
     limit: Annotated[int, typer.Option("--limit", min=1, max=500)] = 100,
     url: UrlOpt = DEFAULT_URL,
     api_key: ApiKeyOpt = None,
@@ -92,7 +104,7 @@ def tenants_keys_list(
 ) -> None:
     """A tenant's keys, revoked ones too (never the keys themselves)."""
     with handle_errors(), client_for(url, api_key, None) as client:
-        page = client.tenants.list_keys(tenant_id, limit=limit)
+        page = client.tenants.list_keys(_tenant_id(client, tenant), limit=limit)
     if as_json:
         print_json({"items": page.items, "next_cursor": page.next_cursor})
         return
@@ -113,10 +125,11 @@ def tenants_keys_list(
 
 @keys_app.command("revoke")
 def tenants_keys_revoke(
-    tenant_id: Annotated[str, typer.Argument(help="The tenant id.")],
+    tenant: Annotated[str, typer.Argument(help="The tenant's id or name.")],
     key_id: Annotated[str, typer.Argument(help="The key's id (see 'tenants keys list').")],
     reason: Annotated[
-        str | None, typer.Option("--reason", help="Recorded in the audit trail.")
+        str | None,
+        typer.Option("--reason", help="Recorded in the audit trail.", show_default=False),
     ] = None,
     url: UrlOpt = DEFAULT_URL,
     api_key: ApiKeyOpt = None,
@@ -124,10 +137,64 @@ def tenants_keys_revoke(
 ) -> None:
     """Revoke a key: it stops working at once, on every API node."""
     with handle_errors(), client_for(url, api_key, None) as client:
-        key = client.tenants.revoke_key(tenant_id, key_id, reason=reason)
+        key = client.tenants.revoke_key(_tenant_id(client, tenant), key_id, reason=reason)
     if as_json:
         print_json(key)
         return
     console.print(
         f"[green]revoked[/] {key['role']} key {key['id']} ({key['prefix']}…)", highlight=False
+    )
+
+
+def _tenant_id(client: Client, tenant: str) -> str:
+    """The id of the tenant named ``tenant`` (an id, or a name)."""
+    try:
+        return str(uuid.UUID(tenant))
+    except ValueError:
+        pass
+    cursor: str | None = None
+    while True:
+        page = client.tenants.list(cursor=cursor, limit=500)
+        for item in page.items:
+            if item["name"] == tenant:
+                return str(item["id"])
+        if not page.next_cursor:
+            fail(f"no tenant named {tenant!r}")
+        cursor = page.next_cursor
+
+
+@tenants_app.command("delete")
+def tenants_delete(
+    tenant: Annotated[str, typer.Argument(help="The tenant's id or name.")],
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help="Also end its jobs not over and runs in progress (otherwise the deletion "
+            "is refused).",
+        ),
+    ] = False,
+    reason: Annotated[
+        str | None,
+        typer.Option("--reason", help="Recorded in the audit trail.", show_default=False),
+    ] = None,
+    url: UrlOpt = DEFAULT_URL,
+    api_key: ApiKeyOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Delete a tenant with its keys (refused from then on), workers, jobs and their
+    history. Refused while it has jobs active or paused or runs in progress, unless
+    --force. The deletion itself stays in the audit trail."""
+    with handle_errors(), client_for(url, api_key, None) as client:
+        out = client.tenants.delete(_tenant_id(client, tenant), force=force, reason=reason)
+    if as_json:
+        print_json(out)
+        return
+    ended = f" ({out['runs_stopped']} in progress)" if out["runs_stopped"] else ""
+    console.print(
+        f"[red]deleted[/] tenant [bold]{out['id']}[/] ({out['name']}) with "
+        f"{count(out['jobs_deleted'], 'job')}, {count(out['runs_deleted'], 'run')}{ended}, "
+        f"{count(out['api_keys_deleted'], 'API key')} and "
+        f"{count(out['workers_deleted'], 'worker')}",
+        highlight=False,
     )

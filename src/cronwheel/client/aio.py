@@ -129,6 +129,14 @@ class AsyncTenants(_AsyncResource):
     async def revoke_key(self, tenant_id: Id, key_id: Id, *, reason: str | None = None) -> Json:
         return await self._one(Calls.tenants_revoke_key(tenant_id, key_id, reason))
 
+    async def delete(
+        self, tenant_id: Id, *, force: bool = False, reason: str | None = None
+    ) -> Json:
+        """Delete the tenant with its keys, workers, jobs and their history (admin
+        key). Refused (409 ``in_use``) while it has jobs not over or runs in progress,
+        unless ``force``. Answers what was deleted."""
+        return await self._one(Calls.tenants_delete(tenant_id, force, reason))
+
 
 class AsyncJobs(_AsyncResource):
     async def create(
@@ -177,6 +185,12 @@ class AsyncJobs(_AsyncResource):
 
     async def cancel(self, job_id: Id, *, reason: str | None = None) -> Json:
         return await self._one(Calls.jobs_cancel(job_id, reason))
+
+    async def delete(self, job_id: Id, *, force: bool = False, reason: str | None = None) -> Json:
+        """Delete the job with its runs and their history. Refused (409 ``in_use``)
+        while a run of it is in progress, unless ``force`` (which ends them). Answers
+        what was deleted."""
+        return await self._one(Calls.jobs_delete(job_id, force, reason))
 
     async def pause(self, job_id: Id, *, reason: str | None = None) -> Json:
         return await self._one(Calls.jobs_control(job_id, "pause", reason))

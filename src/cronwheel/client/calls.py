@@ -96,6 +96,11 @@ class Calls:
         )
 
     @staticmethod
+    def tenants_delete(tenant_id: Id, force: bool, reason: str | None) -> Call:
+        params = query_params(force="true" if force else None, reason=reason)
+        return Call("DELETE", f"/v1/tenants/{_seg(tenant_id)}", params=params)
+
+    @staticmethod
     def jobs_create(
         name: str,
         schedule: Any,
@@ -131,6 +136,11 @@ class Calls:
     def jobs_cancel(job_id: Id, reason: str | None) -> Call:
         body = {} if reason is None else {"reason": reason}
         return Call("POST", f"/v1/jobs/{_seg(job_id)}/cancel", json=body)
+
+    @staticmethod
+    def jobs_delete(job_id: Id, force: bool, reason: str | None) -> Call:
+        params = query_params(force="true" if force else None, reason=reason)
+        return Call("DELETE", f"/v1/jobs/{_seg(job_id)}", params=params)
 
     @staticmethod
     def jobs_control(job_id: Id, action: str, reason: str | None) -> Call:

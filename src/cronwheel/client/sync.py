@@ -131,6 +131,12 @@ class Tenants(_Resource):
         """Revoke a key at once, on every API node; the answer is its record."""
         return self._one(Calls.tenants_revoke_key(tenant_id, key_id, reason))
 
+    def delete(self, tenant_id: Id, *, force: bool = False, reason: str | None = None) -> Json:
+        """Delete the tenant with its keys, workers, jobs and their history (admin
+        key). Refused (409 ``in_use``) while it has jobs not over or runs in progress,
+        unless ``force``. Answers what was deleted."""
+        return self._one(Calls.tenants_delete(tenant_id, force, reason))
+
 
 class Jobs(_Resource):
     def create(
@@ -182,6 +188,12 @@ class Jobs(_Resource):
 
     def cancel(self, job_id: Id, *, reason: str | None = None) -> Json:
         return self._one(Calls.jobs_cancel(job_id, reason))
+
+    def delete(self, job_id: Id, *, force: bool = False, reason: str | None = None) -> Json:
+        """Delete the job with its runs and their history. Refused (409 ``in_use``)
+        while a run of it is in progress, unless ``force`` (which ends them). Answers
+        what was deleted."""
+        return self._one(Calls.jobs_delete(job_id, force, reason))
 
     def pause(self, job_id: Id, *, reason: str | None = None) -> Json:
         """Hold an active job's runs until :meth:`resume`; answers the job."""

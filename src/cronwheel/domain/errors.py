@@ -13,7 +13,8 @@
      ├── ConflictError                        409  conflict
      │    ├── IllegalTransitionError               illegal_transition
      │    ├── StaleFencingTokenError               stale_fencing_token
-     │    └── IdempotencyConflictError             idempotency_conflict
+     │    ├── IdempotencyConflictError             idempotency_conflict
+     │    └── InUseError                           in_use
      ├── RateLimitedError                     429  rate_limited
      └── StoreUnavailableError(ConnectionError) 503 store_unavailable
 """
@@ -28,6 +29,7 @@ __all__ = [
     "CronwheelError",
     "IdempotencyConflictError",
     "IllegalTransitionError",
+    "InUseError",
     "InvalidScheduleError",
     "NotFoundError",
     "PayloadTooLargeError",
@@ -118,6 +120,13 @@ class StaleFencingTokenError(ConflictError):
 
 class IdempotencyConflictError(ConflictError):
     code = "idempotency_conflict"
+
+
+class InUseError(ConflictError):
+    """Deleting what is still in use (a job with runs in progress, a tenant with live
+    jobs) without ``force``: the message and details name what is in the way."""
+
+    code = "in_use"
 
 
 class RateLimitedError(CronwheelError):

@@ -117,8 +117,17 @@ class CronSchedule(_Strict):
 class IntervalSchedule(_Strict):
     """Recurring runs every ``interval`` seconds of elapsed time (immune to DST)."""
 
-    interval: Seconds = Field(ge=INTERVAL_MIN, le=INTERVAL_MAX)
-    start: Instant | None = None
+    interval: Seconds = Field(
+        ge=INTERVAL_MIN,
+        le=INTERVAL_MAX,
+        description="seconds of elapsed time between occurrences, counted from `start`",
+    )
+    start: Instant | None = Field(
+        default=None,
+        description="the first occurrence; the next ones every `interval` after it. "
+        "Without it, intervals count from the Unix epoch (1970-01-01T00:00:00Z): an "
+        "interval of 60 falls at each minute's start, UTC",
+    )
     catch_up: Literal["replay", "coalesce", "skip"] = "coalesce"
     catch_up_window: Seconds = Field(default=3600.0, gt=0, le=CATCH_UP_WINDOW_MAX)
     overlap: Literal["allow", "skip", "queue_one", "cancel_previous"] = "allow"

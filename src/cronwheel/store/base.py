@@ -42,11 +42,14 @@ from cronwheel.domain.states import REDRIVE, Move
 from cronwheel.store.scheduler_side import SchedulerSide
 from cronwheel.store.values import (
     REDRIVE_BATCH_MAX,
+    JobDeleted,
     LogChunk,
     LogHead,
     LogWrite,
+    Migrated,
     RedriveBatch,
     RunFilter,
+    TenantDeleted,
 )
 from cronwheel.store.worker_side import WorkerSide
 
@@ -88,8 +91,8 @@ class Store(SchedulerSide, WorkerSide):
     async def close(self) -> None: ...
 
     @abstractmethod
-    async def migrate(self) -> None:
-        """Apply every pending Alembic migration."""
+    async def migrate(self) -> Migrated:
+        """Apply every pending Alembic migration; say from which revision to which."""
 
     @abstractmethod
     async def db_now(self) -> datetime:
@@ -143,6 +146,25 @@ class Store(SchedulerSide, WorkerSide):
     ) -> str:
         """Replace the tenant's webhook secret with a new random one and return it; the
         event ``tenant.webhook_secret_rotated`` records who (never the secret)."""
+
+    @abstractmethod
+    async def tenants_delete(
+        self,
+        tenant_id: uuid.UUID,
+        *,
+        force: bool = False,
+        actor: str | None = None,
+        role: str | None = None,
+        reason: str | None = None,
+        now: datetime | None = None,
+    ) -> TenantDeleted:
+        """Delete the tenant with its API keys, workers, jobs, runs, attempts and run
+        events, in one transaction. Refused (:class:`InUseError`, naming them) while it
+        has a job active or paused or a run in progress (DISPATCHED or RUNNING), unless
+        ``force``. The event ``tenant.deleted`` (``actor``, ``role``, ``reason``, the
+        name and counts) and the tenant's other events not tied to a run remain: the
+        audit trail. Attempts under way are refused as stale from then on (see
+        ``store/sql/deletion.py``). An unknown tenant: :class:`NotFoundError`."""
 
     @abstractmethod
     async def api_keys_create(
@@ -234,6 +256,27 @@ class Store(SchedulerSide, WorkerSide):
         """Cancel a job: it fires no more, and its SCHEDULED and DISPATCHED runs become
         CANCELLED; RUNNING runs get ``cancel_requested``. Cancelling a finished or
         cancelled job raises :class:`IllegalTransitionError`."""
+
+    @abstractmethod
+    async def jobs_delete(
+        self,
+        tenant_id: uuid.UUID,
+        job_id: uuid.UUID,
+        *,
+        force: bool = False,
+        actor: str | None = None,
+        role: str | None = None,
+        reason: str | None = None,
+        now: datetime | None = None,
+    ) -> JobDeleted:
+        """Delete the job with its runs, their attempts and their events, in one
+        transaction, whatever the job's state. Refused (:class:`InUseError`, naming the
+        runs and their states) while a run of it is DISPATCHED or RUNNING, unless
+        ``force``: then those runs end with it, and a worker's later report about one
+        of their attempts is refused as stale. The event ``job.deleted`` (``actor``,
+        ``role``, ``reason``, the job's name and state, what was stopped) and the job's
+        other events not tied to a run remain: the audit trail. Worker logs are the
+        caller's to delete (``JobDeleted.attempted``)."""
 
     @abstractmethod
     async def jobs_pause(
@@ -440,6 +483,13 @@ class Store(SchedulerSide, WorkerSide):
         self, tenant_id: uuid.UUID, *, run_id: uuid.UUID, attempt: int
     ) -> int:
         """Bytes the attempt's log takes (0: none)."""
+
+    @abstractmethod
+    async def log_chunks_delete(
+        self, tenant_id: uuid.UUID, *, run_ids: Sequence[uuid.UUID] | None = None
+    ) -> int:
+        """Delete the chunks of ``run_ids`` (None: every chunk of the tenant), as their
+        job or tenant is deleted; how many went."""
 
     @abstractmethod
     async def log_chunks_maintain(

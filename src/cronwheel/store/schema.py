@@ -30,6 +30,7 @@ __all__ = [
     "UtcDateTime",
     "Uuid",
     "api_keys",
+    "attempt_tombstones",
     "attempts",
     "counters",
     "events",
@@ -333,6 +334,19 @@ attempts = sa.Table(
         postgresql_where=sa.text("state = 'RUNNING'"),
         sqlite_where=sa.text("state = 'RUNNING'"),
     ),
+)
+
+# Attempts deleted with their run (its job or tenant deleted while the run was in
+# progress): a worker's later report about one is refused as stale (409), like any
+# attempt that is no longer its own, not as unknown. Kept ``TOMBSTONE_TTL``, longer
+# than any attempt can live; purged by later deletions.
+attempt_tombstones = sa.Table(
+    "attempt_tombstones",
+    metadata,
+    sa.Column("id", Uuid, primary_key=True),
+    sa.Column("tenant_id", Uuid, nullable=False),
+    sa.Column("deleted_at", UtcDateTime, nullable=False),
+    sa.Index("ix_attempt_tombstones_deleted_at", "deleted_at"),
 )
 
 events = sa.Table(

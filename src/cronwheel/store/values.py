@@ -16,12 +16,15 @@ __all__ = [
     "CompleteItem",
     "FailItem",
     "HeartbeatItem",
+    "JobDeleted",
     "LeaseRenewal",
     "LogChunk",
     "LogHead",
     "LogWrite",
+    "Migrated",
     "RedriveBatch",
     "RunFilter",
+    "TenantDeleted",
 ]
 
 
@@ -114,3 +117,42 @@ class LogChunk:
     start: int
     end: int
     data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class JobDeleted:
+    """What one ``jobs_delete`` removed."""
+
+    id: uuid.UUID
+    name: str
+    at: datetime
+    runs: int  # runs deleted, with their attempts and run events
+    # Runs that were in progress (DISPATCHED or RUNNING) and ended by the deletion
+    # (``force``), with their state then, in id order.
+    stopped: list[tuple[uuid.UUID, str]]
+    # Runs that had attempts: those whose worker logs go too.
+    attempted: list[uuid.UUID]
+
+
+@dataclass(frozen=True, slots=True)
+class TenantDeleted:
+    """What one ``tenants_delete`` removed."""
+
+    id: uuid.UUID
+    name: str
+    at: datetime
+    jobs: int
+    runs: int
+    stopped: list[tuple[uuid.UUID, str]]  # as in :class:`JobDeleted`
+    api_keys: int
+    workers: int
+
+
+@dataclass(frozen=True, slots=True)
+class Migrated:
+    """What one ``migrate`` did: the revision before (None: an empty database) and
+    after, and how many migrations ran (0: it was up to date)."""
+
+    before: str | None
+    after: str | None
+    steps: int

@@ -1,4 +1,5 @@
-"""Probes and metrics. The probes need no key, so load balancers reach them; metrics
+"""The index (``GET /``: what this server is and where to go), probes and metrics. The
+index and the probes need no key, so people and load balancers reach them; metrics
 describe every tenant at once, so they answer only to the metrics token or the admin
 key (see :func:`cronwheel.api.auth.require_metrics_reader`)."""
 
@@ -12,16 +13,45 @@ from fastapi.responses import JSONResponse, Response
 from cronwheel.api.auth import require_metrics_reader
 from cronwheel.api.errors import error_response
 from cronwheel.api.jsonbody import StrictJsonRoute
-from cronwheel.api.schemas import ErrorResponse
+from cronwheel.api.schemas import ErrorResponse, IndexOut
 from cronwheel.api.state import api_state
 from cronwheel.domain.errors import CronwheelError
 from cronwheel.metrics import CONTENT_TYPE_LATEST, render
+from cronwheel.version import package_version
 
 __all__ = ["router"]
 
 log = logging.getLogger("cronwheel.api")
 
 router = APIRouter(tags=["operations"], route_class=StrictJsonRoute)
+
+
+# Where to go from the index: the docs, the schema, the probes and the API's resources.
+_LINKS = {
+    "docs": "/docs",
+    "redoc": "/redoc",
+    "openapi": "/openapi.json",
+    "healthz": "/healthz",
+    "readyz": "/readyz",
+    "metrics": "/metrics",
+    "tenants": "/v1/tenants",
+    "jobs": "/v1/jobs",
+    "runs": "/v1/runs",
+    "dead_letters": "/v1/dead-letters",
+    "alerts": "/v1/alerts",
+}
+
+
+@router.get("/", summary="What this server is, and where to go from here")
+async def index(request: Request) -> IndexOut:
+    """No key needed. The links are paths on this server (behind a proxy, under its
+    root path); everything under `/v1/` needs `Authorization: Bearer <key>`."""
+    root = str(request.scope.get("root_path") or "")
+    return IndexOut(
+        name="cronwheel",
+        version=package_version(),
+        links={name: f"{root}{path}" for name, path in _LINKS.items()},
+    )
 
 
 @router.get("/healthz", summary="Liveness: the process answers (no database access)")

@@ -1,5 +1,5 @@
 """Jobs: create (idempotently), list, read, preview; cancel, pause, resume, trigger,
-backfill."""
+backfill; delete."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ from fastapi import APIRouter, Body, Depends, Header, Query, Request, Response, 
 from pydantic import BaseModel, ConfigDict, Field
 
 from cronwheel.api.auth import TenantScope, tenant_reader, tenant_writer
-from cronwheel.api.inputs import parse_id
+from cronwheel.api.inputs import FORCE_QUERY, REASON_QUERY, parse_id
 from cronwheel.api.jsonbody import StrictJsonRoute
 from cronwheel.api.redaction import redact_webhook, refuse_redacted
+from cronwheel.api.routers.logs import delete_logs
 from cronwheel.api.routers.runs import run_out
 from cronwheel.api.schemas import (
     ERROR_RESPONSES,
@@ -22,11 +23,13 @@ from cronwheel.api.schemas import (
     CancelRequest,
     ErrorResponse,
     JobControlRequest,
+    JobDeletedOut,
     JobList,
     JobOut,
     PreviewItem,
     PreviewOut,
     RunOut,
+    StoppedRun,
     TriggerRequest,
 )
 from cronwheel.api.state import api_state
@@ -239,6 +242,50 @@ async def cancel_job(
         reason=body.reason if body else None,
     )
     return job_out(job)
+
+
+@router.delete(
+    "/{job_id}",
+    summary="Delete a job",
+    responses={
+        409: {
+            "model": ErrorResponse,
+            "description": "A run of the job is in progress (`in_use`; the error names the "
+            "runs): cancel the job and let them finish, or pass force=true",
+        }
+    },
+)
+async def delete_job(
+    job_id: str,
+    request: Request,
+    scope: TenantScope = Depends(tenant_writer),
+    force: bool = FORCE_QUERY,
+    reason: str | None = REASON_QUERY,
+) -> JobDeletedOut:
+    """Deletes the job, in whatever state, with its runs, their attempts, events and
+    worker logs. Refused (409 `in_use`) while a run of it is DISPATCHED or RUNNING,
+    unless `force=true`: those runs end with the job, and a worker still running one
+    gets 409 `stale_fencing_token` for whatever it reports next. Cancelling a job does
+    not delete it: its history stays readable until it is deleted. The deletion itself
+    is recorded (event `job.deleted`: who, when, why, the job's name) and outlives the
+    job, with the job's other events not tied to a run."""
+    state = api_state(request)
+    deleted = await state.store.jobs_delete(
+        scope.tenant_id,
+        parse_id(job_id, "job"),
+        force=force,
+        actor=scope.principal.actor,
+        role=scope.principal.role,
+        reason=reason,
+    )
+    await delete_logs(request, scope.tenant_id, deleted.attempted)
+    return JobDeletedOut(
+        id=deleted.id,
+        name=deleted.name,
+        deleted_at=deleted.at,
+        runs_deleted=deleted.runs,
+        runs_stopped=[StoppedRun(id=i, state=s) for i, s in deleted.stopped],
+    )
 
 
 @router.post(

@@ -10,6 +10,9 @@ SDK never races so, as it sends an attempt's last lines before its outcome.
 
 from __future__ import annotations
 
+import logging
+import uuid
+from collections.abc import Sequence
 from typing import Any, cast
 
 from fastapi import APIRouter, Depends, Query, Request
@@ -22,7 +25,9 @@ from cronwheel.api.state import api_state
 from cronwheel.api.worker_schemas import LogAppendOut, LogAppendRequest, LogLineOut, LogPageOut
 from cronwheel.logstore import LogEntry, LogStore
 
-__all__ = ["log_store", "router"]
+__all__ = ["delete_logs", "log_store", "router"]
+
+log = logging.getLogger("cronwheel.api")
 
 router = APIRouter(responses=ERROR_RESPONSES, route_class=StrictJsonRoute)
 
@@ -36,6 +41,22 @@ _STALE: dict[int | str, dict[str, Any]] = {
 
 def log_store(request: Request) -> LogStore:
     return cast(LogStore, request.app.state.logs)
+
+
+async def delete_logs(
+    request: Request, tenant_id: uuid.UUID, run_ids: Sequence[uuid.UUID] | None
+) -> None:
+    """Delete the worker logs of deleted runs (None: of a deleted tenant). The database
+    deletion has happened: a failure here leaves lines no one can reach, and is logged,
+    not answered."""
+    try:
+        if run_ids is None or run_ids:
+            await log_store(request).delete(tenant_id, run_ids=run_ids)
+    except OSError as exc:
+        log.warning(
+            "logs.delete_failed",
+            extra={"event": "logs.delete_failed", "tenant_id": str(tenant_id), "error": str(exc)},
+        )
 
 
 @router.post(

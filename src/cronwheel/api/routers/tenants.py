@@ -1,5 +1,6 @@
-"""Tenants and their API keys (admin only), and each tenant's webhook secret (the admin,
-or the tenant's own operator key)."""
+"""Tenants and their API keys (admin only), deleting a tenant with everything it owns
+(admin only), and each tenant's webhook secret (the admin, or the tenant's own operator
+key)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ import uuid
 from fastapi import APIRouter, Depends, Query, Request, status
 
 from cronwheel.api.auth import Principal, authenticate, generate_key, require_admin
-from cronwheel.api.inputs import parse_id
+from cronwheel.api.inputs import FORCE_QUERY, REASON_QUERY, parse_id
 from cronwheel.api.jsonbody import StrictJsonRoute
+from cronwheel.api.routers.logs import delete_logs
 from cronwheel.api.schemas import (
     ERROR_RESPONSES,
     ErrorResponse,
@@ -19,6 +21,7 @@ from cronwheel.api.schemas import (
     KeyOut,
     TenantCreate,
     TenantCreated,
+    TenantDeletedOut,
     TenantList,
     TenantOut,
     TenantUpdate,
@@ -106,6 +109,49 @@ async def update_tenant(
         tid, limits=merged.model_dump(mode="json"), actor=principal.actor
     )
     return tenant_out(tenant)
+
+
+@router.delete(
+    "/{tenant_id}",
+    summary="Delete a tenant",
+    responses={
+        409: {
+            "model": ErrorResponse,
+            "description": "The tenant has jobs not over or runs in progress (`in_use`; the "
+            "error names them): cancel them first, or pass force=true",
+        }
+    },
+)
+async def delete_tenant(
+    tenant_id: str,
+    request: Request,
+    principal: Principal = Depends(require_admin),
+    force: bool = FORCE_QUERY,
+    reason: str | None = REASON_QUERY,
+) -> TenantDeletedOut:
+    """Deletes the tenant with its API keys (refused at once on this API node, within
+    a few seconds on the others), workers, jobs, runs, their attempts, events and
+    worker logs. Refused (409 `in_use`) while a job of it is active or paused or a run
+    is DISPATCHED or RUNNING, unless `force=true`. The deletion is recorded (event
+    `tenant.deleted`: who, when, why, what it removed) and outlives the tenant, with
+    the tenant's other events not tied to a run."""
+    state = api_state(request)
+    tid = parse_id(tenant_id, "tenant")
+    deleted = await state.store.tenants_delete(
+        tid, force=force, actor=principal.actor, role=principal.role, reason=reason
+    )
+    state.key_cache.forget_tenant(tid)
+    await delete_logs(request, tid, None)
+    return TenantDeletedOut(
+        id=deleted.id,
+        name=deleted.name,
+        deleted_at=deleted.at,
+        jobs_deleted=deleted.jobs,
+        runs_deleted=deleted.runs,
+        runs_stopped=len(deleted.stopped),
+        api_keys_deleted=deleted.api_keys,
+        workers_deleted=deleted.workers,
+    )
 
 
 @router.post("/{tenant_id}/keys", status_code=status.HTTP_201_CREATED, summary="Create an API key")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from cronwheel.store.sql.attempts import AttemptsMixin
+from cronwheel.store.sql.deletion import DeletionMixin
 from cronwheel.store.sql.events import EventsMixin
 from cronwheel.store.sql.expiry import ExpiryMixin
 from cronwheel.store.sql.firing import FiringMixin
@@ -29,6 +30,7 @@ class SqlStore(
     RoutingMixin,
     EventsMixin,
     LogsMixin,
+    DeletionMixin,
 ):
     """Implements every method of ``Store``, once, over the driver it is given.
 

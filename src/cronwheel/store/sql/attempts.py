@@ -39,7 +39,7 @@ from cronwheel.store.rows import (
     attempt_from,
     event_row,
 )
-from cronwheel.store.schema import NO_RESERVATION, attempts, runs
+from cronwheel.store.schema import NO_RESERVATION, attempt_tombstones, attempts, runs
 from cronwheel.store.sql.retries import Ended, RetriesMixin
 from cronwheel.store.sql.statements import attempts_end, may, update_each
 from cronwheel.store.sql.workers import WorkersMixin
@@ -64,10 +64,12 @@ class AttemptsMixin(WorkersMixin, RetriesMixin):
         refused = [i.attempt_id for i in items if (i.attempt_id, i.fencing_token) not in ok]
         known: set[uuid.UUID] = set()
         if refused:
-            stmt = sa.select(attempts.c.id).where(self.driver.id_in(attempts.c.id, refused))
-            if tenant_id is not None:
-                stmt = stmt.where(attempts.c.tenant_id == tenant_id)
-            known = {r.id for r in await conn.execute(stmt)}
+            # A tombstone is an attempt deleted with its job or tenant: stale, not unknown.
+            for table in (attempts, attempt_tombstones):
+                stmt = sa.select(table.c.id).where(self.driver.id_in(table.c.id, refused))
+                if tenant_id is not None:
+                    stmt = stmt.where(table.c.tenant_id == tenant_id)
+                known |= {r.id for r in await conn.execute(stmt)}
         return [
             ok.get((i.attempt_id, i.fencing_token))
             or AttemptOutcome(
@@ -254,6 +256,12 @@ class AttemptsMixin(WorkersMixin, RetriesMixin):
             if tenant_id is not None:
                 stmt = stmt.where(attempts.c.tenant_id == tenant_id)
             row = (await conn.execute(stmt)).first()
+            if row is None and await self._buried(conn, attempt_id, tenant_id):
+                raise StaleFencingTokenError(
+                    "stale fencing token: this attempt's run was deleted (with its job or "
+                    "tenant); nothing was changed",
+                    field="fencing_token",
+                )
         if row is None:
             raise self._not_found("attempt", attempt_id)
         # A lease that ran out is no longer the worker's, even before the sweep ends it.
@@ -267,6 +275,15 @@ class AttemptsMixin(WorkersMixin, RetriesMixin):
                 field="fencing_token",
             )
         return attempt_from(cast("sa.Row[Any]", row))
+
+    async def _buried(
+        self, conn: AsyncConnection, attempt_id: uuid.UUID, tenant_id: uuid.UUID | None
+    ) -> bool:
+        """Whether the attempt was deleted with its job or tenant (see ``deletion.py``)."""
+        stmt = sa.select(attempt_tombstones.c.id).where(attempt_tombstones.c.id == attempt_id)
+        if tenant_id is not None:
+            stmt = stmt.where(attempt_tombstones.c.tenant_id == tenant_id)
+        return (await conn.execute(stmt)).first() is not None
 
     async def _timed_out(
         self, conn: AsyncConnection, attempt_ids: list[uuid.UUID], at: datetime

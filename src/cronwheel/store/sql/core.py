@@ -22,6 +22,7 @@ from cronwheel.store.base import Store, Subscription
 from cronwheel.store.driver import Driver
 from cronwheel.store.rows import event_row
 from cronwheel.store.schema import UtcDateTime, jobs, runs
+from cronwheel.store.values import Migrated
 
 __all__ = ["MIGRATIONS_DIR", "LocalSubscription", "SqlCore", "jobs_select"]
 
@@ -91,9 +92,11 @@ class SqlCore(Store):
             await self._engine.dispose()
             self._engine = None
 
-    async def migrate(self) -> None:
+    async def migrate(self) -> Migrated:
         from alembic import command
         from alembic.config import Config
+        from alembic.runtime.migration import MigrationContext
+        from alembic.script import ScriptDirectory
 
         opened_here = self._engine is None
         await self.open()
@@ -103,11 +106,22 @@ class SqlCore(Store):
             async with self.driver.begin_write(self.engine) as conn:
                 await self.driver.migration_lock(conn)
 
-                def upgrade(sync_conn: sa.Connection) -> None:
+                def upgrade(sync_conn: sa.Connection) -> Migrated:
+                    def revision() -> str | None:
+                        return MigrationContext.configure(sync_conn).get_current_revision()
+
+                    before = revision()
                     config.attributes["connection"] = sync_conn
                     command.upgrade(config, "head")
+                    after = revision()
+                    script = ScriptDirectory.from_config(config)
+                    steps = 0
+                    if after is not None and after != before:
+                        steps = len(list(script.iterate_revisions(after, before or "base")))
+                    return Migrated(before=before, after=after, steps=steps)
 
-                await conn.run_sync(upgrade)
+                done: Migrated = await conn.run_sync(upgrade)
+                return done
         finally:
             if opened_here:
                 await self.close()

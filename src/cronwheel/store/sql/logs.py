@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import uuid
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import date, datetime, timedelta
 
 import sqlalchemy as sa
@@ -19,6 +19,8 @@ from cronwheel.store.values import LogChunk, LogHead, LogWrite
 __all__ = ["LogsMixin"]
 
 _c = log_chunks.c
+# Runs named in one DELETE (SQLite bounds a statement's parameters).
+_DELETE_BATCH = 1000
 
 
 def _attempt_of(tenant_id: uuid.UUID, run_id: uuid.UUID, attempt: int) -> sa.ColumnElement[bool]:
@@ -136,6 +138,24 @@ class LogsMixin(SqlCore):
                 )
             ).scalar()
         return int(size or 0)
+
+    async def log_chunks_delete(
+        self, tenant_id: uuid.UUID, *, run_ids: Sequence[uuid.UUID] | None = None
+    ) -> int:
+        of_tenant = _c.tenant_id == tenant_id
+        if run_ids is None:
+            batches: list[sa.ColumnElement[bool]] = [of_tenant]
+        else:
+            ids = list(run_ids)
+            batches = [
+                sa.and_(of_tenant, self.driver.id_in(_c.run_id, ids[i : i + _DELETE_BATCH]))
+                for i in range(0, len(ids), _DELETE_BATCH)
+            ]
+        deleted = 0
+        async with self._write() as conn:
+            for where in batches:
+                deleted += (await conn.execute(log_chunks.delete().where(where))).rowcount
+        return deleted
 
     async def log_chunks_maintain(
         self, *, retention_days: int, now: datetime | None = None

@@ -1,0 +1,332 @@
+"""Deleting jobs and tenants, with everything they own.
+
+What goes and what stays::
+
+    jobs_delete      the job, its runs, their attempts and their run events
+    tenants_delete   the tenant, its API keys, workers, jobs, runs, attempts, run events
+    stays            the audit trail: every event not tied to a run (``job.created``,
+                     ``job.cancelled``, ``tenant.created`` …) and the deletion's own
+                     ``job.deleted`` / ``tenant.deleted`` event (who, when, why, what)
+
+The rule an operator expects: what is still going is not deleted by accident. A job
+with a run in progress (DISPATCHED or RUNNING) is refused (:class:`InUseError`, naming
+the runs), and so is a tenant with a job still active or paused or a run in progress,
+unless ``force``: then the runs in progress end with the deletion. A worker still
+running one of them learns it from its next call about the attempt, refused as stale
+(409, ``stale_fencing_token``) because the attempt's id is kept as a *tombstone*
+(``attempt_tombstones``): nothing it reports can bring a row back. Tombstones are
+purged after :data:`TOMBSTONE_TTL`, longer than any attempt may run.
+
+Cancelling a job does not delete it: a cancelled job's history stays readable until
+someone deletes it.
+
+Worker log lines are not in the database: the caller deletes them from its log store
+(``JobDeleted.attempted`` names the runs that have some).
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timedelta
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from cronwheel.domain.bounds import TIMEOUT_MAX
+from cronwheel.domain.errors import InUseError
+from cronwheel.domain.states import AttemptState, JobState, RunState
+from cronwheel.store.notices import CHANNEL_KEYS_REVOKED, key_revoked
+from cronwheel.store.rows import event_row
+from cronwheel.store.schema import (
+    api_keys,
+    attempt_tombstones,
+    attempts,
+    events,
+    jobs,
+    runs,
+    tenants,
+    workers,
+)
+from cronwheel.store.sql.core import SqlCore
+from cronwheel.store.values import JobDeleted, TenantDeleted
+
+__all__ = ["IN_PROGRESS", "TOMBSTONE_TTL", "DeletionMixin"]
+
+# Runs a deletion without ``force`` refuses to end.
+IN_PROGRESS = (RunState.DISPATCHED.value, RunState.RUNNING.value)
+
+# How long a deleted attempt's id is refused as stale: longer than the longest attempt.
+TOMBSTONE_TTL = timedelta(seconds=TIMEOUT_MAX) + timedelta(days=1)
+
+# How many of the runs or jobs in the way an error's message names (its details list up
+# to 100).
+_NAMED = 10
+
+
+def _listing(items: list[tuple[Any, str]], noun: str, what: str) -> str:
+    """``2 runs in progress: <id> (RUNNING), <id> (DISPATCHED)``, naming the first few."""
+    total = len(items)
+    shown = ", ".join(f"{ident} ({state})" for ident, state in items[:_NAMED])
+    more = f" and {total - _NAMED} more" if total > _NAMED else ""
+    return f"{total} {noun}{'s' if total != 1 else ''} {what}: {shown}{more}"
+
+
+def _ids(where: sa.ColumnElement[bool]) -> Any:
+    """The ids of the runs ``where`` selects, as a subquery."""
+    return sa.select(runs.c.id).where(where).scalar_subquery()
+
+
+class DeletionMixin(SqlCore):
+    async def jobs_delete(
+        self,
+        tenant_id: uuid.UUID,
+        job_id: uuid.UUID,
+        *,
+        force: bool = False,
+        actor: str | None = None,
+        role: str | None = None,
+        reason: str | None = None,
+        now: datetime | None = None,
+    ) -> JobDeleted:
+        async with self._write() as conn:
+            at = await self._now(conn, now)
+            await self._lock_live_runs(conn, tenant_id, runs.c.job_id == job_id)
+            job = await self._job_locked(conn, tenant_id, job_id)
+            of_job = sa.and_(runs.c.tenant_id == tenant_id, runs.c.job_id == job_id)
+            stopped = await self._in_progress(conn, of_job)
+            if stopped and not force:
+                raise InUseError(
+                    f"job {job_id} has {_listing(stopped, 'run', 'in progress')}; cancel the "
+                    "job and let them finish, or force the deletion (force=true) to end them "
+                    "now",
+                    field="force",
+                    runs=[{"id": str(i), "state": s} for i, s in stopped[:100]],
+                    count=len(stopped),
+                )
+            await self._bury_attempts(conn, tenant_id, of_job, at)
+            attempted, count = await self._delete_runs(
+                conn, tenant_id, of_job, events.c.run_id.in_(_ids(of_job))
+            )
+            await conn.execute(
+                jobs.delete().where(jobs.c.tenant_id == tenant_id, jobs.c.id == job_id)
+            )
+            await self._insert_events(
+                conn,
+                [
+                    event_row(
+                        at=at,
+                        kind="job.deleted",
+                        tenant_id=tenant_id,
+                        job_id=job_id,
+                        actor=actor,
+                        reason=reason,
+                        data={
+                            "name": job.name,
+                            "state": job.state,
+                            "role": role,
+                            "force": force,
+                            "runs": count,
+                            "stopped": [{"id": str(i), "state": s} for i, s in stopped[:100]],
+                        },
+                    )
+                ],
+            )
+        return JobDeleted(
+            id=job_id, name=job.name, at=at, runs=count, stopped=stopped, attempted=attempted
+        )
+
+    async def tenants_delete(
+        self,
+        tenant_id: uuid.UUID,
+        *,
+        force: bool = False,
+        actor: str | None = None,
+        role: str | None = None,
+        reason: str | None = None,
+        now: datetime | None = None,
+    ) -> TenantDeleted:
+        async with self._write() as conn:
+            at = await self._now(conn, now)
+            await self._lock_live_runs(conn, tenant_id, sa.true())
+            tenant = (
+                await conn.execute(
+                    sa.select(tenants.c.name).where(tenants.c.id == tenant_id).with_for_update()
+                )
+            ).first()
+            if tenant is None:
+                raise self._not_found("tenant", tenant_id)
+            live_jobs = [
+                (r.id, r.state)
+                for r in await conn.execute(
+                    sa.select(jobs.c.id, jobs.c.state)
+                    .where(
+                        jobs.c.tenant_id == tenant_id,
+                        jobs.c.state.in_([JobState.ACTIVE.value, JobState.PAUSED.value]),
+                    )
+                    .order_by(jobs.c.id)
+                )
+            ]
+            of_tenant = runs.c.tenant_id == tenant_id
+            stopped = await self._in_progress(conn, of_tenant)
+            if (live_jobs or stopped) and not force:
+                blocking = []
+                if live_jobs:
+                    blocking.append(_listing(live_jobs, "job", "not over"))
+                if stopped:
+                    blocking.append(_listing(stopped, "run", "in progress"))
+                raise InUseError(
+                    f"tenant {tenant_id} has {'; and '.join(blocking)}; cancel its jobs and "
+                    "let their runs finish, or force the deletion (force=true)",
+                    field="force",
+                    jobs=[{"id": str(i), "state": s} for i, s in live_jobs[:100]],
+                    runs=[{"id": str(i), "state": s} for i, s in stopped[:100]],
+                )
+            await self._bury_attempts(conn, tenant_id, of_tenant, at)
+            _none, run_count = await self._delete_runs(
+                conn, tenant_id, of_tenant, events.c.run_id.is_not(None), attempted=False
+            )
+            counts = {}
+            for name, table in (("jobs", jobs), ("workers", workers)):
+                result = await conn.execute(table.delete().where(table.c.tenant_id == tenant_id))
+                counts[name] = result.rowcount
+            keys = (
+                (
+                    await conn.execute(
+                        api_keys.delete()
+                        .where(api_keys.c.tenant_id == tenant_id)
+                        .returning(api_keys.c.id)
+                    )
+                )
+                .scalars()
+                .all()
+            )
+            counts["api_keys"] = len(keys)
+            # Its keys stop at once on every API node, as a revoked key does.
+            if keys:
+                await self._notify(conn, CHANNEL_KEYS_REVOKED, [key_revoked(k) for k in keys])
+            await conn.execute(tenants.delete().where(tenants.c.id == tenant_id))
+            await self._insert_events(
+                conn,
+                [
+                    event_row(
+                        at=at,
+                        kind="tenant.deleted",
+                        tenant_id=tenant_id,
+                        actor=actor,
+                        reason=reason,
+                        data={
+                            "name": tenant.name,
+                            "role": role,
+                            "force": force,
+                            "runs": run_count,
+                            **counts,
+                        },
+                    )
+                ],
+            )
+        return TenantDeleted(
+            id=tenant_id,
+            name=tenant.name,
+            at=at,
+            jobs=counts["jobs"],
+            runs=run_count,
+            stopped=stopped,
+            api_keys=counts["api_keys"],
+            workers=counts["workers"],
+        )
+
+    async def _job_locked(
+        self, conn: AsyncConnection, tenant_id: uuid.UUID, job_id: uuid.UUID
+    ) -> Any:
+        row = (
+            await conn.execute(
+                sa.select(jobs.c.name, jobs.c.state)
+                .where(jobs.c.tenant_id == tenant_id, jobs.c.id == job_id)
+                .with_for_update()
+            )
+        ).first()
+        if row is None:
+            raise self._not_found("job", job_id)
+        return row
+
+    async def _in_progress(
+        self, conn: AsyncConnection, where: sa.ColumnElement[bool]
+    ) -> list[tuple[uuid.UUID, str]]:
+        rows = await conn.execute(
+            sa.select(runs.c.id, runs.c.state)
+            .where(where, runs.c.state.in_(IN_PROGRESS))
+            .order_by(runs.c.id)
+        )
+        return [(r.id, r.state) for r in rows]
+
+    async def _bury_attempts(
+        self,
+        conn: AsyncConnection,
+        tenant_id: uuid.UUID,
+        where: sa.ColumnElement[bool],
+        at: datetime,
+    ) -> None:
+        """Tombstones for the live attempts and reservations of the selected runs (and
+        out with the tombstones that have served their time)."""
+        selected = _ids(where)
+        live = {
+            r.id
+            for r in await conn.execute(
+                sa.select(attempts.c.id).where(
+                    attempts.c.tenant_id == tenant_id,
+                    attempts.c.run_id.in_(selected),
+                    attempts.c.state == AttemptState.RUNNING.value,
+                )
+            )
+        }
+        live |= {
+            r.reserved_attempt
+            for r in await conn.execute(
+                sa.select(runs.c.reserved_attempt).where(
+                    where,
+                    runs.c.state == RunState.DISPATCHED.value,
+                    runs.c.reserved_attempt.is_not(None),
+                )
+            )
+        }
+        await conn.execute(
+            attempt_tombstones.delete().where(attempt_tombstones.c.deleted_at < at - TOMBSTONE_TTL)
+        )
+        if live:
+            await conn.execute(
+                attempt_tombstones.insert(),
+                [{"id": i, "tenant_id": tenant_id, "deleted_at": at} for i in sorted(live)],
+            )
+
+    async def _delete_runs(
+        self,
+        conn: AsyncConnection,
+        tenant_id: uuid.UUID,
+        where: sa.ColumnElement[bool],
+        run_events: sa.ColumnElement[bool],
+        *,
+        attempted: bool = True,
+    ) -> tuple[list[uuid.UUID], int]:
+        """Delete the selected runs with their attempts and their events (the tenant's
+        events ``run_events`` selects): ``(ids of the runs that had attempts — unless
+        not ``attempted`` —, how many runs)``."""
+        selected = _ids(where)
+        had: list[uuid.UUID] = []
+        if attempted:
+            had = [
+                r.run_id
+                for r in await conn.execute(
+                    sa.select(attempts.c.run_id)
+                    .where(attempts.c.tenant_id == tenant_id, attempts.c.run_id.in_(selected))
+                    .distinct()
+                )
+            ]
+        await conn.execute(events.delete().where(events.c.tenant_id == tenant_id, run_events))
+        await conn.execute(
+            attempts.delete().where(
+                attempts.c.tenant_id == tenant_id, attempts.c.run_id.in_(selected)
+            )
+        )
+        result = await conn.execute(runs.delete().where(where))
+        return sorted(had), result.rowcount
