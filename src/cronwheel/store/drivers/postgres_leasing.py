@@ -50,6 +50,9 @@ picked AS (
     -- fire_at is the run's not-before: a run dispatched ahead of its instant waits in
     -- the ready queue until then, or (within $8 seconds of it) is reserved. A reserved
     -- run is out of the queue until its reservation is used, handed back or lapses.
+    -- What the worker can run ($10: its tasks, NULL for any; $11: its tags, which must
+    -- hold the run's route tags) filters the pool's queue as the index walks it, before
+    -- the LIMIT: runs it cannot take are stepped over, never counted, never locked.
     SELECT id FROM runs
     WHERE EXISTS (SELECT 1 FROM live)
       AND {START.sql()} AND pool = $2
@@ -57,7 +60,9 @@ picked AS (
       AND reserved_token IS NULL
       AND ($3::uuid IS NULL OR tenant_id = $3)
       AND requires <@ $4::jsonb
+      AND route_tags <@ $11::jsonb
       AND (NOT $7::boolean OR task IS NULL)
+      AND ($10::text[] IS NULL OR task IS NULL OR task = ANY($10::text[]))
     ORDER BY priority, fire_at
     LIMIT $5
     FOR UPDATE SKIP LOCKED
@@ -141,6 +146,8 @@ async def lease(
         webhooks_only,
         ahead,
         [new_id() for _ in range(max)] if ahead > 0 else None,
+        None if worker.tasks is None else sorted(set(worker.tasks)),
+        json.dumps(sorted(set(worker.tags))),
     )
     if rows[0]["gone"]:
         raise WorkerGone(worker.id)
