@@ -73,6 +73,15 @@ async def test_a_worker_leases_only_the_tasks_it_declared(store: Store) -> None:
     assert _ids(await store.attempts_lease(worker=both, max=10, now=at(1))) == {hook.id}
 
 
+async def test_a_long_task_list_is_matched_exactly(store: Store) -> None:
+    tenant = await make_tenant(store)
+    wanted = await dispatched_run(store, tenant.id, task="t.0500")
+    await dispatched_run(store, tenant.id, task="t.05")  # a prefix of names, not one
+    await dispatched_run(store, tenant.id, task="T.0500")  # names are case-sensitive
+    worker = await register_worker(store, tenant.id, tasks=[f"t.{i:04d}" for i in range(1000)])
+    assert _ids(await store.attempts_lease(worker=worker, max=10, now=at(1))) == {wanted.id}
+
+
 async def test_an_empty_task_list_takes_no_task_run(store: Store) -> None:
     tenant = await make_tenant(store)
     await dispatched_run(store, tenant.id)
