@@ -55,7 +55,7 @@ const config = {
   // The tasks this worker runs: a subset of the handlers above (all by default).
   tasks: env.CRONWHEEL_TASKS ? env.CRONWHEEL_TASKS.split(",").map((t) => t.trim()) : Object.keys(handlers),
   // Send `tasks` at registration, so the server hands out only runs of those tasks.
-  declareTasks: env.CRONWHEEL_DECLARE_TASKS === "1",
+  declareTasks: env.CRONWHEEL_DECLARE_TASKS !== "0",
   capacity: Number(env.CRONWHEEL_CAPACITY || 4),
   gracePeriod: Number(env.CRONWHEEL_GRACE_PERIOD || 10), // seconds
   name: env.CRONWHEEL_WORKER_NAME || `node-${hostname()}-${process.pid}`,

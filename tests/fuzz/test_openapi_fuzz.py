@@ -90,8 +90,10 @@ _CONFIG: dict[str, Any] = {
 _DELETIONS = frozenset({"/v1/tenants/{tenant_id}", "/v1/jobs/{job_id}"})
 
 
-def _role_of(path: str) -> str:
+def _role_of(path: str, method: str = "GET") -> str:
     """The key a route wants: admin, operator (a tenant's), worker, or none."""
+    if path == "/v1/workers" and method.upper() == "GET":
+        return "operator"  # the list of workers is read by people, not by workers
     if path in _PUBLIC:
         return "public"
     if path.startswith("/v1/tenants"):
@@ -118,7 +120,7 @@ class Aim:
         identity = (case.operation.label, serial) if step else _identity(case)
         self.rng = random.Random(hashlib.sha256(repr(identity).encode()).digest())
         self.seeded = seeded
-        self.role = _role_of(case.operation.path)
+        self.role = _role_of(case.operation.path, case.operation.method)
         # The admin key acts on one tenant's jobs and runs, named in a header; on the
         # tenant routes it reaches every tenant.
         self.scoped = self.role == "operator" and not case.operation.path.startswith("/v1/tenants")

@@ -77,6 +77,7 @@ async def test_unroutable_run_shows_its_reason_alert_and_metric(api, store: Stor
         "tenant_id": t.id,
         "pool": pool,
         "requires": ["cuda"],
+        "route_tags": [],
         "runs": 1,
         "since": got.json()["dispatched_at"],
         "message": f"1 run waiting: {_reason(pool)}",

@@ -191,7 +191,7 @@ async def test_non_retryable_error_fails_at_once(env: Env) -> None:
     assert await env.fire() == 0
 
 
-async def test_unknown_task_and_unserialisable_result_fail_without_retry(env: Env) -> None:
+async def test_unknown_task_is_not_leased_and_unserialisable_result_fails(env: Env) -> None:
     unknown = await env.job("nobody.does.this", retry=FAST_RETRY)
     odd = await env.job("odd", retry=FAST_RETRY)
     await env.fire()
@@ -202,12 +202,34 @@ async def test_unknown_task_and_unserialisable_result_fail_without_retry(env: En
         return object()
 
     await within(worker.run_async(drain=True))
+    # The worker declared its tasks when it registered: it is never handed another one.
     run = await env.run(unknown["first_run_id"])
-    assert run["state"] == "FAILED"
-    assert "no handler for task 'nobody.does.this'" in run["last_error"]
-    assert "odd" in run["last_error"]  # names the tasks this worker has
+    assert (run["state"], run["attempts"]) == ("DISPATCHED", [])
+    register = env.transports[-1].bodies("/v1/workers")
+    assert [body["tasks"] for body in register] == [["odd"]]
     run = await env.run(odd["first_run_id"])
     assert run["state"] == "FAILED" and "not JSON-serialisable" in run["last_error"]
+
+
+async def test_a_handler_removed_after_registering_fails_its_run_without_retry(env: Env) -> None:
+    first = await env.job("first", priority=0)
+    second = await env.job("second", priority=3, retry=FAST_RETRY)
+    await env.fire()
+    worker = env.worker(concurrency=1)
+
+    @worker.task("first")
+    async def drop_second(ctx: TaskContext, payload: dict[str, Any]) -> None:
+        worker.registry.remove("second")
+
+    @worker.task("second")
+    async def never(ctx: TaskContext, payload: dict[str, Any]) -> None:
+        raise AssertionError("removed before its run came")
+
+    await within(worker.run_async(drain=True))
+    assert (await env.run(first["first_run_id"]))["state"] == "SUCCESS"
+    run = await env.run(second["first_run_id"])
+    assert run["state"] == "FAILED" and run["attempt"] == 1
+    assert "no handler for task 'second' on this worker (it has: first)" in run["last_error"]
 
 
 async def test_sync_handlers_run_in_a_thread_pool(env: Env) -> None:

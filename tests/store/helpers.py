@@ -155,9 +155,17 @@ async def register_worker(
     pool: str = "default",
     capabilities: Sequence[str] = (),
     tags: Sequence[str] = (),
+    tasks: Sequence[str] | None = None,
+    now: datetime = T0,
 ) -> Worker:
     return await store.workers_register(
-        tenant_id, pool=pool, capabilities=capabilities, tags=tags, capacity=100, now=T0
+        tenant_id,
+        pool=pool,
+        capabilities=capabilities,
+        tags=tags,
+        capacity=100,
+        tasks=tasks,
+        now=now,
     )
 
 

@@ -314,3 +314,17 @@ async def test_shard_leases_renew_shares_the_shards(store: Store) -> None:
         )
     assert (taken.live, len(taken.held)) == (1, NUM_SHARDS)
     assert all(taken.held[s] == alone.held[s] + 1 for s in taken.held)
+
+
+async def test_lease_takes_only_the_workers_tasks_and_route_tags(store: Store) -> None:
+    tenant = await make_tenant(store)
+    mine = await dispatched_run(store, tenant.id, task="mine", route_tags=["red"])
+    await dispatched_run(store, tenant.id, task="theirs")
+    await dispatched_run(store, tenant.id, task="mine", route_tags=["red", "eu"])
+    worker = await register_worker(store, tenant.id, tasks=["mine"], tags=["red", "blue"])
+    driver = _driver(store)
+    async with _tx(store) as conn:
+        leased = await driver.attempts_lease(
+            conn, worker=worker, max=10, webhooks_only=False, ahead=0, now=at(1)
+        )
+    assert [a.run_id for a in leased] == [mine.id]

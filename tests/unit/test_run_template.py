@@ -20,6 +20,7 @@ SPEC = {
     "pool": "batch",
     "requires": ["gpu"],
     "tags": ["red"],
+    "route_tags": ["eu", "ssd"],
     "priority": 1,
     "timeout": 60,
     "progress_timeout": 30,
@@ -46,7 +47,9 @@ def test_a_template_stored_before_progress_timeouts_reads() -> None:
     assert RunTemplate.from_json(data).progress_timeout is None
 
 
-@pytest.mark.parametrize("key", ["payload", "pool", "priority", "retry", "timeout", "tags"])
+@pytest.mark.parametrize(
+    "key", ["payload", "pool", "priority", "retry", "timeout", "tags", "route_tags"]
+)
 def test_a_field_the_stored_json_lacks_takes_the_specs_default(key: str) -> None:
     data = RunTemplate.of(JobSpec.model_validate(SPEC)).to_json()
     del data[key]

@@ -70,6 +70,7 @@ __all__ = [
     "require_admin",
     "require_metrics_reader",
     "require_worker",
+    "tenant_or_every_reader",
     "tenant_reader",
     "tenant_writer",
 ]
@@ -361,3 +362,22 @@ async def tenant_writer(
     if principal.role not in ("admin", "operator"):
         raise PermissionDeniedError(f"a {principal.role} key may only read")
     return scope
+
+
+async def tenant_or_every_reader(
+    request: Request,
+    principal: Principal = Depends(authenticate),
+    cronwheel_tenant: str | None = Header(
+        default=None,
+        alias=TENANT_HEADER,
+        description="With the admin key: only this tenant's (default: every tenant's). "
+        "Ignored for tenant keys.",
+    ),
+) -> uuid.UUID | None:
+    """The tenant whose resources to read, for reads that may span tenants (alerts,
+    workers); None: every tenant's, for the admin key naming none. Otherwise as
+    :func:`tenant_reader`: an operator or viewer key reads its own tenant's."""
+    if principal.is_admin and not cronwheel_tenant:
+        return None
+    scope = await _scope(request, principal, cronwheel_tenant)
+    return scope.tenant_id

@@ -231,7 +231,12 @@ class JobOut(ResponseModel):
     payload: dict[str, Any]
     pool: str
     requires: list[str]
-    tags: list[str]
+    tags: list[str] = Field(description="labels to find and filter by; they do not route")
+    route_tags: list[str] = Field(
+        default_factory=list,
+        description="execution tags: only a worker whose tags include all of them leases "
+        "the job's runs",
+    )
     priority: int
     retry: dict[str, Any]
     timeout: float
@@ -347,7 +352,11 @@ class RunOut(ResponseModel):
     priority: int
     pool: str
     requires: list[str]
-    tags: list[str]
+    tags: list[str] = Field(description="labels to find and filter by; they do not route")
+    route_tags: list[str] = Field(
+        default_factory=list,
+        description="execution tags: only a worker whose tags include all of them leases the run",
+    )
     task: str | None
     webhook: dict[str, Any] | None = Field(description=WEBHOOK_OUT_DESCRIPTION)
     payload: dict[str, Any]
@@ -362,7 +371,8 @@ class RunOut(ResponseModel):
     wait_reason: str | None = Field(
         default=None,
         description="why a DISPATCHED run is still waiting: no live worker can take it "
-        "(its pool, tenant and required capabilities); null once one can",
+        "(its pool, tenant, required capabilities, task and route tags), e.g. `no live "
+        "worker in pool 'default' handles task 'ops.ping'`; null once one can",
     )
     last_error: str | None
     result: Any = None
@@ -426,6 +436,11 @@ class AlertOut(ResponseModel):
     tenant_id: uuid.UUID
     pool: str
     requires: list[str]
+    route_tags: list[str] = Field(
+        default_factory=list,
+        description="unroutable_runs: the route tags of the runs (a worker's tags must "
+        "include them all)",
+    )
     runs: int = Field(description="how many runs the alert is about")
     since: UtcInstant = Field(
         description="when the longest-waiting of them was dispatched, or the first of "

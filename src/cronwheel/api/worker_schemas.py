@@ -29,6 +29,7 @@ from cronwheel.domain.spec import MAX_RETRY_AFTER
 __all__ = [
     "LOG_LINES_MAX",
     "LOG_MESSAGE_MAX",
+    "TASKS_MAX",
     "AttemptRef",
     "AttemptResultOut",
     "BatchOut",
@@ -53,6 +54,8 @@ __all__ = [
     "StartOut",
     "StartRequest",
     "WorkerDeregistered",
+    "WorkerList",
+    "WorkerOut",
     "WorkerRegister",
     "WorkerRegistered",
 ]
@@ -61,10 +64,18 @@ __all__ = [
 # -- worker protocol -------------------------------------------------------------------
 
 
+TASKS_MAX = 1000  # task names one worker may declare
+
+
 class WorkerRegister(RequestModel):
     pool: Label = "default"
     capabilities: list[Label] = Field(default_factory=list, max_length=100)
-    tags: list[Label] = Field(default_factory=list, max_length=100)
+    tags: list[Label] = Field(
+        default_factory=list,
+        max_length=100,
+        description="execution tags: the worker leases a run only when these include all "
+        "of the run's `route_tags`",
+    )
     capacity: Integer = Field(default=1, ge=1, le=10_000)
     name: Name | None = None
     webhooks_only: Flag = Field(
@@ -72,16 +83,62 @@ class WorkerRegister(RequestModel):
         description="the worker calls webhooks and runs no tasks: it does not count as "
         "able to take the pool's task runs",
     )
+    tasks: list[Name] | None = Field(
+        default=None,
+        max_length=TASKS_MAX,
+        description="the task names the worker runs: it is leased only runs of these "
+        "tasks (webhook runs, which have no task, as its capabilities allow), and a run "
+        "whose task no live worker of its pool runs waits with a reason and an alert. "
+        "null (the default): it takes any task. The Python SDK sends its handlers' names. "
+        "Not with `webhooks_only`, which runs no tasks.",
+    )
 
 
 class WorkerRegistered(ResponseModel):
     worker_id: uuid.UUID
     tenant_id: uuid.UUID | None = Field(description="None: serves every tenant")
+    tasks: list[str] | None = Field(
+        default=None,
+        description="the task names the worker is leased runs of (sorted, without "
+        "repeats); null: any task",
+    )
     heartbeat_interval: float = Field(description="seconds between heartbeats")
     lease_wait_max: float = Field(description="the longest `wait` a lease accepts")
     lease_ahead_max: float = Field(
         default=0.0, description="the most `ahead` a lease accepts (0: no reservations)"
     )
+
+
+class WorkerOut(ResponseModel):
+    id: uuid.UUID
+    name: str | None
+    tenant_id: uuid.UUID | None = Field(description="None: serves every tenant of its pool")
+    pool: str
+    capabilities: list[str]
+    tasks: list[str] | None = Field(description="the tasks it runs; null: any task")
+    tags: list[str] = Field(description="its execution tags")
+    webhooks_only: bool
+    capacity: int = Field(description="its slots: the most attempts it holds at once")
+    slots_in_use: int = Field(
+        description="attempts it holds now (running) plus runs reserved for it (leased "
+        "ahead, not started yet); to a tenant key, of that tenant's runs only (a shared "
+        "worker's other work is not shown)"
+    )
+    running: int = Field(description="attempts it holds now")
+    reserved: int = Field(description="runs reserved for it, not started yet")
+    registered_at: UtcInstant
+    last_seen_at: UtcInstant = Field(description="its last registration or lease call")
+    live: bool = Field(
+        description="counts for routing: not deregistered, and seen within the server's "
+        "`worker_ttl` or holding an unexpired lease"
+    )
+    deregistered: bool
+    deregistered_at: UtcInstant | None
+
+
+class WorkerList(ResponseModel):
+    items: list[WorkerOut]
+    next_cursor: str | None
 
 
 class WorkerDeregistered(ResponseModel):

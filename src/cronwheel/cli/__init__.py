@@ -3,7 +3,7 @@
 Exit codes: 0 success, 1 an error (printed in red on stderr), 2 a usage error.
 
 The root app is here; each group of commands has its module (``jobs``, ``runs``,
-``tenants``, ``schedule``, ``dlq``, ``alerts``; ``server`` for the processes and the
+``tenants``, ``workers``, ``schedule``, ``dlq``, ``alerts``; ``server`` for the processes and the
 database), sharing ``options`` (the connection options and the client they make) and
 ``output`` (consoles, tables, errors and exit codes).
 """
@@ -22,6 +22,7 @@ from cronwheel.cli.runs import runs_app
 from cronwheel.cli.schedule import schedule_app
 from cronwheel.cli.server import api, db_app, demo, scheduler, server, worker
 from cronwheel.cli.tenants import tenants_app
+from cronwheel.cli.workers import workers_app
 from cronwheel.version import package_version
 
 __all__ = ["app", "main"]
@@ -58,6 +59,7 @@ def _root(
 app.add_typer(jobs_app, name="jobs")
 app.add_typer(runs_app, name="runs")
 app.add_typer(tenants_app, name="tenants")
+app.add_typer(workers_app, name="workers")
 app.add_typer(schedule_app, name="schedule")
 app.add_typer(dlq_app, name="dlq")
 app.add_typer(db_app, name="db")

@@ -228,7 +228,16 @@ def jobs_create(
         typer.Option("--priority", min=0, max=3, show_default=False, help="0 (P0, highest) … 3."),
     ] = None,
     tag: Annotated[
-        list[str] | None, typer.Option("--tag", help="A tag (repeatable).", show_default=False)
+        list[str] | None,
+        typer.Option("--tag", help="A tag to find the job by (repeatable).", show_default=False),
+    ] = None,
+    route_tag: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--route-tag",
+            help="An execution tag the worker must carry to lease the runs (repeatable).",
+            show_default=False,
+        ),
     ] = None,
     require: Annotated[
         list[str] | None,
@@ -285,6 +294,7 @@ def jobs_create(
         "pool": pool,
         "priority": priority,
         "tags": tag or None,
+        "route_tags": route_tag or None,
         "requires": require or None,
         "retry": {"max_attempts": max_attempts} if max_attempts is not None else None,
         "progress_timeout": progress_timeout,

@@ -319,7 +319,12 @@ def worker(
     ] = None,
     tag: Annotated[
         list[str] | None,
-        typer.Option("--tag", help="An execution tag (repeatable).", show_default=False),
+        typer.Option(
+            "--tag",
+            help="An execution tag (repeatable): the worker leases runs whose route tags "
+            "are all among its tags.",
+            show_default=False,
+        ),
     ] = None,
     concurrency: Annotated[
         int, typer.Option("--concurrency", min=1, max=10_000, help="Handlers running at once.")
@@ -355,9 +360,10 @@ def worker(
 
     (a module-level `worker = Worker(...)` with `@worker.task` handlers works too: its
     handlers are taken, its connection settings are not — this command's are.)
-    Sync handlers run in a thread pool, async ones on the event loop. SIGTERM / Ctrl-C
-    stop leasing and let running handlers finish for --grace-period seconds; a second
-    signal hands their runs back at once.
+    The worker declares its handlers' task names when it registers and is leased runs
+    of those tasks only. Sync handlers run in a thread pool, async ones on the event
+    loop. SIGTERM / Ctrl-C stop leasing and let running handlers finish for
+    --grace-period seconds; a second signal hands their runs back at once.
 
     --webhook runs the built-in webhook worker: it calls the URL of each webhook run
     (with --import too, the same worker also runs those tasks).

@@ -29,11 +29,18 @@ side by side; ``tests/unit/test_client_parity.py`` fails when they part.
 
 from __future__ import annotations
 
-from cronwheel.client.aio import AsyncAlerts, AsyncClient, AsyncJobs, AsyncRuns, AsyncTenants
+from cronwheel.client.aio import (
+    AsyncAlerts,
+    AsyncClient,
+    AsyncJobs,
+    AsyncRuns,
+    AsyncTenants,
+    AsyncWorkers,
+)
 from cronwheel.client.base import DEFAULT_TIMEOUT, TENANT_HEADER
 from cronwheel.client.calls import Call, Id, Json
 from cronwheel.client.errors import ApiConnectionError, ApiError, error_from_response
-from cronwheel.client.sync import Alerts, Client, Jobs, Runs, Tenants
+from cronwheel.client.sync import Alerts, Client, Jobs, Runs, Tenants, Workers
 
 __all__ = [
     "DEFAULT_TIMEOUT",
@@ -46,6 +53,7 @@ __all__ = [
     "AsyncJobs",
     "AsyncRuns",
     "AsyncTenants",
+    "AsyncWorkers",
     "Call",
     "Client",
     "Id",
@@ -53,5 +61,6 @@ __all__ = [
     "Json",
     "Runs",
     "Tenants",
+    "Workers",
     "error_from_response",
 ]

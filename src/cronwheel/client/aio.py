@@ -20,7 +20,14 @@ from cronwheel.client.base import (
 from cronwheel.client.calls import Call, Calls, Id, Json, query_params
 from cronwheel.domain.model import Page
 
-__all__ = ["AsyncAlerts", "AsyncClient", "AsyncJobs", "AsyncRuns", "AsyncTenants"]
+__all__ = [
+    "AsyncAlerts",
+    "AsyncClient",
+    "AsyncJobs",
+    "AsyncRuns",
+    "AsyncTenants",
+    "AsyncWorkers",
+]
 
 _Items = list[Json]  # inside the resources, ``list`` is their method
 
@@ -49,6 +56,7 @@ class AsyncClient(BaseClient):
         self.jobs = AsyncJobs(self)
         self.runs = AsyncRuns(self)
         self.alerts = AsyncAlerts(self)
+        self.workers = AsyncWorkers(self)
 
     def with_tenant(self, tenant: Id | None) -> AsyncClient:
         other = object.__new__(AsyncClient)
@@ -58,6 +66,7 @@ class AsyncClient(BaseClient):
         other.tenants = AsyncTenants(other)
         other.jobs, other.runs = AsyncJobs(other), AsyncRuns(other)
         other.alerts = AsyncAlerts(other)
+        other.workers = AsyncWorkers(other)
         return other
 
     async def send(self, call: Call, *, read_timeout: float | None = None) -> Any:
@@ -305,3 +314,10 @@ class AsyncRuns(_AsyncResource):
 class AsyncAlerts(_AsyncResource):
     async def list(self) -> _Items:
         return read_items(await self._client.send(Calls.alerts_list()))
+
+
+class AsyncWorkers(_AsyncResource):
+    async def list(
+        self, *, pool: str | None = None, cursor: str | None = None, limit: int | None = None
+    ) -> Page[Json]:
+        return await self._page(Calls.workers_list(pool, cursor, limit))

@@ -231,3 +231,8 @@ class Calls:
     @staticmethod
     def alerts_list() -> Call:
         return Call("GET", "/v1/alerts")
+
+    @staticmethod
+    def workers_list(pool: str | None, cursor: str | None, limit: int | None) -> Call:
+        params = query_params(pool=pool, cursor=cursor, limit=limit)
+        return Call("GET", "/v1/workers", params=params)

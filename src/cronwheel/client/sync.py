@@ -19,7 +19,7 @@ from cronwheel.client.base import (
 from cronwheel.client.calls import Call, Calls, Id, Json, query_params
 from cronwheel.domain.model import Page
 
-__all__ = ["Alerts", "Client", "Jobs", "Runs", "Tenants"]
+__all__ = ["Alerts", "Client", "Jobs", "Runs", "Tenants", "Workers"]
 
 _Items = list[Json]  # inside the resources, ``list`` is their method
 
@@ -49,6 +49,7 @@ class Client(BaseClient):
         self.jobs = Jobs(self)
         self.runs = Runs(self)
         self.alerts = Alerts(self)
+        self.workers = Workers(self)
 
     def with_tenant(self, tenant: Id | None) -> Client:
         """A view of this client acting for ``tenant``, sharing its connections."""
@@ -58,6 +59,7 @@ class Client(BaseClient):
         other._owns_http = False
         other.tenants, other.jobs, other.runs = Tenants(other), Jobs(other), Runs(other)
         other.alerts = Alerts(other)
+        other.workers = Workers(other)
         return other
 
     def send(self, call: Call) -> Any:
@@ -330,3 +332,14 @@ class Alerts(_Resource):
         longest-standing first: the tenant's, or with the admin key every tenant's
         (one tenant's when the client names it)."""
         return read_items(self._client.send(Calls.alerts_list()))
+
+
+class Workers(_Resource):
+    def list(
+        self, *, pool: str | None = None, cursor: str | None = None, limit: int | None = None
+    ) -> Page[Json]:
+        """Workers by id, deregistered ones included: pool, capabilities, tasks (None:
+        any), tags, capacity and ``slots_in_use``, ``last_seen_at``, ``live``. The
+        admin key sees every worker (one tenant's when the client names it); a tenant
+        key its tenant's and the shared ones."""
+        return self._page(Calls.workers_list(pool, cursor, limit))

@@ -32,6 +32,7 @@ __all__ = [
     "Tenant",
     "UnroutableRuns",
     "Worker",
+    "WorkerStatus",
 ]
 
 T = TypeVar("T")
@@ -140,6 +141,8 @@ class Run:
     # When a step of a scheduler pass failed on this run alone and took it out of the
     # pass (a DEAD_LETTER with the error as its reason); None once redriven.
     quarantined_at: datetime | None = None
+    # Only a worker whose tags include every one of these leases the run.
+    route_tags: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,6 +249,19 @@ class Worker:
     name: str | None = None
     deregistered_at: datetime | None = None
     webhooks_only: bool = False  # calls webhooks, runs no task handlers
+    # The task names it runs: it leases runs of these tasks only (and webhook runs, as
+    # its capabilities allow). None: any task (a worker that declared none).
+    tasks: list[str] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerStatus:
+    """A worker as listed: its record and what it holds now."""
+
+    worker: Worker
+    running: int  # attempts it holds (RUNNING), each taking one of its slots
+    reserved: int  # runs reserved for it, leased ahead and not started yet
+    live: bool  # counts for routing: not deregistered, seen lately or holding a lease
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,8 +284,8 @@ class FiredRun:
 
 @dataclass(frozen=True, slots=True)
 class UnroutableRuns:
-    """DISPATCHED runs of one tenant, pool and set of required capabilities that wait
-    because no live worker can take them."""
+    """DISPATCHED runs of one tenant, pool, set of required capabilities and of route
+    tags that wait, for one reason, because no live worker can take them."""
 
     tenant_id: uuid.UUID
     pool: str
@@ -277,6 +293,7 @@ class UnroutableRuns:
     reason: str
     runs: int
     since: datetime  # when the longest-waiting of them was dispatched
+    route_tags: list[str] = field(default_factory=list)  # the tags a worker must carry
 
 
 @dataclass(frozen=True, slots=True)

@@ -232,7 +232,17 @@ class JobSpec(_Strict):
         description="capabilities a worker needs to lease the job's runs; a webhook job "
         f"always requires {WEBHOOK_CAPABILITY!r} (added when missing)",
     )
-    tags: list[Label] = Field(default_factory=list, max_length=50)
+    tags: list[Label] = Field(
+        default_factory=list,
+        max_length=50,
+        description="labels to find and filter the job and its runs by; they do not route",
+    )
+    route_tags: list[Label] = Field(
+        default_factory=list,
+        max_length=50,
+        description="execution tags: only a worker whose tags include every one of them "
+        "leases the job's runs (none by default: any worker of the pool)",
+    )
     priority: Integer = Field(default=2, ge=0, le=3)
     retry: RetryPolicy = Field(default_factory=RetryPolicy)
     timeout: Seconds = Field(default=3600.0, gt=0, le=TIMEOUT_MAX)

@@ -10,7 +10,7 @@ below.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from pydantic import BaseModel
@@ -33,6 +33,8 @@ class RunTemplate:
     timeout: float
     heartbeat_timeout: float
     progress_timeout: float | None = None  # absent from jobs stored before it existed
+    # A worker leases the runs only when its tags include all of these.
+    route_tags: list[str] = field(default_factory=list)  # absent from older jobs too
 
     @classmethod
     def of(cls, spec: JobSpec) -> RunTemplate:

@@ -105,6 +105,7 @@ def new_run_row(
         "pool": template.pool,
         "requires": template.requires,
         "tags": template.tags,
+        "route_tags": template.route_tags,
         "task": template.task,
         "webhook": template.webhook,
         "payload": template.payload,
@@ -197,6 +198,7 @@ def run_from(row: Row[Any]) -> Run:
         wait_reason=m["wait_reason"],
         progress_timeout=m["progress_timeout"],
         quarantined_at=m.get("quarantined_at"),
+        route_tags=list(m.get("route_tags") or []),
     )
 
 
@@ -252,4 +254,5 @@ def worker_from(row: Row[Any]) -> Worker:
         last_seen_at=row.last_seen_at,
         deregistered_at=row.deregistered_at,
         webhooks_only=bool(row.webhooks_only),
+        tasks=None if row.tasks is None else list(row.tasks),
     )

@@ -108,15 +108,19 @@ class SchedulerSide(ABC):
         is new for it, one ``run.waiting`` event; a run some live worker can take loses
         its reason, as does a run no longer DISPATCHED. Live: not deregistered, and seen
         within ``worker_ttl`` seconds or holding an unexpired lease. Can take: the run's
-        pool, its tenant (or every tenant), all the capabilities the run requires.
-        Works by group of (tenant, pool, requires), never run by run."""
+        pool, its tenant (or every tenant), all the capabilities the run requires, its
+        task (a worker that declared no tasks runs any), tags holding all the run's
+        route tags — what leasing asks. The reason names what is missing (``no live
+        worker in pool 'default' handles task 'ops.ping'``, ``… has tags ['red']``).
+        Works by group of (tenant, pool, requires, route tags, task), never run by
+        run."""
 
     @abstractmethod
     async def runs_unroutable(
         self, tenant_id: uuid.UUID | None, *, limit: int = 1000
     ) -> list[UnroutableRuns]:
         """The DISPATCHED runs waiting with a reason, by (tenant, pool, requires,
-        reason), longest waiting first; only ``tenant_id``'s, or every tenant's when
+        route tags, reason), longest waiting first; only ``tenant_id``'s, or every tenant's when
         None."""
 
     @abstractmethod

@@ -192,6 +192,9 @@ runs = sa.Table(
     sa.Column("pool", sa.String(100), nullable=False),
     sa.Column("requires", Json, nullable=False),
     sa.Column("tags", Json, nullable=False),
+    # Labels a worker's tags must all include for it to lease the run (its job's
+    # ``route_tags``); ``tags`` only label and filter.
+    sa.Column("route_tags", Json, nullable=False, server_default="[]"),
     sa.Column("task", sa.String(200)),
     sa.Column("webhook", Json),
     sa.Column("payload", Json, nullable=False),
@@ -388,6 +391,9 @@ workers = sa.Table(
     sa.Column("deregistered_at", UtcDateTime),
     # Calls webhooks only (no task handlers): not a candidate for a pool's task runs.
     sa.Column("webhooks_only", sa.Boolean, nullable=False, server_default=sa.false()),
+    # The task names the worker runs (a JSON list); NULL: any task (a worker that
+    # declared none, as before workers declared them).
+    sa.Column("tasks", Json),
     sa.Index("ix_workers_pool", "pool", "last_seen_at"),
 )
 

@@ -13,8 +13,10 @@ from cronwheel.domain.model import (
     Attempt,
     AttemptOutcome,
     LeasedAttempt,
+    Page,
     ReservationsStarted,
     Worker,
+    WorkerStatus,
 )
 from cronwheel.store.values import (
     CompleteItem,
@@ -39,8 +41,31 @@ class WorkerSide(ABC):
         capacity: int,
         name: str | None = None,
         webhooks_only: bool = False,
+        tasks: Sequence[str] | None = None,
         now: datetime | None = None,
-    ) -> Worker: ...
+    ) -> Worker:
+        """A new worker of ``tenant_id`` (None: serving every tenant of its pool).
+        ``tasks``: the task names it runs — it leases only runs of those tasks (and
+        webhook runs, as its capabilities allow); None: any task. Capabilities, tags and
+        tasks are stored sorted, without repeats."""
+
+    @abstractmethod
+    async def workers_list(
+        self,
+        tenant_id: uuid.UUID | None,
+        *,
+        pool: str | None = None,
+        worker_ttl: float = 30.0,
+        cursor: str | None = None,
+        limit: int = 100,
+        now: datetime | None = None,
+    ) -> Page[WorkerStatus]:
+        """Workers by id, with what they hold now and whether they are live (as the
+        routing check counts it, :meth:`runs_route_check`: not deregistered, and seen
+        within ``worker_ttl`` seconds or holding an unexpired lease). With
+        ``tenant_id``: the workers serving that tenant — its own and the shared ones
+        (no tenant), never another tenant's, and what they hold of that tenant's
+        only; None: every worker. ``pool``: only that pool's."""
 
     @abstractmethod
     async def workers_get(self, worker_id: uuid.UUID) -> Worker: ...
@@ -67,12 +92,15 @@ class WorkerSide(ABC):
         now: datetime | None = None,
     ) -> list[LeasedAttempt]:
         """Lease up to ``max`` DISPATCHED runs the worker can execute (its pool, its
-        tenant if it has one, required capabilities a subset of its own; with
+        tenant if it has one, required capabilities a subset of its own, route tags a
+        subset of its tags, a task among its ``tasks`` unless it declared none; with
         ``webhooks_only``, webhook runs only), highest priority then oldest first, in
-        one statement. Each whose instant (``fire_at``) has come becomes RUNNING with a
-        new attempt and a new, strictly larger fencing token; it loses its
-        ``wait_reason``. Two workers racing never get the same run. The worker counts
-        as seen (see :meth:`runs_route_check`).
+        one statement: runs it cannot take are passed over, so a batch fills with
+        runs it can take however many others stand before them in the queue. Each
+        whose instant (``fire_at``) has come becomes RUNNING with a new attempt and a
+        new, strictly larger fencing token; it loses its ``wait_reason``. Two workers
+        racing never get the same run. The worker counts as seen (see
+        :meth:`runs_route_check`).
 
         With ``ahead`` > 0, runs due within that many seconds are leased too, as
         *reservations* (``not_before`` set): the run stays DISPATCHED, held for this

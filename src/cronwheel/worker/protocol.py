@@ -282,7 +282,10 @@ class WorkerProtocol:
         tags: Sequence[str],
         capacity: int,
         name: str | None = None,
+        tasks: Sequence[str] | None = None,
     ) -> Registration:
+        """Register; with ``tasks``, the server leases this worker runs of those tasks
+        only (and webhook runs, as its capabilities allow)."""
         body: dict[str, Any] = {
             "pool": pool,
             "capabilities": list(capabilities),
@@ -291,6 +294,8 @@ class WorkerProtocol:
         }
         if name is not None:
             body["name"] = name
+        if tasks is not None:
+            body["tasks"] = list(tasks)
         if self.webhooks_only:
             body["webhooks_only"] = True
         data = await self.client.send(Call("POST", "/v1/workers", json=body))

@@ -13,9 +13,11 @@
 
     worker.run()   # until SIGTERM / SIGINT; a second signal skips the grace period
 
-The worker leases as many runs as it has free slots in one long-poll, runs async
-handlers on its event loop and sync ones in a thread pool, sends one heartbeat
-request per interval for everything it holds, and reports outcomes in batches.
+The worker declares its handlers' task names when it registers: the server leases it
+runs of those tasks only (and, with ``tags``, runs whose route tags it carries). It
+leases as many runs as it has free slots in one long-poll, runs async handlers on its
+event loop and sync ones in a thread pool, sends one heartbeat request per interval
+for everything it holds, and reports outcomes in batches.
 """
 
 from __future__ import annotations
@@ -41,7 +43,9 @@ __all__ = ["Worker", "webhook_worker"]
 
 
 class Worker:
-    """A worker of one pool.
+    """A worker of one pool. It is leased runs of the tasks it has handlers for when it
+    starts (register them first), and with ``tags`` also runs whose route tags are all
+    among them.
 
     ``concurrency`` bounds the handlers running at once (and the runs leased at once).
     ``grace_period`` is how long shutdown waits for running handlers before handing

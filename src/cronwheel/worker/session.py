@@ -201,6 +201,9 @@ class WorkerSession:
                     tags=cfg.tags,
                     capacity=cfg.concurrency,
                     name=cfg.name,
+                    # The server leases us runs of our handlers' tasks only (a worker
+                    # calling webhooks only declares none: it takes no task runs).
+                    tasks=None if self.protocol.webhooks_only else self.registry.names(),
                 )
             except ApiError as exc:
                 if exc.status in FATAL_STATUSES or exc.status in (400, 404, 422):

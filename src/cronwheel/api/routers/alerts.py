@@ -1,18 +1,19 @@
 """Alerts: what a dashboard shows as needing attention now.
 
-Today one kind, ``unroutable_runs``: dispatched runs that wait because no live worker
-can take them (their pool, tenant and required capabilities), as the scheduler's
-routing check records them. Tenant keys see their tenant's alerts; the admin key sees
-every tenant's, or one tenant's when it names it with the ``Cronwheel-Tenant`` header.
+``unroutable_runs``: dispatched runs that wait because no live worker can take them
+(their pool, tenant, required capabilities, task and route tags), as the scheduler's
+routing check records them; ``quarantined_runs``: runs a scheduler step failed on.
+Tenant keys see their tenant's alerts; the admin key sees every tenant's, or one
+tenant's when it names it with the ``Cronwheel-Tenant`` header.
 """
 
 from __future__ import annotations
 
 import uuid
 
-from fastapi import APIRouter, Depends, Header, Request
+from fastapi import APIRouter, Depends, Request
 
-from cronwheel.api.auth import TENANT_HEADER, Principal, authenticate, tenant_reader
+from cronwheel.api.auth import tenant_or_every_reader
 from cronwheel.api.jsonbody import StrictJsonRoute
 from cronwheel.api.schemas import ERROR_RESPONSES, AlertList, AlertOut
 from cronwheel.api.state import api_state
@@ -32,35 +33,20 @@ def alert_out(group: UnroutableRuns) -> AlertOut:
         tenant_id=group.tenant_id,
         pool=group.pool,
         requires=group.requires,
+        route_tags=group.route_tags,
         runs=group.runs,
         since=group.since,
         message=f"{group.runs} {noun} waiting: {group.reason}",
     )
 
 
-async def _alert_scope(
-    request: Request,
-    principal: Principal = Depends(authenticate),
-    cronwheel_tenant: str | None = Header(
-        default=None,
-        alias=TENANT_HEADER,
-        description="With the admin key: only this tenant's alerts (default: every "
-        "tenant's). Ignored for tenant keys.",
-    ),
-) -> uuid.UUID | None:
-    """The tenant whose alerts to show; None: every tenant's (the admin key alone)."""
-    if principal.is_admin and not cronwheel_tenant:
-        return None
-    scope = await tenant_reader(request, principal, cronwheel_tenant)
-    return scope.tenant_id
-
-
 @router.get("", summary="List active alerts")
 async def list_alerts(
-    request: Request, tenant_id: uuid.UUID | None = Depends(_alert_scope)
+    request: Request, tenant_id: uuid.UUID | None = Depends(tenant_or_every_reader)
 ) -> AlertList:
     """Active alerts, longest-standing first. ``unroutable_runs``: runs of one tenant,
-    pool and set of required capabilities that no live worker can take; each such run
+    pool, set of required capabilities and of route tags that no live worker can take,
+    for one reason (e.g. no live worker of the pool handles their task); each such run
     also shows the reason as its ``wait_reason``. ``quarantined_runs``: runs of one job
     that a step of a scheduler pass failed on alone, taken out of it as dead letters (the
     error is each run's ``reason``); the alert clears when they are redriven or the job

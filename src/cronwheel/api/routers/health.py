@@ -39,6 +39,7 @@ _LINKS = {
     "runs": "/v1/runs",
     "dead_letters": "/v1/dead-letters",
     "alerts": "/v1/alerts",
+    "workers": "/v1/workers",
 }
 
 

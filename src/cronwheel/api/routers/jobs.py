@@ -85,6 +85,7 @@ def job_out(job: Job, *, first_run_id: Any = None) -> JobOut:
         pool=t.pool,
         requires=t.requires,
         tags=t.tags,
+        route_tags=t.route_tags,
         priority=t.priority,
         retry=t.retry,
         timeout=t.timeout,

@@ -71,6 +71,7 @@ def run_fields(run: Run) -> dict[str, object]:
         "pool": run.pool,
         "requires": run.requires,
         "tags": run.tags,
+        "route_tags": run.route_tags,
         "task": run.task,
         "webhook": redact_webhook(run.webhook),
         "payload": run.payload,

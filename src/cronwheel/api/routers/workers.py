@@ -1,5 +1,5 @@
 """The worker protocol: register, lease (long-poll), heartbeat, complete, fail, release,
-deregister.
+deregister; and the list of workers operators read.
 
 Every call about an attempt carries its fencing token; a stale one (the lease was lost
 and the run handed to someone else) answers 409 ``stale_fencing_token`` and changes
@@ -17,9 +17,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Depends, Query, Request, Response
 
-from cronwheel.api.auth import Principal, require_worker
+from cronwheel.api.auth import Principal, require_worker, tenant_or_every_reader
 from cronwheel.api.inputs import parse_id
 from cronwheel.api.jsonbody import StrictJsonRoute
 from cronwheel.api.schemas import ERROR_RESPONSES, ErrorResponse
@@ -42,16 +42,19 @@ from cronwheel.api.worker_schemas import (
     StartOut,
     StartRequest,
     WorkerDeregistered,
+    WorkerList,
+    WorkerOut,
     WorkerRegister,
     WorkerRegistered,
 )
+from cronwheel.domain.bounds import LABEL_MAX
 from cronwheel.domain.errors import (
     NotFoundError,
     StaleFencingTokenError,
     ValidationError,
     WorkerDeregisteredError,
 )
-from cronwheel.domain.model import AttemptOutcome, LeasedAttempt, Worker
+from cronwheel.domain.model import AttemptOutcome, LeasedAttempt, Worker, WorkerStatus
 from cronwheel.domain.new_job import check_json_size
 from cronwheel.metrics import observe_start_lateness
 from cronwheel.store.values import CompleteItem, FailItem, HeartbeatItem
@@ -83,7 +86,11 @@ async def register_worker(
     body: WorkerRegister, request: Request, principal: Principal = Depends(require_worker)
 ) -> WorkerRegistered:
     """A worker key with a tenant registers a worker of that tenant; a key without one
-    (or the admin key) registers a worker that serves every tenant of its pool."""
+    (or the admin key) registers a worker that serves every tenant of its pool. A worker
+    that names its ``tasks`` is leased runs of those tasks only; one that names none,
+    any."""
+    if body.webhooks_only and body.tasks:
+        raise ValidationError("tasks: a worker with webhooks_only runs no tasks", field="tasks")
     state = api_state(request)
     worker = await state.store.workers_register(
         principal.tenant_id,
@@ -93,14 +100,59 @@ async def register_worker(
         capacity=body.capacity,
         name=body.name,
         webhooks_only=body.webhooks_only,
+        tasks=body.tasks,
     )
     state.workers.put(worker.id, worker)
     return WorkerRegistered(
         worker_id=worker.id,
         tenant_id=worker.tenant_id,
+        tasks=worker.tasks,
         heartbeat_interval=state.settings.heartbeat_interval,
         lease_wait_max=state.settings.lease_wait_max,
         lease_ahead_max=state.settings.lease_ahead_max,
+    )
+
+
+@router.get("/v1/workers", summary="List workers", tags=["workers"])
+async def list_workers(
+    request: Request,
+    tenant_id: uuid.UUID | None = Depends(tenant_or_every_reader),
+    pool: str | None = Query(default=None, min_length=1, max_length=LABEL_MAX),
+    cursor: str | None = Query(default=None, max_length=500),
+    limit: int = Query(default=100, ge=1, le=500),
+) -> WorkerList:
+    """The workers by id, deregistered ones included (marked so): what each runs
+    (pool, capabilities, tasks, tags), its slots and how many it uses, when it was last
+    seen and whether it counts as live for routing. The admin key lists every worker
+    (one tenant's with ``Cronwheel-Tenant``); an operator or viewer key the workers
+    serving its tenant — its own and the shared ones, never another tenant's."""
+    state = api_state(request)
+    page = await state.store.workers_list(
+        tenant_id, pool=pool, worker_ttl=state.settings.worker_ttl, cursor=cursor, limit=limit
+    )
+    return WorkerList(items=[_worker_out(w) for w in page.items], next_cursor=page.next_cursor)
+
+
+def _worker_out(status: WorkerStatus) -> WorkerOut:
+    w = status.worker
+    return WorkerOut(
+        id=w.id,
+        name=w.name,
+        tenant_id=w.tenant_id,
+        pool=w.pool,
+        capabilities=w.capabilities,
+        tasks=w.tasks,
+        tags=w.tags,
+        webhooks_only=w.webhooks_only,
+        capacity=w.capacity,
+        slots_in_use=status.running + status.reserved,
+        running=status.running,
+        reserved=status.reserved,
+        registered_at=w.registered_at,
+        last_seen_at=w.last_seen_at,
+        live=status.live,
+        deregistered=w.deregistered_at is not None,
+        deregistered_at=w.deregistered_at,
     )
 
 

@@ -169,12 +169,13 @@ WITH v AS (
 ),
 ins AS (
     INSERT INTO runs (id, tenant_id, job_id, job_name, origin, shard, state, due_at, due_local,
-                      fire_at, priority, pool, requires, tags, task, webhook, payload, attempt,
-                      max_attempts, retry, timeout, heartbeat_timeout, progress_timeout, reason,
-                      created_at, dispatched_at, finished_at)
+                      fire_at, priority, pool, requires, tags, route_tags, task, webhook,
+                      payload, attempt, max_attempts, retry, timeout, heartbeat_timeout,
+                      progress_timeout, reason, created_at, dispatched_at, finished_at)
     SELECT v.id, r.tenant_id, r.job_id, r.job_name, v.origin, r.shard, v.state, v.due_at,
            v.due_local, v.due_at, (j.template->>'priority')::smallint, j.template->>'pool',
-           j.template->'requires', j.template->'tags', j.template->>'task',
+           j.template->'requires', j.template->'tags',
+           COALESCE(j.template->'route_tags', '[]'::jsonb), j.template->>'task',
            NULLIF(j.template->'webhook', 'null'::jsonb), j.template->'payload', 0,
            (j.template->'retry'->>'max_attempts')::int, j.template->'retry',
            (j.template->>'timeout')::float8, (j.template->>'heartbeat_timeout')::float8,

@@ -50,6 +50,14 @@ picked AS (
     -- fire_at is the run's not-before: a run dispatched ahead of its instant waits in
     -- the ready queue until then, or (within $8 seconds of it) is reserved. A reserved
     -- run is out of the queue until its reservation is used, handed back or lapses.
+    -- What the worker can run ($10: its tasks as the keys of a JSON object, NULL for
+    -- any; $11: its tags, which must hold the run's route tags) filters the pool's
+    -- queue as the index walks it, before the LIMIT: runs it cannot take are stepped
+    -- over, never counted, never locked. The task is looked up as a key (a binary
+    -- search, however many tasks), and not with = ANY: statistics saying the worker's
+    -- tasks are rare in the pool would have the planner read and sort the whole queue
+    -- even when the worker's runs lead it, where walking the index in order stops at
+    -- the batch.
     SELECT id FROM runs
     WHERE EXISTS (SELECT 1 FROM live)
       AND {START.sql()} AND pool = $2
@@ -57,7 +65,9 @@ picked AS (
       AND reserved_token IS NULL
       AND ($3::uuid IS NULL OR tenant_id = $3)
       AND requires <@ $4::jsonb
+      AND route_tags <@ $11::jsonb
       AND (NOT $7::boolean OR task IS NULL)
+      AND ($10::jsonb IS NULL OR task IS NULL OR $10::jsonb -> task IS NOT NULL)
     ORDER BY priority, fire_at
     LIMIT $5
     FOR UPDATE SKIP LOCKED
@@ -120,6 +130,11 @@ _EVENT_COLUMNS = (
 )
 
 
+def _tasks_param(worker: Worker) -> str | None:
+    """The worker's tasks as the keys of a JSON object (None: it runs any task)."""
+    return None if worker.tasks is None else json.dumps(dict.fromkeys(worker.tasks, 1))
+
+
 async def lease(
     conn: Raw,
     *,
@@ -141,6 +156,8 @@ async def lease(
         webhooks_only,
         ahead,
         [new_id() for _ in range(max)] if ahead > 0 else None,
+        _tasks_param(worker),
+        json.dumps(sorted(set(worker.tags))),
     )
     if rows[0]["gone"]:
         raise WorkerGone(worker.id)

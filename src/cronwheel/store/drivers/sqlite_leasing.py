@@ -83,6 +83,7 @@ class CoreLeasing(Driver):
                 runs.c.fire_at <= at + timedelta(seconds=ahead),
                 runs.c.reserved_token.is_(None),  # reserved: not in the queue
                 self.json_subset(runs.c.requires, worker.capabilities),
+                self.json_subset(runs.c.route_tags, worker.tags),
             )
             .order_by(runs.c.priority, runs.c.fire_at)
             .limit(max)
@@ -92,6 +93,8 @@ class CoreLeasing(Driver):
             pick = pick.where(runs.c.tenant_id == worker.tenant_id)
         if webhooks_only:  # a run has a task or a webhook, never both
             pick = pick.where(runs.c.task.is_(None))
+        if worker.tasks is not None:  # a webhook run has no task: its capability decides
+            pick = pick.where(sa.or_(runs.c.task.is_(None), runs.c.task.in_(worker.tasks)))
         picked = (await conn.execute(pick)).all()
         due = [r for r in picked if r.fire_at <= at]
         later = [r for r in picked if r.fire_at > at]

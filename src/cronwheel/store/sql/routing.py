@@ -17,32 +17,40 @@ A worker is *live* when it has not deregistered and either was seen within
 ``worker_ttl`` seconds (every lease call, long-polls included, records it) or holds an
 attempt whose lease has not expired (a busy worker heartbeats instead of leasing). It
 *can take* a run when it serves the run's pool and tenant (a tenant's worker serves
-only that tenant) and its capabilities include all the run requires. Whether any live
+only that tenant), its capabilities include all the run requires, it runs the run's
+task (a worker that declared no tasks runs any; a webhook run has none) and its tags
+include all the run's route tags — the conditions leasing applies. Whether any live
 worker is free is not the question: a busy capable worker will take the run later.
 
+The reason names what no live worker of the pool has: ``no live worker in pool
+'default' handles task 'ops.ping'``, ``… has tags ['red']``, or several joined by
+"and" when only their combination is missing.
+
 The check works on groups, never on single runs: one query groups the DISPATCHED runs
-of the caller's shards by (tenant, pool, requires), one reads the live workers of
-those pools, and one UPDATE per group whose reason changes. Runs locked by someone
-else (being leased, cancelled) are skipped, never waited for: the next check sees them.
+of the caller's shards by (tenant, pool, requires, route tags, task), one reads the
+live workers of those pools, and one UPDATE per group whose reason changes. Runs locked
+by someone else (being leased, cancelled) are skipped, never waited for: the next check
+sees them.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from cronwheel.domain.model import RouteCheck, UnroutableRuns
 from cronwheel.domain.spec import WEBHOOK_CAPABILITY
-from cronwheel.domain.states import AttemptState, RunState
+from cronwheel.domain.states import RunState
 from cronwheel.store.rows import event_row
-from cronwheel.store.schema import attempts, runs, workers
+from cronwheel.store.schema import runs, workers
 from cronwheel.store.sql.quarantine import Poison, QuarantineMixin
+from cronwheel.store.sql.statements import workers_live
 
 __all__ = ["RoutingMixin", "wait_reason"]
 
@@ -64,6 +72,8 @@ class _LiveWorker:
     pool: str
     capabilities: frozenset[str]
     webhooks_only: bool = False
+    tags: frozenset[str] = frozenset()
+    tasks: frozenset[str] | None = None  # None: any task
 
 
 def _unlocked(*where: sa.ColumnElement[bool]) -> sa.ColumnElement[bool]:
@@ -75,23 +85,56 @@ def _unlocked(*where: sa.ColumnElement[bool]) -> sa.ColumnElement[bool]:
 
 
 def wait_reason(
-    *, tenant_id: uuid.UUID, pool: str, requires: Sequence[str], live: Sequence[_LiveWorker]
+    *,
+    tenant_id: uuid.UUID,
+    pool: str,
+    requires: Sequence[str],
+    live: Sequence[_LiveWorker],
+    task: str | None = None,
+    route_tags: Sequence[str] = (),
 ) -> str | None:
-    """Why runs of ``tenant_id`` in ``pool`` requiring ``requires`` wait, or None when a
-    live worker can take them. Only workers serving the tenant are considered, so the
-    reason tells nothing about other tenants' workers."""
-    need = set(requires)
+    """Why runs of ``tenant_id`` in ``pool`` requiring ``requires``, of ``task`` and
+    routed by ``route_tags``, wait, or None when a live worker can take them. Only
+    workers serving the tenant are considered, so the reason tells nothing about other
+    tenants' workers."""
+    need, tags = set(requires), set(route_tags)
     # Webhook runs require the webhook capability; any other run has a task, which a
     # worker that only calls webhooks cannot run.
     task_runs = WEBHOOK_CAPABILITY not in need
-    for w in live:
-        if w.webhooks_only and task_runs:
-            continue
-        if w.pool == pool and w.tenant_id in (None, tenant_id) and need <= w.capabilities:
-            return None
-    if not need:
-        return f"no live worker in pool {pool!r}"
-    return f"no live worker in pool {pool!r} has capabilities {sorted(need)!r}"
+    candidates = [
+        w
+        for w in live
+        if w.pool == pool
+        and w.tenant_id in (None, tenant_id)
+        and not (w.webhooks_only and task_runs)
+    ]
+    if not candidates:
+        if not need:
+            return f"no live worker in pool {pool!r}"
+        return f"no live worker in pool {pool!r} has capabilities {sorted(need)!r}"
+    # What a worker must have, in the order leasing's conditions are listed.
+    steps: list[tuple[str, Callable[[_LiveWorker], bool]]] = []
+    if need:
+        steps.append((f"has capabilities {sorted(need)!r}", lambda w: need <= w.capabilities))
+    if task is not None:
+        steps.append((f"handles task {task!r}", lambda w: w.tasks is None or task in w.tasks))
+    if tags:
+        steps.append((f"has tags {sorted(tags)!r}", lambda w: tags <= w.tags))
+    # The first requirement no candidate meets at all, alone...
+    for words, can in steps:
+        if not any(can(w) for w in candidates):
+            return f"no live worker in pool {pool!r} {words}"
+    # ...else each is met by some, and it is their combination that none meets: named
+    # are those that ruled candidates out.
+    narrowed: list[str] = []
+    for words, can in steps:
+        left = [w for w in candidates if can(w)]
+        if len(left) < len(candidates):
+            narrowed.append(words)
+        candidates = left
+    if candidates:
+        return None
+    return f"no live worker in pool {pool!r} " + " and ".join(narrowed)
 
 
 class RoutingMixin(QuarantineMixin):
@@ -120,15 +163,14 @@ class RoutingMixin(QuarantineMixin):
             events: list[dict[str, Any]] = []
             for g in groups:
                 reason = wait_reason(
-                    tenant_id=g.tenant_id, pool=g.pool, requires=g.requires, live=live
+                    tenant_id=g.tenant_id,
+                    pool=g.pool,
+                    requires=g.requires,
+                    task=g.task,
+                    route_tags=g.route_tags,
+                    live=live,
                 )
-                where = sa.and_(
-                    *_QUEUED,
-                    in_shards,
-                    runs.c.tenant_id == g.tenant_id,
-                    runs.c.pool == g.pool,
-                    self.driver.json_equals(runs.c.requires, g.requires),
-                )
+                where = sa.and_(*_QUEUED, in_shards, self._group_of(g))
                 if reason is None:
                     if g.flagged:
                         cleared += await self._clear(conn, where)
@@ -146,7 +188,12 @@ class RoutingMixin(QuarantineMixin):
                             run_id=r.id,
                             actor="scheduler",
                             reason=reason,
-                            data={"pool": g.pool, "requires": list(g.requires)},
+                            data={
+                                "pool": g.pool,
+                                "requires": list(g.requires),
+                                "task": g.task,
+                                "route_tags": list(g.route_tags),
+                            },
                         )
                         for r in started
                     ]
@@ -157,17 +204,11 @@ class RoutingMixin(QuarantineMixin):
         self, tenant_id: uuid.UUID | None, *, limit: int = 1000
     ) -> list[UnroutableRuns]:
         since = sa.func.min(runs.c.dispatched_at).label("since")
+        key = (runs.c.tenant_id, runs.c.pool, runs.c.requires, runs.c.route_tags)
         stmt = (
-            sa.select(
-                runs.c.tenant_id,
-                runs.c.pool,
-                runs.c.requires,
-                runs.c.wait_reason,
-                sa.func.count().label("n"),
-                since,
-            )
+            sa.select(*key, runs.c.wait_reason, sa.func.count().label("n"), since)
             .where(runs.c.wait_reason.is_not(None), runs.c.state == _DISPATCHED)
-            .group_by(runs.c.tenant_id, runs.c.pool, runs.c.requires, runs.c.wait_reason)
+            .group_by(*key, runs.c.wait_reason)
             .order_by(since, runs.c.pool)
             .limit(limit)
         )
@@ -183,11 +224,22 @@ class RoutingMixin(QuarantineMixin):
                 reason=r.wait_reason,
                 runs=int(r.n),
                 since=r.since,
+                route_tags=list(r.route_tags),
             )
             for r in rows
         ]
 
     # -- steps ---------------------------------------------------------------------
+
+    def _group_of(self, g: _Key | _Group) -> sa.ColumnElement[bool]:
+        """The runs of one group (their tenant, pool, requires, route tags and task)."""
+        return sa.and_(
+            runs.c.tenant_id == g.tenant_id,
+            runs.c.pool == g.pool,
+            self.driver.json_equals(runs.c.requires, g.requires),
+            self.driver.json_equals(runs.c.route_tags, g.route_tags),
+            runs.c.task.is_(None) if g.task is None else runs.c.task == g.task,
+        )
 
     async def _clear(self, conn: AsyncConnection, where: sa.ColumnElement[bool]) -> int:
         done = await conn.execute(
@@ -227,57 +279,49 @@ class RoutingMixin(QuarantineMixin):
         self,
         conn: AsyncConnection,
         in_shards: sa.ColumnElement[bool],
-        poison: list[tuple[uuid.UUID, str, Any]],
+        poison: list[_Key],
         at: datetime,
     ) -> None:
-        """Runs whose stored ``requires`` is not a list of capabilities: nothing can
-        route them (nor lease them), so they leave the queue as quarantined."""
+        """Runs whose stored ``requires`` or ``route_tags`` is not a list of labels:
+        nothing can route them (nor lease them), so they leave the queue as
+        quarantined."""
         found: dict[uuid.UUID, Poison] = {}
-        for tenant_id, pool, requires in poison:
+        for g in poison:
             rows = await conn.execute(
-                sa.select(runs.c.id).where(
-                    *_QUEUED,
-                    in_shards,
-                    runs.c.tenant_id == tenant_id,
-                    runs.c.pool == pool,
-                    self.driver.json_equals(runs.c.requires, requires),
-                )
+                sa.select(runs.c.id).where(*_QUEUED, in_shards, self._group_of(g))
             )
-            error = f"ValueError: requires is not a list of capabilities: {requires!r}"[:500]
-            found.update({r.id: Poison("route", error) for r in rows})
+            if not _labels(g.requires):
+                error = f"ValueError: requires is not a list of capabilities: {g.requires!r}"
+            else:
+                error = f"ValueError: route_tags is not a list of tags: {g.route_tags!r}"
+            found.update({r.id: Poison("route", error[:500]) for r in rows})
         await self._quarantine(conn, found, at=at, actor="scheduler")
 
     async def _waiting_groups(
         self, conn: AsyncConnection, in_shards: sa.ColumnElement[bool], cutoff: datetime
-    ) -> tuple[list[_Group], list[tuple[uuid.UUID, str, Any]]]:
-        """The DISPATCHED runs of the shards by (tenant, pool, requires): how many have
-        waited since ``cutoff`` or longer, and how many carry each reason. Groups with
-        neither are left out. Second: the (tenant, pool, requires) of runs whose
-        ``requires`` is no list of strings (a row no API wrote)."""
+    ) -> tuple[list[_Group], list[_Key]]:
+        """The DISPATCHED runs of the shards by (tenant, pool, requires, route tags,
+        task): how many have waited since ``cutoff`` or longer, and how many carry each
+        reason. Groups with neither are left out. Second: the groups whose ``requires``
+        or ``route_tags`` is no list of strings (a row no API wrote)."""
         old = sa.func.sum(sa.case((_waited_since(cutoff), 1), else_=0))
+        key = (runs.c.tenant_id, runs.c.pool, runs.c.requires, runs.c.route_tags, runs.c.task)
         rows = (
             await conn.execute(
-                sa.select(
-                    runs.c.tenant_id,
-                    runs.c.pool,
-                    runs.c.requires,
-                    runs.c.wait_reason,
-                    old.label("old"),
-                    sa.func.count().label("n"),
-                )
+                sa.select(*key, runs.c.wait_reason, old.label("old"), sa.func.count().label("n"))
                 .where(*_QUEUED, in_shards)
-                .group_by(runs.c.tenant_id, runs.c.pool, runs.c.requires, runs.c.wait_reason)
+                .group_by(*key, runs.c.wait_reason)
                 .having(sa.or_(old > 0, runs.c.wait_reason.is_not(None)))
             )
         ).all()
-        groups: dict[tuple[uuid.UUID, str, tuple[str, ...]], _Group] = {}
-        poison: list[tuple[uuid.UUID, str, Any]] = []
+        groups: dict[_Key, _Group] = {}
+        poison: list[_Key] = []
         for r in rows:
-            if not isinstance(r.requires, list) or not all(isinstance(c, str) for c in r.requires):
-                poison.append((r.tenant_id, r.pool, r.requires))
+            if not (_labels(r.requires) and _labels(r.route_tags)):
+                poison.append(_Key(r.tenant_id, r.pool, r.requires, r.route_tags, r.task))
                 continue
-            key = (r.tenant_id, r.pool, tuple(r.requires))
-            group = groups.setdefault(key, _Group(r.tenant_id, r.pool, key[2]))
+            k = _Key(r.tenant_id, r.pool, tuple(r.requires), tuple(r.route_tags), r.task)
+            group = groups.setdefault(k, _Group(*k))
             group.old += int(r.old or 0)
             if r.wait_reason is not None:
                 group.reasons[r.wait_reason] = group.reasons.get(r.wait_reason, 0) + int(r.n)
@@ -286,41 +330,49 @@ class RoutingMixin(QuarantineMixin):
     async def _live_workers(
         self, conn: AsyncConnection, pools: set[str], at: datetime, ttl: float
     ) -> list[_LiveWorker]:
-        holding = (
-            sa.select(attempts.c.id)
-            .where(
-                attempts.c.worker_id == workers.c.id,
-                attempts.c.state == AttemptState.RUNNING.value,
-                attempts.c.lease_expires_at > at,
-            )
-            .exists()
-        )
         rows = await conn.execute(
             sa.select(
                 workers.c.tenant_id,
                 workers.c.pool,
                 workers.c.capabilities,
                 workers.c.webhooks_only,
-            ).where(
-                workers.c.pool.in_(sorted(pools)),
-                workers.c.deregistered_at.is_(None),
-                sa.or_(workers.c.last_seen_at >= at - timedelta(seconds=ttl), holding),
-            )
+                workers.c.tags,
+                workers.c.tasks,
+            ).where(workers.c.pool.in_(sorted(pools)), workers_live(at, ttl))
         )
-        # A worker whose stored capabilities are no list of strings can take nothing
-        # that requires any: it counts with none, rather than failing the check.
+        # A worker whose stored capabilities or tags are no list of strings can take
+        # nothing that needs any: it counts with none, rather than failing the check;
+        # stored tasks that are no list leave it running none.
         return [
             _LiveWorker(
                 r.tenant_id,
                 r.pool,
-                frozenset(r.capabilities)
-                if isinstance(r.capabilities, list)
-                and all(isinstance(c, str) for c in r.capabilities)
-                else frozenset(),
+                frozenset(r.capabilities) if _labels(r.capabilities) else frozenset(),
                 bool(r.webhooks_only),
+                frozenset(r.tags) if _labels(r.tags) else frozenset(),
+                None
+                if r.tasks is None
+                else frozenset(r.tasks)
+                if _labels(r.tasks)
+                else frozenset(),
             )
             for r in rows
         ]
+
+
+def _labels(value: Any) -> bool:
+    """``value`` (stored JSON) is a list of strings."""
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+class _Key(NamedTuple):
+    """What the runs of one group share: everything that decides who can take them."""
+
+    tenant_id: uuid.UUID
+    pool: str
+    requires: Any  # a tuple of capabilities (anything, in a poison group)
+    route_tags: Any  # a tuple of tags (anything, in a poison group)
+    task: str | None
 
 
 @dataclass(slots=True)
@@ -328,6 +380,8 @@ class _Group:
     tenant_id: uuid.UUID
     pool: str
     requires: tuple[str, ...]
+    route_tags: tuple[str, ...]
+    task: str | None
     old: int = 0  # runs that have waited min_wait or longer
     reasons: dict[str, int] = field(default_factory=dict)  # runs carrying each reason
 

@@ -13,7 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from cronwheel.domain.states import AttemptState, JobState, Move
 from cronwheel.store.driver import Driver, lease_fence
-from cronwheel.store.schema import attempts, jobs, runs, shard_leases
+from cronwheel.store.schema import attempts, jobs, runs, shard_leases, workers
 from cronwheel.store.values import CompleteItem, FailItem, HeartbeatItem
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "shard_held",
     "shard_leases_take",
     "update_each",
+    "workers_live",
 ]
 
 ONE_OFF_KINDS = ("at", "delay", "asap")
@@ -36,6 +37,25 @@ def may(move: Move, state: sa.ColumnElement[Any] = runs.c.state) -> sa.ColumnEle
     """The precondition of ``move``: ``state`` is one the move may leave."""
     values = move.source_values
     return state == values[0] if len(values) == 1 else state.in_(values)
+
+
+def workers_live(at: datetime, ttl: float) -> sa.ColumnElement[bool]:
+    """The workers that count as live at ``at``: not deregistered, and seen (registered,
+    or a lease call) within ``ttl`` seconds or holding an attempt whose lease has not
+    expired (a busy worker heartbeats instead of leasing)."""
+    holding = (
+        sa.select(attempts.c.id)
+        .where(
+            attempts.c.worker_id == workers.c.id,
+            attempts.c.state == AttemptState.RUNNING.value,
+            attempts.c.lease_expires_at > at,
+        )
+        .exists()
+    )
+    return sa.and_(
+        workers.c.deregistered_at.is_(None),
+        sa.or_(workers.c.last_seen_at >= at - timedelta(seconds=ttl), holding),
+    )
 
 
 async def update_each(conn: AsyncConnection, table: sa.Table, rows: list[dict[str, Any]]) -> None:

@@ -1,22 +1,24 @@
-"""Workers: registration, reading one, deregistration, and why one cannot lease."""
+"""Workers: registration, reading and listing them, deregistration, and why one cannot
+lease."""
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
 from datetime import datetime
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from cronwheel.domain.errors import NotFoundError, ValidationError, WorkerDeregisteredError
-from cronwheel.domain.model import (
-    Worker,
-)
+from cronwheel.domain.model import Page, Worker, WorkerStatus
+from cronwheel.domain.states import AttemptState, RunState
 from cronwheel.ids import new_id
-from cronwheel.store.rows import worker_from
-from cronwheel.store.schema import workers
+from cronwheel.store.rows import uuid_cursor, worker_from
+from cronwheel.store.schema import attempts, runs, workers
 from cronwheel.store.sql.core import SqlCore
+from cronwheel.store.sql.statements import workers_live
 
 __all__ = ["WorkersMixin"]
 
@@ -32,6 +34,7 @@ class WorkersMixin(SqlCore):
         capacity: int,
         name: str | None = None,
         webhooks_only: bool = False,
+        tasks: Sequence[str] | None = None,
         now: datetime | None = None,
     ) -> Worker:
         if capacity < 1:
@@ -50,6 +53,7 @@ class WorkersMixin(SqlCore):
                         tags=sorted(set(tags)),
                         capacity=capacity,
                         webhooks_only=webhooks_only,
+                        tasks=None if tasks is None else sorted(set(tasks)),
                         registered_at=at,
                         last_seen_at=at,
                     )
@@ -64,6 +68,64 @@ class WorkersMixin(SqlCore):
         if row is None:
             raise self._not_found("worker", worker_id)
         return worker_from(row)
+
+    async def workers_list(
+        self,
+        tenant_id: uuid.UUID | None,
+        *,
+        pool: str | None = None,
+        worker_ttl: float = 30.0,
+        cursor: str | None = None,
+        limit: int = 100,
+        now: datetime | None = None,
+    ) -> Page[WorkerStatus]:
+        after = uuid_cursor(cursor)
+        holding = [
+            attempts.c.worker_id == workers.c.id,
+            attempts.c.state == AttemptState.RUNNING.value,
+        ]
+        # Through the reservation index (few rows: the reservations held now).
+        reserving = [
+            runs.c.reserved_token.is_not(None),
+            runs.c.reserved_by == workers.c.id,
+            runs.c.state == RunState.DISPATCHED.value,
+        ]
+        if tenant_id is not None:  # a shared worker's other tenants' runs are not told
+            holding.append(attempts.c.tenant_id == tenant_id)
+            reserving.append(runs.c.tenant_id == tenant_id)
+        running = sa.select(sa.func.count()).where(*holding).scalar_subquery()
+        reserved = sa.select(sa.func.count()).where(*reserving).scalar_subquery()
+        async with self._read() as conn:
+            at = await self._now(conn, now)
+            stmt = (
+                sa.select(
+                    *workers.c,
+                    running.label("running"),
+                    reserved.label("reserved"),
+                    workers_live(at, worker_ttl).label("live"),
+                )
+                .order_by(workers.c.id)
+                .limit(limit + 1)
+            )
+            if tenant_id is not None:  # its own workers and the shared ones
+                stmt = stmt.where(
+                    sa.or_(workers.c.tenant_id == tenant_id, workers.c.tenant_id.is_(None))
+                )
+            if pool is not None:
+                stmt = stmt.where(workers.c.pool == pool)
+            if after is not None:
+                stmt = stmt.where(workers.c.id > after)
+            rows: list[Any] = list((await conn.execute(stmt)).all())
+        items = [
+            WorkerStatus(
+                worker=worker_from(r),
+                running=int(r.running),
+                reserved=int(r.reserved),
+                live=bool(r.live),
+            )
+            for r in rows[:limit]
+        ]
+        return Page(items, str(items[-1].worker.id) if len(rows) > limit else None)
 
     async def _worker_gone(
         self, conn: AsyncConnection, worker_id: uuid.UUID

@@ -18,7 +18,7 @@ from alembic import op
 from cronwheel.store.schema import Uuid
 
 revision = "0012"
-down_revision = "0010"
+down_revision = "0011"
 branch_labels = None
 depends_on = None
 
