@@ -231,16 +231,20 @@ class Cluster:
         module: str,
         concurrency: int = 1,
         capabilities: Sequence[str] = (),
+        tags: Sequence[str] = (),
         grace_period: float | None = None,
         env: Mapping[str, str] | None = None,
     ) -> None:
-        """Start one ``cronwheel worker`` as ``name`` (also its name on the server)."""
+        """Start one ``cronwheel worker`` as ``name`` (also its name on the server); it
+        declares the tasks of ``module``'s handlers, as every SDK worker does."""
         args = ["--url", self.url, "--api-key", api_key, "--pool", pool, "--import", module]
         args += ["--concurrency", str(concurrency), "--name", name]
         if grace_period is not None:
             args += ["--grace-period", str(grace_period)]
         for capability in capabilities:
             args += ["--capability", capability]
+        for tag in tags:
+            args += ["--tag", tag]
         self.start(name, "worker", *args, env=env)
 
     def pid(self, name: str) -> int:
