@@ -12,6 +12,7 @@ import typer
 from cronwheel.cli.options import (
     DEFAULT_URL,
     ApiKeyOpt,
+    CursorOpt,
     JsonOpt,
     ReasonOpt,
     TenantOpt,
@@ -39,7 +40,7 @@ dlq_app = command_group("Dead letters: list, show, redrive.")
 def dlq_list(
     job_id: Annotated[str | None, typer.Option("--job-id", show_default=False)] = None,
     limit: Annotated[int, typer.Option("--limit", min=1, max=500)] = 50,
-    cursor: Annotated[str | None, typer.Option("--cursor", show_default=False)] = None,
+    cursor: CursorOpt = None,
     url: UrlOpt = DEFAULT_URL,
     api_key: ApiKeyOpt = None,
     tenant: TenantOpt = None,

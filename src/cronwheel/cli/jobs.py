@@ -12,6 +12,7 @@ import typer
 from cronwheel.cli.options import (
     DEFAULT_URL,
     ApiKeyOpt,
+    CursorOpt,
     JsonOpt,
     ReasonOpt,
     TenantOpt,
@@ -324,10 +325,7 @@ def jobs_list(
     tag: Annotated[str | None, typer.Option("--tag", show_default=False)] = None,
     name_prefix: Annotated[str | None, typer.Option("--name-prefix", show_default=False)] = None,
     limit: Annotated[int, typer.Option("--limit", min=1, max=500)] = 50,
-    cursor: Annotated[
-        str | None,
-        typer.Option("--cursor", help="next_cursor of a previous page.", show_default=False),
-    ] = None,
+    cursor: CursorOpt = None,
     url: UrlOpt = DEFAULT_URL,
     api_key: ApiKeyOpt = None,
     tenant: TenantOpt = None,
@@ -385,9 +383,7 @@ def jobs_show(
 @jobs_app.command("cancel")
 def jobs_cancel(
     job_id: Annotated[str, typer.Argument(help="The job id.")],
-    reason: Annotated[
-        str | None, typer.Option("--reason", help="Recorded in the history.", show_default=False)
-    ] = None,
+    reason: ReasonOpt = None,
     url: UrlOpt = DEFAULT_URL,
     api_key: ApiKeyOpt = None,
     tenant: TenantOpt = None,
@@ -411,10 +407,7 @@ def jobs_delete(
             "--force", help="Also end its runs in progress (otherwise the deletion is refused)."
         ),
     ] = False,
-    reason: Annotated[
-        str | None,
-        typer.Option("--reason", help="Recorded in the audit trail.", show_default=False),
-    ] = None,
+    reason: ReasonOpt = None,
     url: UrlOpt = DEFAULT_URL,
     api_key: ApiKeyOpt = None,
     tenant: TenantOpt = None,

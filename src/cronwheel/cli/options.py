@@ -16,6 +16,7 @@ from cronwheel.client import Client
 __all__ = [
     "DEFAULT_URL",
     "ApiKeyOpt",
+    "CursorOpt",
     "JsonOpt",
     "ReasonOpt",
     "TenantOpt",
@@ -50,7 +51,12 @@ TenantOpt = Annotated[
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
 ReasonOpt = Annotated[
-    str | None, typer.Option("--reason", help="Recorded in the history.", show_default=False)
+    str | None,
+    typer.Option("--reason", help="Recorded in the history (the audit trail).", show_default=False),
+]
+CursorOpt = Annotated[
+    str | None,
+    typer.Option("--cursor", help="next_cursor of a previous page.", show_default=False),
 ]
 
 

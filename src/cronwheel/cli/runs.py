@@ -13,6 +13,7 @@ from rich.text import Text
 from cronwheel.cli.options import (
     DEFAULT_URL,
     ApiKeyOpt,
+    CursorOpt,
     JsonOpt,
     ReasonOpt,
     TenantOpt,
@@ -61,7 +62,7 @@ def runs_list(
         ),
     ] = None,
     limit: Annotated[int, typer.Option("--limit", min=1, max=500)] = 50,
-    cursor: Annotated[str | None, typer.Option("--cursor", show_default=False)] = None,
+    cursor: CursorOpt = None,
     url: UrlOpt = DEFAULT_URL,
     api_key: ApiKeyOpt = None,
     tenant: TenantOpt = None,
@@ -155,7 +156,7 @@ def runs_show(
 @runs_app.command("cancel")
 def runs_cancel(
     run_id: Annotated[str, typer.Argument(help="The run id.")],
-    reason: Annotated[str | None, typer.Option("--reason", show_default=False)] = None,
+    reason: ReasonOpt = None,
     url: UrlOpt = DEFAULT_URL,
     api_key: ApiKeyOpt = None,
     tenant: TenantOpt = None,

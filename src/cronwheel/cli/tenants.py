@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from cronwheel.cli.options import DEFAULT_URL, ApiKeyOpt, JsonOpt, UrlOpt, client_for
+from cronwheel.cli.options import DEFAULT_URL, ApiKeyOpt, JsonOpt, ReasonOpt, UrlOpt, client_for
 from cronwheel.cli.output import (
     command_group,
     console,
@@ -127,10 +127,7 @@ def tenants_keys_list(
 def tenants_keys_revoke(
     tenant: Annotated[str, typer.Argument(help="The tenant's id or name.")],
     key_id: Annotated[str, typer.Argument(help="The key's id (see 'tenants keys list').")],
-    reason: Annotated[
-        str | None,
-        typer.Option("--reason", help="Recorded in the audit trail.", show_default=False),
-    ] = None,
+    reason: ReasonOpt = None,
     url: UrlOpt = DEFAULT_URL,
     api_key: ApiKeyOpt = None,
     as_json: JsonOpt = False,
@@ -174,10 +171,7 @@ def tenants_delete(
             "is refused).",
         ),
     ] = False,
-    reason: Annotated[
-        str | None,
-        typer.Option("--reason", help="Recorded in the audit trail.", show_default=False),
-    ] = None,
+    reason: ReasonOpt = None,
     url: UrlOpt = DEFAULT_URL,
     api_key: ApiKeyOpt = None,
     as_json: JsonOpt = False,

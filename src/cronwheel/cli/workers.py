@@ -7,7 +7,15 @@ from typing import Annotated, Any
 
 import typer
 
-from cronwheel.cli.options import DEFAULT_URL, ApiKeyOpt, JsonOpt, TenantOpt, UrlOpt, client_for
+from cronwheel.cli.options import (
+    DEFAULT_URL,
+    ApiKeyOpt,
+    CursorOpt,
+    JsonOpt,
+    TenantOpt,
+    UrlOpt,
+    client_for,
+)
 from cronwheel.cli.output import (
     command_group,
     console,
@@ -38,10 +46,7 @@ def workers_list(
         str | None, typer.Option("--pool", help="Only this pool's workers.", show_default=False)
     ] = None,
     limit: Annotated[int, typer.Option("--limit", min=1, max=500)] = 100,
-    cursor: Annotated[
-        str | None,
-        typer.Option("--cursor", help="next_cursor of a previous page.", show_default=False),
-    ] = None,
+    cursor: CursorOpt = None,
     url: UrlOpt = DEFAULT_URL,
     api_key: ApiKeyOpt = None,
     tenant: TenantOpt = None,
