@@ -110,7 +110,8 @@ def decode_cursor(cursor: str | None) -> tuple[int, int]:
     if cursor is None or cursor == "":
         return 0, 0
     head, sep, tail = cursor.partition(":")
-    if not (sep and head.isdigit() and tail.isdigit() and len(head) <= 9 and len(tail) <= 18):
+    digits = head.isascii() and tail.isascii() and head.isdigit() and tail.isdigit()
+    if not (sep and digits and len(head) <= 9 and len(tail) <= 18):
         raise ValidationError(
             f"cursor: {cursor[:40]!r} is not a cursor of this log", field="cursor"
         )

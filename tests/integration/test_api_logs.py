@@ -279,6 +279,7 @@ async def test_bad_input_is_422_and_writes_nothing(api: Any, log_store: LogStore
 
     for params, field in [
         ({"cursor": "garbage"}, "cursor"),
+        ({"cursor": "1:\u00b2"}, "cursor"),  # a digit to str.isdigit, not to int()
         ({"attempt": 0}, "attempt"),
         ({"limit": 0}, "limit"),
         ({"limit": 1001}, "limit"),

@@ -218,3 +218,19 @@ async def test_force_deletes_a_busy_tenant_and_its_workers_reports_are_stale(
     assert (await store.jobs_get(neighbour.id, kept.id)).id == kept.id
     with pytest.raises(NotFoundError):
         await store.tenants_delete(tenant.id, force=True, now=at(3))
+
+
+async def test_nothing_is_added_for_a_deleted_tenant(store: Store) -> None:
+    """A key an API node still holds in its cache past its tenant's deletion finds the
+    tenant gone: not found, never a row left without its tenant (or a database error)."""
+    tenant = await make_tenant(store)
+    await store.tenants_delete(tenant.id, now=at(1))
+    with pytest.raises(NotFoundError):
+        await register_worker(store, tenant.id)
+    with pytest.raises(NotFoundError):
+        await create_job(store, tenant.id, due_at=at(60))
+    with pytest.raises(NotFoundError):
+        await store.api_keys_create(
+            tenant.id, role="worker", key_hash="e" * 64, prefix="cw_eeee", now=at(2)
+        )
+    assert (await store.workers_list(None)).items == []

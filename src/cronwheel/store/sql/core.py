@@ -21,7 +21,7 @@ from cronwheel.domain.states import ACTIVE_STATES, CANCEL, RunState
 from cronwheel.store.base import Store, Subscription
 from cronwheel.store.driver import Driver
 from cronwheel.store.rows import event_row
-from cronwheel.store.schema import UtcDateTime, jobs, runs
+from cronwheel.store.schema import UtcDateTime, jobs, runs, tenants
 from cronwheel.store.values import Migrated
 
 __all__ = ["MIGRATIONS_DIR", "LocalSubscription", "SqlCore", "jobs_select"]
@@ -283,6 +283,15 @@ class SqlCore(Store):
     @staticmethod
     def _not_found(kind: str, ident: Any) -> NotFoundError:
         return NotFoundError(f"{kind} {ident} not found", **{f"{kind}_id": str(ident)})
+
+    async def _require_tenant(self, conn: AsyncConnection, tenant_id: uuid.UUID) -> None:
+        """Not found unless the tenant exists; on PostgreSQL its row stays until this
+        transaction ends (a deletion waits), so what is added for it is never orphaned."""
+        found = await conn.execute(
+            sa.select(tenants.c.id).where(tenants.c.id == tenant_id).with_for_update(key_share=True)
+        )
+        if found.first() is None:
+            raise self._not_found("tenant", tenant_id)
 
 
 def jobs_select() -> sa.Select[Any]:

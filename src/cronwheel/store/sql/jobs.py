@@ -59,7 +59,7 @@ from cronwheel.store.rows import (
     run_from,
     uuid_cursor,
 )
-from cronwheel.store.schema import PARKED_FIRE_AT, jobs, runs, tenants
+from cronwheel.store.schema import PARKED_FIRE_AT, jobs, runs
 from cronwheel.store.sql.core import SqlCore, jobs_select
 
 __all__ = ["JobsMixin", "stored_schedule"]
@@ -113,11 +113,7 @@ class JobsMixin(SqlCore):
         now: datetime | None,
     ) -> list[tuple[Job, Run | None, bool]]:
         at = await self._now(conn, now)
-        exists = (
-            await conn.execute(sa.select(tenants.c.id).where(tenants.c.id == tenant_id))
-        ).first()
-        if exists is None:
-            raise self._not_found("tenant", tenant_id)
+        await self._require_tenant(conn, tenant_id)
         hashes = [_request_hash(nj.spec) for nj in new_jobs]
         keys = [nj.idempotency_key for nj in new_jobs if nj.idempotency_key]
         replay: dict[str, tuple[Job, Run | None]] = {}

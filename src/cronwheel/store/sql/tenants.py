@@ -180,11 +180,7 @@ class TenantsMixin(SqlCore):
         async with self._write() as conn:
             at = await self._now(conn, now)
             if tenant_id is not None:
-                exists = (
-                    await conn.execute(sa.select(tenants.c.id).where(tenants.c.id == tenant_id))
-                ).first()
-                if exists is None:
-                    raise self._not_found("tenant", tenant_id)
+                await self._require_tenant(conn, tenant_id)
             row = (
                 await conn.execute(
                     api_keys.insert()

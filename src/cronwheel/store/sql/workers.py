@@ -41,6 +41,8 @@ class WorkersMixin(SqlCore):
             raise ValidationError("capacity must be at least 1", field="capacity")
         async with self._write() as conn:
             at = await self._now(conn, now)
+            if tenant_id is not None:  # a key cached past its tenant's deletion
+                await self._require_tenant(conn, tenant_id)
             row = (
                 await conn.execute(
                     workers.insert()
