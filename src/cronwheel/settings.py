@@ -113,6 +113,10 @@ class Settings(BaseSettings):
     # up to this many seconds early, as reservations they start at the instant; 0 turns
     # reservations off.
     lease_ahead_max: float = Field(default=5.0, ge=0, le=60)
+    # The share of each worker's slots that only P0 runs may take, so that a flood of
+    # lower classes never occupies every slot (a pool's own setting overrides it:
+    # ``PUT /v1/pools/{name}``). A worker keeps floor(share × capacity) slots for P0.
+    p0_reserved_share: float = Field(default=0.1, ge=0, le=1)
 
     # API keys: how long an API process trusts a key it looked up before asking the
     # database again (heartbeats must not cost a round trip each). A revoked key is

@@ -300,13 +300,41 @@ class JobSpec(_Strict):
 
 
 class TenantLimits(_Strict):
-    """Per-tenant execution limits (enforced by admission control)."""
+    """Per-tenant limits, enforced by admission control on every node (the database is
+    the authority; docs/admission.md). ``None``: no limit."""
 
-    max_concurrent_runs: Integer | None = Field(default=None, ge=1, le=1_000_000)
-    max_dispatch_rate: Seconds | None = Field(
-        default=None, gt=0, le=1_000_000, description="runs per second"
+    max_concurrent_runs: Integer | None = Field(
+        default=None, ge=1, le=1_000_000, description="runs leased or running at once"
     )
-    weight: Seconds = Field(default=1.0, gt=0, le=1000)
+    max_dispatch_rate: Seconds | None = Field(
+        default=None, gt=0, le=1_000_000, description="runs handed to workers per second"
+    )
+    dispatch_burst: Integer | None = Field(
+        default=None,
+        ge=1,
+        le=1_000_000,
+        description="runs that may be handed out at once above the rate "
+        "(default: one second's worth of max_dispatch_rate, at least 1)",
+    )
+    max_pending_runs: Integer | None = Field(
+        default=None,
+        ge=1,
+        le=100_000_000,
+        description="runs scheduled or waiting for a worker; creating more is refused (429)",
+    )
+    api_rate: Seconds | None = Field(
+        default=None, gt=0, le=1_000_000, description="API requests per second per key"
+    )
+    api_burst: Integer | None = Field(
+        default=None,
+        ge=1,
+        le=1_000_000,
+        description="API requests a key may make at once above api_rate "
+        "(default: twice api_rate, at least 1)",
+    )
+    weight: Seconds = Field(
+        default=1.0, gt=0, le=1000, description="share of a contended pool, against other tenants"
+    )
 
 
 def utc_iso(value: datetime) -> str:

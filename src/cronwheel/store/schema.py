@@ -34,9 +34,13 @@ __all__ = [
     "attempts",
     "counters",
     "events",
+    "fair_clocks",
+    "fair_shares",
     "jobs",
     "log_chunks",
     "metadata",
+    "pools",
+    "rate_buckets",
     "runs",
     "scheduler_nodes",
     "shard_leases",
@@ -248,12 +252,14 @@ runs = sa.Table(
         postgresql_where=sa.text("state = 'SCHEDULED'"),
         sqlite_where=sa.text("state = 'SCHEDULED'"),
     ),
-    # What workers lease: ready runs by pool, highest priority first, oldest first.
+    # What workers lease: ready runs by pool, then tenant (leasing takes each competing
+    # tenant's head by index, docs/admission.md), highest priority first, oldest first.
     # (A reserved run is held for one worker: not in the queue until its reservation
     # is used, handed back or lapses.)
     sa.Index(
         "ix_runs_ready",
         "pool",
+        "tenant_id",
         "priority",
         "fire_at",
         postgresql_where=sa.text(READY),
@@ -271,6 +277,13 @@ runs = sa.Table(
     sa.Index(
         "ix_runs_reserved",
         "reserved_token",
+        postgresql_where=sa.text(RESERVED),
+        sqlite_where=sa.text(RESERVED),
+    ),
+    # Reservations by tenant: what counting a tenant's leased runs reads.
+    sa.Index(
+        "ix_runs_reserved_tenant",
+        "tenant_id",
         postgresql_where=sa.text(RESERVED),
         sqlite_where=sa.text(RESERVED),
     ),
@@ -395,6 +408,52 @@ workers = sa.Table(
     # declared none, as before workers declared them).
     sa.Column("tasks", Json),
     sa.Index("ix_workers_pool", "pool", "last_seen_at"),
+)
+
+# What an admin sets per pool; a pool without a row takes the deployment's defaults.
+pools = sa.Table(
+    "pools",
+    metadata,
+    sa.Column("name", sa.String(100), primary_key=True),
+    # The share of each worker's slots that only P0 runs may take (NULL: the default).
+    sa.Column("p0_reserved_share", sa.Float),
+    sa.Column("updated_at", UtcDateTime, nullable=False),
+    sa.CheckConstraint(
+        "p0_reserved_share IS NULL OR (p0_reserved_share >= 0 AND p0_reserved_share <= 1)",
+        name="p0_reserved_share",
+    ),
+)
+
+# Weighted fair share by stride scheduling (docs/admission.md): each tenant's pass in a
+# (pool, priority class), advanced by 1/weight per run it is given; the lowest pass is
+# served next.
+fair_shares = sa.Table(
+    "fair_shares",
+    metadata,
+    sa.Column("pool", sa.String(100), primary_key=True),
+    sa.Column("priority", sa.SmallInteger, primary_key=True, autoincrement=False),
+    sa.Column("tenant_id", Uuid, primary_key=True),
+    sa.Column("pass", sa.Float, nullable=False),
+)
+
+# The virtual time of a (pool, class): the pass of the last run given out. A tenant
+# coming back from idle starts here, so it cannot claim the time it was away.
+fair_clocks = sa.Table(
+    "fair_clocks",
+    metadata,
+    sa.Column("pool", sa.String(100), primary_key=True),
+    sa.Column("priority", sa.SmallInteger, primary_key=True, autoincrement=False),
+    sa.Column("vtime", sa.Float, nullable=False),
+)
+
+# Token buckets every node draws on (``dispatch:<tenant id>``, ``api:<key id>``): up
+# to its burst in ``tokens`` as of ``stamp``, refilled at its rate when next read.
+rate_buckets = sa.Table(
+    "rate_buckets",
+    metadata,
+    sa.Column("name", sa.String(200), primary_key=True),
+    sa.Column("tokens", sa.Float, nullable=False),
+    sa.Column("stamp", UtcDateTime, nullable=False),
 )
 
 shard_leases = sa.Table(
