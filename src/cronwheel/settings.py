@@ -115,7 +115,7 @@ class Settings(BaseSettings):
     lease_ahead_max: float = Field(default=5.0, ge=0, le=60)
     # The share of each worker's slots that only P0 runs may take, so that a flood of
     # lower classes never occupies every slot (a pool's own setting overrides it:
-    # ``PUT /v1/pools/{name}``). A worker keeps floor(share × capacity) slots for P0.
+    # ``PUT /v1/pools/{name}``). A worker keeps floor(share * capacity) slots for P0.
     p0_reserved_share: float = Field(default=0.1, ge=0, le=1)
 
     # API keys: how long an API process trusts a key it looked up before asking the
