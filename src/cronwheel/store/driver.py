@@ -40,7 +40,7 @@ from cronwheel.domain.model import (
     Worker,
 )
 from cronwheel.store.schema import log_chunks, shard_leases
-from cronwheel.store.values import CompleteItem, HeartbeatItem, LeaseRenewal
+from cronwheel.store.values import CompleteItem, Grant, HeartbeatItem, LeaseRenewal, ReadyQueue
 
 __all__ = [
     "CreatedRun",
@@ -224,6 +224,11 @@ class Driver(ABC):
         execute with many parameter sets)."""
 
     @abstractmethod
+    def upsert(self, table: sa.Table, rows: list[dict[str, Any]], update: Sequence[str]) -> Any:
+        """INSERT of ``rows`` (at least one) that sets the columns ``update`` of a row
+        whose primary key exists instead."""
+
+    @abstractmethod
     async def fencing_tokens(self, conn: AsyncConnection, count: int) -> list[int]:
         """``count`` new fencing tokens, each larger than any handed out before."""
 
@@ -301,7 +306,7 @@ class Driver(ABC):
     # -- leasing and results -------------------------------------------------------
 
     @abstractmethod
-    async def attempts_lease(
+    async def ready_queue(
         self,
         conn: AsyncConnection,
         *,
@@ -310,11 +315,33 @@ class Driver(ABC):
         webhooks_only: bool,
         ahead: float,
         now: datetime | None,
-    ) -> list[LeasedAttempt]:
-        """Lease up to ``max`` ready runs of the worker's pool that it can take, by
-        priority then instant: each due one becomes RUNNING with a new attempt and
-        token; each due within ``ahead`` is reserved for the worker. Raises
-        :class:`WorkerGone` when the worker is not live. Ordered by ``not_before``."""
+    ) -> ReadyQueue:
+        """What the worker could take of its pool's ready queue: for each tenant
+        waiting, how many runs of each priority class (counting at most ``max`` per
+        tenant), with the tenant's limits and the pool's own P0 share, and the clock."""
+
+    @abstractmethod
+    async def attempts_lease(
+        self,
+        conn: AsyncConnection,
+        *,
+        worker: Worker,
+        grants: Sequence[Grant],
+        webhooks_only: bool,
+        ahead: float,
+        now: datetime | None,
+    ) -> tuple[list[LeasedAttempt], dict[tuple[uuid.UUID, int], int]]:
+        """Lease what admission granted: of each (tenant, class) up to its count of the
+        oldest ready runs the worker can take; each due one becomes RUNNING with a new
+        attempt and token, each due within ``ahead`` is reserved for the worker.
+        Raises :class:`WorkerGone` when the worker is not live (also with no grants).
+        Returns the attempts, ordered by ``not_before``, and the count taken of each
+        (tenant, class)."""
+
+    async def lock_keys(self, conn: AsyncConnection, keys: Sequence[int]) -> None:
+        """Hold the advisory locks ``keys`` (sorted) until the transaction ends; a
+        driver whose write transactions are serialised needs none."""
+        return None
 
     @abstractmethod
     async def attempts_start(

@@ -15,6 +15,7 @@ __all__ = [
     "REDRIVE_BATCH_MAX",
     "CompleteItem",
     "FailItem",
+    "Grant",
     "HeartbeatItem",
     "JobDeleted",
     "LeaseRenewal",
@@ -22,6 +23,7 @@ __all__ = [
     "LogHead",
     "LogWrite",
     "Migrated",
+    "ReadyQueue",
     "RedriveBatch",
     "RunFilter",
     "TenantDeleted",
@@ -156,3 +158,24 @@ class Migrated:
     before: str | None
     after: str | None
     steps: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReadyQueue:
+    """What a driver read of a pool's ready queue for one worker: what admission
+    (``store/sql/admission.py``) decides on."""
+
+    now: datetime
+    share: float | None  # the pool's own P0 share (None: the default)
+    supply: dict[uuid.UUID, dict[int, int]]  # tenant -> class -> runs (up to the budget)
+    limits: dict[uuid.UUID, dict[str, Any]]  # tenant -> its limits
+    names: dict[uuid.UUID, str]  # tenant -> its name (for metrics)
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """Admission's answer for one tenant and class: lease up to ``count`` runs."""
+
+    tenant_id: uuid.UUID
+    priority: int
+    count: int

@@ -244,7 +244,11 @@ async def lease(
         # The ticket is taken before leasing so that a run dispatched in between wakes us.
         ticket = state.notifier.ticket(worker.pool, ahead=body.ahead > 0) if body.wait > 0 else None
         leased = await state.store.attempts_lease(
-            worker=worker, max=body.max, webhooks_only=body.webhooks_only, ahead=body.ahead
+            worker=worker,
+            max=body.max,
+            webhooks_only=body.webhooks_only,
+            ahead=body.ahead,
+            p0_share=state.settings.p0_reserved_share,
         )
         remaining = deadline - loop.time()
         if leased or ticket is None or remaining <= 0 or state.notifier.closed:
