@@ -9,10 +9,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from cronwheel.domain.model import Run
+from cronwheel.domain.model import LeasedAttempt, Run
 
 __all__ = [
     "REDRIVE_BATCH_MAX",
+    "Admitted",
     "CompleteItem",
     "FailItem",
     "Grant",
@@ -179,3 +180,14 @@ class Grant:
     tenant_id: uuid.UUID
     priority: int
     count: int
+
+
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    """What a lease gave the worker, and what admission held back: the tenants a limit
+    held (tenant id -> the limit) and, when a dispatch-rate bucket held one, the seconds
+    until it holds a run's token again (None: no bucket held anyone)."""
+
+    attempts: list[LeasedAttempt]
+    held: dict[uuid.UUID, str]
+    retry_in: float | None = None

@@ -19,6 +19,7 @@ from cronwheel.domain.model import (
     WorkerStatus,
 )
 from cronwheel.store.values import (
+    Admitted,
     CompleteItem,
     FailItem,
     HeartbeatItem,
@@ -120,6 +121,20 @@ class WorkerSide(ABC):
         inside the statement. A lease racing :meth:`workers_deregister` is ordered with
         it: either it commits first (and a release after the deregistration finds its
         attempts) or it sees the deregistration and leases nothing."""
+
+    @abstractmethod
+    async def attempts_lease_admitted(
+        self,
+        *,
+        worker: Worker,
+        max: int,
+        webhooks_only: bool = False,
+        ahead: float = 0.0,
+        now: datetime | None = None,
+        p0_share: float = 0.0,
+    ) -> Admitted:
+        """:meth:`attempts_lease`, telling also what admission held back: the tenants
+        a limit held, and when a dispatch-rate limit will let the next run go."""
 
     @abstractmethod
     async def attempts_start_many(

@@ -25,6 +25,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from cronwheel.domain.admission import (
+    LIMIT_RATE,
     Allocation,
     FairState,
     TenantQueue,
@@ -76,6 +77,15 @@ class LeasePlan:
     @property
     def held(self) -> dict[uuid.UUID, str]:
         return self.allocation.held
+
+    def retry_in(self, got: Mapping[tuple[uuid.UUID, int], int]) -> float | None:
+        """Seconds until the soonest bucket that held a tenant back holds a token."""
+        waits = [
+            bucket.wait(level - sum(n for (t, _), n in got.items() if t == tenant_id))
+            for tenant_id, (bucket, level) in self.buckets.items()
+            if self.allocation.held.get(tenant_id) == LIMIT_RATE
+        ]
+        return min(waits) if waits else None
 
 
 async def plan_lease(

@@ -45,7 +45,7 @@ from cronwheel.store.sql.admission import plan_lease, settle_lease
 from cronwheel.store.sql.retries import Ended, RetriesMixin
 from cronwheel.store.sql.statements import attempts_end, may, update_each
 from cronwheel.store.sql.workers import WorkersMixin
-from cronwheel.store.values import CompleteItem, FailItem, HeartbeatItem
+from cronwheel.store.values import Admitted, CompleteItem, FailItem, HeartbeatItem
 
 __all__ = ["AttemptsMixin"]
 
@@ -335,8 +335,28 @@ class AttemptsMixin(WorkersMixin, RetriesMixin):
         now: datetime | None = None,
         p0_share: float = 0.0,
     ) -> list[LeasedAttempt]:
+        admitted = await self.attempts_lease_admitted(
+            worker=worker,
+            max=max,
+            webhooks_only=webhooks_only,
+            ahead=ahead,
+            now=now,
+            p0_share=p0_share,
+        )
+        return admitted.attempts
+
+    async def attempts_lease_admitted(
+        self,
+        *,
+        worker: Worker,
+        max: int,
+        webhooks_only: bool = False,
+        ahead: float = 0.0,
+        now: datetime | None = None,
+        p0_share: float = 0.0,
+    ) -> Admitted:
         if max < 1:
-            return []
+            return Admitted([], {})
         async with self._write() as conn:
             try:
                 queue = await self.driver.ready_queue(
@@ -363,7 +383,7 @@ class AttemptsMixin(WorkersMixin, RetriesMixin):
                 raise await self._worker_gone(conn, gone.worker_id) from None
         for tenant_id, limit in plan.held.items():
             RUNS_THROTTLED.labels(tenant=queue.names[tenant_id], limit=limit).inc()
-        return leased
+        return Admitted(leased, plan.held, plan.retry_in(got))
 
     async def attempts_start_many(
         self,
