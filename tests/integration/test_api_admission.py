@@ -86,3 +86,30 @@ async def test_bad_limits_are_refused_and_change_nothing(api) -> None:
         assert r.status_code == 422, (bad, r.text)
     r = await api.client.get(f"/v1/tenants/{t.id}", headers=api.admin)
     assert r.json()["limits"]["max_concurrent_runs"] == 3
+
+
+async def test_a_run_held_by_a_limit_says_which_in_its_wait_reason(api) -> None:
+    t = await api.tenant()
+    await _limits(api, t, max_concurrent_runs=1)
+    first, second = await api.job(t), await api.job(t)
+    await api.fire()
+    worker = await api.key(t, "worker")
+    wid = await register(api, worker, capacity=5)
+    [leased] = await lease(api, worker, wid, max=5)
+    waiting = second if leased["run_id"] == first["first_run_id"] else first
+    r = await api.client.get(f"/v1/runs/{waiting['first_run_id']}", headers=t.headers)
+    assert "max_concurrent_runs" in r.json()["wait_reason"], r.text
+    r = await api.client.get("/v1/runs", params={"state": "DISPATCHED"}, headers=t.headers)
+    [listed] = r.json()["items"]
+    assert "max_concurrent_runs" in listed["wait_reason"]
+    # The limit allows it again: the reason goes, and the run is leased.
+    r = await api.client.post(
+        f"/v1/attempts/{leased['attempt_id']}/complete",
+        json={"fencing_token": leased["fencing_token"]},
+        headers=worker,
+    )
+    assert r.status_code == 200, r.text
+    r = await api.client.get(f"/v1/runs/{waiting['first_run_id']}", headers=t.headers)
+    assert r.json()["wait_reason"] is None
+    [again] = await lease(api, worker, wid, max=5)
+    assert again["run_id"] == waiting["first_run_id"]

@@ -25,6 +25,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from cronwheel.domain.admission import (
+    LIMIT_CONCURRENCY,
     LIMIT_RATE,
     Allocation,
     FairState,
@@ -36,10 +37,12 @@ from cronwheel.domain.bucket import TokenBucket
 from cronwheel.domain.model import Worker
 from cronwheel.domain.states import RunState
 from cronwheel.store.driver import Driver
-from cronwheel.store.schema import fair_clocks, fair_shares, rate_buckets, runs
+from cronwheel.store.schema import fair_clocks, fair_shares, rate_buckets, runs, tenants
+from cronwheel.store.sql.core import SqlCore
 from cronwheel.store.values import Grant, ReadyQueue
 
 __all__ = [
+    "AdmissionMixin",
     "LeasePlan",
     "dispatch_bucket",
     "lock_key",
@@ -255,3 +258,40 @@ async def _buckets(
         )
     )
     return {name: (tokens, stamp) for name, tokens, stamp in rows}
+
+
+class AdmissionMixin(SqlCore):
+    async def tenants_held(
+        self, tenant_ids: Sequence[uuid.UUID], *, now: datetime | None = None
+    ) -> dict[uuid.UUID, str]:
+        if not tenant_ids:
+            return {}
+        async with self._read() as conn:
+            at = await self._now(conn, now)
+            rows = await conn.execute(
+                sa.select(tenants.c.id, tenants.c.limits).where(
+                    self.driver.id_in(tenants.c.id, list(tenant_ids))
+                )
+            )
+            limits = {t: dict(lim) for t, lim in rows}
+            capped = sorted(t for t, lim in limits.items() if lim.get("max_concurrent_runs"))
+            rated = {t: b for t, lim in limits.items() if (b := _rate_of(lim)) is not None}
+            holding = await _holding(self.driver, conn, capped)
+            stored = await _buckets(self.driver, conn, [dispatch_bucket(t) for t in rated])
+        held: dict[uuid.UUID, str] = {}
+        for t in capped:
+            cap = int(limits[t]["max_concurrent_runs"])
+            if holding.get(t, 0) >= cap:
+                held[t] = (
+                    f"held by the tenant's limit {LIMIT_CONCURRENCY} ({cap} runs leased or "
+                    "running); leased when one of them ends"
+                )
+        for t, bucket in sorted(rated.items()):
+            tokens, stamp = stored.get(dispatch_bucket(t), (None, None))
+            level = bucket.level(tokens, stamp, at)
+            if t not in held and level < 1:
+                held[t] = (
+                    f"held by the tenant's limit {LIMIT_RATE} ({bucket.rate:g} runs a second); "
+                    f"the next may go in {bucket.wait(level):.2f} s"
+                )
+        return held
