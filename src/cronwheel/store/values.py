@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from cronwheel.domain.model import LeasedAttempt, Run
+from cronwheel.domain.model import DueRun, LeasedAttempt, Run
 
 __all__ = [
     "REDRIVE_BATCH_MAX",
@@ -26,6 +26,7 @@ __all__ = [
     "Migrated",
     "ReadyQueue",
     "RedriveBatch",
+    "Releasable",
     "RunFilter",
     "TenantDeleted",
 ]
@@ -191,3 +192,15 @@ class Admitted:
     attempts: list[LeasedAttempt]
     held: dict[uuid.UUID, str]
     retry_in: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Releasable:
+    """A due run of a burst, described for capacity-aware release
+    (``scheduler/release.py``): still SCHEDULED when read."""
+
+    run: DueRun
+    tenant_id: uuid.UUID
+    pool: str
+    priority: int
+    weight: float

@@ -34,12 +34,21 @@ from cronwheel.domain.admission import (
     reserved_slots,
 )
 from cronwheel.domain.bucket import TokenBucket
-from cronwheel.domain.model import Worker
+from cronwheel.domain.model import DueRun, Worker
 from cronwheel.domain.states import RunState
 from cronwheel.store.driver import Driver
-from cronwheel.store.schema import fair_clocks, fair_shares, rate_buckets, runs, tenants
+from cronwheel.store.schema import (
+    READY,
+    fair_clocks,
+    fair_shares,
+    rate_buckets,
+    runs,
+    tenants,
+    workers,
+)
 from cronwheel.store.sql.core import SqlCore
-from cronwheel.store.values import Grant, ReadyQueue
+from cronwheel.store.sql.statements import workers_live
+from cronwheel.store.values import Grant, ReadyQueue, Releasable
 
 __all__ = [
     "AdmissionMixin",
@@ -295,3 +304,71 @@ class AdmissionMixin(SqlCore):
                     f"the next may go in {bucket.wait(level):.2f} s"
                 )
         return held
+
+    async def runs_releasable(self, *, run_ids: Sequence[uuid.UUID]) -> list[Releasable]:
+        out: list[Releasable] = []
+        async with self._read() as conn:
+            for i in range(0, len(run_ids), 10_000):  # SQLite's bound on parameters
+                chunk = list(run_ids[i : i + 10_000])
+                rows = await conn.execute(
+                    sa.select(
+                        runs.c.id,
+                        runs.c.shard,
+                        runs.c.fire_at,
+                        runs.c.tenant_id,
+                        runs.c.pool,
+                        runs.c.priority,
+                        tenants.c.limits,
+                    )
+                    .join(tenants, tenants.c.id == runs.c.tenant_id)
+                    .where(
+                        self.driver.id_in(runs.c.id, chunk),
+                        runs.c.state == RunState.SCHEDULED.value,
+                    )
+                )
+                out += [
+                    Releasable(
+                        run=DueRun(id=r.id, shard=r.shard, fire_at=r.fire_at),
+                        tenant_id=r.tenant_id,
+                        pool=r.pool,
+                        priority=r.priority,
+                        weight=float(r.limits.get("weight") or 1.0),
+                    )
+                    for r in rows
+                ]
+        return out
+
+    async def pools_room(
+        self,
+        *,
+        pools: Sequence[str],
+        buffer: int,
+        worker_ttl: float = 30.0,
+        now: datetime | None = None,
+    ) -> dict[str, int]:
+        if not pools:
+            return {}
+        async with self._read() as conn:
+            at = await self._now(conn, now)
+            slots = dict(
+                (
+                    await conn.execute(
+                        sa.select(workers.c.pool, sa.func.sum(workers.c.capacity))
+                        .where(workers.c.pool.in_(list(pools)), workers_live(at, worker_ttl))
+                        .group_by(workers.c.pool)
+                    )
+                ).all()
+            )
+            room: dict[str, int] = {}
+            for pool in pools:
+                target = max(buffer, 2 * int(slots.get(pool) or 0))
+                # Counted by the ready index, up to the target: never the whole queue.
+                ready = (
+                    sa.select(runs.c.id)
+                    .where(runs.c.pool == pool, sa.text(READY))
+                    .limit(target)
+                    .subquery()
+                )
+                held = (await conn.execute(sa.select(sa.func.count()).select_from(ready))).scalar()
+                room[pool] = max(0, target - int(held or 0))
+        return room
