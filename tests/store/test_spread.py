@@ -225,3 +225,27 @@ async def test_a_one_off_job_fires_inside_its_spread(store: Store) -> None:
     assert at < run.fire_at < at + timedelta(seconds=900)
     assert await _fire(store, [run], at) == set()
     assert await _fire(store, [run], run.fire_at) == {run.id}
+
+
+async def test_one_batch_fires_each_spread_run_by_its_own_instant(store: Store) -> None:
+    """Runs of one schedule and due instant fired in one batch: those fired within the
+    grace of their spread instants go out on time, the others are late (coalesced),
+    whatever the batch's order: their plans are not mixed up."""
+    tenant = await make_tenant(store)
+    spec = _spec({"interval": 300}, 200)
+    firsts = sorted(await _create(store, tenant.id, spec, count=20), key=lambda r: r.fire_at)
+    # The earliest run is missed at the instant of one more than 60 s after it.
+    now = next(r.fire_at for r in firsts if r.fire_at - firsts[0].fire_at > timedelta(seconds=60))
+    batch = [r for r in firsts if r.fire_at <= now]
+    assert await _fire(store, batch[::-1], now) == {r.id for r in batch}
+    for r in batch:
+        fired = await store.runs_get(tenant.id, r.id)
+        if now - r.fire_at > timedelta(seconds=60):
+            assert "late by" in (fired.reason or "") and "coalesce" in (fired.reason or "")
+        else:
+            assert fired.reason is None
+    assert any(now - r.fire_at > timedelta(seconds=60) for r in batch)
+    scheduled = [r for r in await _all_runs(store, tenant.id) if r.state.value == "SCHEDULED"]
+    nexts = sorted(r.job_id for r in scheduled if r.due_at == T0 + timedelta(seconds=300))
+    assert nexts == sorted(r.job_id for r in batch)  # each fired run's next, and no other
+    assert {r.id for r in scheduled if r.due_at == T0} == {r.id for r in firsts[len(batch) :]}
