@@ -80,6 +80,7 @@ class FireCandidate:
     pool: str
     job_state: str
     schedule: dict[str, Any]
+    spread: float = 0.0  # the job's (its template's), seconds
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,7 +289,8 @@ class Driver(ABC):
     ) -> list[FireCandidate]:
         """The runs of ``run_ids`` whose firing applies their job's policies — first
         tries of recurring jobs' scheduled runs, due, on a shard ``node_id`` holds —
-        locked (skipping runs locked elsewhere), with their job's state and schedule."""
+        locked (skipping runs locked elsewhere), with their job's state, schedule and
+        spread."""
 
     @abstractmethod
     async def runs_insert_planned(
@@ -301,7 +303,9 @@ class Driver(ABC):
         node_id: str,
     ) -> list[CreatedRun]:
         """Create the planned runs that do not exist yet (their template read from the
-        job of their source run), with their events; return those created."""
+        job of their source run), with their events; return those created. Each fires
+        at the spread instant of its due instant (``timing.spread``; the due instant
+        itself when the job has no spread)."""
 
     # -- leasing and results -------------------------------------------------------
 
