@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from cronwheel.domain.model import LeasedAttempt, Tenant, Worker
 from cronwheel.metrics import RUNS_THROTTLED
 from cronwheel.store import CompleteItem, Store
-from cronwheel.store.schema import pools, runs
+from cronwheel.store.schema import fair_shares, pools, rate_buckets, runs
 from cronwheel.store.sql import SqlStore
 
 from .helpers import NODE, T0, at, create_jobs, engine_of, fire, hold_all_shards, make_tenant
@@ -210,3 +210,24 @@ async def test_concurrent_leases_never_exceed_a_tenants_limit(pg_url: str) -> No
         assert await _holding(store, capped.id) == 0
     finally:
         await store.close()
+
+
+async def test_deleting_a_tenant_deletes_its_admission_state(store: Store) -> None:
+    light = await make_tenant(store, weight=1.0, max_dispatch_rate=100.0)
+    heavy = await make_tenant(store, weight=3.0)
+    await _ready(store, light, 4)
+    await _ready(store, heavy, 4)
+    worker = await _worker(store)
+    await _complete(store, await store.attempts_lease(worker=worker, max=8, now=at(1)), at(1))
+
+    async def names() -> list[str]:
+        async with engine_of(store).connect() as conn:
+            passes = await conn.execute(
+                sa.select(fair_shares.c.tenant_id).where(fair_shares.c.tenant_id == light.id)
+            )
+            buckets = await conn.execute(sa.select(rate_buckets.c.name))
+            return [str(t) for t in passes.scalars()] + list(buckets.scalars())
+
+    assert set(await names()) == {str(light.id), f"dispatch:{light.id}"}
+    await store.tenants_delete(light.id, force=True, now=at(2))
+    assert await names() == []

@@ -43,7 +43,9 @@ from cronwheel.store.schema import (
     attempt_tombstones,
     attempts,
     events,
+    fair_shares,
     jobs,
+    rate_buckets,
     runs,
     tenants,
     workers,
@@ -205,6 +207,10 @@ class DeletionMixin(SqlCore):
             # Its keys stop at once on every API node, as a revoked key does.
             if keys:
                 await self._notify(conn, CHANNEL_KEYS_REVOKED, [key_revoked(k) for k in keys])
+            # Its admission state: fair-share passes, its dispatch and key rate buckets.
+            await conn.execute(fair_shares.delete().where(fair_shares.c.tenant_id == tenant_id))
+            buckets = [f"dispatch:{tenant_id}", *(f"api:{k}" for k in keys)]
+            await conn.execute(rate_buckets.delete().where(rate_buckets.c.name.in_(buckets)))
             await conn.execute(tenants.delete().where(tenants.c.id == tenant_id))
             await self._insert_events(
                 conn,
