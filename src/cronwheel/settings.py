@@ -122,7 +122,10 @@ class Settings(BaseSettings):
     # The share of each worker's slots that only P0 runs may take, so that a flood of
     # lower classes never occupies every slot (a pool's own setting overrides it:
     # ``PUT /v1/pools/{name}``). A worker keeps floor(share * capacity) slots for P0.
-    p0_reserved_share: float = Field(default=0.1, ge=0, le=1)
+    # Off by default: reserved slots stand idle whenever no P0 run waits, and a ready P0
+    # run is leased before any lower class anyway; a pool whose handlers run long (a
+    # slot frees up rarely) is where a share pays for itself.
+    p0_reserved_share: float = Field(default=0.0, ge=0, le=1)
 
     # API keys: how long an API process trusts a key it looked up before asking the
     # database again (heartbeats must not cost a round trip each). A revoked key is

@@ -7,9 +7,17 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
 from test_api_workers import lease, register
 
 from cronwheel.metrics import RUNS_THROTTLED
+from cronwheel.settings import Settings
+
+
+@pytest.fixture
+def settings(settings: Settings) -> Settings:
+    """The API tests' settings, with one slot in ten of each worker kept for P0."""
+    return settings.model_copy(update={"p0_reserved_share": 0.1})
 
 
 async def _limits(api, tenant, **limits: Any) -> None:
@@ -47,8 +55,10 @@ async def test_lower_classes_leave_the_p0_reserve_of_the_settings(api) -> None:
     await api.fire()
     worker = await api.key(t, "worker")
     wid = await register(api, worker, capacity=10)
-    # p0_reserved_share defaults to 0.1: one slot of ten stays for P0.
-    assert len(await lease(api, worker, wid, max=10)) == 9
+    # p0_reserved_share 0.1: one slot of ten stays for P0, and the answer says so.
+    r = await api.client.post(f"/v1/workers/{wid}/lease", json={"max": 10}, headers=worker)
+    assert len(r.json()["attempts"]) == 9 and r.json()["p0_reserved_slots"] == 1
+    assert await lease(api, worker, wid, max=1) == []  # the last slot: P0 only
     await api.job(t, priority=0)
     await api.fire()
     [p0] = await lease(api, worker, wid, max=1)

@@ -208,6 +208,13 @@ class LeasedAttemptOut(ResponseModel):
 class LeaseOut(ResponseModel):
     attempts: list[LeasedAttemptOut]
     now: UtcInstant = Field(description="the server's time: when a `not_before` comes")
+    p0_reserved_slots: int = Field(
+        default=0,
+        description="this worker's slots that only P0 runs may take (its pool's "
+        "p0_reserved_share of its capacity): a lease asking for no more runs than this "
+        "gets P0 runs only, so a worker that has only these free should ask again as soon "
+        "as another slot frees rather than long-poll",
+    )
 
 
 class FencedRequest(RequestModel):

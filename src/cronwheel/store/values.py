@@ -192,6 +192,7 @@ class Admitted:
     attempts: list[LeasedAttempt]
     held: dict[uuid.UUID, str]
     retry_in: float | None = None
+    p0_reserved: int = 0  # the worker's slots only P0 runs may take
 
 
 @dataclass(frozen=True, slots=True)

@@ -272,6 +272,8 @@ class WorkerProtocol:
         # The server's clock minus ours, in seconds: when a reservation's ``not_before``
         # comes by our clock. See :meth:`_clock_sample`.
         self.clock_offset = 0.0
+        # This worker's slots only P0 runs may take, as the last lease answer said.
+        self.p0_reserved_slots = 0
         self._offsets: deque[tuple[float, float]] = deque()  # (monotonic, lower bound)
 
     async def register(
@@ -330,6 +332,8 @@ class WorkerProtocol:
         server_now = _instant(data.get("now"))
         if server_now is not None:
             self._clock_sample(server_now.timestamp() - received)
+        reserved = data.get("p0_reserved_slots")
+        self.p0_reserved_slots = reserved if isinstance(reserved, int) and reserved > 0 else 0
         return leases
 
     def _clock_sample(self, lower_bound: float) -> None:

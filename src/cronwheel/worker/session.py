@@ -67,6 +67,7 @@ log = logging.getLogger("cronwheel.worker")
 T = TypeVar("T")
 
 _REGISTER_AGAIN = frozenset({(404, "not_found"), (410, "worker_deregistered")})
+_P0_POLL_SECONDS = 0.1  # how often a worker with only its P0 slots free asks for P0 runs
 _LEASE_MAX = 1000  # the most runs one lease request may ask for (the server's limit)
 _IDLE_POLL_SECONDS = 1.0
 # Deregistering must never hold up a shutdown: past this, leases expire on their own.
@@ -294,8 +295,12 @@ class WorkerSession:
             if free <= 0:
                 await self._wait_slot()
                 continue
-            wait = 0.0 if self.drain else self.lease_wait
-            ahead = 0.0 if self.drain else self.lease_ahead
+            # With only the slots kept for P0 free, a long-poll could only bring a P0 run,
+            # and would still be waiting when a slot frees up: ask without waiting, and
+            # again when a slot frees or after a short pause (a P0 run that came).
+            p0_only = free <= self.protocol.p0_reserved_slots
+            wait = 0.0 if self.drain or p0_only else self.lease_wait
+            ahead = 0.0 if self.drain or p0_only else self.lease_ahead
             try:
                 leases = await self._until_stopped(
                     self.protocol.lease(
@@ -335,6 +340,8 @@ class WorkerSession:
                         return
                     continue
                 await self._wait_slot()
+            elif not leases and p0_only:
+                await self._wait_slot(timeout=_P0_POLL_SECONDS)
             elif not leases and wait == 0:
                 # A server that allows no long-poll: poll now and then, not in a tight loop.
                 try:
@@ -342,11 +349,14 @@ class WorkerSession:
                 except _Stopped:
                     return
 
-    async def _wait_slot(self) -> None:
+    async def _wait_slot(self, timeout: float | None = None) -> None:
+        """Until a slot frees up, the worker stops, or ``timeout`` seconds pass."""
         stopper = asyncio.create_task(self.stop.wait())
         slot = asyncio.create_task(self._slot_free.wait())
         try:
-            await asyncio.wait({stopper, slot}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(
+                {stopper, slot}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+            )
         finally:
             stopper.cancel()
             slot.cancel()

@@ -262,7 +262,9 @@ async def lease(
     _record_leased(state, leased)
     secrets = await _signing_secrets(state, leased)
     return LeaseOut(
-        attempts=[_leased_out(a, secrets) for a in leased], now=await state.notifier.now()
+        attempts=[_leased_out(a, secrets) for a in leased],
+        now=await state.notifier.now(),
+        p0_reserved_slots=admitted.p0_reserved,
     )
 
 

@@ -84,6 +84,7 @@ class LeasePlan:
     now: datetime
     grants: list[Grant]
     allocation: Allocation
+    reserve: int
     buckets: dict[uuid.UUID, tuple[TokenBucket, float]] = field(default_factory=dict)
 
     @property
@@ -153,7 +154,7 @@ async def plan_lease(
         fair=fair,
     )
     grants = [Grant(t, cls, n) for (t, cls), n in sorted(allocation.grants.items()) if n > 0]
-    return LeasePlan(queue.now, grants, allocation, levels)
+    return LeasePlan(queue.now, grants, allocation, reserved_slots(worker.capacity, share), levels)
 
 
 async def settle_lease(

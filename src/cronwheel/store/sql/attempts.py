@@ -383,7 +383,7 @@ class AttemptsMixin(WorkersMixin, RetriesMixin):
                 raise await self._worker_gone(conn, gone.worker_id) from None
         for tenant_id, limit in plan.held.items():
             RUNS_THROTTLED.labels(tenant=queue.names[tenant_id], limit=limit).inc()
-        return Admitted(leased, plan.held, plan.retry_in(got))
+        return Admitted(leased, plan.held, plan.retry_in(got), plan.reserve)
 
     async def attempts_start_many(
         self,
