@@ -123,6 +123,7 @@ const held = new Map(); // attempt id -> what the worker knows of an attempt it 
 const stop = new AbortController(); // aborts the lease long-poll at shutdown
 let worker; // the registration answer
 let slotFreed = () => {}; // wakes the lease loop waiting for a free slot
+let p0Reserved = 0; // this worker's slots only P0 runs may take, as the last lease said
 let leased = () => {}; // wakes the heartbeat loop: a new attempt may need beats sooner
 
 async function register() {
@@ -139,12 +140,19 @@ async function leaseLoop() {
       await new Promise((resolve) => (slotFreed = resolve));
       continue;
     }
-    const wait = Math.min(20, worker.lease_wait_max);
+    // With only the slots the pool keeps for P0 free, a long-poll could only bring a P0
+    // run and would still be waiting when another slot frees: ask without waiting.
+    const p0Only = free <= p0Reserved;
+    const wait = p0Only ? 0 : Math.min(20, worker.lease_wait_max);
     try {
       const path = `/v1/workers/${worker.worker_id}/lease`;
       const options = { timeout: wait + 15, signal: stop.signal }; // the read outlasts the wait
       const answer = await call("POST", path, { max: free, wait }, options);
+      p0Reserved = answer.p0_reserved_slots ?? 0;
       for (const lease of answer.attempts) begin(lease);
+      if (p0Only && answer.attempts.length === 0) {
+        await Promise.race([new Promise((resolve) => (slotFreed = resolve)), sleep(100)]);
+      }
     } catch (err) {
       if (stop.signal.aborted) return; // deregistering releases whatever that answer held
       if (err.status === 404 || err.status === 410) await register(); // deregistered, or unknown
