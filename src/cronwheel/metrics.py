@@ -15,6 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from prometheus_client.exposition import generate_latest
 
 __all__ = [
+    "API_RATE_LIMITED",
     "API_REQUESTS",
     "API_REQUEST_DURATION",
     "CLOCK_OFFSET",
@@ -26,6 +27,7 @@ __all__ = [
     "REGISTRY",
     "RUNS_BY_STATE",
     "RUNS_QUARANTINED",
+    "RUNS_THROTTLED",
     "SHARDS_HELD",
     "START_LATENESS",
     "UNROUTABLE_RUNS",
@@ -105,6 +107,20 @@ RUNS_QUARANTINED = Counter(
 QUARANTINED_RUNS = Gauge(
     "cronwheel_runs_quarantined",
     "Quarantined runs not redriven, of jobs not cancelled (refreshed at scrape time).",
+    registry=REGISTRY,
+)
+RUNS_THROTTLED = Counter(
+    "cronwheel_runs_throttled",
+    "Runs a tenant limit held back or refused, by tenant and limit (max_pending_runs: "
+    "runs a create, trigger or backfill was refused).",
+    ["tenant", "limit"],
+    registry=REGISTRY,
+)
+API_RATE_LIMITED = Counter(
+    "cronwheel_api_rate_limited",
+    "API requests refused with 429 rate_limited, by the tenant of the key ('none': "
+    "requests without a tenant key).",
+    ["tenant"],
     registry=REGISTRY,
 )
 API_REQUESTS = Counter(

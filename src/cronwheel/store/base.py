@@ -18,6 +18,11 @@ Conventions:
   takes its state precondition from the move (``statements.may``, ``Move.sql``) and
   appends an event in the same transaction; a rejected transition writes nothing.
 - Batch methods take and return lists: one statement per batch, never one per run.
+- Every method that adds runs on request — ``jobs_create_many``, ``jobs_trigger``,
+  ``jobs_backfill``, ``runs_redrive``, ``runs_redrive_many`` — raises
+  :class:`TenantLimitError` and writes nothing when the tenant would end with more
+  pending runs than its ``max_pending_runs`` (``store/sql/admission.py``). The
+  scheduler's next occurrences are never refused.
 """
 
 from __future__ import annotations

@@ -60,6 +60,7 @@ from cronwheel.store.rows import (
     uuid_cursor,
 )
 from cronwheel.store.schema import PARKED_FIRE_AT, jobs, runs
+from cronwheel.store.sql.admission import pending_admit, tenant_for_new_runs
 from cronwheel.store.sql.core import SqlCore, jobs_select
 
 __all__ = ["JobsMixin", "stored_schedule"]
@@ -113,7 +114,7 @@ class JobsMixin(SqlCore):
         now: datetime | None,
     ) -> list[tuple[Job, Run | None, bool]]:
         at = await self._now(conn, now)
-        await self._require_tenant(conn, tenant_id)
+        max_pending = await tenant_for_new_runs(conn, tenant_id)
         hashes = [_request_hash(nj.spec) for nj in new_jobs]
         keys = [nj.idempotency_key for nj in new_jobs if nj.idempotency_key]
         replay: dict[str, tuple[Job, Run | None]] = {}
@@ -253,6 +254,7 @@ class JobsMixin(SqlCore):
                 if nj.first_due_at < at + ANNOUNCE_HORIZON:
                     notices.append(announce(run_id, shard, nj.first_due_at))
             out.append((job_id, run_id))
+        await pending_admit(conn, tenant_id, limit=max_pending, adding=len(run_rows))
         if job_rows:
             await conn.execute(jobs.insert(), job_rows)
         for new_runs in (run_rows, skipped_rows):
