@@ -47,6 +47,7 @@ from cronwheel.domain.states import REDRIVE, Move
 from cronwheel.store.scheduler_side import SchedulerSide
 from cronwheel.store.values import (
     REDRIVE_BATCH_MAX,
+    BucketTake,
     JobDeleted,
     LogChunk,
     LogHead,
@@ -186,6 +187,23 @@ class Store(SchedulerSide, WorkerSide):
     @abstractmethod
     async def api_keys_get_by_hash(self, *, key_hash: str) -> ApiKey | None:
         """The unrevoked key with this hash, or None."""
+
+    # -- shared token buckets --------------------------------------------------------
+
+    @abstractmethod
+    async def rate_buckets_take(
+        self,
+        *,
+        name: str,
+        rate: float,
+        burst: float,
+        wanted: int,
+        now: datetime | None = None,
+    ) -> BucketTake:
+        """Take up to ``wanted`` whole tokens from the bucket ``name`` (``rate`` a
+        second, up to ``burst``; full when first drawn on), for every node at once:
+        takes racing on one bucket are serialised, so together they never get more
+        than ``burst`` + ``rate`` x the time elapsed. Grants what it holds, maybe 0."""
 
     @abstractmethod
     async def api_keys_bootstrap(

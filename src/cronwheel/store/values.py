@@ -13,6 +13,7 @@ from cronwheel.domain.model import Run
 
 __all__ = [
     "REDRIVE_BATCH_MAX",
+    "BucketTake",
     "CompleteItem",
     "FailItem",
     "HeartbeatItem",
@@ -26,6 +27,15 @@ __all__ = [
     "RunFilter",
     "TenantDeleted",
 ]
+
+
+@dataclass(frozen=True, slots=True)
+class BucketTake:
+    """What a shared token bucket gave: ``granted`` whole tokens (0 to the number
+    asked for), and ``wait``, the seconds until it holds a token again (0: it does)."""
+
+    granted: int
+    wait: float
 
 
 @dataclass(frozen=True, slots=True)

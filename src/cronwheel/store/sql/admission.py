@@ -41,7 +41,7 @@ from cronwheel.store.schema import runs, tenants
 __all__ = ["PENDING_STATES", "pending_admit", "tenant_for_new_runs"]
 
 PENDING_STATES = (RunState.SCHEDULED.value, RunState.DISPATCHED.value)
-LIMIT = "max_pending_runs"
+_LIMIT = "max_pending_runs"
 
 
 async def tenant_for_new_runs(conn: AsyncConnection, tenant_id: uuid.UUID) -> int | None:
@@ -57,7 +57,7 @@ async def tenant_for_new_runs(conn: AsyncConnection, tenant_id: uuid.UUID) -> in
     ).first()
     if row is None:
         raise NotFoundError(f"tenant {tenant_id} not found", tenant_id=str(tenant_id))
-    limit = (row.limits or {}).get(LIMIT)
+    limit = (row.limits or {}).get(_LIMIT)
     if limit is None:
         return None
     await conn.execute(
@@ -97,7 +97,7 @@ async def pending_admit(
         f"tenant {tenant_id} has {shown} pending runs (scheduled or waiting for a worker) "
         f"and a limit of {limit} (max_pending_runs): adding {adding} is refused; wait for "
         "runs to start or finish, cancel some, or raise the limit",
-        limit=LIMIT,
+        limit=_LIMIT,
         tenant_id=str(tenant_id),
         pending=pending,
         adding=adding,
