@@ -126,3 +126,12 @@ async def test_the_openapi_schema_names_the_refusal(api) -> None:
     paths = (await api.client.get("/openapi.json")).json()["paths"]
     for path in ("/v1/jobs", "/v1/jobs/batch", "/v1/jobs/{job_id}/trigger"):
         assert "limit_exceeded" in paths[path]["post"]["responses"]["429"]["description"]
+
+
+async def test_clearing_the_weight_is_422(api) -> None:
+    tenant = await api.tenant()
+    r = await api.client.patch(
+        f"/v1/tenants/{tenant.id}", json={"limits": {"weight": None}}, headers=api.admin
+    )
+    assert r.status_code == 422, r.text
+    assert error_of(r)["field"] == "limits.weight"
