@@ -120,6 +120,13 @@ class SharedKeyRates:
             rate = rate_of((await self._store.tenants_get(tenant_id)).limits)
         except NotFoundError:
             rate = None
+        except Exception:  # the store is down: the per-process limit, till it answers
+            log.warning(
+                "could not read a tenant's limits",
+                exc_info=True,
+                extra={"event": "api.tenant_limits_failed", "tenant_id": str(tenant_id)},
+            )
+            return None
         self._limits[tenant_id] = (now + LIMITS_TTL, rate)
         self._limits.move_to_end(tenant_id)
         while len(self._limits) > self._max:

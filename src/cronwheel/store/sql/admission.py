@@ -16,10 +16,11 @@ is refused (:class:`TenantLimitError`, nothing stored) otherwise::
 
 The database decides, not any API node: two creators of one tenant on two nodes take
 the row lock in turn, so the second counts what the first added. FOR NO KEY UPDATE
-does not conflict with the FOR KEY SHARE that inserting a run (its foreign key) or
-another tenant's work takes, so only the tenant's own limited creators wait; a PATCH of
-the tenant's limits waits for them (and they for it). On SQLite every write is
-serialised already. A tenant without the limit pays one primary-key read.
+does not conflict with the FOR KEY SHARE that inserting a job takes (its foreign key),
+so only the tenant's own limited creators wait; a PATCH of the tenant's limits waits
+for them (and they for it). On SQLite every write is serialised already. A tenant
+without the limit pays one primary-key read (FOR KEY SHARE: its creates do not wait
+for each other).
 
 The scheduler adding a recurring job's next occurrence is never refused (a schedule
 must not stop silently): those runs count towards the limit, so they can take a tenant
