@@ -105,3 +105,25 @@ def test_blocks_are_small_beside_the_rate_and_the_burst() -> None:
     assert block_of(KeyRate(100.0, 200)) == 5  # a twentieth of a second
     assert block_of(KeyRate(1000.0, 8)) == 2  # at most a quarter of the burst
     assert block_of(KeyRate(5.0, 1)) == 1
+
+
+async def test_a_node_claims_blocks_not_a_round_trip_per_request(
+    api, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = FrozenClock()  # no held token expires while the test runs
+    monkeypatch.setattr(key_rates, "_clock", clock)
+    _tenant_id, key = await limited_tenant(api, api_rate=1000.0, api_burst=400)
+    claims: list[int] = []
+    real_take = store.rate_buckets_take
+
+    async def counted(**kwargs: Any) -> Any:
+        claims.append(kwargs["wanted"])
+        return await real_take(**kwargs)
+
+    monkeypatch.setattr(store, "rate_buckets_take", counted)
+    for _ in range(100):
+        assert (await api.client.get("/v1/jobs", headers=key)).status_code == 200
+    assert claims == [50, 50]  # a twentieth of a second at 1,000 a second
+    clock.now += key_rates.HOLD_SECONDS + 0.001  # what is held and unspent is dropped
+    assert (await api.client.get("/v1/jobs", headers=key)).status_code == 200
+    assert len(claims) == 3
