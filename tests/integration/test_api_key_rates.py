@@ -127,3 +127,12 @@ async def test_a_node_claims_blocks_not_a_round_trip_per_request(
     clock.now += key_rates.HOLD_SECONDS + 0.001  # what is held and unspent is dropped
     assert (await api.client.get("/v1/jobs", headers=key)).status_code == 200
     assert len(claims) == 3
+
+
+async def test_the_tiniest_rate_answers_a_bounded_retry_after(api) -> None:
+    _tenant_id, key = await limited_tenant(api, api_rate=5e-324, api_burst=1)
+    assert (await api.client.get("/v1/jobs", headers=key)).status_code == 200
+    r = await api.client.get("/v1/jobs", headers=key)
+    error = limited(r)  # not a 500: the bucket's own wait is infinite
+    assert error["details"]["retry_after"] == key_rates.MAX_WAIT
+    assert r.headers["Retry-After"] == str(int(key_rates.MAX_WAIT))

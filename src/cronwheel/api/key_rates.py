@@ -49,6 +49,7 @@ __all__ = [
     "BLOCK_SECONDS",
     "HOLD_SECONDS",
     "LIMITS_TTL",
+    "MAX_WAIT",
     "KeyRate",
     "SharedKeyRates",
     "block_of",
@@ -60,6 +61,9 @@ log = logging.getLogger("cronwheel.api")
 BLOCK_SECONDS = 0.05
 HOLD_SECONDS = 1.0
 LIMITS_TTL = 5.0
+# The longest a refusal says to wait: a rate the limits allow (any above 0) can make
+# the bucket's own wait astronomically long, or infinite.
+MAX_WAIT = 86_400.0
 
 # The clock of holds and cached limits (tests put their own in).
 _clock: Callable[[], float] = time.monotonic
@@ -164,8 +168,9 @@ class SharedKeyRates:
                 return 0.0
             now = _clock()
             if taken.granted == 0:
-                hold.refused_until = now + taken.wait
-                return max(taken.wait, 1e-3)
+                wait = min(MAX_WAIT, max(taken.wait, 1e-3))
+                hold.refused_until = now + wait
+                return wait
             hold.tokens = taken.granted - 1
             hold.expires = now + HOLD_SECONDS
             hold.throttled = False
