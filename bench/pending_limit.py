@@ -64,7 +64,7 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
                 await store.jobs_create_many(tenant.id, jobs=batch)
             conn = await asyncpg.connect(url.replace("postgresql+asyncpg://", "postgresql://"))
             await conn.execute("VACUUM ANALYZE runs")
-            # The count the limit runs (admission.pending_admit), as the planner does it.
+            # The count the limit runs (store.sql.pending.pending_admit), as the planner does it.
             plan = await conn.fetch(
                 "EXPLAIN (ANALYZE, BUFFERS) SELECT count(*) FROM (SELECT runs.id FROM runs"
                 " WHERE runs.tenant_id = $1 AND runs.state IN ('SCHEDULED', 'DISPATCHED')"

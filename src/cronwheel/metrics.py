@@ -111,15 +111,16 @@ QUARANTINED_RUNS = Gauge(
 )
 RUNS_THROTTLED = Counter(
     "cronwheel_runs_throttled",
-    "Runs a tenant limit held back or refused, by tenant and limit (max_pending_runs: "
-    "runs a create, trigger or backfill was refused).",
+    "Times a tenant's waiting runs were held back by one of its limits, by tenant name "
+    "and limit: at a lease, max_concurrent_runs or max_dispatch_rate (once per lease "
+    "that held it); at creation, max_pending_runs (once per refused request).",
     ["tenant", "limit"],
     registry=REGISTRY,
 )
 API_RATE_LIMITED = Counter(
     "cronwheel_api_rate_limited",
-    "API requests refused with 429 rate_limited, by the tenant of the key ('none': "
-    "requests without a tenant key).",
+    "API requests refused with 429 rate_limited, by the tenant id of the key ('none': "
+    "requests without a tenant's key).",
     ["tenant"],
     registry=REGISTRY,
 )

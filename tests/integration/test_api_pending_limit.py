@@ -1,6 +1,6 @@
 """``max_pending_runs`` through the API: every route that adds runs answers 429
 ``limit_exceeded`` naming the limit, the count and the limit, stores nothing, and
-counts the refused runs in ``cronwheel_runs_throttled``; every tenant limit is set by
+counts each refusal in ``cronwheel_runs_throttled``; every tenant limit is set by
 PATCH and shown by GET."""
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ def limit_refusal(r: Any, *, pending: int, adding: int, limit: int) -> None:
     assert "Retry-After" not in r.headers
 
 
-def throttled(tenant_id: str) -> float:
-    value = RUNS_THROTTLED.labels(tenant=tenant_id, limit="max_pending_runs")._value.get()
+def throttled(tenant_name: str) -> float:
+    value = RUNS_THROTTLED.labels(tenant=tenant_name, limit="max_pending_runs")._value.get()
     return float(value)
 
 
@@ -45,7 +45,7 @@ async def test_creates_past_the_limit_are_refused_and_change_nothing(api) -> Non
     limit_refusal(r, pending=1, adding=2, limit=2)
     assert "max_pending_runs" in error_of(r)["message"]
     assert await api.snapshot(tenant) == before
-    assert throttled(tenant.id) == 2
+    assert throttled(tenant.name) == 1  # once per refused request
 
     r = await api.client.post(f"/v1/jobs/{job['id']}/trigger", headers=tenant.headers)
     assert r.status_code == 201, r.text
@@ -61,7 +61,7 @@ async def test_creates_past_the_limit_are_refused_and_change_nothing(api) -> Non
         headers=tenant.headers,
     )
     limit_refusal(r, pending=2, adding=3, limit=2)
-    assert throttled(tenant.id) == 7
+    assert throttled(tenant.name) == 4
 
     # Another tenant is not touched by this one's limit.
     other = await api.tenant()

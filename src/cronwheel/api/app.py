@@ -25,7 +25,7 @@ from cronwheel.api.key_rates import SharedKeyRates
 from cronwheel.api.metrics import MetricsMiddleware, RunsByStateRefresher
 from cronwheel.api.notifier import ReadyNotifier
 from cronwheel.api.rate_limits import RateLimitMiddleware
-from cronwheel.api.routers import alerts, health, jobs, logs, runs, tenants, workers
+from cronwheel.api.routers import alerts, attempts, health, jobs, logs, runs, tenants, workers
 from cronwheel.api.state import ApiState, StartsFirst
 from cronwheel.logstore import FileLogStore, LogStore
 from cronwheel.settings import Settings
@@ -203,7 +203,7 @@ def create_app(settings: Settings, store: Store, *, log_store: LogStore | None =
     app.add_middleware(MetricsMiddleware)  # added last: outermost, so it sees every answer
 
     routers: list[APIRouter] = [
-        m.router for m in (tenants, jobs, runs, alerts, workers, logs, health)
+        m.router for m in (tenants, jobs, runs, alerts, workers, attempts, logs, health)
     ]
     routers.append(runs.dead_letters)
     for router in routers:

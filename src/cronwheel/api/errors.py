@@ -161,10 +161,11 @@ async def _cronwheel_error(request: Request, exc: Exception) -> JSONResponse:
         # Overload or a failover: the same request may well succeed in a moment.
         headers = {"Retry-After": "1"}
     elif isinstance(exc, TenantLimitError):
+        # Once per refused request, by tenant name, as leasing counts its holds.
         details = exc.details
         RUNS_THROTTLED.labels(
-            tenant=str(details.get("tenant_id")), limit=str(details.get("limit"))
-        ).inc(int(details.get("adding", 1)))
+            tenant=str(details.get("tenant")), limit=str(details.get("limit"))
+        ).inc()
     return JSONResponse(exc.to_dict(), status_code=exc.status, headers=headers)
 
 

@@ -21,7 +21,7 @@ Conventions:
 - Every method that adds runs on request — ``jobs_create_many``, ``jobs_trigger``,
   ``jobs_backfill``, ``runs_redrive``, ``runs_redrive_many`` — raises
   :class:`TenantLimitError` and writes nothing when the tenant would end with more
-  pending runs than its ``max_pending_runs`` (``store/sql/admission.py``). The
+  pending runs than its ``max_pending_runs`` (``store/sql/pending.py``). The
   scheduler's next occurrences are never refused.
 """
 
@@ -126,6 +126,14 @@ class Store(SchedulerSide, WorkerSide):
 
     @abstractmethod
     async def tenants_get_by_name(self, *, name: str) -> Tenant: ...
+
+    @abstractmethod
+    async def tenants_held(
+        self, tenant_ids: Sequence[uuid.UUID], *, now: datetime | None = None
+    ) -> dict[uuid.UUID, str]:
+        """The tenants of ``tenant_ids`` whose limits hold their ready runs back now,
+        each with the reason a waiting run of theirs shows: at ``max_concurrent_runs``
+        (runs leased or running), or with an empty dispatch-rate bucket."""
 
     @abstractmethod
     async def tenants_list(

@@ -30,8 +30,8 @@ from cronwheel.domain.states import REDRIVE, JobState, Move, RunState
 from cronwheel.store.notices import CHANNEL_RUNS_NEW, announce
 from cronwheel.store.rows import event_row, run_from
 from cronwheel.store.schema import jobs, runs
-from cronwheel.store.sql.admission import pending_admit, tenant_for_new_runs
 from cronwheel.store.sql.core import SqlCore
+from cronwheel.store.sql.pending import pending_admit, tenant_for_new_runs
 from cronwheel.store.sql.statements import ONE_OFF_KINDS, may
 from cronwheel.store.values import REDRIVE_BATCH_MAX, RedriveBatch
 

@@ -25,8 +25,8 @@ from cronwheel.ids import new_id
 from cronwheel.store.notices import ANNOUNCE_HORIZON, CHANNEL_RUNS_NEW, announce
 from cronwheel.store.rows import event_row, new_run_row, run_from
 from cronwheel.store.schema import runs
-from cronwheel.store.sql.admission import pending_admit, tenant_for_new_runs
 from cronwheel.store.sql.jobs import JobsMixin, stored_schedule
+from cronwheel.store.sql.pending import pending_admit, tenant_for_new_runs
 from cronwheel.timing import due_local, iter_occurrences
 
 __all__ = ["TriggersMixin"]
