@@ -15,6 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from prometheus_client.exposition import generate_latest
 
 __all__ = [
+    "API_RATE_LIMITED",
     "API_REQUESTS",
     "API_REQUEST_DURATION",
     "CLOCK_OFFSET",
@@ -114,6 +115,13 @@ RUNS_THROTTLED = Counter(
     "and limit: at a lease, max_concurrent_runs or max_dispatch_rate (once per lease "
     "that held it); at creation, max_pending_runs (once per refused request).",
     ["tenant", "limit"],
+    registry=REGISTRY,
+)
+API_RATE_LIMITED = Counter(
+    "cronwheel_api_rate_limited",
+    "API requests refused with 429 rate_limited, by the tenant id of the key ('none': "
+    "requests without a tenant's key).",
+    ["tenant"],
     registry=REGISTRY,
 )
 API_REQUESTS = Counter(

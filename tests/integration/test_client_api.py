@@ -221,3 +221,29 @@ async def test_delete_a_job_and_a_tenant(
     with pytest.raises(ApiError) as info:
         await operator.jobs.list()
     assert info.value.status == 401
+
+
+async def test_every_tenant_limit_is_read_and_set(
+    admin: AsyncClient, tenant: dict[str, Any]
+) -> None:
+    from cronwheel.domain.spec import TenantLimits
+
+    every = {
+        "max_concurrent_runs": 5,
+        "max_dispatch_rate": 2.5,
+        "dispatch_burst": 10,
+        "max_pending_runs": 1000,
+        "api_rate": 20.0,
+        "api_burst": 40,
+        "weight": 3.0,
+    }
+    assert set(every) == set(TenantLimits.model_fields)
+    assert (await admin.tenants.update(tenant["id"], limits=every))["limits"] == every
+    # A model sends the fields set, None among them: it clears that limit alone.
+    out = await admin.tenants.update(tenant["id"], limits=TenantLimits(api_rate=None))
+    assert out["limits"] == {**every, "api_rate": None}
+    assert (await admin.tenants.get(tenant["id"]))["limits"] == out["limits"]
+    with pytest.raises(ApiError) as info:
+        await admin.tenants.update(tenant["id"], limits={"max_pending_runs": 0})
+    assert (info.value.status, info.value.field) == (422, "limits.max_pending_runs")
+    assert (await admin.tenants.get(tenant["id"]))["limits"] == out["limits"]

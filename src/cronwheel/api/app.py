@@ -21,6 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from cronwheel.api.auth import KeyCache
 from cronwheel.api.errors import AllowedMethods, error_response, install_error_handlers
 from cronwheel.api.head_limits import HeadLimitMiddleware, HeadLimits
+from cronwheel.api.key_rates import SharedKeyRates
 from cronwheel.api.metrics import MetricsMiddleware, RunsByStateRefresher
 from cronwheel.api.notifier import ReadyNotifier
 from cronwheel.api.rate_limits import RateLimitMiddleware
@@ -47,7 +48,8 @@ its bounds); a value out of bounds is a 4xx naming the field, and nothing is wri
 Every request: more than `max_header_count` headers (100), or a request line and
 headers over `max_header_bytes` (32 KiB), is refused with 431
 `request_headers_too_large` and the connection closed. Requests are rate limited per
-API key (worker keys and the admin key far higher), and per client address without a
+API key (worker keys and the admin key far higher; a tenant's own `api_rate` per key,
+shared by every API node, where the admin set one), and per client address without a
 valid key: over the limit the answer is 429 `rate_limited` with `Retry-After`.
 """
 
@@ -149,6 +151,7 @@ def create_app(settings: Settings, store: Store, *, log_store: LogStore | None =
         key_cache=KeyCache(store, ttl=settings.key_cache_ttl),
         notifier=ReadyNotifier(store),
         runs_by_state=RunsByStateRefresher(store, pools=settings.metrics_pools),
+        key_rates=SharedKeyRates(store),
         # As many start statements at once as the pool keeps connections for.
         starts=StartsFirst(statements=settings.api_pool_size),
     )
@@ -190,7 +193,12 @@ def create_app(settings: Settings, store: Store, *, log_store: LogStore | None =
     # Room for a full payload plus the rest of a job, or a batch of worker reports.
     app.add_middleware(BodyLimitMiddleware, max_bytes=max(1 << 20, 4 * settings.max_payload_bytes))
     # Before the body is read, after the head is judged.
-    app.add_middleware(RateLimitMiddleware, settings=settings, key_cache=state.key_cache)
+    app.add_middleware(
+        RateLimitMiddleware,
+        settings=settings,
+        key_cache=state.key_cache,
+        shared=state.key_rates,
+    )
     app.add_middleware(HeadLimitMiddleware, limits=HeadLimits.of(settings))
     app.add_middleware(MetricsMiddleware)  # added last: outermost, so it sees every answer
 

@@ -26,7 +26,13 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Route
 
-from cronwheel.domain.errors import AuthError, CronwheelError, StoreUnavailableError
+from cronwheel.domain.errors import (
+    AuthError,
+    CronwheelError,
+    StoreUnavailableError,
+    TenantLimitError,
+)
+from cronwheel.metrics import RUNS_THROTTLED
 
 __all__ = [
     "AllowedMethods",
@@ -154,6 +160,12 @@ async def _cronwheel_error(request: Request, exc: Exception) -> JSONResponse:
     elif isinstance(exc, StoreUnavailableError):
         # Overload or a failover: the same request may well succeed in a moment.
         headers = {"Retry-After": "1"}
+    elif isinstance(exc, TenantLimitError):
+        # Once per refused request, by tenant name, as leasing counts its holds.
+        details = exc.details
+        RUNS_THROTTLED.labels(
+            tenant=str(details.get("tenant")), limit=str(details.get("limit"))
+        ).inc()
     return JSONResponse(exc.to_dict(), status_code=exc.status, headers=headers)
 
 

@@ -32,9 +32,14 @@ slowed before it costs the database or learns anything, and the charge is refund
 the key turns out valid. So a flood from one address can hold up only keys this process
 has not seen lately, never the clients already at work.
 
-The buckets live in each API process: with N processes a key gets up to N times its
-limit. (A later issue makes the limits cluster-wide.) Behind a proxy the client address
-is the proxy's, so requests without a valid key share its one bucket.
+These buckets live in each API process: with N processes a key gets up to N times its
+limit. A tenant may instead have a per-key rate shared by every API node
+(``api_rate``, ``api_burst`` of its limits; ``api.key_rates``): its keys are then
+charged there and not here. Behind a proxy the client address is the proxy's, so
+requests without a valid key share its one bucket.
+
+Every refusal counts in ``cronwheel_api_rate_limited_total{tenant}`` (``none`` for
+requests without a tenant's key).
 """
 
 from __future__ import annotations
@@ -45,15 +50,17 @@ import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TypeGuard
 
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from cronwheel.api.auth import KEY_PREFIX, MAX_KEY_LENGTH, KeyCache, bearer_token, hash_key
+from cronwheel.api.key_rates import SharedKeyRates
 from cronwheel.domain.errors import RateLimitedError
 from cronwheel.domain.model import ApiKey
+from cronwheel.metrics import API_RATE_LIMITED
 from cronwheel.settings import Settings
 
 __all__ = ["RECENT_KEY_SECONDS", "Buckets", "Rate", "RateLimitMiddleware"]
@@ -71,6 +78,20 @@ _clock: Callable[[], float] = time.monotonic
 class Rate:
     per_second: float  # 0: no limit
     burst: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Charge:
+    """What a request was charged to: the limit, the bucket's name, its wait (0: go),
+    and who it was (for the refusal's message, log line and metric)."""
+
+    per_second: float
+    burst: int
+    name: Hashable
+    wait: float
+    by_address: bool
+    tenant: str  # the key's tenant, or "none"
+    first_refusal: Callable[[], bool]
 
 
 class _Bucket:
@@ -135,9 +156,17 @@ def _usable(record: ApiKey | None) -> TypeGuard[ApiKey]:
 class RateLimitMiddleware:
     """The limits of the module docstring, in front of everything but the probes."""
 
-    def __init__(self, app: ASGIApp, *, settings: Settings, key_cache: KeyCache) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        settings: Settings,
+        key_cache: KeyCache,
+        shared: SharedKeyRates | None = None,
+    ) -> None:
         self.app = app
         self.key_cache = key_cache
+        self.shared = shared
         self.admin_key = settings.admin_key.encode() if settings.admin_key else None
         self.metrics_token = settings.metrics_token.encode() if settings.metrics_token else None
         self.keys = Buckets(Rate(settings.rate_limit, settings.rate_limit_burst))
@@ -150,79 +179,100 @@ class RateLimitMiddleware:
         if scope["type"] != "http" or scope["path"] in _EXEMPT:
             await self.app(scope, receive, send)
             return
-        buckets, name, wait = await self._charge(scope)
-        if wait > 0:
-            await self._refuse(scope, receive, send, buckets, name, wait)
+        charge = await self._charge(scope)
+        if charge.wait > 0:
+            await self._refuse(scope, receive, send, charge)
             return
         await self.app(scope, receive, send)
 
-    async def _charge(self, scope: Scope) -> tuple[Buckets, Hashable, float]:
-        """Take a token from the request's bucket: ``(buckets, name, wait)``."""
+    def _local(
+        self, buckets: Buckets, name: Hashable, now: float, *, tenant: str = "none"
+    ) -> _Charge:
+        return _Charge(
+            per_second=buckets.rate.per_second,
+            burst=buckets.rate.burst,
+            name=name,
+            wait=buckets.take(name, now),
+            by_address=buckets is self.anonymous,
+            tenant=tenant,
+            first_refusal=lambda: buckets.first_refusal(name),
+        )
+
+    async def _charge(self, scope: Scope) -> _Charge:
+        """Take a token from the request's bucket."""
         now = _clock()
         client = scope.get("client")
         address = client[0] if client else "unknown"
         key = bearer_token(scope["headers"])
         if key is None:
-            return self.anonymous, address, self.anonymous.take(address, now)
+            return self._local(self.anonymous, address, now)
         if self.admin_key is not None and hmac.compare_digest(key.encode(), self.admin_key):
-            return self.workers, "admin", self.workers.take("admin", now)
+            return self._local(self.workers, "admin", now)
         if self.metrics_token is not None and hmac.compare_digest(key.encode(), self.metrics_token):
-            return self.keys, "metrics", self.keys.take("metrics", now)
+            return self._local(self.keys, "metrics", now)
         if not key.startswith(KEY_PREFIX) or len(key) > MAX_KEY_LENGTH:
-            return self.anonymous, address, self.anonymous.take(address, now)
+            return self._local(self.anonymous, address, now)
         key_hash = hash_key(key)
         known, record = self.key_cache.peek(key_hash, stale_for=RECENT_KEY_SECONDS)
         if known:
             if _usable(record):
-                return self._take_key(record, now)
-            return self.anonymous, address, self.anonymous.take(address, now)
+                return await self._take_key(record, now)
+            return self._local(self.anonymous, address, now)
         # Not cached: charged to the address until the look-up says it is a key.
-        wait = self.anonymous.take(address, now)
-        if wait > 0:
-            return self.anonymous, address, wait
+        charge = self._local(self.anonymous, address, now)
+        if charge.wait > 0:
+            return charge
+        free = replace(charge, wait=0.0)
         try:
             record = await self.key_cache.lookup(key_hash)
         except Exception:  # the store is down: authentication says so next
-            return self.anonymous, address, 0.0
+            return free
         if _usable(record):
             self.anonymous.refund(address)
-            return self._take_key(record, now)
-        return self.anonymous, address, 0.0
+            return await self._take_key(record, now)
+        return free
 
-    def _take_key(self, record: ApiKey, now: float) -> tuple[Buckets, Hashable, float]:
+    async def _take_key(self, record: ApiKey, now: float) -> _Charge:
+        tenant = "none" if record.tenant_id is None else str(record.tenant_id)
+        if self.shared is not None and record.tenant_id is not None:
+            rate = await self.shared.rate_for(record.tenant_id)
+            if rate is not None:
+                shared = self.shared
+                return _Charge(
+                    per_second=rate.per_second,
+                    burst=rate.burst,
+                    name=record.id,
+                    wait=await shared.take(record.id, rate),
+                    by_address=False,
+                    tenant=tenant,
+                    first_refusal=lambda: shared.first_refusal(record.id),
+                )
         # Worker keys and admin keys (the bootstrap one lives in the database) carry
         # whole fleets' worker protocol.
         buckets = self.workers if record.role in ("worker", "admin") else self.keys
-        return buckets, record.id, buckets.take(record.id, now)
+        return self._local(buckets, record.id, now, tenant=tenant)
 
-    async def _refuse(
-        self,
-        scope: Scope,
-        receive: Receive,
-        send: Send,
-        buckets: Buckets,
-        name: Hashable,
-        wait: float,
-    ) -> None:
-        who = (
-            "from this address without a valid API key"
-            if buckets is self.anonymous
-            else "with this API key"
-        )
-        if buckets.first_refusal(name):
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send, charge: _Charge) -> None:
+        who = "with this API key"
+        if charge.by_address:
+            who = "from this address without a valid API key"
+        API_RATE_LIMITED.labels(tenant=charge.tenant).inc()
+        if charge.first_refusal():
             log.warning(
                 "rate limited %s",
                 who,
                 extra={
                     "event": "api.rate_limited",
-                    "bucket": "address" if buckets is self.anonymous else "key",
-                    "who": str(name),
-                    "limit": buckets.rate.per_second,
+                    "bucket": "address" if charge.by_address else "key",
+                    "who": str(charge.name),
+                    "tenant": charge.tenant,
+                    "limit": charge.per_second,
                 },
             )
+        wait = charge.wait
         error = RateLimitedError(
-            f"too many requests {who} (at most {buckets.rate.per_second:g} a second, "
-            f"{buckets.rate.burst} at once): retry in {wait:.2f} s",
+            f"too many requests {who} (at most {charge.per_second:g} a second, "
+            f"{charge.burst} at once): retry in {wait:.2f} s",
             retry_after=round(wait, 3),
         )
         response = JSONResponse(

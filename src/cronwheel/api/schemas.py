@@ -26,6 +26,7 @@ from cronwheel.domain.spec import TenantLimits
 from cronwheel.store.values import REDRIVE_BATCH_MAX
 
 __all__ = [
+    "ADDS_RUNS",
     "ERROR_RESPONSES",
     "AlertList",
     "AlertOut",
@@ -117,6 +118,17 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         "description": "Too many requests with this key (`rate_limited`): retry after "
         "`Retry-After` seconds",
     },
+}
+
+# The routes that add runs on request, over ERROR_RESPONSES' 429.
+ADDS_RUNS: dict[int | str, dict[str, Any]] = {
+    429: {
+        "model": ErrorResponse,
+        "description": "Too many requests with this key (`rate_limited`, retry after "
+        "`Retry-After` seconds); or the runs this adds would take the tenant past its "
+        "`max_pending_runs` (`limit_exceeded`; `details` names the limit, the tenant's "
+        "pending runs and the limit) and nothing was stored",
+    }
 }
 
 

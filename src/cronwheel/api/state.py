@@ -14,6 +14,7 @@ from typing import Generic, TypeVar, cast
 from fastapi import Request
 
 from cronwheel.api.auth import KeyCache
+from cronwheel.api.key_rates import SharedKeyRates
 from cronwheel.api.metrics import RunsByStateRefresher
 from cronwheel.api.notifier import ReadyNotifier
 from cronwheel.domain.model import Worker
@@ -58,6 +59,7 @@ class ApiState:
     key_cache: KeyCache
     notifier: ReadyNotifier
     runs_by_state: RunsByStateRefresher
+    key_rates: SharedKeyRates
     workers: BoundedCache[uuid.UUID, Worker] = field(default_factory=lambda: BoundedCache(10_000))
     # Long-polls re-poll the store this often even without a notification.
     lease_poll_interval: float = 1.0

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+from rich.table import Table
 
 from cronwheel.cli.options import DEFAULT_URL, ApiKeyOpt, JsonOpt, ReasonOpt, UrlOpt, client_for
 from cronwheel.cli.output import (
@@ -20,6 +21,7 @@ from cronwheel.cli.output import (
     table,
 )
 from cronwheel.client import Client
+from cronwheel.domain.spec import TenantLimits
 
 __all__ = [
     "keys_app",
@@ -29,10 +31,14 @@ __all__ = [
     "tenants_delete",
     "tenants_keys_list",
     "tenants_keys_revoke",
+    "tenants_limits",
     "tenants_list",
+    "tenants_set_limits",
 ]
 
-tenants_app = command_group("Tenants and their keys (admin key): create, list, delete.")
+tenants_app = command_group(
+    "Tenants, their limits and their keys (admin key): create, list, limits, set-limits, delete."
+)
 keys_app = command_group("A tenant's API keys: list, revoke (admin key).")
 tenants_app.add_typer(keys_app, name="keys")
 
@@ -141,6 +147,104 @@ def tenants_keys_revoke(
     console.print(
         f"[green]revoked[/] {key['role']} key {key['id']} ({key['prefix']}…)", highlight=False
     )
+
+
+def _value(value: Any) -> str:
+    if value is None:
+        return "-"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _limits_table(tenant: dict[str, Any]) -> Table:
+    limits = tenant.get("limits") or {}
+    rows = [
+        (name, _value(limits.get(name)), field.description or "")
+        for name, field in TenantLimits.model_fields.items()
+    ]
+    return table(
+        f"limits of {tenant['name']} ({tenant['id']})",
+        ["limit", "value", "what it bounds"],
+        rows,
+        caption="- : no limit",
+    )
+
+
+@tenants_app.command("limits")
+def tenants_limits(
+    tenant: Annotated[str, typer.Argument(help="The tenant's id or name.")],
+    url: UrlOpt = DEFAULT_URL,
+    api_key: ApiKeyOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """A tenant's limits (docs/limits.md)."""
+    with handle_errors(), client_for(url, api_key, None) as client:
+        out = client.tenants.get(_tenant_id(client, tenant))
+    if as_json:
+        print_json(out["limits"])
+        return
+    console.print(_limits_table(out))
+
+
+_LIMIT_NAMES = ", ".join(TenantLimits.model_fields)
+
+
+@tenants_app.command("set-limits")
+def tenants_set_limits(
+    tenant: Annotated[str, typer.Argument(help="The tenant's id or name.")],
+    max_concurrent_runs: Annotated[
+        int | None, typer.Option(help="Runs leased or running at once.")
+    ] = None,
+    max_dispatch_rate: Annotated[
+        float | None, typer.Option(help="Runs handed to workers per second.")
+    ] = None,
+    dispatch_burst: Annotated[
+        int | None, typer.Option(help="Runs handed out at once above the rate.")
+    ] = None,
+    max_pending_runs: Annotated[
+        int | None,
+        typer.Option(help="Runs scheduled or waiting for a worker; more are refused (429)."),
+    ] = None,
+    api_rate: Annotated[float | None, typer.Option(help="API requests per second per key.")] = None,
+    api_burst: Annotated[
+        int | None, typer.Option(help="API requests a key may make at once above the rate.")
+    ] = None,
+    weight: Annotated[
+        float | None, typer.Option(help="Share of a contended pool, against other tenants.")
+    ] = None,
+    clear: Annotated[
+        list[str] | None,
+        typer.Option("--clear", help=f"Remove a limit (repeatable): {_LIMIT_NAMES}."),
+    ] = None,
+    url: UrlOpt = DEFAULT_URL,
+    api_key: ApiKeyOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Change a tenant's limits: only those given change. A bad value is refused and
+    changes nothing. Applies on every API node within 5 seconds."""
+    given: dict[str, Any] = {
+        "max_concurrent_runs": max_concurrent_runs,
+        "max_dispatch_rate": max_dispatch_rate,
+        "dispatch_burst": dispatch_burst,
+        "max_pending_runs": max_pending_runs,
+        "api_rate": api_rate,
+        "api_burst": api_burst,
+        "weight": weight,
+    }
+    changes = {name: value for name, value in given.items() if value is not None}
+    for name in clear or []:
+        if name not in TenantLimits.model_fields:
+            fail(f"--clear {name}: no such limit (one of {_LIMIT_NAMES})")
+        if name in changes:
+            fail(f"--clear {name} and --{name.replace('_', '-')} contradict each other")
+        changes[name] = None
+    if not changes:
+        fail("nothing to change: give a limit (see --help) or --clear NAME")
+    with handle_errors(), client_for(url, api_key, None) as client:
+        out = client.tenants.update(_tenant_id(client, tenant), limits=changes)
+    if as_json:
+        print_json(out)
+        return
+    console.print(_limits_table(out))
 
 
 def _tenant_id(client: Client, tenant: str) -> str:

@@ -19,6 +19,7 @@ from cronwheel.client.base import (
 )
 from cronwheel.client.calls import Call, Calls, Id, Json, query_params
 from cronwheel.domain.model import Page
+from cronwheel.domain.spec import TenantLimits
 
 __all__ = [
     "AsyncAlerts",
@@ -115,7 +116,9 @@ class _AsyncResource:
 
 
 class AsyncTenants(_AsyncResource):
-    async def create(self, name: str, *, limits: Mapping[str, Any] | None = None) -> Json:
+    async def create(
+        self, name: str, *, limits: Mapping[str, Any] | TenantLimits | None = None
+    ) -> Json:
         return await self._one(Calls.tenants_create(name, limits))
 
     async def get(self, tenant_id: Id) -> Json:
@@ -124,7 +127,10 @@ class AsyncTenants(_AsyncResource):
     async def list(self, *, cursor: str | None = None, limit: int | None = None) -> Page[Json]:
         return await self._page(Calls.tenants_list(cursor, limit))
 
-    async def update(self, tenant_id: Id, *, limits: Mapping[str, Any]) -> Json:
+    async def update(self, tenant_id: Id, *, limits: Mapping[str, Any] | TenantLimits) -> Json:
+        """Change the tenant's limits (admin key): only those named change (a
+        :class:`TenantLimits`: the fields set), None clears one. A bad value is 422
+        and changes nothing. Every field is in docs/limits.md."""
         return await self._one(Calls.tenants_update(tenant_id, limits))
 
     async def create_key(self, tenant_id: Id, *, role: str = "operator") -> Json:

@@ -12,6 +12,8 @@ from urllib.parse import quote
 
 from pydantic_core import to_jsonable_python
 
+from cronwheel.domain.spec import TenantLimits
+
 __all__ = ["Call", "Calls", "Id", "Json", "query_params"]
 
 Json = dict[str, Any]
@@ -53,14 +55,22 @@ def _body(value: Any) -> Any:
     return to_jsonable_python(value, by_alias=True, exclude_none=True)
 
 
+def _limits(limits: Mapping[str, Any] | TenantLimits) -> Json:
+    """Tenant limits as sent: the fields named (a model: the fields set), None
+    included, for None clears a limit."""
+    if isinstance(limits, TenantLimits):
+        return limits.model_dump(mode="json", exclude_unset=True)
+    return {key: to_jsonable_python(value) for key, value in limits.items()}
+
+
 class Calls:
     """Every request the resources make, as :class:`Call` values."""
 
     @staticmethod
-    def tenants_create(name: str, limits: Mapping[str, Any] | None) -> Call:
-        body: Json = {"name": name}
+    def tenants_create(name: str, limits: Mapping[str, Any] | TenantLimits | None) -> Call:
+        body: dict[str, Any] = {"name": name}
         if limits is not None:
-            body["limits"] = _body(limits)
+            body["limits"] = _limits(limits)
         return Call("POST", "/v1/tenants", json=body)
 
     @staticmethod
@@ -72,8 +82,8 @@ class Calls:
         return Call("GET", "/v1/tenants", params=query_params(cursor=cursor, limit=limit))
 
     @staticmethod
-    def tenants_update(tenant_id: Id, limits: Mapping[str, Any]) -> Call:
-        return Call("PATCH", f"/v1/tenants/{_seg(tenant_id)}", json={"limits": _body(limits)})
+    def tenants_update(tenant_id: Id, limits: Mapping[str, Any] | TenantLimits) -> Call:
+        return Call("PATCH", f"/v1/tenants/{_seg(tenant_id)}", json={"limits": _limits(limits)})
 
     @staticmethod
     def tenants_create_key(tenant_id: Id, role: str) -> Call:

@@ -18,6 +18,7 @@ from cronwheel.client.base import (
 )
 from cronwheel.client.calls import Call, Calls, Id, Json, query_params
 from cronwheel.domain.model import Page
+from cronwheel.domain.spec import TenantLimits
 
 __all__ = ["Alerts", "Client", "Jobs", "Runs", "Tenants", "Workers"]
 
@@ -107,7 +108,7 @@ class _Resource:
 
 
 class Tenants(_Resource):
-    def create(self, name: str, *, limits: Mapping[str, Any] | None = None) -> Json:
+    def create(self, name: str, *, limits: Mapping[str, Any] | TenantLimits | None = None) -> Json:
         """A new tenant; the answer holds its first operator ``api_key`` (shown once)."""
         return self._one(Calls.tenants_create(name, limits))
 
@@ -117,7 +118,10 @@ class Tenants(_Resource):
     def list(self, *, cursor: str | None = None, limit: int | None = None) -> Page[Json]:
         return self._page(Calls.tenants_list(cursor, limit))
 
-    def update(self, tenant_id: Id, *, limits: Mapping[str, Any]) -> Json:
+    def update(self, tenant_id: Id, *, limits: Mapping[str, Any] | TenantLimits) -> Json:
+        """Change the tenant's limits (admin key): only those named change (a
+        :class:`TenantLimits`: the fields set), None clears one. A bad value is 422
+        and changes nothing. Every field is in docs/limits.md."""
         return self._one(Calls.tenants_update(tenant_id, limits))
 
     def create_key(self, tenant_id: Id, *, role: str = "operator") -> Json:

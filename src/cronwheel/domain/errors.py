@@ -16,6 +16,7 @@
      │    ├── IdempotencyConflictError             idempotency_conflict
      │    └── InUseError                           in_use
      ├── RateLimitedError                     429  rate_limited
+     ├── TenantLimitError                     429  limit_exceeded
      └── StoreUnavailableError(ConnectionError) 503 store_unavailable
 """
 
@@ -37,6 +38,7 @@ __all__ = [
     "RateLimitedError",
     "StaleFencingTokenError",
     "StoreUnavailableError",
+    "TenantLimitError",
     "ValidationError",
     "WorkerDeregisteredError",
     "describe_error",
@@ -132,6 +134,16 @@ class InUseError(ConflictError):
 class RateLimitedError(CronwheelError):
     status = 429
     code = "rate_limited"
+
+
+class TenantLimitError(CronwheelError):
+    """A request would take the tenant past one of its limits (``details.limit`` names
+    it, with the tenant's count and the limit); nothing was done. Unlike
+    :class:`RateLimitedError`, waiting alone does not help: the count must come down
+    (runs finishing) or the limit go up."""
+
+    status = 429
+    code = "limit_exceeded"
 
 
 class StoreUnavailableError(CronwheelError, ConnectionError):

@@ -18,6 +18,11 @@ Conventions:
   takes its state precondition from the move (``statements.may``, ``Move.sql``) and
   appends an event in the same transaction; a rejected transition writes nothing.
 - Batch methods take and return lists: one statement per batch, never one per run.
+- Every method that adds runs on request — ``jobs_create_many``, ``jobs_trigger``,
+  ``jobs_backfill``, ``runs_redrive``, ``runs_redrive_many`` — raises
+  :class:`TenantLimitError` and writes nothing when the tenant would end with more
+  pending runs than its ``max_pending_runs`` (``store/sql/pending.py``). The
+  scheduler's next occurrences are never refused.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from cronwheel.domain.states import REDRIVE, Move
 from cronwheel.store.scheduler_side import SchedulerSide
 from cronwheel.store.values import (
     REDRIVE_BATCH_MAX,
+    BucketTake,
     JobDeleted,
     LogChunk,
     LogHead,
@@ -189,6 +195,23 @@ class Store(SchedulerSide, WorkerSide):
     @abstractmethod
     async def api_keys_get_by_hash(self, *, key_hash: str) -> ApiKey | None:
         """The unrevoked key with this hash, or None."""
+
+    # -- shared token buckets --------------------------------------------------------
+
+    @abstractmethod
+    async def rate_buckets_take(
+        self,
+        *,
+        name: str,
+        rate: float,
+        burst: float,
+        wanted: int,
+        now: datetime | None = None,
+    ) -> BucketTake:
+        """Take up to ``wanted`` whole tokens from the bucket ``name`` (``rate`` a
+        second, up to ``burst``; full when first drawn on), for every node at once:
+        takes racing on one bucket are serialised, so together they never get more
+        than ``burst`` + ``rate`` x the time elapsed. Grants what it holds, maybe 0."""
 
     @abstractmethod
     async def api_keys_bootstrap(

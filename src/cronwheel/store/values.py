@@ -14,6 +14,7 @@ from cronwheel.domain.model import DueRun, LeasedAttempt, Run
 __all__ = [
     "REDRIVE_BATCH_MAX",
     "Admitted",
+    "BucketTake",
     "CompleteItem",
     "FailItem",
     "Grant",
@@ -30,6 +31,15 @@ __all__ = [
     "RunFilter",
     "TenantDeleted",
 ]
+
+
+@dataclass(frozen=True, slots=True)
+class BucketTake:
+    """What a shared token bucket gave: ``granted`` whole tokens (0 to the number
+    asked for), and ``wait``, the seconds until it holds a token again (0: it does)."""
+
+    granted: int
+    wait: float
 
 
 @dataclass(frozen=True, slots=True)

@@ -83,6 +83,11 @@ async def readyz(request: Request) -> JSONResponse:
         200: {"content": {CONTENT_TYPE_LATEST: {}}, "description": "text format"},
         401: {"model": ErrorResponse, "description": "No key, or not a valid one"},
         403: {"model": ErrorResponse, "description": "A tenant's key"},
+        429: {
+            "model": ErrorResponse,
+            "description": "Too many requests with this key or token (`rate_limited`): "
+            "retry after `Retry-After` seconds",
+        },
     },
     dependencies=[Depends(require_metrics_reader)],
 )

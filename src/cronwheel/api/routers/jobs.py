@@ -17,6 +17,7 @@ from cronwheel.api.redaction import redact_webhook, refuse_redacted
 from cronwheel.api.routers.logs import delete_logs
 from cronwheel.api.routers.runs import run_out
 from cronwheel.api.schemas import (
+    ADDS_RUNS,
     ERROR_RESPONSES,
     BackfillOut,
     BackfillRequest,
@@ -117,6 +118,7 @@ def job_out(job: Job, *, first_run_id: Any = None) -> JobOut:
             "description": "The Idempotency-Key was used before "
             "with a different request (`idempotency_conflict`)",
         },
+        **ADDS_RUNS,
     },
 )
 async def create_job(
@@ -165,15 +167,18 @@ class JobBatch(BaseModel):
     jobs: list[JobSpec] = Field(min_length=1, max_length=BATCH_MAX)
 
 
-@router.post("/batch", status_code=status.HTTP_201_CREATED, summary="Create many jobs")
+@router.post(
+    "/batch", status_code=status.HTTP_201_CREATED, summary="Create many jobs", responses=ADDS_RUNS
+)
 async def create_jobs(
     request: Request,
     body: JobBatch,
     scope: TenantScope = Depends(tenant_writer),
 ) -> JobList:
     """Creates up to 1,000 jobs in one transaction: all of them, or none when any is
-    invalid (the error's field names it, e.g. ``jobs.3.schedule.at``). Answers the jobs
-    in the order given."""
+    invalid (the error's field names it, e.g. ``jobs.3.schedule.at``) or their runs
+    would take the tenant past its ``max_pending_runs`` (429 ``limit_exceeded``).
+    Answers the jobs in the order given."""
     state = api_state(request)
     now = await state.store.db_now()
     new: list[NewJob] = []
@@ -341,7 +346,7 @@ async def resume_job(
     "/{job_id}/trigger",
     status_code=status.HTTP_201_CREATED,
     summary="Run a job now",
-    responses=_CONFLICT,
+    responses={**_CONFLICT, **ADDS_RUNS},
 )
 async def trigger_job(
     job_id: str,
@@ -369,7 +374,7 @@ async def trigger_job(
     "/{job_id}/backfill",
     status_code=status.HTTP_202_ACCEPTED,
     summary="Backfill a past range",
-    responses=_CONFLICT,
+    responses={**_CONFLICT, **ADDS_RUNS},
 )
 async def backfill_job(
     job_id: str,

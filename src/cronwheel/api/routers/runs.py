@@ -15,6 +15,7 @@ from cronwheel.api.inputs import parse_id
 from cronwheel.api.jsonbody import StrictJsonRoute
 from cronwheel.api.redaction import redact_webhook
 from cronwheel.api.schemas import (
+    ADDS_RUNS,
     ERROR_RESPONSES,
     AttemptOut,
     CancelRequest,
@@ -242,7 +243,7 @@ _NOT_NOW: dict[int | str, dict[str, Any]] = {
 @router.post(
     "/{run_id}/redrive",
     summary="Send a dead-lettered run back for a new series",
-    responses=_NOT_NOW,
+    responses={**_NOT_NOW, **ADDS_RUNS},
 )
 async def redrive_run(
     run_id: str,
@@ -262,7 +263,9 @@ async def redrive_run(
     return run_out(run)
 
 
-@router.post("/{run_id}/retry", summary="Run a finished run again", responses=_NOT_NOW)
+@router.post(
+    "/{run_id}/retry", summary="Run a finished run again", responses={**_NOT_NOW, **ADDS_RUNS}
+)
 async def retry_run(
     run_id: str,
     request: Request,
@@ -308,7 +311,7 @@ async def list_dead_letters(
 @dead_letters.post(
     "/redrive",
     summary="Send dead-lettered runs back in bulk",
-    responses={404: {"model": ErrorResponse, "description": "No such job"}},
+    responses={404: {"model": ErrorResponse, "description": "No such job"}, **ADDS_RUNS},
 )
 async def redrive_dead_letters(
     request: Request,

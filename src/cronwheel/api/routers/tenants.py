@@ -99,7 +99,9 @@ async def update_tenant(
     request: Request,
     principal: Principal = Depends(require_admin),
 ) -> TenantOut:
-    """Only the limits named in the body change; the others keep their values."""
+    """Only the limits named in the body change (null clears one); the others keep
+    their values. A bad value is 422 and changes nothing. The limits apply on this API
+    node at once and on every other within 5 seconds (docs/limits.md)."""
     store = api_state(request).store
     tid = parse_id(tenant_id, "tenant")
     current = await store.tenants_get(tid)
@@ -108,6 +110,8 @@ async def update_tenant(
     tenant = await store.tenants_update(
         tid, limits=merged.model_dump(mode="json"), actor=principal.actor
     )
+    # This node at once; the others within key_rates.LIMITS_TTL.
+    api_state(request).key_rates.forget_tenant(tid)
     return tenant_out(tenant)
 
 
@@ -141,6 +145,7 @@ async def delete_tenant(
         tid, force=force, actor=principal.actor, role=principal.role, reason=reason
     )
     state.key_cache.forget_tenant(tid)
+    state.key_rates.forget_tenant(tid)
     await delete_logs(request, tid, None)
     return TenantDeletedOut(
         id=deleted.id,

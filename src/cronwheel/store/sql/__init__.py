@@ -9,6 +9,7 @@ from cronwheel.store.sql.events import EventsMixin
 from cronwheel.store.sql.expiry import ExpiryMixin
 from cronwheel.store.sql.firing import FiringMixin
 from cronwheel.store.sql.logs import LogsMixin
+from cronwheel.store.sql.rate_buckets import RateBucketsMixin
 from cronwheel.store.sql.redrive import RedriveMixin
 from cronwheel.store.sql.routing import RoutingMixin
 from cronwheel.store.sql.runs import RunsMixin
@@ -21,6 +22,7 @@ __all__ = ["SqlStore"]
 
 class SqlStore(
     TenantsMixin,
+    RateBucketsMixin,
     TriggersMixin,  # and JobsMixin, which it builds on
     RunsMixin,
     RedriveMixin,

@@ -61,6 +61,7 @@ from cronwheel.store.rows import (
 )
 from cronwheel.store.schema import PARKED_FIRE_AT, jobs, runs
 from cronwheel.store.sql.core import SqlCore, jobs_select
+from cronwheel.store.sql.pending import pending_admit, tenant_for_new_runs
 from cronwheel.store.sql.statements import update_each
 from cronwheel.timing.spread import spread_instant
 
@@ -115,7 +116,7 @@ class JobsMixin(SqlCore):
         now: datetime | None,
     ) -> list[tuple[Job, Run | None, bool]]:
         at = await self._now(conn, now)
-        await self._require_tenant(conn, tenant_id)
+        max_pending = await tenant_for_new_runs(conn, tenant_id)
         hashes = [_request_hash(nj.spec) for nj in new_jobs]
         keys = [nj.idempotency_key for nj in new_jobs if nj.idempotency_key]
         replay: dict[str, tuple[Job, Run | None]] = {}
@@ -257,6 +258,7 @@ class JobsMixin(SqlCore):
                 if fire_at < at + ANNOUNCE_HORIZON:
                     notices.append(announce(run_id, shard, fire_at))
             out.append((job_id, run_id))
+        await pending_admit(conn, tenant_id, limit=max_pending, adding=len(run_rows))
         if job_rows:
             await conn.execute(jobs.insert(), job_rows)
         for new_runs in (run_rows, skipped_rows):

@@ -31,6 +31,7 @@ from cronwheel.store.notices import CHANNEL_RUNS_NEW, announce
 from cronwheel.store.rows import event_row, run_from
 from cronwheel.store.schema import jobs, runs
 from cronwheel.store.sql.core import SqlCore
+from cronwheel.store.sql.pending import pending_admit, tenant_for_new_runs
 from cronwheel.store.sql.statements import ONE_OFF_KINDS, may
 from cronwheel.store.values import REDRIVE_BATCH_MAX, RedriveBatch
 
@@ -52,6 +53,7 @@ class RedriveMixin(SqlCore):
     ) -> Run:
         async with self._write() as conn:
             at = await self._now(conn, now)
+            max_pending = await tenant_for_new_runs(conn, tenant_id)
             current = (
                 await conn.execute(
                     sa.select(runs.c.id, runs.c.state)
@@ -68,6 +70,7 @@ class RedriveMixin(SqlCore):
                     source=current.state,
                     target=RunState.SCHEDULED.value,
                 )
+            await pending_admit(conn, tenant_id, limit=max_pending, adding=1)
             [run] = await self._runs_send_back(
                 conn,
                 tenant_id,
@@ -106,6 +109,7 @@ class RedriveMixin(SqlCore):
             selected.append(self.driver.id_in(runs.c.id, named))
         async with self._write() as conn:
             at = await self._now(conn, now)
+            max_pending = await tenant_for_new_runs(conn, tenant_id)
             # In id order, the order every path locks runs in.
             lock = (
                 sa.select(runs.c.id, runs.c.state)
@@ -117,6 +121,7 @@ class RedriveMixin(SqlCore):
             locked = [] if named == [] else (await conn.execute(lock)).all()
             if not locked and job_id is not None:
                 await self._job_must_exist(conn, tenant_id, job_id)
+            await pending_admit(conn, tenant_id, limit=max_pending, adding=len(locked))
             sent = await self._runs_send_back(
                 conn,
                 tenant_id,

@@ -26,6 +26,7 @@ from cronwheel.store.notices import ANNOUNCE_HORIZON, CHANNEL_RUNS_NEW, announce
 from cronwheel.store.rows import event_row, new_run_row, run_from
 from cronwheel.store.schema import runs
 from cronwheel.store.sql.jobs import JobsMixin, stored_schedule
+from cronwheel.store.sql.pending import pending_admit, tenant_for_new_runs
 from cronwheel.timing import due_local, iter_occurrences
 
 __all__ = ["TriggersMixin"]
@@ -75,6 +76,8 @@ class TriggersMixin(JobsMixin):
     ) -> Run:
         async with self._write() as conn:
             at = await self._now(conn, now)
+            # The tenant before the job: the order of creating jobs and of a deletion.
+            max_pending = await tenant_for_new_runs(conn, tenant_id)
             job = await self._job_for_update(conn, tenant_id, job_id)
             if job.state is JobState.CANCELLED:
                 raise IllegalTransitionError(
@@ -82,6 +85,7 @@ class TriggersMixin(JobsMixin):
                     source=job.state.value,
                     target="triggered",
                 )
+            await pending_admit(conn, tenant_id, limit=max_pending, adding=1)
             template = job.template.with_payload(payload)
             schedule = stored_schedule(job.kind, job.schedule)
             shard = shard_of(tenant_id, job_id)
@@ -159,6 +163,7 @@ class TriggersMixin(JobsMixin):
             )
         async with self._write() as conn:
             at = await self._now(conn, now)
+            max_pending = await tenant_for_new_runs(conn, tenant_id)
             job = await self._job_for_update(conn, tenant_id, job_id)
             _check_range(start, end, at)
             schedule = stored_schedule(job.kind, job.schedule)
@@ -203,6 +208,9 @@ class TriggersMixin(JobsMixin):
             # An occurrence that already had a run kept it: what exists under the new
             # ids is exactly what this call created.
             created = await self._runs_by_id(conn, tenant_id, [r["id"] for r in rows])
+            await pending_admit(
+                conn, tenant_id, limit=max_pending, adding=len(created), counted=True
+            )
             out = [
                 event_row(
                     at=at,
