@@ -8,6 +8,7 @@ from cronwheel.store.sql.events import EventsMixin
 from cronwheel.store.sql.expiry import ExpiryMixin
 from cronwheel.store.sql.firing import FiringMixin
 from cronwheel.store.sql.logs import LogsMixin
+from cronwheel.store.sql.pools import PoolsMixin
 from cronwheel.store.sql.redrive import RedriveMixin
 from cronwheel.store.sql.routing import RoutingMixin
 from cronwheel.store.sql.runs import RunsMixin
@@ -31,6 +32,7 @@ class SqlStore(
     EventsMixin,
     LogsMixin,
     DeletionMixin,
+    PoolsMixin,
 ):
     """Implements every method of ``Store``, once, over the driver it is given.
 
