@@ -116,9 +116,10 @@ async def test_pools_status_shows_backlog_by_tenant_and_class(store: Store) -> N
     # Due and not fired yet (SCHEDULED, fire time come), and one not due yet.
     await create_job(store, a.id, due_at=at(-5), priority=3)
     await create_job(store, b.id, due_at=at(3600), priority=3)
+    await create_job(store, b.id, due_at=at(-5), priority=1, pool="quiet")  # nothing ready
 
     every = _by_name(await store.pools_status(None, default_share=0.1, now=at(1)))
-    assert set(every) == {"default", "batch", "secret"}
+    assert set(every) == {"default", "batch", "secret", "quiet"}
     default = every["default"]
     assert _backlog(default) == {("beta", 0): (1, 0), ("alpha", 2): (3, 0), ("alpha", 3): (0, 1)}
     assert [b.priority for b in default.backlog] == [0, 2, 3]  # P0 first
@@ -135,8 +136,9 @@ async def test_pools_status_shows_backlog_by_tenant_and_class(store: Store) -> N
     assert _backlog(mine["default"]) == {("alpha", 2): (3, 0), ("alpha", 3): (0, 1)}
     assert mine["default"].free is None
     theirs = _by_name(await store.pools_status(b.id, now=at(1)))
-    assert set(theirs) == {"default", "batch", "secret"}
+    assert set(theirs) == {"default", "batch", "secret", "quiet"}
     assert _backlog(theirs["default"]) == {("beta", 0): (1, 0)}
+    assert _backlog(theirs["quiet"]) == {("beta", 1): (0, 1)}
     assert theirs["default"].workers == 0  # alpha's worker does not serve beta
 
     # Named pools are told whatever they hold.

@@ -32,12 +32,13 @@ from cronwheel.domain.pools import (
     p0_reserved_slots,
 )
 from cronwheel.domain.sharding import NUM_SHARDS
+from cronwheel.store.driver import Driver
 from cronwheel.store.rows import event_row
 from cronwheel.store.schema import READY, pools, runs, tenants, workers
 from cronwheel.store.sql.core import SqlCore
 from cronwheel.store.sql.statements import workers_held, workers_live
 
-__all__ = ["PoolsMixin"]
+__all__ = ["PoolsMixin", "backlog_statements"]
 
 _SCHEDULED = sa.text("runs.state = 'SCHEDULED'")  # the due index's predicate, as written
 _ALL_SHARDS = list(range(NUM_SHARDS))
@@ -69,6 +70,34 @@ def _worker_loads(
         .select_from(w.outerjoin(pools, pools.c.name == w.c.pool))
         .group_by(w.c.pool, w.c.capacity, pools.c.p0_reserved_share)
     )
+
+
+def backlog_statements(
+    driver: Driver,
+    tenant_id: uuid.UUID | None,
+    names: Sequence[str] | None,
+    at: datetime,
+    *,
+    ready_pools: Sequence[str] | None = None,
+) -> tuple[sa.Select[Any], sa.Select[Any]]:
+    """The counts of ready and of due runs by (pool, tenant, priority): of ``names``
+    only, of ``tenant_id`` only. ``ready_pools``: the pools of the ready queue, when
+    ``names`` is None, so that one tenant's count is a range of the ready index per
+    pool."""
+    key = (runs.c.pool, runs.c.tenant_id, runs.c.priority)
+    ready = sa.select(*key, sa.func.count().label("n")).where(sa.text(READY))
+    due = sa.select(*key, sa.func.count().label("n")).where(
+        _SCHEDULED, driver.id_in(runs.c.shard, _ALL_SHARDS), runs.c.fire_at <= at
+    )
+    if tenant_id is not None:
+        ready = ready.where(runs.c.tenant_id == tenant_id)
+        due = due.where(runs.c.tenant_id == tenant_id)
+    if names is not None:
+        due = due.where(runs.c.pool.in_(list(names)))
+    in_ready = names if names is not None else ready_pools
+    if in_ready is not None:
+        ready = ready.where(runs.c.pool.in_(list(in_ready)))
+    return ready.group_by(*key), due.group_by(*key)
 
 
 class _Load:
@@ -233,22 +262,13 @@ class PoolsMixin(SqlCore):
         at: datetime,
     ) -> dict[str, list[PoolBacklog]]:
         """Ready and due runs by pool, tenant and priority (see the module's costs)."""
-        key = (runs.c.pool, runs.c.tenant_id, runs.c.priority)
-        ready = sa.select(*key, sa.func.count().label("n")).where(sa.text(READY))
-        due = sa.select(*key, sa.func.count().label("n")).where(
-            _SCHEDULED, self.driver.id_in(runs.c.shard, _ALL_SHARDS), runs.c.fire_at <= at
-        )
-        if tenant_id is not None:
-            ready = ready.where(runs.c.tenant_id == tenant_id)
-            due = due.where(runs.c.tenant_id == tenant_id)
-            if names is None:  # the queue's pools first: then one range per pool
-                names = await self._ready_pools(conn)
-        if names is not None:
-            ready = ready.where(runs.c.pool.in_(list(names)))
-            due = due.where(runs.c.pool.in_(list(names)))
+        ready_pools = None
+        if tenant_id is not None and names is None:
+            ready_pools = await self._ready_pools(conn)
+        statements = backlog_statements(self.driver, tenant_id, names, at, ready_pools=ready_pools)
         counts: dict[tuple[str, uuid.UUID, int], list[int]] = defaultdict(lambda: [0, 0])
-        for i, stmt in enumerate((ready, due)):
-            for r in await conn.execute(stmt.group_by(*key)):
+        for i, stmt in enumerate(statements):
+            for r in await conn.execute(stmt):
                 counts[(r.pool, r.tenant_id, r.priority)][i] += int(r.n)
         if not counts:
             return {}
