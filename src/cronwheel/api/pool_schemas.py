@@ -13,11 +13,11 @@ from cronwheel.domain.pools import Pool, PoolStatus, priority_class
 
 __all__ = ["PoolBacklogOut", "PoolList", "PoolOut", "PoolUpdate", "pool_out"]
 
-Share = Annotated[float, Strict(), Field(ge=0, le=1, allow_inf_nan=False)]
+_Share = Annotated[float, Strict(), Field(ge=0, le=1, allow_inf_nan=False)]
 
 
 class PoolUpdate(RequestModel):
-    p0_reserved_share: Share | None = Field(
+    p0_reserved_share: _Share | None = Field(
         description="the share (0..1) of each live worker's slots that only P0 runs may "
         "take: a worker of capacity c keeps floor(share x c) of them; null: the server's "
         "default (setting `p0_reserved_share`)"
