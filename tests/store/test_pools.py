@@ -159,3 +159,13 @@ async def test_pools_status_busy_counts_only_the_tenants_own_runs(store: Store) 
     assert (every.busy, every.free) == (3, 97)
     [mine] = await store.pools_status(a.id, now=at(1))
     assert (mine.busy, mine.free, mine.capacity) == (1, None, 100)
+
+
+async def test_pools_capacity_reads_the_database_clock(store: Store) -> None:
+    """Without ``now``, liveness is judged by the database clock (read inside the
+    statement where the database can)."""
+    await store.workers_register(None, pool="clocked", capabilities=[], tags=[], capacity=3)
+    caps = await store.pools_capacity(worker_ttl=30.0)
+    assert (caps["clocked"].workers, caps["clocked"].free) == (1, 3)
+    [status] = await store.pools_status(None, names=["clocked"], worker_ttl=30.0)
+    assert (status.workers, status.capacity) == (1, 3)
