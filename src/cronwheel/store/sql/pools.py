@@ -5,10 +5,11 @@ Costs. The workers' side reads the live workers (few rows) with what each holds
 through the worker and reservation indexes (``statements.workers_held``). The backlog
 counts the ready queue through its partial index ``ix_runs_ready`` (pool, tenant,
 priority, fire time), index only, and the due SCHEDULED runs through the due index
-(``ix_runs_due``: shard, fire time), one range per shard: both read only the rows
-they count. For one tenant, the ready count takes the pools of the queue first (a
-skip scan: one index probe per pool) and then only that tenant's range of each pool,
-so another tenant's volume is never read.
+(``ix_runs_due``: shard, fire time, one range per shard) or, for a tenant with few,
+its own ``(tenant_id, state)``: both read only the rows they count. For one tenant,
+the ready count takes the pools of the queue first (a skip scan: one index probe per
+pool) and then only that tenant's range of each pool, so another tenant's volume is
+never read.
 """
 
 from __future__ import annotations
