@@ -30,7 +30,7 @@ __all__ = ["pools_app", "pools_list", "pools_set", "pools_show"]
 
 pools_app = command_group("Pools: live capacity, backlog, and the slots kept for P0 runs.")
 
-NameArg = Annotated[str, typer.Argument(help="The pool's name.", show_default=False)]
+_NameArg = Annotated[str, typer.Argument(help="The pool's name.", show_default=False)]
 
 
 def _share(pool: dict[str, Any]) -> str:
@@ -93,7 +93,7 @@ def pools_list(
 
 @pools_app.command("show")
 def pools_show(
-    name: NameArg,
+    name: _NameArg,
     url: UrlOpt = DEFAULT_URL,
     api_key: ApiKeyOpt = None,
     tenant: TenantOpt = None,
@@ -131,7 +131,7 @@ def _print_pool(pool: dict[str, Any]) -> None:
 
 @pools_app.command("set")
 def pools_set(
-    name: NameArg,
+    name: _NameArg,
     share: Annotated[
         float | None,
         typer.Option(
