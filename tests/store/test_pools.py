@@ -3,6 +3,8 @@ the backlog waiting for them — as the admin sees it and as one tenant does."""
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 
 from cronwheel.domain.errors import ValidationError
@@ -75,6 +77,10 @@ async def test_pools_capacity_counts_live_workers_and_what_they_hold(store: Stor
     default = caps["default"]
     assert (default.workers, default.capacity, default.busy, default.free) == (2, 200, 2, 198)
     assert (default.p0_reserved_share, default.p0_reserved_slots) == (0.1, 20)
+    # The tenant's own worker takes only its runs; the shared one anyone's.
+    assert default.free_by_owner == {tenant.id: 98, None: 100}
+    assert default.free_for(tenant.id) == 198
+    assert default.free_for(uuid.uuid4()) == 100
     gpu = caps["gpu"]
     assert (gpu.workers, gpu.capacity, gpu.busy, gpu.free) == (1, 10, 0, 10)
     assert (gpu.p0_reserved_share, gpu.p0_reserved_slots) == (0.3, 3)

@@ -87,6 +87,13 @@ class PoolCapacity:
     free: int  # slots not held (per worker, never below 0), summed
     p0_reserved_share: float  # effective: the pool's own, else the default
     p0_reserved_slots: int  # sum over the live workers of floor(share * capacity)
+    # ``free`` split by whom the workers serve: a tenant's own workers (its id) take
+    # only its runs; shared workers (None) any tenant's.
+    free_by_owner: dict[uuid.UUID | None, int] = field(default_factory=dict)
+
+    def free_for(self, tenant_id: uuid.UUID) -> int:
+        """The free slots that can take ``tenant_id``'s runs: shared and its own."""
+        return self.free_by_owner.get(None, 0) + self.free_by_owner.get(tenant_id, 0)
 
 
 @dataclass(frozen=True, slots=True)

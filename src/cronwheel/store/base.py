@@ -460,7 +460,9 @@ class Store(SchedulerSide, WorkerSide):
         """What each pool's live workers can take now, every tenant's work counted:
         the pools with a live worker, in one statement (what a dispatcher reads before
         each release). Live as :meth:`workers_list` counts it; a worker's busy slots
-        are its RUNNING attempts and the runs reserved for it."""
+        are its RUNNING attempts and the runs reserved for it. ``free_by_owner``
+        splits the free slots by whom the workers serve (a tenant's own workers take
+        only its runs; None: shared ones)."""
 
     @abstractmethod
     async def pools_status(

@@ -48,11 +48,13 @@ _ALL_SHARDS = list(range(NUM_SHARDS))
 def _worker_loads(
     at: Any, worker_ttl: float, tenant_id: uuid.UUID | None, names: Sequence[str] | None
 ) -> sa.Select[Any]:
-    """Live workers grouped by (pool, capacity): how many, the slots they hold, the
-    slots free (per worker, never below 0), and the pool's own P0 share."""
+    """Live workers grouped by (pool, owner, capacity): how many, the slots they hold,
+    the slots free (per worker, never below 0), and the pool's own P0 share. The owner
+    is the tenant a worker serves alone (None: shared)."""
     running, reserved = workers_held(tenant_id)
     held = (running + reserved).label("held")
-    live = sa.select(workers.c.pool, workers.c.capacity, held).where(workers_live(at, worker_ttl))
+    columns = (workers.c.pool, workers.c.tenant_id, workers.c.capacity, held)
+    live = sa.select(*columns).where(workers_live(at, worker_ttl))
     if tenant_id is not None:  # its own workers and the shared ones
         live = live.where(sa.or_(workers.c.tenant_id == tenant_id, workers.c.tenant_id.is_(None)))
     if names is not None:
@@ -62,6 +64,7 @@ def _worker_loads(
     return (
         sa.select(
             w.c.pool,
+            w.c.tenant_id.label("owner"),
             w.c.capacity,
             sa.func.count().label("workers"),
             sa.func.sum(w.c.held).label("held"),
@@ -69,7 +72,7 @@ def _worker_loads(
             pools.c.p0_reserved_share,
         )
         .select_from(w.outerjoin(pools, pools.c.name == w.c.pool))
-        .group_by(w.c.pool, w.c.capacity, pools.c.p0_reserved_share)
+        .group_by(w.c.pool, w.c.tenant_id, w.c.capacity, pools.c.p0_reserved_share)
     )
 
 
@@ -104,11 +107,12 @@ def backlog_statements(
 class _Load:
     """One pool's live workers, summed from their (pool, capacity) groups."""
 
-    __slots__ = ("busy", "capacity", "free", "reserved", "share", "workers")
+    __slots__ = ("busy", "capacity", "free", "free_by_owner", "reserved", "share", "workers")
 
     def __init__(self, share: float) -> None:
         self.share = share
         self.workers = self.capacity = self.busy = self.free = self.reserved = 0
+        self.free_by_owner: dict[uuid.UUID | None, int] = {}
 
     def add(self, row: Any) -> None:
         count, capacity = int(row.workers), int(row.capacity)
@@ -116,6 +120,8 @@ class _Load:
         self.capacity += count * capacity
         self.busy += int(row.held or 0)
         self.free += int(row.free or 0)
+        owner = row.owner
+        self.free_by_owner[owner] = self.free_by_owner.get(owner, 0) + int(row.free or 0)
         self.reserved += count * p0_reserved_slots(self.share, capacity)
 
 
@@ -207,6 +213,7 @@ class PoolsMixin(SqlCore):
                 free=load.free,
                 p0_reserved_share=load.share,
                 p0_reserved_slots=load.reserved,
+                free_by_owner=load.free_by_owner,
             )
             for pool, load in _loads(rows, default_share).items()
         }
