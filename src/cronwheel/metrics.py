@@ -29,6 +29,7 @@ __all__ = [
     "REGISTRY",
     "RUNS_BY_STATE",
     "RUNS_QUARANTINED",
+    "RUNS_THROTTLED",
     "SHARDS_HELD",
     "START_LATENESS",
     "UNROUTABLE_RUNS",
@@ -130,6 +131,14 @@ READY_BACKLOG = Gauge(
     "pool (as cronwheel_pool_capacity), tenant name and priority class P0..P3 "
     "(refreshed at scrape time).",
     ["pool", "tenant", "priority"],
+    registry=REGISTRY,
+)
+RUNS_THROTTLED = Counter(
+    "cronwheel_runs_throttled",
+    "Times a tenant's waiting runs were held back by one of its limits, by tenant name "
+    "and limit: at a lease, max_concurrent_runs or max_dispatch_rate (once per lease "
+    "that held it); at creation, max_pending_runs (once per refused request).",
+    ["tenant", "limit"],
     registry=REGISTRY,
 )
 API_REQUESTS = Counter(

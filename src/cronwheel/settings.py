@@ -94,6 +94,12 @@ class Settings(BaseSettings):
     # dispatched at its instant. 0 turns it off.
     dispatch_lead: float = Field(default=5.0, ge=0, le=60)
     dispatch_lead_burst: int = Field(default=100, ge=1)
+    # Capacity-aware release (scheduler/release.py): a burst's runs go to a pool's ready
+    # queue while it holds fewer than the larger of ``dispatch_buffer`` and twice the
+    # slots of the pool's live workers — P0 first, then tenants by weight — the rest
+    # waiting SCHEDULED, looked at again every ``release_interval`` seconds.
+    dispatch_buffer: int = Field(default=1000, ge=1)
+    release_interval: float = Field(default=0.02, gt=0, le=5)
     # Dispatched runs no live worker can take: checked this often, once they have
     # waited ``route_wait`` seconds; a worker counts as live for ``worker_ttl`` seconds
     # after its last lease call (longer while it holds an unexpired lease).

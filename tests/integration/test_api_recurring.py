@@ -294,6 +294,7 @@ async def test_preview_of_interval_and_one_off_jobs(api, store: Store) -> None:
         "items": [
             {
                 "due_at": at.isoformat().replace("+00:00", "Z"),
+                "fire_at": at.isoformat().replace("+00:00", "Z"),  # no spread
                 "due_local": at_local.isoformat(),
                 "kind": "normal",
                 "reason": None,

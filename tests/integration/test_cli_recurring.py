@@ -21,6 +21,7 @@ from cronwheel.cli import app
 from cronwheel.runtime import BackgroundRuntime, Runtime
 from cronwheel.settings import Settings
 from cronwheel.timing import local_form, occurrences
+from cronwheel.timing.spread import spread_instant
 
 ADMIN_KEY = "cli-recurring-admin-key"
 runner = CliRunner()
@@ -116,6 +117,8 @@ def test_create_recurring_jobs(server: Server) -> None:
         (("--every", "0"), 2, ("--every",)),
         (("--cron", "0 25 * * *"), 1, ("schedule.cron", "hour", "25")),
         (("--cron", "0 * * * *", "--tz", "Mars/Base"), 1, ("schedule.timezone", "Mars/Base")),
+        (("--every", "60", "--spread", "60"), 1, ("spread", "shortest interval")),
+        (("--asap", "--spread", "-1"), 2, ("--spread",)),
     ],
 )
 def test_create_refuses_what_does_not_fit(
@@ -169,6 +172,22 @@ def test_control_commands(server: Server) -> None:
     assert result.exit_code == 0 and "nothing due" in result.stdout
     result = server.cli("jobs", "pause", str(uuid.uuid4()))
     assert result.exit_code == 1 and "not_found" in result.stderr
+
+
+def test_create_with_spread_and_preview_its_fire_times(server: Server) -> None:
+    job = server.json(*CREATE, "--cron", "0 * * * *", "--spread", "900")
+    assert job["spread"] == 900
+    preview = server.json("jobs", "preview", job["id"], "--count", "3")
+    for item in preview["items"]:
+        due = datetime.fromisoformat(item["due_at"])
+        fire = datetime.fromisoformat(item["fire_at"])
+        assert fire == spread_instant(uuid.UUID(job["id"]), due, 900)
+    result = server.cli("jobs", "preview", job["id"], "--count", "3")
+    assert result.exit_code == 0, result.output
+    assert "fires (UTC)" in result.stdout
+    for item in preview["items"]:
+        line = next(x for x in result.stdout.splitlines() if item["due_at"] in x)
+        assert item["fire_at"] in line  # side by side
 
 
 # -- offline ---------------------------------------------------------------------------

@@ -317,3 +317,47 @@ async def test_a_node_whose_clock_steps_gives_up_its_shards(store: Store) -> Non
     await node.run_once()
     assert len(node.shards) == 256
     assert abs(node.clock.offset.total_seconds() + 3.0) < 0.5
+
+
+async def test_a_burst_is_released_as_the_pool_takes_it_p0_first(store: Store) -> None:
+    """A burst larger than the pool's room waits SCHEDULED in the node's backlog; what
+    goes to the ready queue is P0 first, and more goes as workers take the ready runs."""
+    flood = await _jobs(store, [T0] * 40, priority=2)
+    billing = await _jobs(store, [T0] * 3, priority=0)
+    time = FakeTime(T0)
+    settings = Settings(
+        window_seconds=30,
+        shard_lease_ttl=10,
+        dispatch_lead=0,
+        dispatch_lead_burst=5,
+        dispatch_buffer=10,
+    )
+    node = SchedulerNode(store, settings, node_id="node-a", clock=Clock(time, offset=timedelta(0)))
+    assert await node.run_once() == 10  # the room: no live worker, so the buffer
+    assert await _states(store, billing) == ["DISPATCHED"] * 3
+    assert (await _states(store, flood)).count("DISPATCHED") == 7
+    assert len(node.backlog) == 33
+    assert await node.run_once() == 0  # the ready queue is full
+    tenant_id = flood[0].tenant_id  # type: ignore[attr-defined]
+    worker = await store.workers_register(
+        None, pool="default", capabilities=(), tags=(), capacity=2, now=T0
+    )
+    leased = await store.attempts_lease(worker=worker, max=6, now=T0 + timedelta(seconds=1))
+    assert len(leased) == 6 and sum(a.tenant_id == tenant_id for a in leased) == 3
+    time.value = T0 + timedelta(seconds=1)
+    assert await node.run_once() == 6  # room again, for as many as were taken
+    assert len(node.backlog) == 27
+    # Cancelled while waiting in the backlog: never fired.
+    states = await _states(store, flood)
+    waiting = [r for r, s in zip(flood, states, strict=True) if s == "SCHEDULED"]
+    await store.runs_cancel(tenant_id, waiting[0].id, actor="t")  # type: ignore[attr-defined]
+    fired = 0
+    for i in range(10):
+        leased = await store.attempts_lease(
+            worker=worker, max=100, now=T0 + timedelta(seconds=2 + i)
+        )
+        time.value = T0 + timedelta(seconds=2 + i)
+        fired += await node.run_once()
+    assert not node.backlog
+    assert fired == 26
+    assert (await _states(store, flood)).count("SCHEDULED") == 0

@@ -12,18 +12,19 @@ import contextlib
 import dataclasses
 import uuid
 from collections.abc import AsyncIterator
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from cronwheel.domain.model import FiredRun, LeasedAttempt
+from cronwheel.domain.model import FiredRun, LeasedAttempt, Worker
 from cronwheel.domain.states import JobState, RunState
 from cronwheel.store import CompleteItem, HeartbeatItem, Store
 from cronwheel.store.driver import CreatedRun, Driver, FireCandidate, PlannedRun, WorkerGone
 from cronwheel.store.rows import event_row
 from cronwheel.store.schema import NUM_SHARDS, runs
 from cronwheel.store.sql import SqlStore
+from cronwheel.store.values import Grant
 
 from .helpers import (
     NODE,
@@ -49,6 +50,31 @@ async def _tx(store: Store) -> AsyncIterator[AsyncConnection]:
     assert isinstance(store, SqlStore)
     async with driver.begin_write(store.engine) as conn:
         yield conn
+
+
+async def _lease(
+    driver: Driver,
+    conn: AsyncConnection,
+    *,
+    worker: Worker,
+    max: int,
+    ahead: float,
+    now: datetime,
+) -> list[LeasedAttempt]:
+    """Read the ready queue, grant all of it (up to ``max`` per tenant), lease."""
+    queue = await driver.ready_queue(
+        conn, worker=worker, max=max, webhooks_only=False, ahead=ahead, now=now
+    )
+    grants = [
+        Grant(tenant_id, priority, n)
+        for tenant_id, classes in queue.supply.items()
+        for priority, n in classes.items()
+    ]
+    leased, got = await driver.attempts_lease(
+        conn, worker=worker, grants=grants, webhooks_only=False, ahead=ahead, now=now
+    )
+    assert sum(got.values()) == len(leased)
+    return leased
 
 
 async def test_fencing_tokens_only_grow(store: Store) -> None:
@@ -189,9 +215,7 @@ async def test_lease_start_heartbeat_and_complete(store: Store) -> None:
     worker = await register_worker(store, tenant.id, pool=due.pool)
     driver = _driver(store)
     async with _tx(store) as conn:
-        [leased] = await driver.attempts_lease(
-            conn, worker=worker, max=10, webhooks_only=False, ahead=0, now=at(1)
-        )
+        [leased] = await _lease(driver, conn, worker=worker, max=10, ahead=0, now=at(1))
     assert isinstance(leased, LeasedAttempt)
     assert (leased.run_id, leased.number, leased.not_before) == (due.id, 1, None)
     assert leased.lease_expires_at == at(1) + timedelta(seconds=due.heartbeat_timeout)
@@ -238,14 +262,9 @@ async def test_reservations_start_at_their_instant(store: Store) -> None:
     driver = _driver(store)
     async with _tx(store) as conn:
         assert (
-            await driver.attempts_lease(
-                conn, worker=worker, max=10, webhooks_only=False, ahead=0, now=T0
-            )
-            == []
+            await _lease(driver, conn, worker=worker, max=10, ahead=0, now=T0) == []
         )  # not leasable before its instant without asking ahead
-        [reserved] = await driver.attempts_lease(
-            conn, worker=worker, max=10, webhooks_only=False, ahead=5, now=T0
-        )
+        [reserved] = await _lease(driver, conn, worker=worker, max=10, ahead=5, now=T0)
     assert reserved.not_before == at(3)
     token = reserved.fencing_token
     async with _tx(store) as conn:
@@ -275,9 +294,7 @@ async def test_a_worker_not_live_leases_and_starts_nothing(store: Store) -> None
     for who in [worker, ghost]:
         async with _tx(store) as conn:
             try:
-                await driver.attempts_lease(
-                    conn, worker=who, max=1, webhooks_only=False, ahead=0, now=at(1)
-                )
+                await _lease(driver, conn, worker=who, max=1, ahead=0, now=at(1))
             except WorkerGone as gone:
                 assert gone.worker_id == who.id
             else:
@@ -324,7 +341,5 @@ async def test_lease_takes_only_the_workers_tasks_and_route_tags(store: Store) -
     worker = await register_worker(store, tenant.id, tasks=["mine"], tags=["red", "blue"])
     driver = _driver(store)
     async with _tx(store) as conn:
-        leased = await driver.attempts_lease(
-            conn, worker=worker, max=10, webhooks_only=False, ahead=0, now=at(1)
-        )
+        leased = await _lease(driver, conn, worker=worker, max=10, ahead=0, now=at(1))
     assert [a.run_id for a in leased] == [mine.id]

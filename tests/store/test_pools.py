@@ -8,7 +8,7 @@ import uuid
 import pytest
 
 from cronwheel.domain.errors import ValidationError
-from cronwheel.domain.pools import PoolStatus, p0_reserved_slots
+from cronwheel.domain.pools import PoolStatus
 from cronwheel.store import Store
 
 from .helpers import T0, at, create_job, dispatched_run, fire, make_tenant, register_worker
@@ -47,15 +47,6 @@ async def test_pools_set_refuses_a_share_out_of_range(store: Store, share: float
         await store.pools_set("gpu", p0_reserved_share=share, now=T0)
     assert caught.value.field == "p0_reserved_share"
     assert (await store.pools_get("gpu")).updated_at is None
-
-
-def test_p0_reserved_slots_is_the_floor_of_the_share_written() -> None:
-    assert p0_reserved_slots(0.1, 4) == 0
-    assert p0_reserved_slots(0.1, 10) == 1
-    assert p0_reserved_slots(0.29, 100) == 29  # 0.29 * 100 is 28.999999999999996
-    assert p0_reserved_slots(0.3, 10) == 3
-    assert p0_reserved_slots(1.0, 7) == 7
-    assert p0_reserved_slots(0.0, 7) == 0
 
 
 async def test_pools_capacity_counts_live_workers_and_what_they_hold(store: Store) -> None:

@@ -12,7 +12,7 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel
 
 from cronwheel.api import worker_schemas as ws
-from cronwheel.api.routers import logs, workers
+from cronwheel.api.routers import attempts, logs, workers
 from cronwheel.domain.errors import (
     AuthError,
     CronwheelError,
@@ -63,7 +63,7 @@ ERRORS: list[type[CronwheelError]] = [
 
 
 def _protocol_routes() -> list[tuple[str, str]]:
-    routes = [r for r in workers.router.routes if isinstance(r, APIRoute)]
+    routes = [r for m in (workers, attempts) for r in m.router.routes if isinstance(r, APIRoute)]
     routes += [
         r for r in logs.router.routes if isinstance(r, APIRoute) and "worker protocol" in r.tags
     ]

@@ -24,7 +24,17 @@ from cronwheel.api.head_limits import HeadLimitMiddleware, HeadLimits
 from cronwheel.api.metrics import MetricsMiddleware, RunsByStateRefresher
 from cronwheel.api.notifier import ReadyNotifier
 from cronwheel.api.rate_limits import RateLimitMiddleware
-from cronwheel.api.routers import alerts, health, jobs, logs, pools, runs, tenants, workers
+from cronwheel.api.routers import (
+    alerts,
+    attempts,
+    health,
+    jobs,
+    logs,
+    pools,
+    runs,
+    tenants,
+    workers,
+)
 from cronwheel.api.state import ApiState, StartsFirst
 from cronwheel.logstore import FileLogStore, LogStore
 from cronwheel.settings import Settings
@@ -204,7 +214,7 @@ def create_app(settings: Settings, store: Store, *, log_store: LogStore | None =
     app.add_middleware(MetricsMiddleware)  # added last: outermost, so it sees every answer
 
     routers: list[APIRouter] = [
-        m.router for m in (tenants, jobs, runs, alerts, workers, pools, logs, health)
+        m.router for m in (tenants, jobs, runs, alerts, workers, attempts, pools, logs, health)
     ]
     routers.append(runs.dead_letters)
     for router in routers:

@@ -244,6 +244,11 @@ class JobOut(ResponseModel):
     progress_timeout: float | None = Field(
         default=None, description="seconds a handler may go without reporting progress"
     )
+    spread: float = Field(
+        default=0.0,
+        description="seconds: each run fires at a deterministic offset in [0, spread) "
+        "after its due instant (0: at its due instant)",
+    )
     next_due_at: UtcInstant | None
     version: int
     created_at: UtcInstant
@@ -316,6 +321,10 @@ class BackfillOut(ResponseModel):
 
 class PreviewItem(ResponseModel):
     due_at: UtcInstant
+    fire_at: UtcInstant = Field(
+        description="when the occurrence's run fires: due_at plus the job's spread offset "
+        "(due_at itself for a job without spread)"
+    )
     due_local: str = Field(
         description="the local wall time with its own offset (the UTC form where no "
         "time zone applies); a wall time skipped by a DST gap has no offset"

@@ -259,6 +259,17 @@ def jobs_create(
             "before its attempt times out.",
         ),
     ] = None,
+    spread: Annotated[
+        float | None,
+        typer.Option(
+            "--spread",
+            min=0,
+            show_default="0: at the due instant",
+            help="Seconds (at most a day; for --cron or --every, shorter than the schedule's "
+            "shortest interval): each run fires at a fixed offset in that window after its "
+            "due instant, derived from the job and the occurrence (docs/spread.md).",
+        ),
+    ] = None,
     idempotency_key: Annotated[
         str | None,
         typer.Option(
@@ -299,6 +310,7 @@ def jobs_create(
         "requires": require or None,
         "retry": {"max_attempts": max_attempts} if max_attempts is not None else None,
         "progress_timeout": progress_timeout,
+        "spread": spread,
     }
     with handle_errors(), client_for(url, api_key, tenant) as client:
         job = client.jobs.create(
@@ -535,7 +547,8 @@ def jobs_preview(
     tenant: TenantOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """A job's next due instants, UTC and local with their offsets."""
+    """A job's next due instants, UTC and local with their offsets, and when each run
+    fires (its spread instant)."""
     with handle_errors(), client_for(url, api_key, tenant) as client:
         items = client.jobs.preview(job_id, count=count)
     if as_json:

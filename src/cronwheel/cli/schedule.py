@@ -153,10 +153,14 @@ def _offset(local: str) -> str:
 
 def occurrence_table(title: str, items: list[dict[str, Any]]) -> Table:
     """Occurrences (``due_at``, ``due_local``, ``kind``, ``reason``) as a table: UTC and
-    local instants side by side, the offset on its own so DST changes stand out."""
+    local instants side by side, the offset on its own so DST changes stand out. Items
+    with ``fire_at`` (a job's preview) show it too: when each run fires, its spread
+    instant."""
+    fires = any("fire_at" in item for item in items)
     out = Table(title=title, header_style="bold", expand=False)
-    for name in ("#", "UTC", "local", "offset", "kind", "note"):
+    for name in ("#", "UTC", *(("fires (UTC)",) if fires else ()), "local", "offset", "kind"):
         out.add_column(name, overflow="fold")
+    out.add_column("note", overflow="fold")
     for index, item in enumerate(items, 1):
         kind = str(item.get("kind") or "normal")
         style = {"skipped": "red", "shifted": "yellow"}.get(
@@ -166,6 +170,7 @@ def occurrence_table(title: str, items: list[dict[str, Any]]) -> Table:
         out.add_row(
             str(index),
             Text(str(item.get("due_at") or "")),
+            *((Text(str(item.get("fire_at") or "")),) if fires else ()),
             Text(local),
             Text(_offset(local)),
             Text(kind, style=style),

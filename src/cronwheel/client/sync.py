@@ -154,7 +154,7 @@ class Jobs(_Resource):
     ) -> Json:
         """Create a job. ``fields`` are the other fields of a job (payload, pool,
         requires, tags, priority, retry, timeout, heartbeat_timeout, progress_timeout,
-        webhook)."""
+        spread, webhook)."""
         return self._one(Calls.jobs_create(name, schedule, task, idempotency_key, fields))
 
     def get(self, job_id: Id) -> Json:
@@ -221,7 +221,8 @@ class Jobs(_Resource):
 
     def preview(self, job_id: Id, *, count: int | None = None) -> _Items:
         """The job's next ``count`` (default 10) due instants: ``due_at`` (UTC),
-        ``due_local`` (with its offset), ``kind`` and ``reason``."""
+        ``fire_at`` (its spread instant: when its run fires), ``due_local`` (with its
+        offset), ``kind`` and ``reason``."""
         return read_items(self._one(Calls.jobs_preview(job_id, count)))
 
 

@@ -55,6 +55,7 @@ __all__ = [
     "RESULT_DEPTH_MAX",
     "RETRY_AFTER_MAX",
     "RETRY_DELAY_MAX",
+    "SPREAD_MAX",
     "TIMEOUT_MAX",
     "Flag",
     "Instant",
@@ -83,6 +84,9 @@ RETRY_AFTER_MAX = 7 * _DAY
 TIMEOUT_MAX = 7 * _DAY
 HEARTBEAT_TIMEOUT_MAX = 3600.0
 CATCH_UP_WINDOW_MAX = 366 * _DAY
+# A job's spread: each run fires somewhere in this long after its due instant. A day
+# is as long as a run can sensibly be moved; longer is a different schedule.
+SPREAD_MAX = _DAY
 # Runs a second a backfill releases: its runs are spaced 1/rate seconds apart, so a rate
 # near zero would space them past any instant (a tiny positive float made it infinite).
 BACKFILL_RATE_MIN = 0.001

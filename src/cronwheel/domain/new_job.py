@@ -19,6 +19,7 @@ from cronwheel.domain.model import NewJob, SkippedOccurrence
 from cronwheel.domain.spec import CronSchedule, JobSpec
 from cronwheel.timing import due_local, first_due
 from cronwheel.timing.catchup import skipped_before_first
+from cronwheel.timing.spread import check_spread
 
 __all__ = ["JobLimits", "check_json_size", "new_job"]
 
@@ -54,6 +55,7 @@ def new_job(
     due = first_due(
         spec.schedule, now, max_horizon=limits.max_horizon, past_grace=limits.past_grace
     )
+    check_spread(spec)
     skipped: tuple[SkippedOccurrence, ...] = ()
     if isinstance(spec.schedule, CronSchedule) and spec.schedule.on_nonexistent == "skip":
         skipped = tuple(

@@ -4,14 +4,14 @@ its live workers can take now, and what waits for them.
 A pool is a name: workers register in one, jobs name one. It needs no row to exist; a
 row (``pools``) only carries settings that differ from the deployment's defaults.
 
-The P0 reserve is counted per worker: a live worker of capacity ``c`` in a pool whose
-effective share is ``s`` keeps :func:`p0_reserved_slots` ``(s, c)`` = ``floor(s * c)``
-of its slots for P0 runs. A pool's reserved slots are the sum over its live workers.
+The P0 reserve is counted per worker, as leasing keeps it: a live worker of capacity
+``c`` in a pool whose effective share is ``s`` keeps ``domain.admission.reserved_slots``
+``(c, s)`` = ``floor(s * c)`` of its slots for P0 runs. A pool's reserved slots are the
+sum over its live workers.
 """
 
 from __future__ import annotations
 
-import math
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -23,7 +23,6 @@ __all__ = [
     "PoolCapacity",
     "PoolStatus",
     "effective_share",
-    "p0_reserved_slots",
     "priority_class",
 ]
 
@@ -39,15 +38,6 @@ def priority_class(priority: int) -> str:
 def effective_share(share: float | None, default: float) -> float:
     """A pool's P0 share: its own setting, else the deployment's default."""
     return default if share is None else share
-
-
-def p0_reserved_slots(share: float, capacity: int) -> int:
-    """The slots of one worker of ``capacity`` that only P0 runs may take.
-
-    ``floor(share * capacity)``, computed with a tolerance so that a share written in
-    decimal (0.3 of 10) keeps the slots it names despite binary rounding (0.3 * 10 is
-    3.0000000000000004, 0.29 * 100 is 28.999999999999996)."""
-    return max(0, min(capacity, math.floor(share * capacity + 1e-9)))
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,6 +29,7 @@ from cronwheel.domain.bounds import (
     INTERVAL_MIN,
     RETRY_AFTER_MAX,
     RETRY_DELAY_MAX,
+    SPREAD_MAX,
     TIMEOUT_MAX,
     Instant,
     Integer,
@@ -250,6 +251,15 @@ class JobSpec(_Strict):
     # two beats, and a dead one is detected within 25 s plus one expiry sweep (1 s),
     # under the 30 s liveness bound; at 30 s it never could be.
     heartbeat_timeout: Seconds = Field(default=25.0, ge=1, le=HEARTBEAT_TIMEOUT_MAX)
+    spread: Seconds = Field(
+        default=0.0,
+        ge=0,
+        le=SPREAD_MAX,
+        description="seconds (a millisecond's resolution, at most a day): each run fires at "
+        "an offset in [0, spread) after its due instant, the same for a given job and "
+        "occurrence on every node; a recurring job's spread must be shorter than its "
+        "schedule's shortest interval. 0 (the default): runs fire at their due instant",
+    )
     progress_timeout: Seconds | None = Field(
         default=None,
         gt=0,
@@ -269,6 +279,13 @@ class JobSpec(_Strict):
         if value is not None and timeout is not None and value > timeout:
             raise ValueError(f"must be at most the job's timeout ({timeout:g} s)")
         return value
+
+    @field_validator("spread")
+    @classmethod
+    def _spread(cls, value: float) -> float:
+        # Whole milliseconds: the offset is computed in integer microseconds from it, in
+        # Python and in SQL, and both must read the same number of them.
+        return round(value, 3)
 
     @field_validator("schedule", mode="before")
     @classmethod

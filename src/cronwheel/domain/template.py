@@ -35,6 +35,8 @@ class RunTemplate:
     progress_timeout: float | None = None  # absent from jobs stored before it existed
     # A worker leases the runs only when its tags include all of these.
     route_tags: list[str] = field(default_factory=list)  # absent from older jobs too
+    # Seconds each run's fire time may follow its due instant (``timing.spread``).
+    spread: float = 0.0  # absent from jobs stored before it existed
 
     @classmethod
     def of(cls, spec: JobSpec) -> RunTemplate:

@@ -44,6 +44,7 @@ from cronwheel.metrics import (
     SHARDS_HELD,
 )
 from cronwheel.scheduler.isolation import QuarantineBudget, isolate
+from cronwheel.scheduler.release import Backlog
 from cronwheel.scheduler.window import DueWindow
 from cronwheel.settings import Settings
 from cronwheel.store.base import Store, Subscription
@@ -78,6 +79,7 @@ class SchedulerNode:
         self.node_id = node_id or settings.node_id or default_node_id()
         self.clock = clock or Clock()
         self.window = DueWindow(burst=settings.dispatch_lead_burst)
+        self.backlog = Backlog()  # a burst's runs waiting for room in their pools
         self.shards: dict[int, int] = {}  # shard -> epoch
         self.poll_interval = poll_interval
         self.fire_concurrency = fire_concurrency
@@ -89,6 +91,7 @@ class SchedulerNode:
         self._next_route_check = datetime.min.replace(tzinfo=UTC)
         self._next_poll = datetime.min.replace(tzinfo=UTC)
         self._next_clock = datetime.min.replace(tzinfo=UTC)
+        self._next_release: datetime | None = None
         self._clock_trusted = True
         self._subscription: Subscription | None = None
         self._pass_budget = QuarantineBudget(QUARANTINE_PER_PASS)
@@ -162,6 +165,8 @@ class SchedulerNode:
         nxt = self.window.next_fire_at(self._lead)
         if nxt is not None:
             wake.append(nxt)
+        if self.backlog and self._next_release is not None:
+            wake.append(self._next_release)
         return max(0.0, min(w - now for w in wake).total_seconds())
 
     # -- chores --------------------------------------------------------------------
@@ -193,6 +198,7 @@ class SchedulerNode:
                 )
                 await self._release()
                 self.window.drop_shards(set(range(NUM_SHARDS)))
+                self.backlog.drop_shards(set(range(NUM_SHARDS)))
                 self.window.horizon = None
         self._clock_trusted = trusted
         interval = self.settings.clock_check_interval if trusted else 1.0
@@ -217,6 +223,7 @@ class SchedulerNode:
         gained = set(held) - set(self.shards)
         if lost:
             self.window.drop_shards(lost)
+            self.backlog.drop_shards(lost)
             log.warning("shard leases lost", extra={"event": "shards_lost", "count": len(lost)})
         if gained:
             # New shards: their due runs are not in the window yet.
@@ -329,6 +336,8 @@ class SchedulerNode:
 
     async def _fire_due(self) -> int:
         due = self.window.pop_due(self.clock.now(), self._lead)
+        if len(due) >= self.settings.dispatch_lead_burst or self.backlog:
+            due = await self._pace(due)
         if not due:
             return 0
         size = self.settings.fire_batch_size
@@ -360,6 +369,27 @@ class SchedulerNode:
         total = sum(counts)
         self.fired_total += total
         return total
+
+    async def _pace(self, due: list[DueRun]) -> list[DueRun]:
+        """A burst, or runs due while one waits: what the pools have room for now, P0
+        first, then tenants by weight; the rest waits in the backlog (``release.py``)."""
+        fresh = [r.id for r in due if r.id not in self.backlog]
+        if fresh:
+            self.backlog.add(await self.store.runs_releasable(run_ids=fresh))
+        pools = self.backlog.pools()
+        room = await self.store.pools_room(
+            pools=pools,
+            buffer=self.settings.dispatch_buffer,
+            worker_ttl=self.settings.worker_ttl,
+            now=self.clock.store_now(),
+        )
+        released = [run for pool in pools for run in self.backlog.take(pool, room[pool])]
+        self._next_release = (
+            self.clock.now() + timedelta(seconds=self.settings.release_interval)
+            if self.backlog
+            else None
+        )
+        return released
 
     async def _quarantine(self, step: str, run_ids: list[uuid.UUID], exc: Exception) -> None:
         """Take runs a step failed on alone out of the pass (``isolation.py``)."""

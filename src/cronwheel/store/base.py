@@ -123,6 +123,14 @@ class Store(SchedulerSide, WorkerSide):
     async def tenants_get_by_name(self, *, name: str) -> Tenant: ...
 
     @abstractmethod
+    async def tenants_held(
+        self, tenant_ids: Sequence[uuid.UUID], *, now: datetime | None = None
+    ) -> dict[uuid.UUID, str]:
+        """The tenants of ``tenant_ids`` whose limits hold their ready runs back now,
+        each with the reason a waiting run of theirs shows: at ``max_concurrent_runs``
+        (runs leased or running), or with an empty dispatch-rate bucket."""
+
+    @abstractmethod
     async def tenants_list(
         self, *, cursor: str | None = None, limit: int = 100
     ) -> Page[Tenant]: ...

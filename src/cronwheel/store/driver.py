@@ -40,7 +40,7 @@ from cronwheel.domain.model import (
     Worker,
 )
 from cronwheel.store.schema import log_chunks, shard_leases
-from cronwheel.store.values import CompleteItem, HeartbeatItem, LeaseRenewal
+from cronwheel.store.values import CompleteItem, Grant, HeartbeatItem, LeaseRenewal, ReadyQueue
 
 __all__ = [
     "CreatedRun",
@@ -80,6 +80,7 @@ class FireCandidate:
     pool: str
     job_state: str
     schedule: dict[str, Any]
+    spread: float = 0.0  # the job's (its template's), seconds
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,6 +225,11 @@ class Driver(ABC):
         execute with many parameter sets)."""
 
     @abstractmethod
+    def upsert(self, table: sa.Table, rows: list[dict[str, Any]], update: Sequence[str]) -> Any:
+        """INSERT of ``rows`` (at least one) that sets the columns ``update`` of a row
+        whose primary key exists instead."""
+
+    @abstractmethod
     async def fencing_tokens(self, conn: AsyncConnection, count: int) -> list[int]:
         """``count`` new fencing tokens, each larger than any handed out before."""
 
@@ -283,7 +289,8 @@ class Driver(ABC):
     ) -> list[FireCandidate]:
         """The runs of ``run_ids`` whose firing applies their job's policies — first
         tries of recurring jobs' scheduled runs, due, on a shard ``node_id`` holds —
-        locked (skipping runs locked elsewhere), with their job's state and schedule."""
+        locked (skipping runs locked elsewhere), with their job's state, schedule and
+        spread."""
 
     @abstractmethod
     async def runs_insert_planned(
@@ -296,12 +303,14 @@ class Driver(ABC):
         node_id: str,
     ) -> list[CreatedRun]:
         """Create the planned runs that do not exist yet (their template read from the
-        job of their source run), with their events; return those created."""
+        job of their source run), with their events; return those created. Each fires
+        at the spread instant of its due instant (``timing.spread``; the due instant
+        itself when the job has no spread)."""
 
     # -- leasing and results -------------------------------------------------------
 
     @abstractmethod
-    async def attempts_lease(
+    async def ready_queue(
         self,
         conn: AsyncConnection,
         *,
@@ -310,11 +319,33 @@ class Driver(ABC):
         webhooks_only: bool,
         ahead: float,
         now: datetime | None,
-    ) -> list[LeasedAttempt]:
-        """Lease up to ``max`` ready runs of the worker's pool that it can take, by
-        priority then instant: each due one becomes RUNNING with a new attempt and
-        token; each due within ``ahead`` is reserved for the worker. Raises
-        :class:`WorkerGone` when the worker is not live. Ordered by ``not_before``."""
+    ) -> ReadyQueue:
+        """What the worker could take of its pool's ready queue: for each tenant
+        waiting, how many runs of each priority class (counting at most ``max`` per
+        tenant), with the tenant's limits and the pool's own P0 share, and the clock."""
+
+    @abstractmethod
+    async def attempts_lease(
+        self,
+        conn: AsyncConnection,
+        *,
+        worker: Worker,
+        grants: Sequence[Grant],
+        webhooks_only: bool,
+        ahead: float,
+        now: datetime | None,
+    ) -> tuple[list[LeasedAttempt], dict[tuple[uuid.UUID, int], int]]:
+        """Lease what admission granted: of each (tenant, class) up to its count of the
+        oldest ready runs the worker can take; each due one becomes RUNNING with a new
+        attempt and token, each due within ``ahead`` is reserved for the worker.
+        Raises :class:`WorkerGone` when the worker is not live (also with no grants).
+        Returns the attempts, ordered by ``not_before``, and the count taken of each
+        (tenant, class)."""
+
+    async def lock_keys(self, conn: AsyncConnection, keys: Sequence[int]) -> None:
+        """Hold the advisory locks ``keys`` (sorted) until the transaction ends; a
+        driver whose write transactions are serialised needs none."""
+        return None
 
     @abstractmethod
     async def attempts_start(

@@ -19,6 +19,7 @@ from cronwheel.domain.model import (
 )
 from cronwheel.store.values import (
     LeaseRenewal,
+    Releasable,
 )
 
 __all__ = ["SchedulerSide"]
@@ -171,3 +172,23 @@ class SchedulerSide(ABC):
     ) -> list[tuple[uuid.UUID, uuid.UUID]]:
         """``(attempt id, run id)`` of up to ``limit`` attempts :meth:`attempts_expire`
         would end now: what the scheduler splits a failed sweep by."""
+
+    # -- capacity-aware release --------------------------------------------------------
+
+    @abstractmethod
+    async def runs_releasable(self, *, run_ids: Sequence[uuid.UUID]) -> list[Releasable]:
+        """The runs of ``run_ids`` still SCHEDULED, each with its tenant, pool, priority
+        and its tenant's weight (what the release of a burst orders by)."""
+
+    @abstractmethod
+    async def pools_room(
+        self,
+        *,
+        pools: Sequence[str],
+        buffer: int,
+        worker_ttl: float = 30.0,
+        now: datetime | None = None,
+    ) -> dict[str, int]:
+        """How many more runs each pool's ready queue may take now: up to the larger of
+        ``buffer`` and twice the slots of the pool's live workers, less the ready runs
+        it holds (never below 0)."""

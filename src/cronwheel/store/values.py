@@ -9,12 +9,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from cronwheel.domain.model import Run
+from cronwheel.domain.model import DueRun, LeasedAttempt, Run
 
 __all__ = [
     "REDRIVE_BATCH_MAX",
+    "Admitted",
     "CompleteItem",
     "FailItem",
+    "Grant",
     "HeartbeatItem",
     "JobDeleted",
     "LeaseRenewal",
@@ -22,7 +24,9 @@ __all__ = [
     "LogHead",
     "LogWrite",
     "Migrated",
+    "ReadyQueue",
     "RedriveBatch",
+    "Releasable",
     "RunFilter",
     "TenantDeleted",
 ]
@@ -156,3 +160,47 @@ class Migrated:
     before: str | None
     after: str | None
     steps: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReadyQueue:
+    """What a driver read of a pool's ready queue for one worker: what admission
+    (``store/sql/admission.py``) decides on."""
+
+    now: datetime
+    share: float | None  # the pool's own P0 share (None: the default)
+    supply: dict[uuid.UUID, dict[int, int]]  # tenant -> class -> runs (up to the budget)
+    limits: dict[uuid.UUID, dict[str, Any]]  # tenant -> its limits
+    names: dict[uuid.UUID, str]  # tenant -> its name (for metrics)
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """Admission's answer for one tenant and class: lease up to ``count`` runs."""
+
+    tenant_id: uuid.UUID
+    priority: int
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    """What a lease gave the worker, and what admission held back: the tenants a limit
+    held (tenant id -> the limit) and, when a dispatch-rate bucket held one, the seconds
+    until it holds a run's token again (None: no bucket held anyone)."""
+
+    attempts: list[LeasedAttempt]
+    held: dict[uuid.UUID, str]
+    retry_in: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Releasable:
+    """A due run of a burst, described for capacity-aware release
+    (``scheduler/release.py``): still SCHEDULED when read."""
+
+    run: DueRun
+    tenant_id: uuid.UUID
+    pool: str
+    priority: int
+    weight: float

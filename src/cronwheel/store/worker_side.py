@@ -19,6 +19,7 @@ from cronwheel.domain.model import (
     WorkerStatus,
 )
 from cronwheel.store.values import (
+    Admitted,
     CompleteItem,
     FailItem,
     HeartbeatItem,
@@ -90,13 +91,19 @@ class WorkerSide(ABC):
         webhooks_only: bool = False,
         ahead: float = 0.0,
         now: datetime | None = None,
+        p0_share: float = 0.0,
     ) -> list[LeasedAttempt]:
         """Lease up to ``max`` DISPATCHED runs the worker can execute (its pool, its
         tenant if it has one, required capabilities a subset of its own, route tags a
         subset of its tags, a task among its ``tasks`` unless it declared none; with
-        ``webhooks_only``, webhook runs only), highest priority then oldest first, in
-        one statement: runs it cannot take are passed over, so a batch fills with
-        runs it can take however many others stand before them in the queue. Each
+        ``webhooks_only``, webhook runs only): runs it cannot take are passed over, so
+        a batch fills with runs it can take however many others stand before them in
+        the queue. Admission decides how many of each tenant's and class's runs it is
+        given (``domain/admission.py``): highest priority first; lower classes leave
+        the worker floor(share * capacity) slots free for P0, ``share`` being the pool's
+        own setting or else ``p0_share``; each tenant within its limits (runs held,
+        dispatch rate); and tenants competing in a class by their weights. Each
+        tenant's runs go oldest first. Each
         whose instant (``fire_at``) has come becomes RUNNING with a new attempt and a
         new, strictly larger fencing token; it loses its ``wait_reason``. Two workers
         racing never get the same run. The worker counts as seen (see
@@ -114,6 +121,20 @@ class WorkerSide(ABC):
         inside the statement. A lease racing :meth:`workers_deregister` is ordered with
         it: either it commits first (and a release after the deregistration finds its
         attempts) or it sees the deregistration and leases nothing."""
+
+    @abstractmethod
+    async def attempts_lease_admitted(
+        self,
+        *,
+        worker: Worker,
+        max: int,
+        webhooks_only: bool = False,
+        ahead: float = 0.0,
+        now: datetime | None = None,
+        p0_share: float = 0.0,
+    ) -> Admitted:
+        """:meth:`attempts_lease`, telling also what admission held back: the tenants
+        a limit held, and when a dispatch-rate limit will let the next run go."""
 
     @abstractmethod
     async def attempts_start_many(

@@ -12,6 +12,12 @@ job's ``catch_up`` policy decides, for it and for every occurrence that fell due
 - ``coalesce`` (the default): one run stands for them all and records how many.
 - ``skip``: none runs; each is recorded SKIPPED with the reason.
 
+With a spread (``timing.spread``) every rule above reads the occurrence's *spread
+instant* — when its run fires — instead of its due instant: lateness, the grace, the
+catch-up window, and which occurrences are missed (those whose spread instant has
+passed). An occurrence due before ``now`` whose spread instant is still ahead is not
+missed: it becomes the next run, and fires at its spread instant.
+
 Wall times a spring-forward gap removes under ``on_nonexistent="skip"`` are recorded
 SKIPPED too. They have no instant of their own, so each is filed a few microseconds
 before the end of its gap (as many as the seconds from it to the gap's end), which keeps
@@ -21,6 +27,7 @@ them distinct, ordered, and the same every time they are computed.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Literal
@@ -87,14 +94,17 @@ def plan_fire(
     now: datetime,
     busy: bool,
     waiting: bool,
+    spread_at: Callable[[datetime], datetime] | None = None,
 ) -> FirePlan:
     """Plan the firing at ``now`` of the scheduled run due at ``due_at``.
 
     ``busy``: another run of the job is DISPATCHED or RUNNING. ``waiting``: another
-    scheduled run of the job already waits for it (``queue_one``).
+    scheduled run of the job already waits for it (``queue_one``). ``spread_at``: the
+    spread instant of an occurrence due at a given instant (none: no spread).
     """
+    fires = spread_at or _unspread
     created: list[RunToCreate] = []
-    late = now - due_at
+    late = now - fires(due_at)
     overlap = schedule.overlap
 
     if busy and overlap == "skip":
@@ -121,17 +131,22 @@ def plan_fire(
         plan = FirePlan("DISPATCHED", cancel_previous=busy and overlap == "cancel_previous")
         return _with_next(plan, schedule, due_at, now)
 
-    # Missed: this run and every occurrence since, up to now. The most recent
-    # MAX_CATCH_UP are handled one by one; older ones are counted in the reason.
+    # Missed: this run and every occurrence since whose spread instant has passed. The
+    # most recent MAX_CATCH_UP are handled one by one; older ones are counted in the
+    # reason. The first occurrence still ahead of its spread instant is the next run.
     zone = schedule.timezone if isinstance(schedule, CronSchedule) else "UTC"
     recent: deque[Occurrence] = deque(maxlen=MAX_CATCH_UP)
     total = 0
+    ahead: Occurrence | None = None
     for o in iter_occurrences(schedule, due_at + _MICRO, now + _MICRO, include_skipped=True):
         if o.kind == "skipped":  # a wall time a DST gap removed: recorded, never run
             created.append(
                 RunToCreate(skipped_instant(o, zone), o.local, "SKIPPED", "schedule", o.reason)
             )
             continue
+        if fires(o.utc) > now:
+            ahead = o
+            break
         recent.append(o)
         total += 1
         if total >= MAX_COUNTED:
@@ -157,7 +172,7 @@ def plan_fire(
     else:
         outside = "outside the catch-up window (catch_up=replay)"
         for o in missed:
-            if now - o.utc <= window:
+            if now - fires(o.utc) <= window:
                 created.append(
                     RunToCreate(
                         o.utc,
@@ -178,11 +193,18 @@ def plan_fire(
             )
         else:
             plan = FirePlan("SKIPPED", outside + more, created=created)
+    if ahead is not None:  # due already, its spread instant still to come
+        created = [*plan.created, RunToCreate(ahead.utc, ahead.local, "SCHEDULED", "schedule")]
+        return FirePlan(plan.fate, plan.reason, plan.cancel_previous, created, ahead.utc)
     # Everything up to now is accounted for: the next occurrence is the first after it.
     return _with_next(plan, schedule, now, now)
 
 
 _MICRO = timedelta(microseconds=1)
+
+
+def _unspread(due_at: datetime) -> datetime:
+    return due_at
 
 
 def skipped_before_first(schedule: _Recurring, now: datetime) -> list[RunToCreate]:

@@ -329,7 +329,11 @@ class WorkerSession:
                     self.reservations.add(lease)
             if not leases and self.drain:
                 if self.running == 0 and not self.reservations:
-                    return
+                    # Nothing more for us — unless we asked with slots taken: a pool keeps
+                    # some of them for P0 runs, so ask once more with all of them free.
+                    if free >= self.config.concurrency:
+                        return
+                    continue
                 await self._wait_slot()
             elif not leases and wait == 0:
                 # A server that allows no long-poll: poll now and then, not in a tight loop.

@@ -48,6 +48,7 @@ from cronwheel.domain.spec import (
 from cronwheel.domain.states import JobState
 from cronwheel.settings import Settings
 from cronwheel.timing import due_local, iter_occurrences
+from cronwheel.timing.spread import spread_instant
 
 __all__ = ["JobBatch", "job_out", "preview_items", "router", "schedule_of"]
 
@@ -91,6 +92,7 @@ def job_out(job: Job, *, first_run_id: Any = None) -> JobOut:
         timeout=t.timeout,
         heartbeat_timeout=t.heartbeat_timeout,
         progress_timeout=t.progress_timeout,
+        spread=t.spread,
         next_due_at=job.next_due_at,
         version=job.version,
         created_at=job.created_at,
@@ -416,14 +418,23 @@ def preview_items(job: Job, now: datetime, count: int) -> list[PreviewItem]:
     if job.state not in (JobState.ACTIVE, JobState.PAUSED):
         return []
     schedule = schedule_of(job)
+    spread = job.template.spread
     if isinstance(schedule, CronSchedule | IntervalSchedule):
         found = islice(iter_occurrences(schedule, now, include_skipped=True), count)
         return [
-            PreviewItem(due_at=o.utc, due_local=o.local, kind=o.kind, reason=o.reason)
+            PreviewItem(
+                due_at=o.utc,
+                # A skipped wall time never runs: nothing fires for it.
+                fire_at=o.utc if o.kind == "skipped" else spread_instant(job.id, o.utc, spread),
+                due_local=o.local,
+                kind=o.kind,
+                reason=o.reason,
+            )
             for o in found
         ]
     if job.next_due_at is None:
         return []
     due = job.next_due_at
     local = due_local(schedule, due) or due.isoformat()
-    return [PreviewItem(due_at=due, due_local=local, kind="normal")]
+    fire_at = spread_instant(job.id, due, spread)
+    return [PreviewItem(due_at=due, fire_at=fire_at, due_local=local, kind="normal")]

@@ -3,8 +3,9 @@ redrive; dead letters listed and redriven in bulk."""
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import APIRouter, Body, Depends, Query, Request
@@ -31,6 +32,7 @@ from cronwheel.domain.bounds import Instant
 from cronwheel.domain.errors import ValidationError
 from cronwheel.domain.model import Attempt, Event, Run
 from cronwheel.domain.states import REDRIVE, RETRY, RunState
+from cronwheel.store import Store
 from cronwheel.store.values import RunFilter
 
 __all__ = ["attempt_out", "dead_letters", "event_out", "router", "run_fields", "run_out"]
@@ -92,6 +94,27 @@ def run_fields(run: Run) -> dict[str, object]:
 
 def run_out(run: Run) -> RunOut:
     return RunOut.model_validate(run_fields(run))
+
+
+async def with_holds(store: Store, runs: list[Run]) -> list[Run]:
+    """``runs``, each waiting run whose tenant a limit holds back now saying so in its
+    ``wait_reason`` (a condition that changes at every lease and completion: read when
+    asked, never written to the rows). Costs nothing when no run is waiting."""
+    now = datetime.now(UTC)
+    waiting = {
+        r.id: r.tenant_id
+        for r in runs
+        if r.state is RunState.DISPATCHED and r.wait_reason is None and r.fire_at <= now
+    }
+    if not waiting:
+        return runs
+    held = await store.tenants_held(sorted(set(waiting.values())))
+    return [
+        dataclasses.replace(r, wait_reason=held[r.tenant_id])
+        if r.id in waiting and r.tenant_id in held
+        else r
+        for r in runs
+    ]
 
 
 def attempt_out(attempt: Attempt) -> AttemptOut:
@@ -165,7 +188,8 @@ async def list_runs(
     page = await api_state(request).store.runs_list(
         scope.tenant_id, filter=run_filter, cursor=cursor, limit=limit
     )
-    return RunList(items=[run_out(r) for r in page.items], next_cursor=page.next_cursor)
+    runs = await with_holds(api_state(request).store, page.items)
+    return RunList(items=[run_out(r) for r in runs], next_cursor=page.next_cursor)
 
 
 @router.get("/{run_id}", summary="Read a run with its attempts and events")
@@ -173,7 +197,9 @@ async def get_run(
     run_id: str, request: Request, scope: TenantScope = Depends(tenant_reader)
 ) -> RunDetail:
     store = api_state(request).store
-    run = await store.runs_get(scope.tenant_id, parse_id(run_id, "run"))
+    [run] = await with_holds(
+        store, [await store.runs_get(scope.tenant_id, parse_id(run_id, "run"))]
+    )
     attempts = await store.attempts_list(scope.tenant_id, run_id=run.id)
     events = await store.events_list(scope.tenant_id, run_id=run.id, limit=_EVENTS_PER_RUN)
     return RunDetail.model_validate(

@@ -1,5 +1,6 @@
-"""The worker protocol: register, lease (long-poll), heartbeat, complete, fail, release,
-deregister; and the list of workers operators read.
+"""The worker protocol: register, lease (long-poll), start reservations, deregister;
+and the list of workers operators read (the calls about attempts are in
+``attempts.py``).
 
 Every call about an attempt carries its fencing token; a stale one (the lease was lost
 and the run handed to someone else) answers 409 ``stale_fencing_token`` and changes
@@ -10,35 +11,24 @@ is 404, exactly like an unknown id.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
-from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 
 from cronwheel.api.auth import Principal, require_worker, tenant_or_every_reader
 from cronwheel.api.inputs import parse_id
 from cronwheel.api.jsonbody import StrictJsonRoute
+from cronwheel.api.routers.attempts import instant_text, json_response
 from cronwheel.api.schemas import ERROR_RESPONSES, ErrorResponse
 from cronwheel.api.state import ApiState, api_state
 from cronwheel.api.worker_schemas import (
-    AttemptRef,
-    AttemptResultOut,
-    BatchOut,
-    BatchRequest,
-    CompleteRequest,
-    FailRequest,
-    FencedRequest,
-    HeartbeatItemIn,
-    HeartbeatOut,
-    HeartbeatRequest,
     LeasedAttemptOut,
     LeaseOut,
     LeaseRequest,
-    OutcomeOut,
     StartOut,
     StartRequest,
     WorkerDeregistered,
@@ -50,23 +40,18 @@ from cronwheel.api.worker_schemas import (
 from cronwheel.domain.bounds import LABEL_MAX
 from cronwheel.domain.errors import (
     NotFoundError,
-    StaleFencingTokenError,
     ValidationError,
     WorkerDeregisteredError,
 )
-from cronwheel.domain.model import AttemptOutcome, LeasedAttempt, Worker, WorkerStatus
-from cronwheel.domain.new_job import check_json_size
+from cronwheel.domain.model import LeasedAttempt, Worker, WorkerStatus
 from cronwheel.metrics import observe_start_lateness
-from cronwheel.store.values import CompleteItem, FailItem, HeartbeatItem
+from cronwheel.store.values import HeartbeatItem
 
 __all__ = ["router"]
 
 router = APIRouter(tags=["worker protocol"], responses=ERROR_RESPONSES, route_class=StrictJsonRoute)
 log = logging.getLogger("cronwheel.api")
 
-_STALE: dict[int | str, dict[str, Any]] = {
-    409: {"model": ErrorResponse, "description": "Stale fencing token; nothing changed"}
-}
 _GONE: dict[int | str, dict[str, Any]] = {
     410: {
         "model": ErrorResponse,
@@ -74,9 +59,6 @@ _GONE: dict[int | str, dict[str, Any]] = {
         "run any more; register again for a new worker id",
     }
 }
-
-Item = TypeVar("Item", HeartbeatItem, CompleteItem, FailItem)
-
 
 # -- registration and leasing ----------------------------------------------------------
 
@@ -243,15 +225,25 @@ async def lease(
     while True:
         # The ticket is taken before leasing so that a run dispatched in between wakes us.
         ticket = state.notifier.ticket(worker.pool, ahead=body.ahead > 0) if body.wait > 0 else None
-        leased = await state.store.attempts_lease(
-            worker=worker, max=body.max, webhooks_only=body.webhooks_only, ahead=body.ahead
+        admitted = await state.store.attempts_lease_admitted(
+            worker=worker,
+            max=body.max,
+            webhooks_only=body.webhooks_only,
+            ahead=body.ahead,
+            p0_share=state.settings.p0_reserved_share,
         )
+        leased = admitted.attempts
         remaining = deadline - loop.time()
         if leased or ticket is None or remaining <= 0 or state.notifier.closed:
             break
         if await request.is_disconnected():
             break
-        await state.notifier.wait(ticket, min(state.lease_poll_interval, remaining))
+        # A run held by a dispatch-rate limit is leased when its token comes, not at
+        # the next re-poll.
+        poll = state.lease_poll_interval
+        if admitted.retry_in is not None:
+            poll = min(poll, admitted.retry_in + 0.001)
+        await state.notifier.wait(ticket, min(poll, remaining))
         # A worker that stopped while we waited would never receive what we lease now.
         if await request.is_disconnected():
             break
@@ -303,9 +295,9 @@ async def start(
     if done.started_at is not None:
         for due_at in done.first_tries_due:
             observe_start_lateness(due_at=due_at, started_at=done.started_at)
-    return _json_response(
+    return json_response(
         {
-            "started_at": _instant(done.started_at),
+            "started_at": instant_text(done.started_at),
             "started": done.started,
             "not_yet": done.not_yet,
             "refused": done.refused,
@@ -357,232 +349,3 @@ async def deregister_worker(
             },
         )
     return WorkerDeregistered(worker_id=worker.id, released=len(released))
-
-
-# -- attempts --------------------------------------------------------------------------
-
-
-def _instant(value: datetime | None) -> str | None:
-    return None if value is None else value.astimezone(UTC).isoformat().replace("+00:00", "Z")
-
-
-def _outcome_json(outcome: AttemptOutcome) -> dict[str, Any]:
-    """An :class:`OutcomeOut` as plain JSON, built directly: the batch and start answers
-    carry up to a thousand each, and a model per item costs more than the statement."""
-    return {
-        "attempt_id": str(outcome.attempt_id),
-        "ok": outcome.ok,
-        "error": None if outcome.ok else (outcome.error_code or "stale_fencing_token"),
-        "lease_expires_at": _instant(outcome.lease_expires_at),
-        "cancel_requested": outcome.cancel_requested,
-        "run_state": None if outcome.run_state is None else str(outcome.run_state),
-    }
-
-
-def _json_response(body: dict[str, Any]) -> Response:
-    return Response(json.dumps(body, separators=(",", ":")), media_type="application/json")
-
-
-async def _apply(
-    principal: Principal,
-    items: Sequence[Item],
-    call: Callable[[Sequence[Item], uuid.UUID | None], Awaitable[list[AttemptOutcome]]],
-) -> list[dict[str, Any]]:
-    """One store batch over the items, scoped to the principal's tenant by the store
-    itself (another tenant's attempts answer ``not_found``). Outcomes keep the order of
-    ``items``, as JSON (see :func:`_outcome_json`)."""
-    if not items:
-        return []
-    return [_outcome_json(o) for o in await call(items, principal.tenant_id)]
-
-
-def _single(outcomes: list[dict[str, Any]]) -> OutcomeOut:
-    """The one outcome of a single-item call, or its error."""
-    [outcome] = [OutcomeOut.model_validate(o) for o in outcomes]
-    if outcome.ok:
-        return outcome
-    if outcome.error == "not_found":
-        raise NotFoundError(f"no attempt {outcome.attempt_id}")
-    raise StaleFencingTokenError(
-        "stale fencing token: this attempt's lease is no longer yours; nothing was changed",
-        field="fencing_token",
-    )
-
-
-def _result_out(outcome: OutcomeOut) -> AttemptResultOut:
-    return AttemptResultOut(attempt_id=outcome.attempt_id, ok=True, run_state=outcome.run_state)
-
-
-@router.post("/v1/attempts/{attempt_id}/heartbeat", summary="Extend a lease", responses=_STALE)
-async def heartbeat(
-    attempt_id: str,
-    body: HeartbeatRequest,
-    request: Request,
-    principal: Principal = Depends(require_worker),
-) -> HeartbeatOut:
-    """Extends the lease by the run's heartbeat timeout; ``cancel_requested`` asks the
-    worker to stop the run. With ``progress`` (or ``details``) it also reports the
-    handler's progress: the attempt keeps the time and the details, and under the job's
-    ``progress_timeout`` its progress deadline moves to now plus that timeout."""
-    state = api_state(request)
-    item = _beat(parse_id(attempt_id, "attempt"), body)
-    outcome = _single(
-        await _apply(
-            principal,
-            [item],
-            lambda items, tenant: state.store.attempts_heartbeat_many(
-                items=items, tenant_id=tenant
-            ),
-        )
-    )
-    return HeartbeatOut(
-        attempt_id=outcome.attempt_id,
-        lease_expires_at=outcome.lease_expires_at,
-        cancel_requested=outcome.cancel_requested,
-    )
-
-
-@router.post("/v1/attempts/{attempt_id}/complete", summary="Complete an attempt", responses=_STALE)
-async def complete(
-    attempt_id: str,
-    body: CompleteRequest,
-    request: Request,
-    principal: Principal = Depends(require_worker),
-) -> AttemptResultOut:
-    state = api_state(request)
-    check_json_size(body.result, limit=state.settings.max_payload_bytes, field="result")
-    item = CompleteItem(
-        attempt_id=parse_id(attempt_id, "attempt"),
-        fencing_token=body.fencing_token,
-        result=body.result,
-    )
-    outcome = _single(
-        await _apply(
-            principal,
-            [item],
-            lambda items, tenant: state.store.attempts_complete_many(items=items, tenant_id=tenant),
-        )
-    )
-    return _result_out(outcome)
-
-
-@router.post("/v1/attempts/{attempt_id}/fail", summary="Fail an attempt", responses=_STALE)
-async def fail(
-    attempt_id: str,
-    body: FailRequest,
-    request: Request,
-    principal: Principal = Depends(require_worker),
-) -> AttemptResultOut:
-    """The run is retried after its backoff while attempts remain and ``retryable``;
-    otherwise it ends DEAD_LETTER (retries exhausted) or FAILED (not retryable)."""
-    state = api_state(request)
-    item = FailItem(
-        attempt_id=parse_id(attempt_id, "attempt"),
-        fencing_token=body.fencing_token,
-        error=body.error,
-        retryable=body.retryable,
-        retry_after=body.retry_after,
-    )
-    outcome = _single(
-        await _apply(
-            principal,
-            [item],
-            lambda items, tenant: state.store.attempts_fail_many(items=items, tenant_id=tenant),
-        )
-    )
-    return _result_out(outcome)
-
-
-@router.post("/v1/attempts/{attempt_id}/release", summary="Hand an attempt back", responses=_STALE)
-async def release(
-    attempt_id: str,
-    body: FencedRequest,
-    request: Request,
-    principal: Principal = Depends(require_worker),
-) -> AttemptResultOut:
-    """For a worker shutting down: the run is ready again at once and the try is not
-    counted."""
-    state = api_state(request)
-    item = HeartbeatItem(
-        attempt_id=parse_id(attempt_id, "attempt"), fencing_token=body.fencing_token
-    )
-    outcome = _single(
-        await _apply(
-            principal,
-            [item],
-            lambda items, tenant: state.store.attempts_release_many(items=items, tenant_id=tenant),
-        )
-    )
-    return _result_out(outcome)
-
-
-def _refs(items: Sequence[AttemptRef]) -> list[HeartbeatItem]:
-    return [HeartbeatItem(attempt_id=i.attempt_id, fencing_token=i.fencing_token) for i in items]
-
-
-def _beat(attempt_id: uuid.UUID, body: HeartbeatRequest | HeartbeatItemIn) -> HeartbeatItem:
-    return HeartbeatItem(
-        attempt_id=attempt_id,
-        fencing_token=body.fencing_token,
-        progress=body.reports_progress,
-        details=body.details,
-    )
-
-
-@router.post(
-    "/v1/attempts/batch",
-    summary="Heartbeat, complete, fail and release many",
-    response_model=BatchOut,
-)
-async def batch(
-    body: BatchRequest, request: Request, principal: Principal = Depends(require_worker)
-) -> Response:
-    """One request, one store statement per kind. Each item has its own outcome; a stale
-    token fails only its item."""
-    state = api_state(request)
-    limit = state.settings.max_payload_bytes
-    for index, completion in enumerate(body.completions):
-        check_json_size(completion.result, limit=limit, field=f"completions.{index}.result")
-    if (body.completions or body.failures) and not body.heartbeats:
-        await state.starts.wait()  # runs waiting to start go first
-    store = state.store
-    heartbeats = await _apply(
-        principal,
-        [_beat(h.attempt_id, h) for h in body.heartbeats],
-        lambda items, tenant: store.attempts_heartbeat_many(items=items, tenant_id=tenant),
-    )
-    completions = await _apply(
-        principal,
-        [
-            CompleteItem(attempt_id=c.attempt_id, fencing_token=c.fencing_token, result=c.result)
-            for c in body.completions
-        ],
-        lambda items, tenant: store.attempts_complete_many(items=items, tenant_id=tenant),
-    )
-    failures = await _apply(
-        principal,
-        [
-            FailItem(
-                attempt_id=f.attempt_id,
-                fencing_token=f.fencing_token,
-                error=f.error,
-                retryable=f.retryable,
-                retry_after=f.retry_after,
-            )
-            for f in body.failures
-        ],
-        lambda items, tenant: store.attempts_fail_many(items=items, tenant_id=tenant),
-    )
-    releases = await _apply(
-        principal,
-        _refs(body.releases),
-        lambda items, tenant: store.attempts_release_many(items=items, tenant_id=tenant),
-    )
-    return _json_response(
-        {
-            "heartbeats": heartbeats,
-            "completions": completions,
-            "failures": failures,
-            "releases": releases,
-        }
-    )

@@ -26,7 +26,7 @@ from cronwheel.store.drivers import postgres_firing as firing
 from cronwheel.store.drivers import postgres_leasing as leasing
 from cronwheel.store.notices import CHANNEL_KEYS_REVOKED, CHANNEL_RUNS_NEW, CHANNEL_RUNS_READY
 from cronwheel.store.schema import runs
-from cronwheel.store.values import CompleteItem, HeartbeatItem, LeaseRenewal
+from cronwheel.store.values import CompleteItem, Grant, HeartbeatItem, LeaseRenewal, ReadyQueue
 
 __all__ = ["PostgresDriver"]
 
@@ -250,6 +250,13 @@ class PostgresDriver(Driver):
         stmt = postgresql.insert(table)
         return (stmt.values(rows) if rows else stmt).on_conflict_do_nothing()
 
+    def upsert(self, table: sa.Table, rows: list[dict[str, Any]], update: Sequence[str]) -> Any:
+        stmt = postgresql.insert(table).values(rows)
+        return stmt.on_conflict_do_update(
+            index_elements=list(table.primary_key.columns),
+            set_={name: stmt.excluded[name] for name in update},
+        )
+
     async def fencing_tokens(self, conn: AsyncConnection, count: int) -> list[int]:
         rows = await conn.execute(
             sa.text("SELECT nextval('fencing_tokens') FROM generate_series(1, :n)"), {"n": count}
@@ -346,7 +353,7 @@ class PostgresDriver(Driver):
             await _raw(conn), at=at, planned=planned, node_id=node_id
         )
 
-    async def attempts_lease(
+    async def ready_queue(
         self,
         conn: AsyncConnection,
         *,
@@ -355,16 +362,42 @@ class PostgresDriver(Driver):
         webhooks_only: bool,
         ahead: float,
         now: datetime | None,
-    ) -> list[LeasedAttempt]:
-        return await leasing.lease(
+    ) -> ReadyQueue:
+        return await leasing.ready_queue(
             await _raw_begun(conn),
             now=now,
             worker=worker,
             max=max,
+            webhooks_only=webhooks_only,
+            ahead=ahead,
+        )
+
+    async def attempts_lease(
+        self,
+        conn: AsyncConnection,
+        *,
+        worker: Worker,
+        grants: Sequence[Grant],
+        webhooks_only: bool,
+        ahead: float,
+        now: datetime | None,
+    ) -> tuple[list[LeasedAttempt], dict[tuple[uuid.UUID, int], int]]:
+        return await leasing.lease(
+            await _raw_begun(conn),
+            now=now,
+            worker=worker,
+            grants=grants,
             new_id=new_id,
             webhooks_only=webhooks_only,
             ahead=ahead,
         )
+
+    async def lock_keys(self, conn: AsyncConnection, keys: Sequence[int]) -> None:
+        # One statement, the locks taken left to right: every lease takes its keys in
+        # the same (sorted) order, so two never wait for each other.
+        if keys:
+            calls = ", ".join(f"pg_advisory_xact_lock(${i})" for i in range(1, len(keys) + 1))
+            await (await _raw_begun(conn)).execute(f"SELECT {calls}", *keys)
 
     async def attempts_start(
         self,

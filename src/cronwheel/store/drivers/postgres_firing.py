@@ -34,6 +34,7 @@ __all__ = [
     "fire_candidates",
     "insert_planned",
     "renew",
+    "spread_instant_sql",
 ]
 
 # An asyncpg connection (the library has no type hints).
@@ -123,7 +124,8 @@ async def fire(
 
 _CANDIDATES = f"""
 SELECT runs.id, runs.tenant_id, runs.job_id, runs.job_name, runs.shard, runs.due_at,
-       runs.fire_at, runs.pool, jobs.state AS job_state, jobs.schedule::text AS schedule
+       runs.fire_at, runs.pool, jobs.state AS job_state, jobs.schedule::text AS schedule,
+       COALESCE((jobs.template->>'spread')::float8, 0) AS spread
 FROM runs JOIN jobs ON jobs.id = runs.job_id
 WHERE runs.id = ANY($2::uuid[])
   AND {_FIRABLE}
@@ -156,6 +158,17 @@ async def fire_candidates(
     return [FireCandidate(**{**dict(r), "schedule": _schedule(r["schedule"])}) for r in rows]
 
 
+def spread_instant_sql(job_id: str, due_at: str, spread: str) -> str:
+    """SQL for ``timing.spread.spread_instant(job_id, due_at, spread)``: the same md5 of
+    the job id and the due instant's epoch microseconds, the same integer arithmetic
+    (numeric: 2**32 times a day's microseconds overflows a bigint)."""
+    return f"""({due_at} + CASE WHEN {spread} > 0 THEN interval '1 microsecond' * div(
+        ('x' || substr(md5({job_id}::text || ':'
+                           || (extract(epoch FROM {due_at}) * 1000000)::bigint::text), 1, 8)
+        )::bit(32)::bigint::numeric * round({spread} * 1000000), 4294967296)::float8
+        ELSE interval '0' END)"""
+
+
 # The worker, unless it deregistered, share-locked until the lease commits: a
 # deregistration (an UPDATE of the row) waits for a lease already holding it, so the
 # release that follows it finds what the lease took, and a lease that comes second
@@ -173,7 +186,7 @@ ins AS (
                       payload, attempt, max_attempts, retry, timeout, heartbeat_timeout,
                       progress_timeout, reason, created_at, dispatched_at, finished_at)
     SELECT v.id, r.tenant_id, r.job_id, r.job_name, v.origin, r.shard, v.state, v.due_at,
-           v.due_local, v.due_at, (j.template->>'priority')::smallint, j.template->>'pool',
+           v.due_local, {SPREAD_AT}, (j.template->>'priority')::smallint, j.template->>'pool',
            j.template->'requires', j.template->'tags',
            COALESCE(j.template->'route_tags', '[]'::jsonb), j.template->>'task',
            NULLIF(j.template->'webhook', 'null'::jsonb), j.template->'payload', 0,
@@ -200,7 +213,10 @@ ev AS (
     ORDER BY step, id
 )
 SELECT id, tenant_id, job_id, state, reason, shard, fire_at, pool FROM ins
-"""
+""".replace(
+    "{SPREAD_AT}",
+    spread_instant_sql("j.id", "v.due_at", "COALESCE((j.template->>'spread')::numeric, 0)"),
+)
 
 
 async def insert_planned(

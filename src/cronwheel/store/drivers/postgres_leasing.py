@@ -20,12 +20,13 @@ from cronwheel.domain.states import FINISH, START, RunState
 from cronwheel.store.driver import Outcomes, WorkerGone
 from cronwheel.store.drivers.postgres_firing import NOW, Raw
 from cronwheel.store.sql.progress import last_reports, progress_deadline
-from cronwheel.store.values import HeartbeatItem
+from cronwheel.store.values import Grant, HeartbeatItem, ReadyQueue
 
 __all__ = [
     "complete_many",
     "heartbeat_many",
     "lease",
+    "ready_queue",
     "start_many",
 ]
 
@@ -33,9 +34,81 @@ _LIVE_WORKER = """live AS (
     SELECT id FROM workers WHERE id = {worker} AND deregistered_at IS NULL FOR SHARE
 )"""
 
+# What a worker can take of its pool's ready queue (the same conditions in the
+# statement that reads the queue and the one that leases from it). fire_at is the
+# run's not-before: a run dispatched ahead of its instant waits in the ready queue
+# until then, or (within ``ahead`` seconds of it) is reserved. A reserved run is out of
+# the queue until its reservation is used, handed back or lapses. What the worker can
+# run (``tasks``: its tasks as the keys of a JSON object, NULL for any; ``tags``: its
+# tags, which must hold the run's route tags) filters the queue as the index walks it:
+# runs it cannot take are stepped over, never counted, never locked. The task is looked
+# up as a key (a binary search, however many tasks), and not with = ANY: statistics
+# saying the worker's tasks are rare would have the planner read and sort the whole
+# queue even when the worker's runs lead it, where walking the index stops at the batch.
+_TAKEABLE = """{START} AND r.reserved_token IS NULL AND r.pool = {pool}
+      AND r.fire_at <= (SELECT now FROM t) + make_interval(secs => {ahead})
+      AND r.requires <@ {caps}::jsonb
+      AND r.route_tags <@ {tags}::jsonb
+      AND (NOT {webhooks_only}::boolean OR r.task IS NULL)
+      AND ({tasks}::jsonb IS NULL OR r.task IS NULL OR {tasks}::jsonb -> r.task IS NOT NULL)"""
+
+_TAKEABLE_READ = _TAKEABLE.format(
+    START=START.sql("r.state"),
+    pool="$2",
+    ahead="$7",
+    caps="$4",
+    tags="$9",
+    webhooks_only="$6",
+    tasks="$8",
+)
+_TAKEABLE_LEASE = _TAKEABLE.format(
+    START=START.sql("r.state"),
+    pool="$2",
+    ahead="$7",
+    caps="$4",
+    tags="$10",
+    webhooks_only="$6",
+    tasks="$9",
+)
+
+# The tenants waiting in a pool's ready queue, by a loose scan of the ready index (one
+# probe per tenant, however long its queue), or the worker's own tenant; then for each,
+# how many of its first $5 runs the worker can take are in each priority class — with
+# the tenant's name and limits and the pool's own P0 share, all in one round trip.
+_READY = f"""
+WITH RECURSIVE t AS (SELECT COALESCE($1::timestamptz, statement_timestamp()) AS now),
+waiting AS (
+    SELECT CASE WHEN $3::uuid IS NOT NULL THEN $3::uuid ELSE (
+        SELECT tenant_id FROM runs
+        WHERE pool = $2 AND state = 'DISPATCHED' AND reserved_token IS NULL
+        ORDER BY tenant_id LIMIT 1) END AS tenant_id
+    UNION ALL
+    SELECT (SELECT tenant_id FROM runs
+            WHERE pool = $2 AND state = 'DISPATCHED' AND reserved_token IS NULL
+              AND tenant_id > w.tenant_id
+            ORDER BY tenant_id LIMIT 1)
+    FROM waiting w WHERE w.tenant_id IS NOT NULL AND $3::uuid IS NULL
+)
+SELECT w.tenant_id, tn.name, tn.limits::text AS limits, s.priority, s.n,
+       (SELECT p0_reserved_share FROM pools WHERE name = $2) AS share, (SELECT now FROM t) AS now
+FROM waiting w
+JOIN tenants tn ON tn.id = w.tenant_id
+CROSS JOIN LATERAL (
+    SELECT c.priority, count(*) AS n FROM (
+        SELECT r.priority FROM runs r
+        WHERE r.tenant_id = w.tenant_id AND {_TAKEABLE_READ}
+        ORDER BY r.priority, r.fire_at
+        LIMIT $5
+    ) c GROUP BY c.priority
+) s
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, NULL, (SELECT p0_reserved_share FROM pools WHERE name = $2),
+       (SELECT now FROM t)
+"""
+
 _LEASE = f"""
 {NOW},
-{_LIVE_WORKER.format(worker="$6")},
+{_LIVE_WORKER.format(worker="$5")},
 -- The worker is alive: the routing check counts on it. At most one write a second,
 -- however often a long-poll re-leases; skipped rather than waited for while another
 -- of its leases holds the row too (two such would otherwise wait for each other).
@@ -46,35 +119,30 @@ seen AS (
         WHERE w.id = (SELECT id FROM live) AND w.last_seen_at < t.now - interval '1 second'
         FOR NO KEY UPDATE OF w SKIP LOCKED)
 ),
+-- What admission granted ($11 tenants, $12 classes, $13 counts): each tenant's oldest
+-- runs of each class the worker can take, by the ready index, locked or stepped over.
 picked AS (
-    -- fire_at is the run's not-before: a run dispatched ahead of its instant waits in
-    -- the ready queue until then, or (within $8 seconds of it) is reserved. A reserved
-    -- run is out of the queue until its reservation is used, handed back or lapses.
-    -- What the worker can run ($10: its tasks as the keys of a JSON object, NULL for
-    -- any; $11: its tags, which must hold the run's route tags) filters the pool's
-    -- queue as the index walks it, before the LIMIT: runs it cannot take are stepped
-    -- over, never counted, never locked. The task is looked up as a key (a binary
-    -- search, however many tasks), and not with = ANY: statistics saying the worker's
-    -- tasks are rare in the pool would have the planner read and sort the whole queue
-    -- even when the worker's runs lead it, where walking the index in order stops at
-    -- the batch.
-    SELECT id FROM runs
+    SELECT p.id, g.priority, p.fire_at
+    FROM unnest($11::uuid[], $12::smallint[], $13::int[]) AS g(tenant_id, priority, n)
+    CROSS JOIN LATERAL (
+        SELECT r.id, r.fire_at FROM runs r
+        WHERE r.tenant_id = g.tenant_id AND r.priority = g.priority
+          AND ($3::uuid IS NULL OR r.tenant_id = $3)
+          AND {_TAKEABLE_LEASE}
+        ORDER BY r.fire_at
+        LIMIT g.n
+        FOR UPDATE SKIP LOCKED
+    ) p
     WHERE EXISTS (SELECT 1 FROM live)
-      AND {START.sql()} AND pool = $2
-      AND fire_at <= (SELECT now FROM t) + make_interval(secs => $8)
-      AND reserved_token IS NULL
-      AND ($3::uuid IS NULL OR tenant_id = $3)
-      AND requires <@ $4::jsonb
-      AND route_tags <@ $11::jsonb
-      AND (NOT $7::boolean OR task IS NULL)
-      AND ($10::jsonb IS NULL OR task IS NULL OR $10::jsonb -> task IS NOT NULL)
-    ORDER BY priority, fire_at
-    LIMIT $5
-    FOR UPDATE SKIP LOCKED
 ),
-numbered AS (SELECT id, row_number() OVER () AS n FROM picked),
+-- Numbered, and tokens drawn, in the order of the batch: highest class, oldest first.
+numbered AS (
+    SELECT id, n, nextval('fencing_tokens') AS token
+    FROM (SELECT id, row_number() OVER (ORDER BY priority, fire_at, id) AS n FROM picked
+          ORDER BY n) o
+),
 -- Due now: RUNNING with a new attempt. Due later: reserved for this worker under the
--- attempt id ($9, one per row) and token it will start with.
+-- attempt id ($8, one per row) and token it will start with.
 leased AS (
 UPDATE runs r SET
     state = CASE WHEN r.fire_at <= t.now THEN 'RUNNING' ELSE 'DISPATCHED' END,
@@ -82,11 +150,10 @@ UPDATE runs r SET
     started_at = CASE WHEN r.fire_at <= t.now THEN COALESCE(r.started_at, t.now)
                       ELSE r.started_at END,
     wait_reason = NULL,
-    reserved_by = CASE WHEN r.fire_at <= t.now THEN NULL ELSE $6::uuid END,
+    reserved_by = CASE WHEN r.fire_at <= t.now THEN NULL ELSE $5::uuid END,
     reserved_attempt = CASE WHEN r.fire_at <= t.now THEN NULL
-                            ELSE ($9::uuid[])[numbered.n] END,
-    reserved_token = CASE WHEN r.fire_at <= t.now THEN NULL
-                          ELSE nextval('fencing_tokens') END,
+                            ELSE ($8::uuid[])[numbered.n] END,
+    reserved_token = CASE WHEN r.fire_at <= t.now THEN NULL ELSE numbered.token END,
     reserved_until = CASE WHEN r.fire_at <= t.now THEN NULL
                           ELSE r.fire_at + make_interval(secs => r.heartbeat_timeout) END
 FROM numbered, t
@@ -95,7 +162,7 @@ RETURNING r.id, r.tenant_id, r.job_id, r.attempt, r.task, r.webhook, r.payload, 
           r.heartbeat_timeout, r.progress_timeout, r.due_at, r.priority, r.fire_at,
           t.now AS now, r.state,
           r.reserved_attempt, r.reserved_until,
-          COALESCE(r.reserved_token, nextval('fencing_tokens')) AS token
+          numbered.token AS token
 )
 -- One row at least, leased or not: ``gone`` (the worker is not live) comes back in the
 -- same round trip as the runs.
@@ -135,34 +202,79 @@ def _tasks_param(worker: Worker) -> str | None:
     return None if worker.tasks is None else json.dumps(dict.fromkeys(worker.tasks, 1))
 
 
-async def lease(
+async def ready_queue(
     conn: Raw,
     *,
     now: datetime | None,
     worker: Worker,
     max: int,
+    webhooks_only: bool = False,
+    ahead: float = 0.0,
+) -> ReadyQueue:
+    """What the worker could take of its pool's ready queue, tenant by tenant and
+    class by class (up to ``max`` of each tenant), with what admission needs to know."""
+    rows = await conn.fetch(
+        _READY,
+        now,
+        worker.pool,
+        worker.tenant_id,
+        json.dumps(sorted(worker.capabilities)),
+        max,
+        webhooks_only,
+        ahead,
+        _tasks_param(worker),
+        json.dumps(sorted(set(worker.tags))),
+    )
+    supply: dict[uuid.UUID, dict[int, int]] = {}
+    limits: dict[uuid.UUID, dict[str, Any]] = {}
+    names: dict[uuid.UUID, str] = {}
+    for r in rows:
+        if r["tenant_id"] is None:  # the last row: the pool's share and the clock alone
+            continue
+        supply.setdefault(r["tenant_id"], {})[r["priority"]] = r["n"]
+        limits[r["tenant_id"]] = json.loads(r["limits"])
+        names[r["tenant_id"]] = r["name"]
+    last = rows[-1]
+    return ReadyQueue(last["now"], last["share"], supply, limits, names)
+
+
+async def lease(
+    conn: Raw,
+    *,
+    now: datetime | None,
+    worker: Worker,
+    grants: Sequence[Grant],
     new_id: Callable[[], uuid.UUID],
     webhooks_only: bool = False,
     ahead: float = 0.0,
-) -> list[LeasedAttempt]:
+) -> tuple[list[LeasedAttempt], dict[tuple[uuid.UUID, int], int]]:
+    """Take what admission granted (none: only check the worker is live, and note it
+    seen). Returns the attempts and how many runs each (tenant, class) gave."""
+    total = sum(g.count for g in grants)
     rows = await conn.fetch(
         _LEASE,
         now,
         worker.pool,
         worker.tenant_id,
         json.dumps(sorted(worker.capabilities)),
-        max,
         worker.id,
         webhooks_only,
         ahead,
-        [new_id() for _ in range(max)] if ahead > 0 else None,
+        [new_id() for _ in range(total)] if ahead > 0 else None,
         _tasks_param(worker),
         json.dumps(sorted(set(worker.tags))),
+        [g.tenant_id for g in grants],
+        [g.priority for g in grants],
+        [g.count for g in grants],
     )
     if rows[0]["gone"]:
         raise WorkerGone(worker.id)
     if rows[0]["id"] is None:  # the one row of an empty lease
-        return []
+        return [], {}
+    got: dict[tuple[uuid.UUID, int], int] = {}
+    for r in rows:
+        key = (r["tenant_id"], r["priority"])
+        got[key] = got.get(key, 0) + 1
     rows = sorted(rows, key=lambda r: (r["priority"], r["fire_at"]))
     leased: list[LeasedAttempt] = []
     attempt_rows: list[tuple[Any, ...]] = []
@@ -244,7 +356,7 @@ async def lease(
     if attempt_rows:
         await conn.copy_records_to_table("attempts", records=attempt_rows, columns=_ATTEMPT_COLUMNS)
         await conn.copy_records_to_table("events", records=event_rows, columns=_EVENT_COLUMNS)
-    return leased
+    return leased, got
 
 
 _START = f"""

@@ -111,6 +111,13 @@ class SqliteDriver(CoreFiring, CoreLeasing):
         stmt = sqlite.insert(table)
         return (stmt.values(rows) if rows else stmt).on_conflict_do_nothing()
 
+    def upsert(self, table: sa.Table, rows: list[dict[str, Any]], update: Sequence[str]) -> Any:
+        stmt = sqlite.insert(table).values(rows)
+        return stmt.on_conflict_do_update(
+            index_elements=list(table.primary_key.columns),
+            set_={name: stmt.excluded[name] for name in update},
+        )
+
     async def fencing_tokens(self, conn: AsyncConnection, count: int) -> list[int]:
         top = (
             await conn.execute(

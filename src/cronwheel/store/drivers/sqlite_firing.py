@@ -39,6 +39,7 @@ from cronwheel.store.sql.statements import (
     shard_leases_take,
 )
 from cronwheel.store.values import LeaseRenewal
+from cronwheel.timing.spread import spread_instant
 
 __all__ = ["CoreFiring"]
 
@@ -140,6 +141,9 @@ class CoreFiring(Driver):
                 runs.c.pool,
                 jobs.c.state.label("job_state"),
                 jobs.c.schedule,
+                sa.func.coalesce(sa.func.json_extract(jobs.c.template, "$.spread"), 0.0).label(
+                    "spread"
+                ),
             )
             .join(jobs, jobs.c.id == runs.c.job_id)
             .where(
@@ -189,6 +193,7 @@ class CoreFiring(Driver):
                     at=at,
                     origin=p.origin,
                     state=state,
+                    fire_at=spread_instant(run.job_id, p.due_at, templates[run.job_id].spread),
                 )
                 | {
                     "reason": p.reason,

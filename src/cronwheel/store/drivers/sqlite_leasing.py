@@ -32,7 +32,9 @@ from cronwheel.store.rows import event_row
 from cronwheel.store.schema import (
     NO_RESERVATION,
     attempts,
+    pools,
     runs,
+    tenants,
     workers,
 )
 from cronwheel.store.sql.progress import progress_deadline, progress_rows
@@ -43,7 +45,7 @@ from cronwheel.store.sql.statements import (
     may,
     update_each,
 )
-from cronwheel.store.values import CompleteItem, HeartbeatItem
+from cronwheel.store.values import CompleteItem, Grant, HeartbeatItem, ReadyQueue
 
 __all__ = ["CoreLeasing"]
 
@@ -53,7 +55,29 @@ class CoreLeasing(Driver):
 
     # -- leasing -------------------------------------------------------------------
 
-    async def attempts_lease(
+    def _takeable(
+        self, worker: Worker, webhooks_only: bool, horizon: datetime
+    ) -> list[sa.ColumnElement[bool]]:
+        """The ready runs of the worker's pool it can take (of its tenant, if it has
+        one). fire_at is the run's not-before: dispatched ahead, it waits in the ready
+        queue until then, or (within ``ahead`` of it) is reserved."""
+        where = [
+            may(START),
+            runs.c.pool == worker.pool,
+            runs.c.fire_at <= horizon,
+            runs.c.reserved_token.is_(None),  # reserved: not in the queue
+            self.json_subset(runs.c.requires, worker.capabilities),
+            self.json_subset(runs.c.route_tags, worker.tags),
+        ]
+        if worker.tenant_id is not None:
+            where.append(runs.c.tenant_id == worker.tenant_id)
+        if webhooks_only:  # a run has a task or a webhook, never both
+            where.append(runs.c.task.is_(None))
+        if worker.tasks is not None:  # a webhook run has no task: its capability decides
+            where.append(sa.or_(runs.c.task.is_(None), runs.c.task.in_(worker.tasks)))
+        return where
+
+    async def ready_queue(
         self,
         conn: AsyncConnection,
         *,
@@ -62,7 +86,70 @@ class CoreLeasing(Driver):
         webhooks_only: bool,
         ahead: float,
         now: datetime | None,
-    ) -> list[LeasedAttempt]:
+    ) -> ReadyQueue:
+        at = await self.instant(conn, now)
+        takeable = self._takeable(worker, webhooks_only, at + timedelta(seconds=ahead))
+        # The tenants waiting, one probe of the ready index each (a loose scan).
+        waiting: list[uuid.UUID] = []
+        if worker.tenant_id is not None:
+            waiting.append(worker.tenant_id)
+        else:
+            after: uuid.UUID | None = None
+            while True:
+                probe = sa.select(sa.func.min(runs.c.tenant_id)).where(
+                    runs.c.pool == worker.pool,
+                    runs.c.state == RunState.DISPATCHED.value,
+                    runs.c.reserved_token.is_(None),
+                )
+                if after is not None:
+                    probe = probe.where(runs.c.tenant_id > after)
+                after = (await conn.execute(probe)).scalar()
+                if after is None:
+                    break
+                waiting.append(after)
+        supply: dict[uuid.UUID, dict[int, int]] = {}
+        for tenant_id in waiting:
+            head = (
+                sa.select(runs.c.priority)
+                .where(*takeable, runs.c.tenant_id == tenant_id)
+                .order_by(runs.c.priority, runs.c.fire_at)
+                .limit(max)
+                .subquery()
+            )
+            counts = await conn.execute(
+                sa.select(head.c.priority, sa.func.count()).group_by(head.c.priority)
+            )
+            classes = {priority: n for priority, n in counts}
+            if classes:
+                supply[tenant_id] = classes
+        limits: dict[uuid.UUID, dict[str, Any]] = {}
+        names: dict[uuid.UUID, str] = {}
+        if supply:
+            rows = await conn.execute(
+                sa.select(tenants.c.id, tenants.c.name, tenants.c.limits).where(
+                    tenants.c.id.in_(list(supply))
+                )
+            )
+            for tenant_id, name, tenant_limits in rows:
+                limits[tenant_id], names[tenant_id] = dict(tenant_limits), name
+            supply = {t: c for t, c in supply.items() if t in limits}
+        share = (
+            await conn.execute(
+                sa.select(pools.c.p0_reserved_share).where(pools.c.name == worker.pool)
+            )
+        ).scalar()
+        return ReadyQueue(at, share, supply, limits, names)
+
+    async def attempts_lease(
+        self,
+        conn: AsyncConnection,
+        *,
+        worker: Worker,
+        grants: Sequence[Grant],
+        webhooks_only: bool,
+        ahead: float,
+        now: datetime | None,
+    ) -> tuple[list[LeasedAttempt], dict[tuple[uuid.UUID, int], int]]:
         at = await self.instant(conn, now)
         # First, in the same write transaction: a deregistered worker leases nothing.
         # (Writes are serialised here, so a deregistration is wholly before or after.)
@@ -73,29 +160,26 @@ class CoreLeasing(Driver):
         )
         if not seen.rowcount:
             raise WorkerGone(worker.id)
-        pick = (
-            sa.select(*_LEASED_COLUMNS)
-            .where(
-                may(START),
-                runs.c.pool == worker.pool,
-                # fire_at is the run's not-before: dispatched ahead, it waits in the
-                # ready queue until then, or (within ``ahead`` of it) is reserved.
-                runs.c.fire_at <= at + timedelta(seconds=ahead),
-                runs.c.reserved_token.is_(None),  # reserved: not in the queue
-                self.json_subset(runs.c.requires, worker.capabilities),
-                self.json_subset(runs.c.route_tags, worker.tags),
-            )
-            .order_by(runs.c.priority, runs.c.fire_at)
-            .limit(max)
-            .with_for_update(skip_locked=True)
-        )
-        if worker.tenant_id is not None:
-            pick = pick.where(runs.c.tenant_id == worker.tenant_id)
-        if webhooks_only:  # a run has a task or a webhook, never both
-            pick = pick.where(runs.c.task.is_(None))
-        if worker.tasks is not None:  # a webhook run has no task: its capability decides
-            pick = pick.where(sa.or_(runs.c.task.is_(None), runs.c.task.in_(worker.tasks)))
-        picked = (await conn.execute(pick)).all()
+        takeable = self._takeable(worker, webhooks_only, at + timedelta(seconds=ahead))
+        picked: list[Any] = []
+        got: dict[tuple[uuid.UUID, int], int] = {}
+        for grant in grants:
+            rows = (
+                await conn.execute(
+                    sa.select(*_LEASED_COLUMNS)
+                    .where(
+                        *takeable,
+                        runs.c.tenant_id == grant.tenant_id,
+                        runs.c.priority == grant.priority,
+                    )
+                    .order_by(runs.c.fire_at)
+                    .limit(grant.count)
+                )
+            ).all()
+            picked += rows
+            if rows:
+                got[(grant.tenant_id, grant.priority)] = len(rows)
+        picked.sort(key=lambda r: (r.priority, r.fire_at))
         due = [r for r in picked if r.fire_at <= at]
         later = [r for r in picked if r.fire_at > at]
         leased = await self._begin_attempts(
@@ -107,7 +191,8 @@ class CoreLeasing(Driver):
             tokens=await self.fencing_tokens(conn, len(due)) if due else [],
         )
         leased += await self._reserve(conn, later, worker_id=worker.id)
-        return sorted(leased, key=lambda a: (a.not_before is not None, a.not_before or at))
+        ordered = sorted(leased, key=lambda a: (a.not_before is not None, a.not_before or at))
+        return ordered, got
 
     async def _reserve(
         self, conn: AsyncConnection, rows: Sequence[Any], *, worker_id: uuid.UUID

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from cronwheel.store.sql.admission import AdmissionMixin
 from cronwheel.store.sql.attempts import AttemptsMixin
 from cronwheel.store.sql.deletion import DeletionMixin
 from cronwheel.store.sql.events import EventsMixin
@@ -32,6 +33,7 @@ class SqlStore(
     EventsMixin,
     LogsMixin,
     DeletionMixin,
+    AdmissionMixin,
     PoolsMixin,
 ):
     """Implements every method of ``Store``, once, over the driver it is given.

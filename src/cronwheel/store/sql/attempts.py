@@ -33,6 +33,7 @@ from cronwheel.domain.model import (
     Worker,
 )
 from cronwheel.domain.states import RELEASE, AttemptState, RunState
+from cronwheel.metrics import RUNS_THROTTLED
 from cronwheel.store.driver import WorkerGone
 from cronwheel.store.notices import CHANNEL_RUNS_READY
 from cronwheel.store.rows import (
@@ -40,10 +41,11 @@ from cronwheel.store.rows import (
     event_row,
 )
 from cronwheel.store.schema import NO_RESERVATION, attempt_tombstones, attempts, runs
+from cronwheel.store.sql.admission import plan_lease, settle_lease
 from cronwheel.store.sql.retries import Ended, RetriesMixin
 from cronwheel.store.sql.statements import attempts_end, may, update_each
 from cronwheel.store.sql.workers import WorkersMixin
-from cronwheel.store.values import CompleteItem, FailItem, HeartbeatItem
+from cronwheel.store.values import Admitted, CompleteItem, FailItem, HeartbeatItem
 
 __all__ = ["AttemptsMixin"]
 
@@ -331,16 +333,57 @@ class AttemptsMixin(WorkersMixin, RetriesMixin):
         webhooks_only: bool = False,
         ahead: float = 0.0,
         now: datetime | None = None,
+        p0_share: float = 0.0,
     ) -> list[LeasedAttempt]:
+        admitted = await self.attempts_lease_admitted(
+            worker=worker,
+            max=max,
+            webhooks_only=webhooks_only,
+            ahead=ahead,
+            now=now,
+            p0_share=p0_share,
+        )
+        return admitted.attempts
+
+    async def attempts_lease_admitted(
+        self,
+        *,
+        worker: Worker,
+        max: int,
+        webhooks_only: bool = False,
+        ahead: float = 0.0,
+        now: datetime | None = None,
+        p0_share: float = 0.0,
+    ) -> Admitted:
         if max < 1:
-            return []
+            return Admitted([], {})
         async with self._write() as conn:
             try:
-                return await self.driver.attempts_lease(
+                queue = await self.driver.ready_queue(
                     conn, worker=worker, max=max, webhooks_only=webhooks_only, ahead=ahead, now=now
                 )
+                plan = await plan_lease(
+                    self.driver,
+                    conn,
+                    worker=worker,
+                    budget=max,
+                    queue=queue,
+                    default_share=p0_share,
+                )
+                leased, got = await self.driver.attempts_lease(
+                    conn,
+                    worker=worker,
+                    grants=plan.grants,
+                    webhooks_only=webhooks_only,
+                    ahead=ahead,
+                    now=now,
+                )
+                await settle_lease(self.driver, conn, plan, pool=worker.pool, got=got)
             except WorkerGone as gone:
                 raise await self._worker_gone(conn, gone.worker_id) from None
+        for tenant_id, limit in plan.held.items():
+            RUNS_THROTTLED.labels(tenant=queue.names[tenant_id], limit=limit).inc()
+        return Admitted(leased, plan.held, plan.retry_in(got))
 
     async def attempts_start_many(
         self,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import uuid
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -40,7 +40,8 @@ from cronwheel.store.schema import (
 )
 from cronwheel.store.sql.quarantine import Poison, QuarantineMixin
 from cronwheel.store.sql.statements import update_each
-from cronwheel.timing.catchup import FirePlan, plan_fire
+from cronwheel.timing.catchup import MISFIRE_GRACE, FirePlan, plan_fire
+from cronwheel.timing.spread import spread_instant
 
 __all__ = ["WAIT_RETRY", "FiringMixin"]
 
@@ -59,6 +60,10 @@ def _parsed(items: tuple[tuple[str, Any], ...]) -> CronSchedule | IntervalSchedu
     if "cron" in data:
         return CronSchedule.model_validate(data)
     return IntervalSchedule.model_validate(data)
+
+
+def _spread_at(job_id: uuid.UUID, spread: float) -> Callable[[datetime], datetime]:
+    return functools.partial(spread_instant, job_id, spread=spread)
 
 
 class FiringMixin(QuarantineMixin):
@@ -94,11 +99,24 @@ class FiringMixin(QuarantineMixin):
                 # instant: their plans are the same, so each distinct one is computed
                 # once a batch (plans are immutable; the runs they create get their
                 # own ids later).
-                key = (items, run.due_at, is_busy, is_waiting)
+                # A spread job's plan reads its own spread instants once it is missed:
+                # then it has its own key. Fired on time, it is the plan of any job of
+                # that schedule and instant fired on time with a spread.
+                spread_at = _spread_at(run.job_id, run.spread) if run.spread else None
+                shared: uuid.UUID | str | None = None
+                if spread_at is not None:
+                    on_time = at - spread_at(run.due_at) <= MISFIRE_GRACE
+                    shared = "on time" if on_time else run.job_id
+                key = (items, run.due_at, is_busy, is_waiting, shared)
                 plan = same.get(key)
                 if plan is None:
                     plan = same[key] = plan_fire(
-                        _parsed(items), due_at=run.due_at, now=at, busy=is_busy, waiting=is_waiting
+                        _parsed(items),
+                        due_at=run.due_at,
+                        now=at,
+                        busy=is_busy,
+                        waiting=is_waiting,
+                        spread_at=spread_at,
                     )
             except Exception as exc:  # the job's own schedule: this run alone is poison
                 poison[run.id] = Poison("fire", describe_error(exc))

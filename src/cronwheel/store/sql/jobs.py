@@ -61,6 +61,8 @@ from cronwheel.store.rows import (
 )
 from cronwheel.store.schema import PARKED_FIRE_AT, jobs, runs
 from cronwheel.store.sql.core import SqlCore, jobs_select
+from cronwheel.store.sql.statements import update_each
+from cronwheel.timing.spread import spread_instant
 
 __all__ = ["JobsMixin", "stored_schedule"]
 
@@ -224,6 +226,7 @@ class JobsMixin(SqlCore):
                 ]
             if nj.first_due_at is not None:
                 run_id = new_id()
+                fire_at = spread_instant(job_id, nj.first_due_at, template.spread)
                 run_rows.append(
                     new_run_row(
                         run_id=run_id,
@@ -236,6 +239,7 @@ class JobsMixin(SqlCore):
                         shard=shard,
                         at=at,
                         origin="schedule" if spec.is_recurring else "once",
+                        fire_at=fire_at,
                     )
                 )
                 event_rows.append(
@@ -250,8 +254,8 @@ class JobsMixin(SqlCore):
                         reason="job created",
                     )
                 )
-                if nj.first_due_at < at + ANNOUNCE_HORIZON:
-                    notices.append(announce(run_id, shard, nj.first_due_at))
+                if fire_at < at + ANNOUNCE_HORIZON:
+                    notices.append(announce(run_id, shard, fire_at))
             out.append((job_id, run_id))
         if job_rows:
             await conn.execute(jobs.insert(), job_rows)
@@ -474,6 +478,7 @@ class JobsMixin(SqlCore):
                     .returning(runs.c.id, runs.c.shard, runs.c.due_at)
                 )
             ).all()
+            fires = await self._spread_fire_at(conn, tenant_id, job_id, released)
             out = [
                 event_row(
                     at=at,
@@ -500,13 +505,36 @@ class JobsMixin(SqlCore):
             ]
             await self._insert_events(conn, out)
             notices = [
-                announce(r.id, r.shard, r.due_at)
+                announce(r.id, r.shard, fires[r.id])
                 for r in released
-                if r.due_at < at + ANNOUNCE_HORIZON
+                if fires[r.id] < at + ANNOUNCE_HORIZON
             ]
             if notices:
                 await self._notify(conn, CHANNEL_RUNS_NEW, notices)
             return await self._job_read(conn, tenant_id, job_id)
+
+    async def _spread_fire_at(
+        self,
+        conn: AsyncConnection,
+        tenant_id: uuid.UUID,
+        job_id: uuid.UUID,
+        released: Sequence[Any],
+    ) -> dict[uuid.UUID, datetime]:
+        """The fire times of runs a resume released (``id``, ``due_at``): their spread
+        instants, written over the due instants the release set when the job spreads."""
+        fires = {r.id: r.due_at for r in released}
+        if not released:
+            return fires
+        template = (
+            await conn.execute(
+                sa.select(jobs.c.template).where(jobs.c.tenant_id == tenant_id, jobs.c.id == job_id)
+            )
+        ).scalar_one()
+        spread = RunTemplate.from_json(template).spread
+        if spread > 0:
+            fires = {r.id: spread_instant(job_id, r.due_at, spread) for r in released}
+            await update_each(conn, runs, [{"id": i, "fire_at": f} for i, f in fires.items()])
+        return fires
 
     async def _job_move(
         self,

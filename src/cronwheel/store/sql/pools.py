@@ -23,6 +23,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from cronwheel.domain.admission import reserved_slots
 from cronwheel.domain.errors import ValidationError
 from cronwheel.domain.pools import (
     Pool,
@@ -30,7 +31,6 @@ from cronwheel.domain.pools import (
     PoolCapacity,
     PoolStatus,
     effective_share,
-    p0_reserved_slots,
 )
 from cronwheel.domain.sharding import NUM_SHARDS
 from cronwheel.store.driver import Driver
@@ -122,7 +122,7 @@ class _Load:
         self.free += int(row.free or 0)
         owner = row.owner
         self.free_by_owner[owner] = self.free_by_owner.get(owner, 0) + int(row.free or 0)
-        self.reserved += count * p0_reserved_slots(self.share, capacity)
+        self.reserved += count * reserved_slots(capacity, self.share)
 
 
 def _loads(rows: Sequence[Any], default_share: float) -> dict[str, _Load]:
