@@ -23,7 +23,10 @@ __all__ = [
     "CONTENT_TYPE_LATEST",
     "DISPATCH_LATENESS",
     "LATENESS_BUCKETS",
+    "POOL_CAPACITY",
+    "POOL_FREE_SLOTS",
     "QUARANTINED_RUNS",
+    "READY_BACKLOG",
     "REGISTRY",
     "RUNS_BY_STATE",
     "RUNS_QUARANTINED",
@@ -107,6 +110,28 @@ RUNS_QUARANTINED = Counter(
 QUARANTINED_RUNS = Gauge(
     "cronwheel_runs_quarantined",
     "Quarantined runs not redriven, of jobs not cancelled (refreshed at scrape time).",
+    registry=REGISTRY,
+)
+POOL_CAPACITY = Gauge(
+    "cronwheel_pool_capacity",
+    "Slots of the pool's live workers, by pool: the pools of the setting metrics_pools, "
+    "every other one as 'other' (refreshed at scrape time).",
+    ["pool"],
+    registry=REGISTRY,
+)
+POOL_FREE_SLOTS = Gauge(
+    "cronwheel_pool_free_slots",
+    "Slots of the pool's live workers that no running attempt or reservation holds, by "
+    "pool as cronwheel_pool_capacity (refreshed at scrape time).",
+    ["pool"],
+    registry=REGISTRY,
+)
+READY_BACKLOG = Gauge(
+    "cronwheel_ready_backlog",
+    "Runs waiting for a worker — in the ready queue, or due and not dispatched yet — by "
+    "pool (as cronwheel_pool_capacity), tenant name and priority class P0..P3 "
+    "(refreshed at scrape time).",
+    ["pool", "tenant", "priority"],
     registry=REGISTRY,
 )
 RUNS_THROTTLED = Counter(

@@ -25,7 +25,17 @@ from cronwheel.api.key_rates import SharedKeyRates
 from cronwheel.api.metrics import MetricsMiddleware, RunsByStateRefresher
 from cronwheel.api.notifier import ReadyNotifier
 from cronwheel.api.rate_limits import RateLimitMiddleware
-from cronwheel.api.routers import alerts, attempts, health, jobs, logs, runs, tenants, workers
+from cronwheel.api.routers import (
+    alerts,
+    attempts,
+    health,
+    jobs,
+    logs,
+    pools,
+    runs,
+    tenants,
+    workers,
+)
 from cronwheel.api.state import ApiState, StartsFirst
 from cronwheel.logstore import FileLogStore, LogStore
 from cronwheel.settings import Settings
@@ -59,6 +69,10 @@ _TAGS = [
     {"name": "runs", "description": "Each due occurrence of a job and its history."},
     {"name": "alerts", "description": "What needs attention now (runs no worker can take)."},
     {"name": "worker protocol", "description": "How workers lease and report runs."},
+    {
+        "name": "pools",
+        "description": "Each pool's live capacity, its backlog, and the slots kept for P0.",
+    },
     {"name": "operations", "description": "Probes and Prometheus metrics."},
 ]
 
@@ -150,7 +164,12 @@ def create_app(settings: Settings, store: Store, *, log_store: LogStore | None =
         store=store,
         key_cache=KeyCache(store, ttl=settings.key_cache_ttl),
         notifier=ReadyNotifier(store),
-        runs_by_state=RunsByStateRefresher(store, pools=settings.metrics_pools),
+        runs_by_state=RunsByStateRefresher(
+            store,
+            pools=settings.metrics_pools,
+            p0_reserved_share=settings.p0_reserved_share,
+            worker_ttl=settings.worker_ttl,
+        ),
         key_rates=SharedKeyRates(store),
         # As many start statements at once as the pool keeps connections for.
         starts=StartsFirst(statements=settings.api_pool_size),
@@ -203,7 +222,7 @@ def create_app(settings: Settings, store: Store, *, log_store: LogStore | None =
     app.add_middleware(MetricsMiddleware)  # added last: outermost, so it sees every answer
 
     routers: list[APIRouter] = [
-        m.router for m in (tenants, jobs, runs, alerts, workers, attempts, logs, health)
+        m.router for m in (tenants, jobs, runs, alerts, workers, attempts, pools, logs, health)
     ]
     routers.append(runs.dead_letters)
     for router in routers:

@@ -13,12 +13,16 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from cronwheel.api.auth import bearer_token, may_read_metrics
 from cronwheel.api.errors import error_response
+from cronwheel.domain.pools import priority_class
 from cronwheel.domain.states import RunState
 from cronwheel.metrics import (
     API_REQUEST_DURATION,
     API_REQUESTS,
     CONTENT_TYPE_LATEST,
+    POOL_CAPACITY,
+    POOL_FREE_SLOTS,
     QUARANTINED_RUNS,
+    READY_BACKLOG,
     RUNS_BY_STATE,
     UNROUTABLE_RUNS,
     render,
@@ -30,7 +34,8 @@ __all__ = ["MetricsApp", "MetricsMiddleware", "RunsByStateRefresher"]
 
 
 class RunsByStateRefresher:
-    """The gauges read from the runs table — runs by state, unroutable runs by pool.
+    """The gauges read from the runs table — runs by state, unroutable runs by pool,
+    each pool's capacity, free slots and backlog (``pools_status``).
     Counting scans a large table: at most one refresh per ``max_age`` seconds, however
     often Prometheus (or several of them) scrape.
 
@@ -38,15 +43,25 @@ class RunsByStateRefresher:
     names to whoever reads the metrics and let a tenant create series without bound. So
     only the operator's ``pools`` get a value of their own; every other pool counts
     under :data:`OTHER_POOLS`. The label set is fixed, and every value is set at each
-    refresh (0 when none waits)."""
+    refresh (0 when none waits). The backlog's other labels are bounded too: tenants
+    (an admin creates them) and the four priority classes; a series whose runs are all
+    gone is removed."""
 
     def __init__(
-        self, store: Store, *, pools: Iterable[str] = ("default",), max_age: float = 5.0
+        self,
+        store: Store,
+        *,
+        pools: Iterable[str] = ("default",),
+        max_age: float = 5.0,
+        p0_reserved_share: float = 0.1,
+        worker_ttl: float = 30.0,
     ) -> None:
         self._store = store
         self.max_age = max_age
         self._refreshed_at: float | None = None
         self._pools = frozenset(pools) - {OTHER_POOLS}
+        self._share = p0_reserved_share
+        self._worker_ttl = worker_ttl
 
     async def refresh(self) -> None:
         now = time.monotonic()
@@ -62,7 +77,32 @@ class RunsByStateRefresher:
         for label, count in by_label.items():
             UNROUTABLE_RUNS.labels(pool=label).set(count)
         QUARANTINED_RUNS.set(await self._store.runs_count_quarantined())
+        await self._refresh_pools()
         self._refreshed_at = now
+
+    def _label(self, pool: str) -> str:
+        return pool if pool in self._pools else OTHER_POOLS
+
+    async def _refresh_pools(self) -> None:
+        statuses = await self._store.pools_status(
+            None, default_share=self._share, worker_ttl=self._worker_ttl
+        )
+        capacity = dict.fromkeys([*self._pools, OTHER_POOLS], 0)
+        free = dict(capacity)
+        backlog: dict[tuple[str, str, str], int] = {}
+        for status in statuses:
+            label = self._label(status.name)
+            capacity[label] += status.capacity
+            free[label] += status.free or 0
+            for b in status.backlog:
+                key = (label, b.tenant_name, priority_class(b.priority))
+                backlog[key] = backlog.get(key, 0) + b.total
+        for label, value in capacity.items():
+            POOL_CAPACITY.labels(pool=label).set(value)
+            POOL_FREE_SLOTS.labels(pool=label).set(free[label])
+        READY_BACKLOG.clear()  # with no await before the new values are in
+        for (pool, tenant, priority), value in backlog.items():
+            READY_BACKLOG.labels(pool=pool, tenant=tenant, priority=priority).set(value)
 
 
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})

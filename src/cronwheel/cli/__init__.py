@@ -3,9 +3,9 @@
 Exit codes: 0 success, 1 an error (printed in red on stderr), 2 a usage error.
 
 The root app is here; each group of commands has its module (``jobs``, ``runs``,
-``tenants``, ``workers``, ``schedule``, ``dlq``, ``alerts``; ``server`` for the processes and the
-database), sharing ``options`` (the connection options and the client they make) and
-``output`` (consoles, tables, errors and exit codes).
+``tenants``, ``workers``, ``pools``, ``schedule``, ``dlq``, ``alerts``; ``server`` for the
+processes and the database), sharing ``options`` (the connection options and the client
+they make) and ``output`` (consoles, tables, errors and exit codes).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from cronwheel.cli.alerts import alerts
 from cronwheel.cli.dlq import dlq_app
 from cronwheel.cli.jobs import jobs_app
 from cronwheel.cli.output import command_group, console
+from cronwheel.cli.pools import pools_app
 from cronwheel.cli.runs import runs_app
 from cronwheel.cli.schedule import schedule_app
 from cronwheel.cli.server import api, db_app, demo, scheduler, server, worker
@@ -60,6 +61,7 @@ app.add_typer(jobs_app, name="jobs")
 app.add_typer(runs_app, name="runs")
 app.add_typer(tenants_app, name="tenants")
 app.add_typer(workers_app, name="workers")
+app.add_typer(pools_app, name="pools")
 app.add_typer(schedule_app, name="schedule")
 app.add_typer(dlq_app, name="dlq")
 app.add_typer(db_app, name="db")

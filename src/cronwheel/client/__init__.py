@@ -33,6 +33,7 @@ from cronwheel.client.aio import (
     AsyncAlerts,
     AsyncClient,
     AsyncJobs,
+    AsyncPools,
     AsyncRuns,
     AsyncTenants,
     AsyncWorkers,
@@ -40,7 +41,7 @@ from cronwheel.client.aio import (
 from cronwheel.client.base import DEFAULT_TIMEOUT, TENANT_HEADER
 from cronwheel.client.calls import Call, Id, Json
 from cronwheel.client.errors import ApiConnectionError, ApiError, error_from_response
-from cronwheel.client.sync import Alerts, Client, Jobs, Runs, Tenants, Workers
+from cronwheel.client.sync import Alerts, Client, Jobs, Pools, Runs, Tenants, Workers
 
 __all__ = [
     "DEFAULT_TIMEOUT",
@@ -51,6 +52,7 @@ __all__ = [
     "AsyncAlerts",
     "AsyncClient",
     "AsyncJobs",
+    "AsyncPools",
     "AsyncRuns",
     "AsyncTenants",
     "AsyncWorkers",
@@ -59,6 +61,7 @@ __all__ = [
     "Id",
     "Jobs",
     "Json",
+    "Pools",
     "Runs",
     "Tenants",
     "Workers",

@@ -25,6 +25,7 @@ __all__ = [
     "AsyncAlerts",
     "AsyncClient",
     "AsyncJobs",
+    "AsyncPools",
     "AsyncRuns",
     "AsyncTenants",
     "AsyncWorkers",
@@ -58,6 +59,7 @@ class AsyncClient(BaseClient):
         self.runs = AsyncRuns(self)
         self.alerts = AsyncAlerts(self)
         self.workers = AsyncWorkers(self)
+        self.pools = AsyncPools(self)
 
     def with_tenant(self, tenant: Id | None) -> AsyncClient:
         other = object.__new__(AsyncClient)
@@ -68,6 +70,7 @@ class AsyncClient(BaseClient):
         other.jobs, other.runs = AsyncJobs(other), AsyncRuns(other)
         other.alerts = AsyncAlerts(other)
         other.workers = AsyncWorkers(other)
+        other.pools = AsyncPools(other)
         return other
 
     async def send(self, call: Call, *, read_timeout: float | None = None) -> Any:
@@ -327,3 +330,14 @@ class AsyncWorkers(_AsyncResource):
         self, *, pool: str | None = None, cursor: str | None = None, limit: int | None = None
     ) -> Page[Json]:
         return await self._page(Calls.workers_list(pool, cursor, limit))
+
+
+class AsyncPools(_AsyncResource):
+    async def list(self) -> _Items:
+        return read_items(await self._client.send(Calls.pools_list()))
+
+    async def get(self, name: str) -> Json:
+        return await self._one(Calls.pools_get(name))
+
+    async def update(self, name: str, *, p0_reserved_share: float | None) -> Json:
+        return await self._one(Calls.pools_update(name, p0_reserved_share))

@@ -246,3 +246,16 @@ class Calls:
     def workers_list(pool: str | None, cursor: str | None, limit: int | None) -> Call:
         params = query_params(pool=pool, cursor=cursor, limit=limit)
         return Call("GET", "/v1/workers", params=params)
+
+    @staticmethod
+    def pools_list() -> Call:
+        return Call("GET", "/v1/pools")
+
+    @staticmethod
+    def pools_get(name: str) -> Call:
+        return Call("GET", f"/v1/pools/{_seg(name)}")
+
+    @staticmethod
+    def pools_update(name: str, p0_reserved_share: float | None) -> Call:
+        # null is a value here (back to the default): sent as it is.
+        return Call("PUT", f"/v1/pools/{_seg(name)}", json={"p0_reserved_share": p0_reserved_share})

@@ -20,7 +20,7 @@ from cronwheel.client.calls import Call, Calls, Id, Json, query_params
 from cronwheel.domain.model import Page
 from cronwheel.domain.spec import TenantLimits
 
-__all__ = ["Alerts", "Client", "Jobs", "Runs", "Tenants", "Workers"]
+__all__ = ["Alerts", "Client", "Jobs", "Pools", "Runs", "Tenants", "Workers"]
 
 _Items = list[Json]  # inside the resources, ``list`` is their method
 
@@ -51,6 +51,7 @@ class Client(BaseClient):
         self.runs = Runs(self)
         self.alerts = Alerts(self)
         self.workers = Workers(self)
+        self.pools = Pools(self)
 
     def with_tenant(self, tenant: Id | None) -> Client:
         """A view of this client acting for ``tenant``, sharing its connections."""
@@ -61,6 +62,7 @@ class Client(BaseClient):
         other.tenants, other.jobs, other.runs = Tenants(other), Jobs(other), Runs(other)
         other.alerts = Alerts(other)
         other.workers = Workers(other)
+        other.pools = Pools(other)
         return other
 
     def send(self, call: Call) -> Any:
@@ -348,3 +350,22 @@ class Workers(_Resource):
         admin key sees every worker (one tenant's when the client names it); a tenant
         key its tenant's and the shared ones."""
         return self._page(Calls.workers_list(pool, cursor, limit))
+
+
+class Pools(_Resource):
+    def list(self) -> _Items:
+        """Pools with a live worker or a backlog: live workers, capacity, busy and free
+        slots, the P0 share and reserved slots, and the backlog (ready and due runs)
+        by priority and tenant. The admin key sees every tenant's (one tenant's when
+        the client names it); a tenant key the workers serving it and its own runs,
+        with ``free`` None."""
+        return read_items(self._client.send(Calls.pools_list()))
+
+    def get(self, name: str) -> Json:
+        """One pool, as in :meth:`list` (any name: one nothing uses shows zeros)."""
+        return self._one(Calls.pools_get(name))
+
+    def update(self, name: str, *, p0_reserved_share: float | None) -> Json:
+        """Set the share (0..1) of each live worker's slots kept for P0 runs; None: the
+        server's default (admin key only)."""
+        return self._one(Calls.pools_update(name, p0_reserved_share))

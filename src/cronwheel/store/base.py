@@ -43,6 +43,7 @@ from cronwheel.domain.model import (
     Run,
     Tenant,
 )
+from cronwheel.domain.pools import Pool, PoolCapacity, PoolStatus
 from cronwheel.domain.states import REDRIVE, Move
 from cronwheel.store.scheduler_side import SchedulerSide
 from cronwheel.store.values import (
@@ -458,6 +459,60 @@ class Store(SchedulerSide, WorkerSide):
 
     @abstractmethod
     async def attempts_get(self, attempt_id: uuid.UUID) -> Attempt: ...
+
+    # -- pools -----------------------------------------------------------------------
+
+    @abstractmethod
+    async def pools_set(
+        self,
+        name: str,
+        *,
+        p0_reserved_share: float | None,
+        actor: str | None = None,
+        now: datetime | None = None,
+    ) -> Pool:
+        """Set the pool's share of worker slots kept for P0 runs (0..1; None: the
+        deployment's default ``p0_reserved_share``), recorded as the event
+        ``pool.updated`` (no tenant: ``actor``, the pool, the share and the one
+        before). A share out of range raises :class:`ValidationError`."""
+
+    @abstractmethod
+    async def pools_get(self, name: str) -> Pool:
+        """The pool's settings; a pool never set has every one None."""
+
+    @abstractmethod
+    async def pools_capacity(
+        self,
+        *,
+        default_share: float = 0.1,
+        worker_ttl: float = 30.0,
+        now: datetime | None = None,
+    ) -> dict[str, PoolCapacity]:
+        """What each pool's live workers can take now, every tenant's work counted:
+        the pools with a live worker, in one statement (what a dispatcher reads before
+        each release). Live as :meth:`workers_list` counts it; a worker's busy slots
+        are its RUNNING attempts and the runs reserved for it. ``free_by_owner``
+        splits the free slots by whom the workers serve (a tenant's own workers take
+        only its runs; None: shared ones)."""
+
+    @abstractmethod
+    async def pools_status(
+        self,
+        tenant_id: uuid.UUID | None,
+        *,
+        names: Sequence[str] | None = None,
+        default_share: float = 0.1,
+        worker_ttl: float = 30.0,
+        now: datetime | None = None,
+    ) -> list[PoolStatus]:
+        """Pools by name with their live workers, capacity, busy and free slots, P0
+        share and reserved slots, and backlog — ready runs (the ready queue) and due
+        ones (SCHEDULED, fire time come) by tenant and priority. ``names``: those
+        pools, whatever they hold; None: every pool with a live worker or a backlog.
+        With ``tenant_id``: as that tenant sees them — the workers serving it (its own
+        and the shared ones), only its own runs counted busy, ``free`` None, only its
+        own backlog, and (``names`` None) the pools of those workers or that backlog.
+        Index bounded (see ``store/sql/pools.py``)."""
 
     # -- events --------------------------------------------------------------------
 

@@ -40,6 +40,7 @@ _LINKS = {
     "dead_letters": "/v1/dead-letters",
     "alerts": "/v1/alerts",
     "workers": "/v1/workers",
+    "pools": "/v1/pools",
 }
 
 

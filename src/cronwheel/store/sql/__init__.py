@@ -9,6 +9,7 @@ from cronwheel.store.sql.events import EventsMixin
 from cronwheel.store.sql.expiry import ExpiryMixin
 from cronwheel.store.sql.firing import FiringMixin
 from cronwheel.store.sql.logs import LogsMixin
+from cronwheel.store.sql.pools import PoolsMixin
 from cronwheel.store.sql.rate_buckets import RateBucketsMixin
 from cronwheel.store.sql.redrive import RedriveMixin
 from cronwheel.store.sql.routing import RoutingMixin
@@ -35,6 +36,7 @@ class SqlStore(
     LogsMixin,
     DeletionMixin,
     AdmissionMixin,
+    PoolsMixin,
 ):
     """Implements every method of ``Store``, once, over the driver it is given.
 

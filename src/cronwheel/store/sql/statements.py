@@ -11,7 +11,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from cronwheel.domain.states import AttemptState, JobState, Move
+from cronwheel.domain.states import AttemptState, JobState, Move, RunState
 from cronwheel.store.driver import Driver, lease_fence
 from cronwheel.store.schema import attempts, jobs, runs, shard_leases, workers
 from cronwheel.store.values import CompleteItem, FailItem, HeartbeatItem
@@ -27,6 +27,7 @@ __all__ = [
     "shard_held",
     "shard_leases_take",
     "update_each",
+    "workers_held",
     "workers_live",
 ]
 
@@ -56,6 +57,31 @@ def workers_live(at: datetime, ttl: float) -> sa.ColumnElement[bool]:
         workers.c.deregistered_at.is_(None),
         sa.or_(workers.c.last_seen_at >= at - timedelta(seconds=ttl), holding),
     )
+
+
+def workers_held(
+    tenant_id: uuid.UUID | None,
+) -> tuple[sa.ScalarSelect[int], sa.ScalarSelect[int]]:
+    """What each worker (correlated to ``workers``) holds now: its RUNNING attempts,
+    through the worker index, and the runs reserved for it, through the reservation
+    index (few rows: the reservations held now). Each takes one of its slots. With
+    ``tenant_id``, only that tenant's (a shared worker's other tenants' runs are not
+    told)."""
+    holding = [
+        attempts.c.worker_id == workers.c.id,
+        attempts.c.state == AttemptState.RUNNING.value,
+    ]
+    reserving = [
+        runs.c.reserved_token.is_not(None),
+        runs.c.reserved_by == workers.c.id,
+        runs.c.state == RunState.DISPATCHED.value,
+    ]
+    if tenant_id is not None:
+        holding.append(attempts.c.tenant_id == tenant_id)
+        reserving.append(runs.c.tenant_id == tenant_id)
+    running = sa.select(sa.func.count()).where(*holding).scalar_subquery()
+    reserved = sa.select(sa.func.count()).where(*reserving).scalar_subquery()
+    return running, reserved
 
 
 async def update_each(conn: AsyncConnection, table: sa.Table, rows: list[dict[str, Any]]) -> None:

@@ -13,12 +13,11 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from cronwheel.domain.errors import NotFoundError, ValidationError, WorkerDeregisteredError
 from cronwheel.domain.model import Page, Worker, WorkerStatus
-from cronwheel.domain.states import AttemptState, RunState
 from cronwheel.ids import new_id
 from cronwheel.store.rows import uuid_cursor, worker_from
-from cronwheel.store.schema import attempts, runs, workers
+from cronwheel.store.schema import workers
 from cronwheel.store.sql.core import SqlCore
-from cronwheel.store.sql.statements import workers_live
+from cronwheel.store.sql.statements import workers_held, workers_live
 
 __all__ = ["WorkersMixin"]
 
@@ -82,21 +81,7 @@ class WorkersMixin(SqlCore):
         now: datetime | None = None,
     ) -> Page[WorkerStatus]:
         after = uuid_cursor(cursor)
-        holding = [
-            attempts.c.worker_id == workers.c.id,
-            attempts.c.state == AttemptState.RUNNING.value,
-        ]
-        # Through the reservation index (few rows: the reservations held now).
-        reserving = [
-            runs.c.reserved_token.is_not(None),
-            runs.c.reserved_by == workers.c.id,
-            runs.c.state == RunState.DISPATCHED.value,
-        ]
-        if tenant_id is not None:  # a shared worker's other tenants' runs are not told
-            holding.append(attempts.c.tenant_id == tenant_id)
-            reserving.append(runs.c.tenant_id == tenant_id)
-        running = sa.select(sa.func.count()).where(*holding).scalar_subquery()
-        reserved = sa.select(sa.func.count()).where(*reserving).scalar_subquery()
+        running, reserved = workers_held(tenant_id)
         async with self._read() as conn:
             at = await self._now(conn, now)
             stmt = (
