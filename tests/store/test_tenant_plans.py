@@ -41,8 +41,13 @@ from store.helpers import (
 from store.plans import HOT_TABLES, Probe
 from store.tenant_volume import add_volume, bulk_load
 
-# One process builds the database and runs every test on it (``--dist loadgroup``).
-pytestmark = [pytest.mark.postgres, pytest.mark.xdist_group("tenant_plans")]
+# One process builds the database and runs every test on it (``--dist loadgroup``); the
+# first test's time includes the build (one to three minutes on a busy machine).
+pytestmark = [
+    pytest.mark.postgres,
+    pytest.mark.xdist_group("tenant_plans"),
+    pytest.mark.timeout(600),
+]
 
 BIG_RUNS = 1_000_000
 BIG_JOBS = 10_000
