@@ -146,7 +146,8 @@ jobs = sa.Table(
     sa.Column("created_at", UtcDateTime, nullable=False),
     sa.Column("updated_at", UtcDateTime, nullable=False),
     sa.UniqueConstraint("tenant_id", "idempotency_key"),
-    sa.Index(None, "tenant_id", "id"),
+    # Unique: what the runs' key to their job refers to.
+    sa.Index(None, "tenant_id", "id", unique=True),
     sa.Index(None, "tenant_id", "name"),
     sa.CheckConstraint("state IN ('active', 'paused', 'cancelled', 'finished')", name="state"),
 )
@@ -182,7 +183,7 @@ runs = sa.Table(
     metadata,
     sa.Column("id", Uuid, primary_key=True),
     sa.Column("tenant_id", Uuid, nullable=False),
-    sa.Column("job_id", Uuid, sa.ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
+    sa.Column("job_id", Uuid, nullable=False),
     sa.Column("job_name", sa.String(200), nullable=False),
     # once | schedule | trigger | backfill | replay: only "schedule" runs materialise the
     # job's next occurrence and are subject to its catch-up and overlap policies.
@@ -237,6 +238,11 @@ runs = sa.Table(
     sa.Column("started_at", UtcDateTime),
     sa.Column("finished_at", UtcDateTime),
     sa.UniqueConstraint("tenant_id", "job_id", "due_at"),
+    # Keys lead with the tenant, as indexes do: deleting a job looks its runs up by
+    # (tenant, job), within the tenant (migration 0015).
+    sa.ForeignKeyConstraint(
+        ["tenant_id", "job_id"], ["jobs.tenant_id", "jobs.id"], ondelete="CASCADE"
+    ),
     sa.CheckConstraint(_in("state", RunState), name="state"),
     sa.CheckConstraint(f"(finished_at IS NOT NULL) = ({_TERMINAL})", name="finished_iff_terminal"),
     sa.CheckConstraint("shard >= 0 AND shard < 256", name="shard"),
@@ -295,7 +301,8 @@ runs = sa.Table(
         postgresql_where=sa.text(QUARANTINED),
         sqlite_where=sa.text(QUARANTINED),
     ),
-    sa.Index("ix_runs_tenant_id", "tenant_id", "id"),
+    # Unique: what the attempts' key to their run refers to.
+    sa.Index("ix_runs_tenant_id", "tenant_id", "id", unique=True),
     sa.Index("ix_runs_tenant_job", "tenant_id", "job_id", "id"),
     sa.Index("ix_runs_tenant_state", "tenant_id", "state", "id"),
 )
@@ -305,7 +312,7 @@ attempts = sa.Table(
     metadata,
     sa.Column("id", Uuid, primary_key=True),
     sa.Column("tenant_id", Uuid, nullable=False),
-    sa.Column("run_id", Uuid, sa.ForeignKey("runs.id", ondelete="CASCADE"), nullable=False),
+    sa.Column("run_id", Uuid, nullable=False),
     sa.Column("number", sa.Integer, nullable=False),
     sa.Column("worker_id", Uuid),
     sa.Column("fencing_token", sa.BigInteger, nullable=False, unique=True),
@@ -323,6 +330,9 @@ attempts = sa.Table(
     sa.Column("progress_deadline", UtcDateTime),
     sa.Column("progress_at", UtcDateTime),
     sa.Column("progress_details", Json),
+    sa.ForeignKeyConstraint(
+        ["tenant_id", "run_id"], ["runs.tenant_id", "runs.id"], ondelete="CASCADE"
+    ),
     sa.CheckConstraint(_in("state", AttemptState), name="state"),
     sa.Index("ix_attempts_run", "tenant_id", "run_id", "number"),
     sa.Index(
