@@ -53,7 +53,7 @@ class RunsByStateRefresher:
         *,
         pools: Iterable[str] = ("default",),
         max_age: float = 5.0,
-        p0_reserved_share: float = 0.1,
+        p0_reserved_share: float = 0.0,
         worker_ttl: float = 30.0,
     ) -> None:
         self._store = store

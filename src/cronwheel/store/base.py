@@ -484,7 +484,7 @@ class Store(SchedulerSide, WorkerSide):
     async def pools_capacity(
         self,
         *,
-        default_share: float = 0.1,
+        default_share: float = 0.0,
         worker_ttl: float = 30.0,
         now: datetime | None = None,
     ) -> dict[str, PoolCapacity]:
@@ -501,7 +501,7 @@ class Store(SchedulerSide, WorkerSide):
         tenant_id: uuid.UUID | None,
         *,
         names: Sequence[str] | None = None,
-        default_share: float = 0.1,
+        default_share: float = 0.0,
         worker_ttl: float = 30.0,
         now: datetime | None = None,
     ) -> list[PoolStatus]:

@@ -197,7 +197,7 @@ class PoolsMixin(SqlCore):
     async def pools_capacity(
         self,
         *,
-        default_share: float = 0.1,
+        default_share: float = 0.0,
         worker_ttl: float = 30.0,
         now: datetime | None = None,
     ) -> dict[str, PoolCapacity]:
@@ -223,7 +223,7 @@ class PoolsMixin(SqlCore):
         tenant_id: uuid.UUID | None,
         *,
         names: Sequence[str] | None = None,
-        default_share: float = 0.1,
+        default_share: float = 0.0,
         worker_ttl: float = 30.0,
         now: datetime | None = None,
     ) -> list[PoolStatus]:
