@@ -269,8 +269,14 @@ def run_twice(history: History, starts: dict[uuid.UUID, list[float]]) -> dict[st
     }
 
 
-def seconds_after(runs: Sequence[Run], at: datetime, field: str) -> list[float]:
-    return [(getattr(r, field) - at).total_seconds() for r in runs if getattr(r, field)]
+def seconds_after(
+    runs: Sequence[Run], at: datetime, field: str, until: float | None = None
+) -> list[float]:
+    """Seconds from ``at`` to each run's ``field``, of those runs it is set on (and, with
+    ``until``, at most that many seconds after ``at``: the processes go on while the
+    runs are collected after a scenario stopped at ``--max-seconds``)."""
+    out = [(getattr(r, field) - at).total_seconds() for r in runs if getattr(r, field)]
+    return out if until is None else [x for x in out if x <= until]
 
 
 # -- p0 -----------------------------------------------------------------------------------
@@ -315,10 +321,10 @@ async def p0(scene: Scene) -> dict[str, Any]:
             <= P99_TARGET_MS,
         }
     a_sent = seconds_after(a_runs, at, "dispatched_at")
-    a_done = seconds_after(a_runs, at, "finished_at")
+    a_done = seconds_after(a_runs, at, "finished_at", args.max_seconds)
     a_span = max(a_done, default=0.0)
     a_rate = len(a_done) / a_span if a_span > 0 else 0.0
-    every_end = seconds_after(history.runs, at, "finished_at")
+    every_end = seconds_after(history.runs, at, "finished_at", args.max_seconds)
     return {
         "a_runs": args.a_runs,
         "b_runs_per_instant": args.b_runs,
@@ -454,7 +460,8 @@ async def cap(scene: Scene) -> dict[str, Any]:
     counts = [n for _, n in samples]
     rates = {}
     for label, tid in (("C", c_id), ("D", d_id)):
-        done = seconds_after([r for r in history.runs if r.tenant_id == tid], at, "finished_at")
+        mine = [r for r in history.runs if r.tenant_id == tid]
+        done = seconds_after(mine, at, "finished_at", args.max_seconds)
         span = max(done, default=0.0)
         rates[label] = {
             "finished": len(done),
