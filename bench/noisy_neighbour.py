@@ -363,20 +363,26 @@ async def weights(scene: Scene) -> dict[str, Any]:
     starts = handler_starts(scene.cluster)
     ids = scene.setup.tenant_ids
     targets = [w / sum(args.weights) for w in args.weights]
+    cut = args.max_seconds if args.max_seconds is not None else float("inf")
     # When each tenant's last run started: its backlog was empty from then on, so only
-    # the windows before the first of these tell how the pool was shared.
+    # the windows before the first of these tell how the pool was shared. (Runs started
+    # after --max-seconds, while the history was collected, are left out.)
     by_db = [
-        seconds_after([r for r in history.runs if r.tenant_id == t], at, "started_at") for t in ids
+        seconds_after([r for r in history.runs if r.tenant_id == t], at, "started_at", cut)
+        for t in ids
     ]
     by_handler = [
         [
             min(starts[r.id]) - at.timestamp()
             for r in history.runs
-            if r.tenant_id == t and starts.get(r.id)
+            if r.tenant_id == t and starts.get(r.id) and min(starts[r.id]) - at.timestamp() <= cut
         ]
         for t in ids
     ]
-    end = min(max(s, default=0.0) for s in by_db)
+    # A tenant with runs not started yet was still waiting when the scenario stopped.
+    last = max((x for mine in by_db for x in mine), default=0.0)
+    stopped = last if cut == float("inf") else cut
+    end = min(max(s) if len(s) == args.weights_runs else stopped for s in by_db)
     return {
         "weights": args.weights,
         "limits_answered": limits,
