@@ -47,11 +47,14 @@ __all__ = [
     "create_ahead",
     "create_runs",
     "fresh_database",
+    "handler_lateness_ms",
+    "handler_starts",
     "histogram",
     "lateness_ms",
     "machine_busy",
     "open_store",
     "percentiles",
+    "print_table",
     "proc_sample",
     "profile",
     "progress_bar",
@@ -67,6 +70,11 @@ console = Console(stderr=True)
 HERE = Path(__file__).resolve().parent
 PG_ADMIN = os.environ.get("CRONWHEEL_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 FINISHED = ("SUCCESS", "FAILED", "DEAD_LETTER", "CANCELLED", "SKIPPED")
+# The folder, under a cluster's workdir, where the bench handlers (noop_tasks.py) note
+# the instant of their first statement; its name is handed to every process as
+# HANDLER_LOG_ENV.
+HANDLER_LOG_DIR = "handlers"
+HANDLER_LOG_ENV = "CRONWHEEL_BENCH_HANDLER_LOG"
 
 
 @contextlib.asynccontextmanager
@@ -95,9 +103,13 @@ async def bench_cluster(
     it started is stopped and the database dropped on the way out. ``env`` is added to
     the environment of every process."""
     with workdir() as wd:
+        (wd / HANDLER_LOG_DIR).mkdir()
         async with fresh_database(backend, wd) as url:
             cluster = Cluster(
-                database_url=url, workdir=wd, python_path=[HERE], extra_env=dict(env or {})
+                database_url=url,
+                workdir=wd,
+                python_path=[HERE],
+                extra_env={HANDLER_LOG_ENV: str(wd / HANDLER_LOG_DIR), **(env or {})},
             )
             try:
                 yield cluster
@@ -169,10 +181,17 @@ async def create_runs(
     name: str = "bench",
     batch: int = 500,
     concurrency: int = 4,
+    task: str = "noop",
+    payload: Mapping[str, Any] | None = None,
+    priority: int | None = None,
 ) -> None:
-    """One one-off run (a job with an ``at`` schedule, no-op task, pool ``bench``, one
-    attempt) per instant of ``dues``, through ``POST /v1/jobs/batch``. Run ``i`` belongs
-    to the tenant of ``keys[i % len(keys)]``, so every tenant has runs all over ``dues``."""
+    """One one-off run (a job with an ``at`` schedule, task ``task`` of ``noop_tasks.py``
+    with ``payload``, pool ``bench``, one attempt, ``priority`` or the default) per
+    instant of ``dues``, through ``POST /v1/jobs/batch``. Run ``i`` belongs to the tenant
+    of ``keys[i % len(keys)]``, so every tenant has runs all over ``dues``."""
+    extra: dict[str, Any] = {"payload": dict(payload)} if payload else {}
+    if priority is not None:
+        extra["priority"] = priority
     per_key: list[list[datetime]] = [list(dues[k :: len(keys)]) for k in range(len(keys))]
     requests = [
         (keys[k], mine[i : i + batch])
@@ -190,9 +209,10 @@ async def create_runs(
                         {
                             "name": name,
                             "schedule": {"at": at.isoformat()},
-                            "task": "noop",
+                            "task": task,
                             "pool": "bench",
                             "retry": {"max_attempts": 1},
+                            **extra,
                         }
                         for at in instants
                     ]
@@ -359,6 +379,28 @@ def lateness_ms(runs: Sequence[Run]) -> tuple[list[float], list[float]]:
     return dispatch, start
 
 
+def handler_starts(cluster: Cluster) -> dict[uuid.UUID, list[float]]:
+    """When each run's handler began (its first statement, time.time() in the worker),
+    from the notes of ``noop_tasks.py``'s handlers: run id → one instant per execution
+    (two: it ran twice). Read once the runs have finished: each note is written before
+    the handler returns."""
+    starts: dict[uuid.UUID, list[float]] = {}
+    for path in sorted((cluster.workdir / HANDLER_LOG_DIR).glob("*.tsv")):
+        for line in path.read_text().splitlines():
+            fields = line.split("\t")
+            if len(fields) == 3:  # a line still being written when a worker was killed
+                starts.setdefault(uuid.UUID(fields[0]), []).append(float(fields[2]))
+    return starts
+
+
+def handler_lateness_ms(
+    runs: Sequence[Run], starts: Mapping[uuid.UUID, list[float]]
+) -> list[float]:
+    """Start lateness at the handler (its first execution's first statement - due_at) of
+    those of ``runs`` whose handler ran, in milliseconds."""
+    return [(min(starts[r.id]) - r.due_at.timestamp()) * 1000 for r in runs if starts.get(r.id)]
+
+
 def percentiles(values: list[float]) -> dict[str, float | None]:
     if not values:
         return {"min": None, "p50": None, "p90": None, "p99": None, "max": None}
@@ -483,9 +525,14 @@ def report(
 ) -> None:
     """JSON on stdout (for machines), a table on stderr (for people)."""
     print(json.dumps(result, indent=2, default=str))
+    print_table(title, rows, header)
+
+
+def print_table(title: str, rows: Sequence[tuple[str, ...]], header: tuple[str, ...]) -> None:
+    """A table on stderr, the first column left-aligned; short rows are padded."""
     table = Table(title=title)
     for h in header:
         table.add_column(h, justify="right" if h != header[0] else "left")
     for row in rows:
-        table.add_row(*row)
+        table.add_row(*row, *[""] * (len(header) - len(row)))
     console.print(table)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import uuid
 from datetime import datetime
 
 from harness import (
@@ -24,6 +25,8 @@ from harness import (
     collect,
     console,
     create_ahead,
+    handler_lateness_ms,
+    handler_starts,
     histogram,
     lateness_ms,
     percentiles,
@@ -91,16 +94,22 @@ async def run_spike(cluster: Cluster, args: argparse.Namespace) -> None:
             console.print(f"profile: {await p}")
         cluster.check_alive()
         history = await collect(setup.store, setup.tenant_ids)
+        starts = handler_starts(cluster)
     finally:
         await setup.store.close()
-    summarise(args, history, due, usage)
+    summarise(args, history, due, usage, starts)
 
 
 def summarise(
-    args: argparse.Namespace, history: History, due: datetime, usage: dict[str, float]
+    args: argparse.Namespace,
+    history: History,
+    due: datetime,
+    usage: dict[str, float],
+    starts: dict[uuid.UUID, list[float]],
 ) -> None:
     runs = history.runs
     dispatch_ms, start_ms = lateness_ms(runs)
+    handler_ms = handler_lateness_ms(runs, starts)
     dispatched = [r.dispatched_at for r in runs if r.dispatched_at]
     # From the instant — or from the first dispatch, when runs went out ahead of it.
     first = min([due, *dispatched])
@@ -118,21 +127,29 @@ def summarise(
         # Negative: dispatched ahead of the instant (not leasable before it).
         "dispatch_lateness_ms": percentiles(dispatch_ms),
         "start_lateness_ms": percentiles(start_ms),
+        # At the handler's first statement in the worker (its clock: this machine's).
+        "handler_start_lateness_ms": percentiles(handler_ms),
         "start_lateness_histogram_100ms": histogram(start_ms, 100),
         "dispatches_per_s": round(len(dispatch_ms) / span),
         "runs_lost": lost,
         "runs_run_twice": twice,
+        "runs_executed_twice_by_handler": sum(1 for s in starts.values() if len(s) > 1),
         # Percent of one core per process over the CPU_WINDOW seconds from the instant;
         # "machine": every core, PostgreSQL included (100 per core).
         "cpu_percent_after_instant": usage,
     }
-    d, s = result["dispatch_lateness_ms"], result["start_lateness_ms"]
+    d, s, h = (
+        result["dispatch_lateness_ms"],
+        result["start_lateness_ms"],
+        result["handler_start_lateness_ms"],
+    )
     report(
         f"spike: {args.runs} runs due at one instant ({args.backend})",
         result,
         [
             ("dispatch lateness (ms)", str(d["p50"]), str(d["p99"]), str(d["max"])),
             ("start lateness (ms)", str(s["p50"]), str(s["p99"]), str(s["max"])),
+            ("start lateness at the handler (ms)", str(h["p50"]), str(h["p99"]), str(h["max"])),
             ("dispatches/s", str(result["dispatches_per_s"]), "", ""),
             ("runs lost", str(lost), "", ""),
             ("runs run or dispatched twice", str(twice), "", ""),
