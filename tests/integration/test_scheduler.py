@@ -361,3 +361,52 @@ async def test_a_burst_is_released_as_the_pool_takes_it_p0_first(store: Store) -
     assert not node.backlog
     assert fired == 26
     assert (await _states(store, flood)).count("SCHEDULED") == 0
+
+
+async def test_a_burst_larger_than_a_refill_is_read_whole(store: Store) -> None:
+    """A refill that stops at its limit inside one instant goes on inside it next time:
+    runs held back (still SCHEDULED) never hide the rest of the burst, nor what comes
+    after it."""
+    burst = await _jobs(store, [T0] * 25)
+    after = await _jobs(store, [T0 + timedelta(seconds=1)] * 3)
+    time = FakeTime(T0)
+    settings = Settings(
+        window_seconds=30,
+        shard_lease_ttl=10,
+        dispatch_lead=0,
+        dispatch_lead_burst=2,
+        dispatch_buffer=1,  # one run in the ready queue at a time: the rest held
+    )
+    node = SchedulerNode(
+        store,
+        settings,
+        node_id="node-a",
+        clock=Clock(time, offset=timedelta(0)),
+        poll_interval=3600.0,  # refills alone
+    )
+    node.refill_limit = 10
+    fired = 0
+    for i in range(4):
+        time.value = T0 + timedelta(seconds=1 + i)
+        fired += await node.run_once()
+    # Every run was read: fired, or waiting in the backlog.
+    assert fired + len(node.backlog) == 28
+    assert {r.id for r in burst + after} >= set(node.backlog._ids)  # type: ignore[attr-defined]
+
+
+async def test_polls_page_past_runs_held_back(store: Store) -> None:
+    """Runs a poll finds that stay SCHEDULED (held in the backlog) do not hide the ones
+    behind them from the next poll."""
+    burst = await _jobs(store, [T0] * 25)
+    time = FakeTime(T0)
+    node = _node(store, time)
+    node.poll_limit = 10
+    await node._renew_leases()  # holds every shard
+    node.window.horizon = T0 + timedelta(days=1)  # no refill: only polls find them
+    seen: set[object] = set()
+    for i in range(4):
+        time.value = T0 + timedelta(seconds=2 * (i + 1))
+        await node._poll(time.value)
+        seen |= {r.id for r in node.window.pop_due(time.value)}
+        node.backlog.add(await store.runs_releasable(run_ids=list(seen)))
+    assert seen == {r.id for r in burst}  # type: ignore[attr-defined]

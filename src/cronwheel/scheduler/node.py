@@ -92,6 +92,9 @@ class SchedulerNode:
         self._next_poll = datetime.min.replace(tzinfo=UTC)
         self._next_clock = datetime.min.replace(tzinfo=UTC)
         self._next_release: datetime | None = None
+        self._poll_after: DueRun | None = None  # where the next poll goes on
+        self.refill_limit = 20_000  # runs one refill reads at most
+        self.poll_limit = 5_000  # runs one poll reads at most
         self._clock_trusted = True
         self._subscription: Subscription | None = None
         self._pass_budget = QuarantineBudget(QUARANTINE_PER_PASS)
@@ -292,17 +295,24 @@ class SchedulerNode:
             )
 
     async def _refill(self, now: datetime) -> None:
-        limit = 20_000
+        limit = self.refill_limit
         until = now + self._lead + self._window
         # What the window already holds stays there (runs created inside it arrive by
         # notification, stragglers by the poll): only the slice beyond it is read.
         since = self.window.horizon
         due = await self.store.runs_due_scan(
-            shards=list(self.shards), until=until, limit=limit, since=since
+            shards=list(self.shards),
+            until=until,
+            limit=limit,
+            since=since,
+            after_id=self.window.horizon_id if since is not None else None,
         )
         self.window.push(due)
-        # A truncated scan covers only up to its last row; refill again from there.
-        self.window.horizon = due[-1].fire_at if len(due) >= limit else until
+        # A truncated scan covers only up to its last row (by instant, then id); refill
+        # again from there — inside the same instant, if a burst is larger than a scan.
+        truncated = len(due) >= limit
+        self.window.horizon = due[-1].fire_at if truncated else until
+        self.window.horizon_id = due[-1].id if truncated else None
         self._next_poll = now + timedelta(seconds=self.poll_interval)
 
     async def _poll(self, now: datetime) -> None:
@@ -312,7 +322,17 @@ class SchedulerNode:
         seconds, each poll, for the rare straggler of a burst, which then goes at its
         instant rather than ahead.)"""
         until = now + timedelta(seconds=self.poll_interval)
-        due = await self.store.runs_due_scan(shards=list(self.shards), until=until, limit=5_000)
+        # Page by page across polls: runs held back in the backlog are still SCHEDULED,
+        # and a poll that always read the first page would only ever see them.
+        after = self._poll_after
+        due = await self.store.runs_due_scan(
+            shards=list(self.shards),
+            until=until,
+            limit=self.poll_limit,
+            since=None if after is None else after.fire_at,
+            after_id=None if after is None else after.id,
+        )
+        self._poll_after = due[-1] if len(due) >= self.poll_limit else None
         self.window.push(due)
         self._next_poll = now + timedelta(seconds=self.poll_interval)
 

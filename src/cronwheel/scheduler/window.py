@@ -49,6 +49,9 @@ class DueWindow:
         self._bursts: list[datetime] = []  # heap of instants that reached ``burst`` runs
         self._ids: set[uuid.UUID] = set()
         self.horizon: datetime | None = None
+        # When the last refill stopped at its limit inside one instant (a burst larger
+        # than the limit): the last run it read there, where the next refill goes on.
+        self.horizon_id: uuid.UUID | None = None
 
     def __len__(self) -> int:
         return len(self._ids)

@@ -36,10 +36,13 @@ class SchedulerSide(ABC):
         until: datetime,
         limit: int = 10_000,
         since: datetime | None = None,
+        after_id: uuid.UUID | None = None,
     ) -> list[DueRun]:
         """SCHEDULED runs of ``shards`` with ``since <= fire_at < until`` (no lower bound
-        when ``since`` is None), soonest first: an index range scan on ``(shard,
-        fire_at) WHERE state = 'SCHEDULED'``."""
+        when ``since`` is None), soonest first, then by id: an index range scan on
+        ``(shard, fire_at) WHERE state = 'SCHEDULED'``. With ``after_id``, only those
+        after ``(since, after_id)`` in that order: the next page of a scan that stopped
+        at its limit inside one instant (a burst larger than the limit)."""
 
     @abstractmethod
     async def runs_fire(

@@ -121,6 +121,7 @@ class RunsMixin(SqlCore):
         until: datetime,
         limit: int = 10_000,
         since: datetime | None = None,
+        after_id: uuid.UUID | None = None,
     ) -> list[DueRun]:
         if not shards:
             return []
@@ -131,10 +132,17 @@ class RunsMixin(SqlCore):
                 self.driver.id_in(runs.c.shard, list(shards)),
                 runs.c.fire_at < until,
             )
-            .order_by(runs.c.fire_at)
+            .order_by(runs.c.fire_at, runs.c.id)
             .limit(limit)
         )
-        if since is not None:
+        if since is not None and after_id is not None:
+            stmt = stmt.where(
+                sa.or_(
+                    runs.c.fire_at > since,
+                    sa.and_(runs.c.fire_at == since, runs.c.id > after_id),
+                )
+            )
+        elif since is not None:
             stmt = stmt.where(runs.c.fire_at >= since)
         async with self._read() as conn:
             rows = (await conn.execute(stmt)).all()
