@@ -23,6 +23,7 @@ def _runs(
     weight: float = 1.0,
     shard: int = 0,
     pool: str = "default",
+    ready_cap: int | None = None,
 ) -> list[Releasable]:
     return [
         Releasable(
@@ -31,6 +32,7 @@ def _runs(
             pool=pool,
             priority=priority,
             weight=weight,
+            ready_cap=ready_cap,
         )
         for i in range(n)
     ]
@@ -77,3 +79,17 @@ def test_shards_handed_over_leave_the_backlog() -> None:
     assert len(backlog) == 3
     assert {r.shard for r in backlog.take("default", 10)} == {1}
     assert not backlog
+
+
+def test_a_limited_tenant_is_released_only_as_far_as_it_can_take_runs() -> None:
+    """A tenant capped at 5 runs at once gets at most 5 ready, less those already
+    ready: the rest of the room goes to the others, never to runs no worker may take."""
+    backlog = Backlog()
+    capped, free = _runs(A, 100, ready_cap=5), _runs(B, 100)
+    backlog.add(capped + free)
+    assert backlog.limited("default") == {A: 5}
+    owner = {h.run.id: h.tenant_id for h in capped + free}
+    first = Counter(owner[r.id] for r in backlog.take("default", 40, {A: 0}))
+    assert first == {A: 5, B: 35}
+    second = Counter(owner[r.id] for r in backlog.take("default", 40, {A: 3}))
+    assert second == {A: 2, B: 38}

@@ -403,7 +403,13 @@ class SchedulerNode:
             worker_ttl=self.settings.worker_ttl,
             now=self.clock.store_now(),
         )
-        released = [run for pool in pools for run in self.backlog.take(pool, room[pool])]
+        released: list[DueRun] = []
+        for pool in pools:
+            # Runs of a tenant a limit holds back are released only as far as it can
+            # take them: held runs waiting in the ready queue would crowd out the rest.
+            limited = self.backlog.limited(pool)
+            ready = await self.store.runs_ready_counts(pool=pool, caps=limited)
+            released += self.backlog.take(pool, room[pool], ready)
         self._next_release = (
             self.clock.now() + timedelta(seconds=self.settings.release_interval)
             if self.backlog

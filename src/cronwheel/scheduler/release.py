@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import uuid
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from cronwheel.domain.admission import FairState, TenantQueue, allocate
 from cronwheel.domain.model import DueRun
@@ -39,6 +39,7 @@ class Backlog:
         # pool -> (tenant, class) -> runs, oldest first
         self._queues: dict[str, dict[tuple[uuid.UUID, int], deque[DueRun]]] = {}
         self._weights: dict[uuid.UUID, float] = {}
+        self._ready_caps: dict[uuid.UUID, int] = {}  # limited tenants (Releasable.ready_cap)
         self._fair: dict[str, FairState] = {}
         self._ids: set[uuid.UUID] = set()
 
@@ -54,6 +55,10 @@ class Backlog:
                 continue
             self._ids.add(h.run.id)
             self._weights[h.tenant_id] = h.weight
+            if h.ready_cap is None:
+                self._ready_caps.pop(h.tenant_id, None)
+            else:
+                self._ready_caps[h.tenant_id] = h.ready_cap
             queues = self._queues.setdefault(h.pool, {})
             queues.setdefault((h.tenant_id, h.priority), deque()).append(h.run)
 
@@ -67,9 +72,17 @@ class Backlog:
             for pool, queues in self._queues.items()
         }
 
-    def take(self, pool: str, room: int) -> list[DueRun]:
+    def limited(self, pool: str) -> dict[uuid.UUID, int]:
+        """The ready caps of the limited tenants waiting in ``pool``."""
+        waiting = {t for t, _ in self._queues.get(pool, {})}
+        return {t: cap for t, cap in self._ready_caps.items() if t in waiting}
+
+    def take(
+        self, pool: str, room: int, ready: Mapping[uuid.UUID, int] | None = None
+    ) -> list[DueRun]:
         """Up to ``room`` runs of ``pool``: P0 first, then each class shared among its
-        tenants by weight."""
+        tenants by weight; a limited tenant only up to its ready cap, less the runs
+        of its already ready (``ready``)."""
         queues = self._queues.get(pool)
         if not queues or room <= 0:
             return []
@@ -78,7 +91,19 @@ class Backlog:
             supply.setdefault(tenant_id, {})[cls] = len(runs)
         fair = self._fair.setdefault(pool, FairState())
         alloc = allocate(
-            [TenantQueue(t, classes, weight=self._weights[t]) for t, classes in supply.items()],
+            [
+                TenantQueue(
+                    t,
+                    classes,
+                    weight=self._weights[t],
+                    room=(
+                        None
+                        if t not in self._ready_caps
+                        else max(0, self._ready_caps[t] - (ready or {}).get(t, 0))
+                    ),
+                )
+                for t, classes in supply.items()
+            ],
             budget=room,
             fair=fair,
         )

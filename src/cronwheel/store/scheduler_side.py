@@ -184,6 +184,12 @@ class SchedulerSide(ABC):
         and its tenant's weight (what the release of a burst orders by)."""
 
     @abstractmethod
+    async def runs_ready_counts(
+        self, *, pool: str, caps: Mapping[uuid.UUID, int]
+    ) -> dict[uuid.UUID, int]:
+        """The ready runs of each tenant of ``caps`` in ``pool``, counted up to its cap."""
+
+    @abstractmethod
     async def pools_room(
         self,
         *,

@@ -215,3 +215,7 @@ class Releasable:
     pool: str
     priority: int
     weight: float
+    # The most of its tenant's runs worth holding ready in a pool, when a limit bounds
+    # how fast they can be leased (None: no limit): more would only fill the ready queue
+    # with runs no worker may take, and crowd out other tenants' release.
+    ready_cap: int | None = None

@@ -71,6 +71,19 @@ def dispatch_bucket(tenant_id: uuid.UUID) -> str:
     return f"dispatch:{tenant_id}"
 
 
+def _ready_cap(limits: Mapping[str, Any]) -> int | None:
+    """How many of a limited tenant's runs are worth holding ready in a pool: what its
+    concurrency limit lets run at once, or two seconds of its dispatch rate (at least
+    its burst), whichever is fewer."""
+    caps: list[int] = []
+    if limits.get("max_concurrent_runs"):
+        caps.append(int(limits["max_concurrent_runs"]))
+    bucket = _rate_of(limits)
+    if bucket is not None:
+        caps.append(max(1, int(bucket.burst), min(1_000_000, int(2 * bucket.rate))))
+    return min(caps) if caps else None
+
+
 def _rate_of(limits: Mapping[str, Any]) -> TokenBucket | None:
     rate = limits.get("max_dispatch_rate")
     if rate is None:
@@ -334,9 +347,29 @@ class AdmissionMixin(SqlCore):
                         pool=r.pool,
                         priority=r.priority,
                         weight=float(r.limits.get("weight") or 1.0),
+                        ready_cap=_ready_cap(r.limits),
                     )
                     for r in rows
                 ]
+        return out
+
+    async def runs_ready_counts(
+        self, *, pool: str, caps: Mapping[uuid.UUID, int]
+    ) -> dict[uuid.UUID, int]:
+        out: dict[uuid.UUID, int] = {}
+        if not caps:
+            return out
+        async with self._read() as conn:
+            for tenant_id, cap in sorted(caps.items()):
+                # By the ready index (pool, tenant), up to the cap: never the whole queue.
+                ready = (
+                    sa.select(runs.c.id)
+                    .where(runs.c.pool == pool, runs.c.tenant_id == tenant_id, sa.text(READY))
+                    .limit(cap)
+                    .subquery()
+                )
+                n = (await conn.execute(sa.select(sa.func.count()).select_from(ready))).scalar()
+                out[tenant_id] = int(n or 0)
         return out
 
     async def pools_room(
