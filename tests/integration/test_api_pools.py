@@ -66,8 +66,8 @@ async def test_the_admin_sees_every_pool_and_every_tenants_backlog(api: Any) -> 
         0,
         10,
     )
-    assert (default["p0_reserved_share"], default["effective_share"]) == (None, 0.1)
-    assert default["p0_reserved_slots"] == 1
+    assert (default["p0_reserved_share"], default["effective_share"]) == (None, 0.0)
+    assert default["p0_reserved_slots"] == 0  # none kept unless the pool keeps a share
     assert (default["ready"], default["due"]) == (5, 0)
 
     # One tenant's view, with the header.
@@ -118,7 +118,7 @@ async def test_the_admin_sets_the_p0_share_and_it_is_audited(api: Any, store: An
     r = await api.client.put(
         "/v1/pools/default", json={"p0_reserved_share": None}, headers=api.admin
     )
-    assert r.status_code == 200 and r.json()["effective_share"] == 0.1
+    assert r.status_code == 200 and r.json()["effective_share"] == 0.0
     page = await store.events_list(None, limit=1000)
     events = [(e.actor, e.data) for e in page.items if e.kind == "pool.updated"]
     assert events == [

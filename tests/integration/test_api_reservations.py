@@ -81,7 +81,7 @@ async def lease(
     r = await api.client.post(f"/v1/workers/{worker_id}/lease", json=body, headers=headers)
     assert r.status_code == 200, r.text
     out = r.json()
-    assert set(out) == {"attempts", "now"}, out
+    assert set(out) == {"attempts", "now", "p0_reserved_slots"}, out
     return out["attempts"], parse(out["now"])
 
 

@@ -79,6 +79,6 @@ def test_pools_list_show_and_set(live: tuple[str, Client, str]) -> None:
             return await admin.pools.get(pool)
 
     back = asyncio.run(via_async())
-    assert back["p0_reserved_share"] is None and back["effective_share"] == 0.1
+    assert back["p0_reserved_share"] is None and back["effective_share"] == 0.0
     default = _cli(url, ADMIN, "pools", "set", pool, "--default", "--json")
     assert default.exit_code == 0 and json.loads(default.stdout)["p0_reserved_share"] is None

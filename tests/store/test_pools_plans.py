@@ -39,11 +39,11 @@ async def test_one_tenants_ready_count_is_a_range_of_the_ready_index(store: Stor
         pytest.skip("PostgreSQL's plans")
     assert isinstance(store, SqlStore)
     big, small = await make_tenant(store), await make_tenant(store)
-    template = await dispatched_run(store, big.id)
-    await dispatched_run(store, small.id, now=at(1))
+    big_run = await dispatched_run(store, big.id)
+    small_run = await dispatched_run(store, small.id, now=at(1))
     async with engine_of(store).begin() as conn:
-        # Copies of one dispatched run: 2,000 for one tenant, 20 for the other.
-        for tenant, count in ((big.id, 2000), (small.id, 20)):
+        # Copies of each tenant's dispatched run (of its own job): 2,000 and 20.
+        for tenant, count, template in ((big.id, 2000, big_run), (small.id, 20, small_run)):
             await conn.execute(
                 sa.text(
                     f"INSERT INTO runs ({', '.join(_COPIED)}) SELECT {', '.join(_COPIED.values())} "
