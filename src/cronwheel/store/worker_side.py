@@ -82,7 +82,6 @@ class WorkerSide(ABC):
         :meth:`attempts_release_by_worker`, called after this: a lease in flight
         meanwhile has either committed (and is released) or leases nothing."""
 
-    @abstractmethod
     async def attempts_lease(
         self,
         *,
@@ -121,6 +120,15 @@ class WorkerSide(ABC):
         inside the statement. A lease racing :meth:`workers_deregister` is ordered with
         it: either it commits first (and a release after the deregistration finds its
         attempts) or it sees the deregistration and leases nothing."""
+        admitted = await self.attempts_lease_admitted(
+            worker=worker,
+            max=max,
+            webhooks_only=webhooks_only,
+            ahead=ahead,
+            now=now,
+            p0_share=p0_share,
+        )
+        return admitted.attempts
 
     @abstractmethod
     async def attempts_lease_admitted(

@@ -283,6 +283,18 @@ async def _buckets(
     return {name: (tokens, stamp) for name, tokens, stamp in rows}
 
 
+async def _ready_count(
+    conn: AsyncConnection, pool: str, cap: int, tenant_id: uuid.UUID | None = None
+) -> int:
+    """The ready runs of ``pool`` (of one tenant's), counted by the ready index up to
+    ``cap``: never the whole queue."""
+    pick = sa.select(runs.c.id).where(runs.c.pool == pool, sa.text(READY))
+    if tenant_id is not None:
+        pick = pick.where(runs.c.tenant_id == tenant_id)
+    ready = pick.limit(cap).subquery()
+    return int((await conn.execute(sa.select(sa.func.count()).select_from(ready))).scalar() or 0)
+
+
 class AdmissionMixin(SqlCore):
     async def tenants_held(
         self, tenant_ids: Sequence[uuid.UUID], *, now: datetime | None = None
@@ -361,15 +373,7 @@ class AdmissionMixin(SqlCore):
             return out
         async with self._read() as conn:
             for tenant_id, cap in sorted(caps.items()):
-                # By the ready index (pool, tenant), up to the cap: never the whole queue.
-                ready = (
-                    sa.select(runs.c.id)
-                    .where(runs.c.pool == pool, runs.c.tenant_id == tenant_id, sa.text(READY))
-                    .limit(cap)
-                    .subquery()
-                )
-                n = (await conn.execute(sa.select(sa.func.count()).select_from(ready))).scalar()
-                out[tenant_id] = int(n or 0)
+                out[tenant_id] = await _ready_count(conn, pool, cap, tenant_id)
         return out
 
     async def pools_room(
@@ -396,13 +400,5 @@ class AdmissionMixin(SqlCore):
             room: dict[str, int] = {}
             for pool in pools:
                 target = max(buffer, 2 * int(slots.get(pool) or 0))
-                # Counted by the ready index, up to the target: never the whole queue.
-                ready = (
-                    sa.select(runs.c.id)
-                    .where(runs.c.pool == pool, sa.text(READY))
-                    .limit(target)
-                    .subquery()
-                )
-                held = (await conn.execute(sa.select(sa.func.count()).select_from(ready))).scalar()
-                room[pool] = max(0, target - int(held or 0))
+                room[pool] = max(0, target - await _ready_count(conn, pool, target))
         return room

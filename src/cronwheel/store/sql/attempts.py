@@ -28,7 +28,6 @@ from cronwheel.domain.errors import (
 from cronwheel.domain.model import (
     Attempt,
     AttemptOutcome,
-    LeasedAttempt,
     ReservationsStarted,
     Worker,
 )
@@ -324,26 +323,6 @@ class AttemptsMixin(WorkersMixin, RetriesMixin):
         if row is None:
             raise self._not_found("attempt", attempt_id)
         return attempt_from(row)
-
-    async def attempts_lease(
-        self,
-        *,
-        worker: Worker,
-        max: int,
-        webhooks_only: bool = False,
-        ahead: float = 0.0,
-        now: datetime | None = None,
-        p0_share: float = 0.0,
-    ) -> list[LeasedAttempt]:
-        admitted = await self.attempts_lease_admitted(
-            worker=worker,
-            max=max,
-            webhooks_only=webhooks_only,
-            ahead=ahead,
-            now=now,
-            p0_share=p0_share,
-        )
-        return admitted.attempts
 
     async def attempts_lease_admitted(
         self,
