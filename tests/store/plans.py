@@ -122,9 +122,13 @@ class Probe:
         self.reader = reader
 
     async def _flush(self) -> None:
-        async with self.engine.connect() as conn:
-            await conn.execute(sa.text("SELECT pg_stat_force_next_flush()"))
-            await conn.commit()
+        # Every connection the pool holds, not one of them: the operation may have run
+        # on any, and a backend keeps its counts until told to flush them.
+        async with contextlib.AsyncExitStack() as stack:
+            for _ in range(max(1, self.engine.pool.checkedin())):  # type: ignore[attr-defined]
+                conn = await stack.enter_async_context(self.engine.connect())
+                await conn.execute(sa.text("SELECT pg_stat_force_next_flush()"))
+                await conn.commit()
         # Answered only once the backend has gone idle, which is when it flushes.
         await self.reader.execute("SELECT pg_stat_force_next_flush()")
 

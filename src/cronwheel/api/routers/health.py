@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse, Response
 from cronwheel.api.auth import require_metrics_reader
 from cronwheel.api.errors import error_response
 from cronwheel.api.jsonbody import StrictJsonRoute
-from cronwheel.api.schemas import ErrorResponse, IndexOut
+from cronwheel.api.schemas import ERROR_RESPONSES, ErrorResponse, IndexOut
 from cronwheel.api.state import api_state
 from cronwheel.domain.errors import CronwheelError
 from cronwheel.metrics import CONTENT_TYPE_LATEST, render
@@ -44,7 +44,12 @@ _LINKS = {
 }
 
 
-@router.get("/", summary="What this server is, and where to go from here")
+@router.get(
+    "/",
+    summary="What this server is, and where to go from here",
+    # No key needed, but a request that sends one counts against the key's rate.
+    responses={429: ERROR_RESPONSES[429]},
+)
 async def index(request: Request) -> IndexOut:
     """No key needed. The links are paths on this server (behind a proxy, under its
     root path); everything under `/v1/` needs `Authorization: Bearer <key>`."""
