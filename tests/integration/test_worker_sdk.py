@@ -254,7 +254,7 @@ async def test_leases_and_outcomes_are_batched(env: Env) -> None:
     for i in range(30):
         await env.job("quick", payload={"i": i})
     assert await env.fire() == 30
-    worker = env.worker(concurrency=10)
+    worker = env.worker(concurrency=10, prefetch=0)
 
     @worker.task("quick")
     async def quick(ctx: TaskContext, payload: dict[str, Any]) -> int:
@@ -271,6 +271,55 @@ async def test_leases_and_outcomes_are_batched(env: Env) -> None:
     assert not [p for p, _ in transport.requests if p.endswith("/complete")]
     page = await env.operator.runs.list(state="SUCCESS", limit=100)
     assert len(page.items) == 30
+
+
+async def test_short_handlers_keep_leased_runs_waiting_for_a_slot(env: Env) -> None:
+    for i in range(80):
+        await env.job("quick", payload={"i": i}, priority=i % 4)
+    assert await env.fire() == 80
+    worker = env.worker(concurrency=2, prefetch=3)
+    running = most = 0
+
+    @worker.task("quick")
+    async def quick(ctx: TaskContext, payload: dict[str, Any]) -> None:
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        await asyncio.sleep(0.002)
+        running -= 1
+
+    await within(worker.run_async(drain=True))
+    assert worker.stats.succeeded == 80 and most <= 2
+    # Handlers this short finish more than 30 runs a second: runs were leased while
+    # both slots were busy, never more than the slots and the prefetch together.
+    assert worker.stats.waited > 0
+    leases = env.transports[-1].bodies(f"/v1/workers/{worker.worker_id}/lease")
+    assert all(body["max"] <= 2 + 3 for body in leases)
+
+
+async def test_long_handlers_or_no_prefetch_lease_only_for_free_slots(env: Env) -> None:
+    for i in range(4):
+        await env.job("slow", payload={"i": i})
+    for i in range(40):
+        await env.job("quick", payload={"i": i})
+    assert await env.fire() == 44
+    slow = env.worker(concurrency=2)  # at most a few runs a second: nothing waits
+    quick = env.worker(concurrency=2, prefetch=0)
+
+    @slow.task("slow")
+    async def sleep(ctx: TaskContext, payload: dict[str, Any]) -> None:
+        await asyncio.sleep(0.4)
+
+    @quick.task("quick")
+    async def noop(ctx: TaskContext, payload: dict[str, Any]) -> None:
+        return None
+
+    await within(asyncio.gather(slow.run_async(drain=True), quick.run_async(drain=True)))
+    assert (slow.stats.succeeded, quick.stats.succeeded) == (4, 40)
+    assert slow.stats.waited == quick.stats.waited == 0
+    for worker, transport in zip((slow, quick), env.transports[-2:], strict=True):
+        leases = transport.bodies(f"/v1/workers/{worker.worker_id}/lease")
+        assert leases and all(body["max"] <= 2 for body in leases)
 
 
 async def test_one_heartbeat_request_covers_every_held_attempt(env: Env) -> None:

@@ -187,6 +187,11 @@ class LeasedAttemptOut(ResponseModel):
     deadline: UtcInstant = Field(description="the attempt times out at this instant")
     due_at: UtcInstant
     heartbeat_timeout: float
+    priority: int = Field(
+        default=2,
+        description="the run's priority class, 0 (P0, the highest) .. 3: a worker holding "
+        "leased runs that wait for a free slot starts the highest class first",
+    )
     progress_timeout: float | None = Field(
         default=None,
         description="seconds: when set, report progress (`progress` on a heartbeat) within "

@@ -347,6 +347,17 @@ def worker(
             "early and start them at it (default: as far as the server allows; 0: never).",
         ),
     ] = None,
+    prefetch: Annotated[
+        int | None,
+        typer.Option(
+            "--prefetch",
+            min=0,
+            max=10_000,
+            show_default=False,
+            help="The most leased runs held waiting for a slot while every slot is busy, "
+            "about what the handlers finish in 0.1 s (default: the concurrency; 0: none).",
+        ),
+    ] = None,
     log_level: LogLevelOpt = "info",
 ) -> None:
     """Run a Python worker.
@@ -404,6 +415,7 @@ def worker(
             grace_period=grace_period,
             webhook=caller,
             lease_ahead=lease_ahead,
+            prefetch=prefetch,
         )
         if modules:
             w.include(registry)

@@ -192,6 +192,9 @@ class LeasedAttempt:
     # The run's progress timeout: the handler reports progress within it, or the
     # attempt times out.
     progress_timeout: float | None = None
+    # The run's priority class (0 = P0, the highest): a worker that holds leased runs
+    # waiting for a slot starts the highest class first.
+    priority: int = 2
 
 
 @dataclass(frozen=True, slots=True)

@@ -340,7 +340,9 @@ class Driver(ABC):
         attempt and token, each due within ``ahead`` is reserved for the worker.
         Raises :class:`WorkerGone` when the worker is not live (also with no grants).
         Returns the attempts, ordered by ``not_before``, and the count taken of each
-        (tenant, class)."""
+        (tenant, class). It is atomic on its own: a driver may run it outside a
+        transaction when the caller began none (no lock was taken, nothing is written
+        after it)."""
 
     async def lock_keys(self, conn: AsyncConnection, keys: Sequence[int]) -> None:
         """Hold the advisory locks ``keys`` (sorted) until the transaction ends; a

@@ -63,6 +63,7 @@ class WorkerStats:
     """Counters of one worker (over all its sessions)."""
 
     leased: int = 0
+    waited: int = 0  # leased while every slot was busy: held waiting for one (prefetch)
     succeeded: int = 0
     failed: int = 0
     released: int = 0

@@ -75,6 +75,9 @@ class Lease:
     progress_timeout: float | None = None
     # The server takes progress reports on heartbeats (it names ``progress_timeout``).
     takes_progress: bool = False
+    # The run's priority class, 0 (P0) .. 3: of runs waiting here for a slot, the
+    # highest class starts first.
+    priority: int = 2
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Lease:
@@ -103,6 +106,7 @@ class Lease:
                 None if data.get("progress_timeout") is None else float(data["progress_timeout"])
             ),
             takes_progress="progress_timeout" in data,
+            priority=int(data.get("priority", 2)),
         )
 
     def started(self, at: datetime) -> Lease:

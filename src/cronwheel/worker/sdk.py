@@ -47,7 +47,10 @@ class Worker:
     starts (register them first), and with ``tags`` also runs whose route tags are all
     among them.
 
-    ``concurrency`` bounds the handlers running at once (and the runs leased at once).
+    ``concurrency`` bounds the handlers running at once. ``prefetch`` bounds the leased
+    runs held waiting for a slot while every slot is busy (None: ``concurrency``; 0:
+    none): the worker holds about what its handlers finish in 0.1 s, so that a slot
+    that frees up starts the next run at once; with long handlers, none.
     ``grace_period`` is how long shutdown waits for running handlers before handing
     their runs back. ``lease_wait`` is the long-poll duration; ``heartbeat_interval``
     overrides the server's suggestion (it is also kept under a third of each run's
@@ -84,6 +87,7 @@ class Worker:
         webhook: WebhookCaller | None = None,
         log_shipping: LogShipConfig | None = None,
         lease_ahead: float | None = None,
+        prefetch: int | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -91,6 +95,8 @@ class Worker:
             raise ValueError("grace_period, lease_wait and flush_delay cannot be negative")
         if lease_ahead is not None and lease_ahead < 0:
             raise ValueError("lease_ahead cannot be negative")
+        if prefetch is not None and prefetch < 0:
+            raise ValueError("prefetch cannot be negative")
         if heartbeat_interval is not None and heartbeat_interval <= 0:
             raise ValueError("heartbeat_interval must be positive")
         if flush_size < 1:
@@ -117,6 +123,7 @@ class Worker:
             backoff_max=backoff_max,
             log_shipping=log_shipping or LogShipConfig(),
             lease_ahead=lease_ahead,
+            prefetch=prefetch,
         )
         self.registry = TaskRegistry()
         self.stats = WorkerStats()

@@ -2,15 +2,25 @@
 
 Three loops share the attempts the worker holds::
 
-    lease loop ──lease(max = free slots)──▶ held attempts ──handler tasks──▶ outbox
-        ▲  long-poll, one request                 │                          │
-        └────────── a slot frees up ◀─────────────┘          flusher: one batch request
-                                                             per ~10 ms (at once when big)
+    lease loop ──lease(max = free slots ──▶ waiting ──a free slot──▶ handler tasks ──▶ outbox
+        ▲  long-poll,      + prefetch)          (highest class       │                  │
+        │  one request                           first)              │   flusher: one batch
+        └────────────── a slot frees up ◀────────────────────────────┘   request per ~10 ms
+                                                                         (at once when big)
     heartbeater: ONE batch request per interval for every held attempt; learns of
     cancel requests and of lost leases
 
 An attempt stays *held* from its lease until the server has acknowledged its outcome,
 so a completion delayed by a network error keeps its lease alive meanwhile.
+
+Prefetch: while every slot is busy, a worker whose handlers are short also holds a few
+leased runs *waiting* for a slot — about what its handlers finished in the last
+``_PREFETCH_HORIZON`` seconds, at most ``prefetch`` — so that a slot that frees up
+starts the next run at once instead of after a lease round trip. A waiting run is
+heartbeaten like a running one, a cancel request drops it, and shutdown hands it back.
+Handlers that run long finish few runs a second: their worker prefetches nothing and
+leaves the pool's runs to idle workers. A pool that keeps slots for P0 gets no
+prefetch (a waiting lower-class run would take a kept slot).
 
 Shutdown (stop set): leasing ends at once; running handlers get the grace period to
 finish; the ones still running are cancelled (async) or abandoned (sync) and their
@@ -25,8 +35,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import heapq
+import itertools
 import logging
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -70,6 +83,10 @@ _REGISTER_AGAIN = frozenset({(404, "not_found"), (410, "worker_deregistered")})
 _P0_POLL_SECONDS = 0.1  # how often a worker with only its P0 slots free asks for P0 runs
 _LEASE_MAX = 1000  # the most runs one lease request may ask for (the server's limit)
 _IDLE_POLL_SECONDS = 1.0
+# Prefetch holds about what the handlers finish in this many seconds (see above): enough
+# to cover a lease round trip, short enough that a waiting run barely waits.
+_PREFETCH_HORIZON = 0.1
+_RATE_WINDOW = 1.0  # seconds of handler ends the finishing rate is counted over
 # Deregistering must never hold up a shutdown: past this, leases expire on their own.
 _DEREGISTER_SECONDS = 3.0
 
@@ -91,6 +108,8 @@ class SessionConfig:
     # Lease runs due within this many seconds as reservations started at their instant
     # (None: as far ahead as the server allows; 0: never).
     lease_ahead: float | None = None
+    # The most leased runs held waiting for a slot (None: ``concurrency``; 0: none).
+    prefetch: int | None = None
 
 
 class _Stopped(Exception):
@@ -123,12 +142,16 @@ class WorkerSession:
         self.lease_wait = config.lease_wait
         self.held: dict[str, Held] = {}
         self.running = 0
+        # Leased runs waiting for a slot: (priority, arrival, held), highest class first.
+        self._waiting: list[tuple[int, int, Held]] = []
+        self._arrivals = itertools.count()
+        self._ended: deque[float] = deque()  # when handlers ended, the last _RATE_WINDOW s
         self._slot_free = asyncio.Event()
         self._held_changed = asyncio.Event()
         self.lease_ahead = 0.0
         self.reservations = Reservations(
             protocol,
-            on_start=self._start,
+            on_start=self._receive,
             on_drop=lambda _lease: self._slot_free.set(),
             backoff_max=config.backoff_max,
         )
@@ -291,20 +314,23 @@ class WorkerSession:
         while not self.stop.is_set():
             self._slot_free.clear()
             # A reservation holds a slot for the moment its run starts.
-            free = self.config.concurrency - self.running - len(self.reservations)
-            if free <= 0:
+            free = max(0, self.config.concurrency - self.running - len(self.reservations))
+            want = free + self._prefetch() - len(self._waiting)
+            if want <= 0:
                 await self._wait_slot()
                 continue
             # With only the slots kept for P0 free, a long-poll could only bring a P0 run,
             # and would still be waiting when a slot frees up: ask without waiting, and
             # again when a slot frees or after a short pause (a P0 run that came).
-            p0_only = free <= self.protocol.p0_reserved_slots
+            reserved = self.protocol.p0_reserved_slots
+            p0_only = reserved > 0 and free <= reserved
             wait = 0.0 if self.drain or p0_only else self.lease_wait
-            ahead = 0.0 if self.drain or p0_only else self.lease_ahead
+            # Reservations only for free slots: a prefetched run must not wait for one.
+            ahead = 0.0 if self.drain or p0_only or free == 0 else self.lease_ahead
             try:
                 leases = await self._until_stopped(
                     self.protocol.lease(
-                        self.worker_id, max=min(free, _LEASE_MAX), wait=wait, ahead=ahead
+                        self.worker_id, max=min(want, _LEASE_MAX), wait=wait, ahead=ahead
                     )
                 )
             except _Stopped:
@@ -329,7 +355,7 @@ class WorkerSession:
             backoff.reset()
             for lease in leases:
                 if lease.not_before is None:
-                    self._start(lease)
+                    self._receive(lease)
                 else:
                     self.reservations.add(lease)
             if not leases and self.drain:
@@ -361,7 +387,38 @@ class WorkerSession:
             stopper.cancel()
             slot.cancel()
 
-    def _start(self, lease: Lease) -> None:
+    def _prefetch(self) -> int:
+        """How many leased runs may wait here for a slot now (see the module's notes)."""
+        cap = self.config.concurrency if self.config.prefetch is None else self.config.prefetch
+        if cap <= 0 or self.protocol.p0_reserved_slots > 0 or self.reservations:
+            return 0
+        since = time.monotonic() - _RATE_WINDOW
+        while self._ended and self._ended[0] < since:
+            self._ended.popleft()
+        return min(cap, int(len(self._ended) / _RATE_WINDOW * _PREFETCH_HORIZON))
+
+    def _receive(self, lease: Lease) -> None:
+        """A run leased (or a reservation started): held from now on, run as soon as a
+        slot is free, the highest class first."""
+        held = self._hold(lease)
+        heapq.heappush(self._waiting, (lease.priority, next(self._arrivals), held))
+        self._fill_slots()
+        if held.task is None:
+            self.stats.waited += 1
+
+    def _fill_slots(self) -> None:
+        """Start waiting runs while slots are free (a reservation keeps its slot)."""
+        while (
+            self._waiting
+            and not self.stop.is_set()
+            and self.running + len(self.reservations) < self.config.concurrency
+        ):
+            _, _, held = heapq.heappop(self._waiting)
+            if held.reported or held.lease.attempt_id not in self.held:
+                continue  # dropped while it waited: cancelled, or its lease lost
+            self._run(held)
+
+    def _hold(self, lease: Lease) -> Held:
         self.stats.leased += 1
         adapter = self.logs.adapter(
             self._task_log,
@@ -385,18 +442,22 @@ class WorkerSession:
             log=adapter,
             progress_timeout=lease.progress_timeout,
         )
+        held = Held(lease=lease, ctx=ctx)
+        self.held[lease.attempt_id] = held
+        self._held_changed.set()
+        return held
+
+    def _run(self, held: Held) -> None:
+        lease = held.lease
         if lease.task:
             handler = self.registry.get(lease.task)
         else:
             handler = None if self.webhook is None else self.webhook(lease)
-        is_async = handler is not None and handler_is_async(handler)
-        held = Held(lease=lease, ctx=ctx, is_async=is_async)
-        self.held[lease.attempt_id] = held
+        held.is_async = handler is not None and handler_is_async(handler)
         self.running += 1
         held.task = asyncio.create_task(
             self._execute(held, handler), name=f"cronwheel-run-{lease.run_id}"
         )
-        self._held_changed.set()
 
     # -- executing -------------------------------------------------------------------
 
@@ -440,7 +501,9 @@ class WorkerSession:
         finally:
             held.finished = True
             self.running -= 1
+            self._ended.append(time.monotonic())
             self._slot_free.set()
+            self._fill_slots()
         took = time.monotonic() - started
         if outcome is None or held.reported:
             return
@@ -507,9 +570,16 @@ class WorkerSession:
             if not outcome.ok:
                 self._lose(held, outcome.error)
             elif outcome.cancel_requested and not held.ctx.cancel_requested:
-                held.ctx.request_cancel()
-                held.ctx.log.info("cancel requested", extra={"event": "task.cancel_requested"})
-                self._cancel(held, "cancel_requested")
+                self._cancel_requested(held)
+
+    def _cancel_requested(self, held: Held) -> None:
+        held.ctx.request_cancel()
+        held.ctx.log.info("cancel requested", extra={"event": "task.cancel_requested"})
+        if held.task is None and not held.reported:  # waiting for a slot: never starts
+            held.reported = True
+            self.outbox.add(held.failure("cancelled on request before it started", retryable=False))
+        else:
+            self._cancel(held, "cancel_requested")
 
     def _lose(self, held: Held, error: str | None) -> None:
         """The server no longer counts this attempt as ours: stop it, report nothing."""
@@ -545,8 +615,20 @@ class WorkerSession:
         if reserved:
             log_event(logging.INFO, "worker.reservations_released", count=len(reserved))
 
+    def _hand_back_waiting(self) -> None:
+        """Hand back the runs waiting for a slot: released, not counted as a try."""
+        waiting = [h for _, _, h in self._waiting if not h.reported and h.task is None]
+        self._waiting.clear()
+        for held in waiting:
+            held.reported = True
+            self.outbox.add(held.ref)
+        if waiting:
+            log_event(logging.INFO, "worker.waiting_released", count=len(waiting))
+
     async def _wind_down(self) -> None:
         await self._hand_back_reservations()
+        # After the reservations: one whose start was answered meanwhile waits here too.
+        self._hand_back_waiting()
         if self.running:
             log_event(
                 logging.INFO,

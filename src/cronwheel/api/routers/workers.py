@@ -175,6 +175,7 @@ def _leased_out(item: LeasedAttempt, secrets: dict[uuid.UUID, str]) -> LeasedAtt
         deadline=item.deadline,
         due_at=item.due_at,
         heartbeat_timeout=item.heartbeat_timeout,
+        priority=item.priority,
         progress_timeout=item.progress_timeout,
         signing_secret=None if item.task is not None else secrets.get(item.tenant_id),
         not_before=item.not_before,

@@ -363,8 +363,9 @@ class PostgresDriver(Driver):
         ahead: float,
         now: datetime | None,
     ) -> ReadyQueue:
+        # A read of its own: no transaction begun for it (see attempts_lease).
         return await leasing.ready_queue(
-            await _raw_begun(conn),
+            await _raw(conn),
             now=now,
             worker=worker,
             max=max,
@@ -382,8 +383,11 @@ class PostgresDriver(Driver):
         ahead: float,
         now: datetime | None,
     ) -> tuple[list[LeasedAttempt], dict[tuple[uuid.UUID, int], int]]:
+        # One statement. Inside the transaction the plan's locks began, if they did;
+        # otherwise (one tenant per class, no limits: nothing to lock, nothing to write
+        # back) on its own, which saves the BEGIN and COMMIT round trips.
         return await leasing.lease(
-            await _raw_begun(conn),
+            await _raw(conn),
             now=now,
             worker=worker,
             grants=grants,

@@ -19,7 +19,7 @@ from cronwheel.domain.model import (
 from cronwheel.domain.states import FINISH, START, RunState
 from cronwheel.store.driver import Outcomes, WorkerGone
 from cronwheel.store.drivers.postgres_firing import NOW, Raw
-from cronwheel.store.sql.progress import last_reports, progress_deadline
+from cronwheel.store.sql.progress import last_reports
 from cronwheel.store.values import Grant, HeartbeatItem, ReadyQueue
 
 __all__ = [
@@ -142,7 +142,8 @@ numbered AS (
           ORDER BY n) o
 ),
 -- Due now: RUNNING with a new attempt. Due later: reserved for this worker under the
--- attempt id ($8, one per row) and token it will start with.
+-- attempt id and token it will start with. Either way the attempt id is the caller's
+-- ($8, one per row in batch order).
 leased AS (
 UPDATE runs r SET
     state = CASE WHEN r.fire_at <= t.now THEN 'RUNNING' ELSE 'DISPATCHED' END,
@@ -161,40 +162,33 @@ WHERE r.id = numbered.id
 RETURNING r.id, r.tenant_id, r.job_id, r.attempt, r.task, r.webhook, r.payload, r.timeout,
           r.heartbeat_timeout, r.progress_timeout, r.due_at, r.priority, r.fire_at,
           t.now AS now, r.state,
-          r.reserved_attempt, r.reserved_until,
+          ($8::uuid[])[numbered.n] AS attempt_id, r.reserved_until,
           numbered.token AS token
+),
+-- The started runs' attempts and their transitions, written by this same statement: a
+-- lease is one round trip, and on its own (no transaction around it) one commit.
+started_attempts AS (
+    INSERT INTO attempts (id, tenant_id, run_id, number, worker_id, fencing_token, state,
+                          lease_expires_at, deadline, started_at, progress_deadline)
+    SELECT l.attempt_id, l.tenant_id, l.id, l.attempt, $5::uuid, l.token, 'RUNNING',
+           l.now + make_interval(secs => l.heartbeat_timeout),
+           l.now + make_interval(secs => l.timeout), l.now,
+           l.now + make_interval(secs => l.progress_timeout)
+    FROM leased l WHERE l.state = 'RUNNING'
+),
+started_events AS (
+    INSERT INTO events (tenant_id, at, kind, job_id, run_id, attempt_id, from_state,
+                        to_state, actor, data)
+    SELECT l.tenant_id, l.now, 'run.transition', l.job_id, l.id, l.attempt_id,
+           '{START.source.value}', '{RunState.RUNNING.value}', 'worker:' || $5::text,
+           jsonb_build_object('attempt', l.attempt, 'fencing_token', l.token)
+    FROM leased l WHERE l.state = 'RUNNING'
 )
 -- One row at least, leased or not: ``gone`` (the worker is not live) comes back in the
 -- same round trip as the runs.
 SELECT leased.*, NOT EXISTS (SELECT 1 FROM live) AS gone
 FROM (SELECT 1) AS one LEFT JOIN leased ON TRUE
 """
-
-_ATTEMPT_COLUMNS = (
-    "id",
-    "tenant_id",
-    "run_id",
-    "number",
-    "worker_id",
-    "fencing_token",
-    "state",
-    "lease_expires_at",
-    "deadline",
-    "started_at",
-    "progress_deadline",
-)
-_EVENT_COLUMNS = (
-    "tenant_id",
-    "at",
-    "kind",
-    "job_id",
-    "run_id",
-    "attempt_id",
-    "from_state",
-    "to_state",
-    "actor",
-    "data",
-)
 
 
 def _tasks_param(worker: Worker) -> str | None:
@@ -260,7 +254,7 @@ async def lease(
         worker.id,
         webhooks_only,
         ahead,
-        [new_id() for _ in range(total)] if ahead > 0 else None,
+        [new_id() for _ in range(total)],
         _tasks_param(worker),
         json.dumps(sorted(set(worker.tags))),
         [g.tenant_id for g in grants],
@@ -277,15 +271,12 @@ async def lease(
         got[key] = got.get(key, 0) + 1
     rows = sorted(rows, key=lambda r: (r["priority"], r["fire_at"]))
     leased: list[LeasedAttempt] = []
-    attempt_rows: list[tuple[Any, ...]] = []
-    event_rows: list[tuple[Any, ...]] = []
-    actor = f"worker:{worker.id}"
     for r in rows:
         at: datetime = r["now"]
         if r["state"] == "DISPATCHED":  # reserved: starts at its instant, when confirmed
             leased.append(
                 LeasedAttempt(
-                    attempt_id=r["reserved_attempt"],
+                    attempt_id=r["attempt_id"],
                     run_id=r["id"],
                     tenant_id=r["tenant_id"],
                     job_id=r["job_id"],
@@ -300,41 +291,14 @@ async def lease(
                     heartbeat_timeout=r["heartbeat_timeout"],
                     not_before=r["fire_at"],
                     progress_timeout=r["progress_timeout"],
+                    priority=r["priority"],
                 )
             )
             continue
-        attempt_id = new_id()
+        attempt_id = r["attempt_id"]
+        # As the statement wrote them.
         lease_until = at + timedelta(seconds=r["heartbeat_timeout"])
         deadline = at + timedelta(seconds=r["timeout"])
-        attempt_rows.append(
-            (
-                attempt_id,
-                r["tenant_id"],
-                r["id"],
-                r["attempt"],
-                worker.id,
-                r["token"],
-                "RUNNING",
-                lease_until,
-                deadline,
-                at,
-                progress_deadline(at, r["progress_timeout"]),
-            )
-        )
-        event_rows.append(
-            (
-                r["tenant_id"],
-                at,
-                "run.transition",
-                r["job_id"],
-                r["id"],
-                attempt_id,
-                START.source.value,
-                RunState.RUNNING.value,
-                actor,
-                json.dumps({"attempt": r["attempt"], "fencing_token": r["token"]}),
-            )
-        )
         leased.append(
             LeasedAttempt(
                 attempt_id=attempt_id,
@@ -351,11 +315,9 @@ async def lease(
                 due_at=r["due_at"],
                 heartbeat_timeout=r["heartbeat_timeout"],
                 progress_timeout=r["progress_timeout"],
+                priority=r["priority"],
             )
         )
-    if attempt_rows:
-        await conn.copy_records_to_table("attempts", records=attempt_rows, columns=_ATTEMPT_COLUMNS)
-        await conn.copy_records_to_table("events", records=event_rows, columns=_EVENT_COLUMNS)
     return leased, got
 
 

@@ -218,6 +218,7 @@ class CoreLeasing(Driver):
                 heartbeat_timeout=r.heartbeat_timeout,
                 not_before=r.fire_at,
                 progress_timeout=r.progress_timeout,
+                priority=r.priority,
             )
             for r, token in zip(rows, tokens, strict=True)
         ]
@@ -316,6 +317,7 @@ class CoreLeasing(Driver):
                     due_at=r.due_at,
                     heartbeat_timeout=r.heartbeat_timeout,
                     progress_timeout=r.progress_timeout,
+                    priority=r.priority,
                 )
             )
         await conn.execute(attempts.insert(), attempt_rows)
