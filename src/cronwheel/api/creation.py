@@ -3,9 +3,9 @@ while that tenant's earlier creates are being stored are stored together, in one
 ``jobs_create_many`` (one statement, one commit), and each request still gets its own
 answer::
 
-    request ──▶ validated, first due instant computed ──▶ queued for its tenant
-                                                              │
-         a store call of the tenant in flight? ── no ────────▶ store it now (a batch of one)
+    request ──▶ validated, first due instant computed
+                                                  │
+         ``in_flight`` store calls of the tenant? ── no ──▶ stored now, by the request itself
                                                   yes
                                                   ▼
          queued until a call finishes, then all queued at once (up to 1,000)
@@ -65,34 +65,44 @@ class CreateBatcher:
     async def create(self, tenant_id: uuid.UUID, job: NewJob, *, now: datetime) -> Created:
         """Store ``job`` (its first due instant computed at ``now``) for the tenant, as
         ``jobs_create_many`` would alone: ``(job, first run, created)``, or its error."""
+        if self._running.get(tenant_id, 0) < self._in_flight and tenant_id not in self._queued:
+            # Nothing to wait for: stored by this request itself, no hop to another task.
+            self._enter(tenant_id)
+            try:
+                self.batch_sizes.append(1)
+                [created] = await self._store.jobs_create_many(tenant_id, jobs=[job], now=now)
+                return created
+            finally:
+                self._leave(tenant_id)
         waiting = _Waiting(job, now)
         self._queued.setdefault(tenant_id, []).append(waiting)
-        if self._running.get(tenant_id, 0) < self._in_flight:
-            self._start(tenant_id)
         return await waiting.answer
 
-    def _start(self, tenant_id: uuid.UUID) -> None:
+    def _enter(self, tenant_id: uuid.UUID) -> None:
         self._running[tenant_id] = self._running.get(tenant_id, 0) + 1
-        task = asyncio.create_task(self._drain(tenant_id), name="cronwheel-create-batch")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+
+    def _leave(self, tenant_id: uuid.UUID) -> None:
+        """A store call of the tenant ended: start storing what queued meanwhile."""
+        left = self._running[tenant_id] - 1
+        if left:
+            self._running[tenant_id] = left
+        else:
+            del self._running[tenant_id]
+        if tenant_id in self._queued and left < self._in_flight:
+            self._enter(tenant_id)
+            task = asyncio.create_task(self._drain(tenant_id), name="cronwheel-create-batch")
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
 
     async def _drain(self, tenant_id: uuid.UUID) -> None:
         try:
-            while True:
-                queued = self._queued.pop(tenant_id, None)
-                if not queued:
-                    return
-                batch, rest = queued[: self._max_batch], queued[self._max_batch :]
-                if rest:
-                    self._queued[tenant_id] = rest
-                await self._store_batch(tenant_id, batch)
+            queued = self._queued.pop(tenant_id, [])
+            batch, rest = queued[: self._max_batch], queued[self._max_batch :]
+            if rest:
+                self._queued[tenant_id] = rest
+            await self._store_batch(tenant_id, batch)
         finally:
-            left = self._running[tenant_id] - 1
-            if left:
-                self._running[tenant_id] = left
-            else:
-                del self._running[tenant_id]
+            self._leave(tenant_id)
 
     async def _store_batch(self, tenant_id: uuid.UUID, batch: list[_Waiting]) -> None:
         # A request whose client went away before its turn is not stored.
