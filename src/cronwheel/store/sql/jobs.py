@@ -313,13 +313,15 @@ class JobsMixin(SqlCore):
                 jobs.select().where(jobs.c.tenant_id == tenant_id, jobs.c.idempotency_key.in_(keys))
             )
         ).all()
-        by_key = {nj.idempotency_key: h for nj, h in zip(new_jobs, hashes, strict=True)}
-        for row in rows:
-            if by_key.get(row.idempotency_key) != row.request_hash:
+        stored = {row.idempotency_key: row.request_hash for row in rows}
+        # Each job's own request against the key's (one batch may name a key twice).
+        for nj, h in zip(new_jobs, hashes, strict=True):
+            if nj.idempotency_key in stored and stored[nj.idempotency_key] != h:
                 raise IdempotencyConflictError(
                     "this Idempotency-Key was used with a different request",
                     field="Idempotency-Key",
                 )
+        for row in rows:
             first = (
                 await conn.execute(
                     sa.select(*runs.c)
