@@ -34,7 +34,7 @@ from datetime import datetime
 from cronwheel.domain.model import Job, NewJob, Run
 from cronwheel.store.base import Store
 
-__all__ = ["CreateBatcher"]
+__all__ = ["CreateBatcher", "Created"]
 
 Created = tuple[Job, Run | None, bool]
 
