@@ -4,8 +4,8 @@ runs at an instant the test sets, so a test moves time instead of waiting for it
 The store contract makes this possible: every time-sensitive method takes ``now``, and
 None means the database clock. The API (and anything else handed this store) calls
 them without ``now``; here each such call gets the test's instant instead, and
-``db_now()`` answers it too. Start the clock far from the real one, so that any path
-still reading the real clock fails the test's assertions on time.
+``db_now()`` and ``db_now_estimate()`` answer it too. Start the clock far from the real
+one, so that any path still reading the real clock fails the test's assertions on time.
 """
 
 from __future__ import annotations
@@ -44,6 +44,9 @@ class _ClockedStore:
         self._clock = clock
 
     async def db_now(self) -> datetime:
+        return self._clock()
+
+    async def db_now_estimate(self) -> datetime:
         return self._clock()
 
     def __getattr__(self, name: str) -> Any:

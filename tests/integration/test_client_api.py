@@ -247,3 +247,78 @@ async def test_every_tenant_limit_is_read_and_set(
         await admin.tenants.update(tenant["id"], limits={"max_pending_runs": 0})
     assert (info.value.status, info.value.field) == (422, "limits.max_pending_runs")
     assert (await admin.tenants.get(tenant["id"]))["limits"] == out["limits"]
+
+
+async def test_create_many_chunks_and_names_each_bad_job(operator: AsyncClient) -> None:
+    """Bad jobs among good ones: the good ones are created (in chunks), each bad one
+    gets its own error naming its field, and nothing else is lost."""
+    jobs: list[dict[str, Any]] = [
+        {"name": f"many-{i}", "schedule": {"delay": 60 + i}, "task": "t"} for i in range(7)
+    ]
+    jobs[1]["schedule"] = {"delay": -5}  # refused by the schema (422)
+    jobs[4]["priority"] = 99  # refused by the schema too, in another chunk
+    jobs[5]["schedule"] = {"at": "2000-01-01T00:00:00Z"}  # refused by the rules (400)
+    done = await operator.jobs.create_many(jobs, chunk_size=3)
+    assert sorted(done.errors) == [1, 4, 5]
+    assert done.errors[1].field is not None and done.errors[1].field.startswith("schedule")
+    assert done.errors[4].field == "priority"
+    assert done.errors[5].field is not None and done.errors[5].field.startswith("schedule")
+    created = [j for j in done.jobs if j is not None]
+    assert [j["name"] for j in created] == ["many-0", "many-2", "many-3", "many-6"]
+    assert all(j["first_run_id"] for j in created)
+    stored = {j["name"] for j in (await operator.jobs.list(name_prefix="many-")).items}
+    assert stored == {"many-0", "many-2", "many-3", "many-6"}
+    with pytest.raises(ApiError) as info:
+        done.raise_for_errors()
+    assert info.value.field is not None and info.value.field.startswith("jobs.1.")
+
+
+async def test_create_many_limit_fails_the_whole_chunk(
+    admin: AsyncClient, operator: AsyncClient, tenant: dict[str, Any]
+) -> None:
+    """An error of no single job (max_pending_runs) is every job's of its chunk:
+    nothing of that chunk is stored; the chunks before it are, and a later one that
+    fits is too."""
+    await admin.tenants.update(tenant["id"], limits={"max_pending_runs": 3})
+    jobs = [{"name": f"lim-{i}", "schedule": {"delay": 60}, "task": "t"} for i in range(5)]
+    done = await operator.jobs.create_many(jobs, chunk_size=2)
+    assert [j is not None for j in done.jobs] == [True, True, False, False, True]
+    assert {i: e.status for i, e in done.errors.items()} == {2: 429, 3: 429}
+    assert done.errors[2].code == "limit_exceeded"
+
+
+async def test_concurrent_single_creates_each_get_their_own_answer(
+    app: FastAPI, operator: AsyncClient, admin: AsyncClient, tenant: dict[str, Any]
+) -> None:
+    """Creates of one tenant arriving together are stored together (group commit),
+    and each request still gets its own answer or its own error: an idempotency
+    conflict in the batch fails only the request that made it, a reused key returns
+    the first job."""
+    import asyncio
+
+    first = await operator.jobs.create(
+        name="keyed", schedule={"delay": 60}, task="t", idempotency_key="k-1"
+    )
+
+    async def one(i: int) -> Any:
+        try:
+            if i == 3:  # the same key with another request
+                return await operator.jobs.create(
+                    name="other", schedule={"delay": 60}, task="t", idempotency_key="k-1"
+                )
+            if i == 5:  # the same key with the same request
+                return await operator.jobs.create(
+                    name="keyed", schedule={"delay": 60}, task="t", idempotency_key="k-1"
+                )
+            return await operator.jobs.create(name=f"c-{i}", schedule={"delay": 60}, task="t")
+        except ApiError as exc:
+            return exc
+
+    answers = await asyncio.gather(*(one(i) for i in range(12)))
+    assert isinstance(answers[3], ApiError) and answers[3].code == "idempotency_conflict"
+    assert answers[5]["id"] == first["id"]
+    names = [a["name"] for i, a in enumerate(answers) if i not in (3, 5)]
+    assert names == [f"c-{i}" for i in range(12) if i not in (3, 5)]
+    assert len({a["id"] for i, a in enumerate(answers) if i != 3}) == 11
+    stored = (await operator.jobs.list(name_prefix="c-", limit=100)).items
+    assert len(stored) == 10

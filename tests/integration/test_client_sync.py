@@ -73,3 +73,17 @@ def test_blocking_client_deletes(server: BackgroundRuntime) -> None:
         with pytest.raises(ApiError) as info:
             admin.tenants.get(tenant["id"])
         assert info.value.status == 404
+
+
+def test_blocking_create_many(server: BackgroundRuntime) -> None:
+    """The blocking client's create_many answers as the asyncio one's does."""
+    with Client(server.url, api_key=ADMIN_KEY) as admin:
+        tenant = admin.tenants.create("sync-many")
+    with Client(server.url, api_key=tenant["api_key"]) as client:
+        jobs = [{"name": f"s-{i}", "schedule": {"delay": 60}, "task": "t"} for i in range(5)]
+        jobs[2]["schedule"] = {"delay": -1}
+        done = client.jobs.create_many(jobs, chunk_size=2)
+        assert sorted(done.errors) == [2]
+        assert [j is None for j in done.jobs] == [False, False, True, False, False]
+        assert done.errors[2].status == 422
+        assert len(client.jobs.list(name_prefix="s-").items) == 4

@@ -14,6 +14,7 @@ from typing import Generic, TypeVar, cast
 from fastapi import Request
 
 from cronwheel.api.auth import KeyCache
+from cronwheel.api.creation import CreateBatcher
 from cronwheel.api.key_rates import SharedKeyRates
 from cronwheel.api.metrics import RunsByStateRefresher
 from cronwheel.api.notifier import ReadyNotifier
@@ -64,6 +65,11 @@ class ApiState:
     # Long-polls re-poll the store this often even without a notification.
     lease_poll_interval: float = 1.0
     starts: StartsFirst = field(default_factory=lambda: StartsFirst())
+    # Single creates of a tenant arriving together are stored together.
+    creates: CreateBatcher = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.creates = CreateBatcher(self.store)
 
 
 class StartsFirst:

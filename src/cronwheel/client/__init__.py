@@ -21,10 +21,14 @@ OpenAPI schema; lists come back as :class:`~cronwheel.domain.model.Page`.
         for run in client.runs.iter(job_id=job["id"]):
             print(run["state"])
 
+``jobs.create_many`` creates jobs by the thousand and says, job by job, what was
+created and what failed and why (:class:`CreatedMany`).
+
 The modules: ``errors`` (:class:`ApiError` and what raises it), ``calls`` (each
-request as a :class:`Call`), ``base`` (the I/O-free ``BaseClient``), ``sync``
-(:class:`Client`) and ``aio`` (:class:`AsyncClient`). The two clients are written
-side by side; ``tests/unit/test_client_parity.py`` fails when they part.
+request as a :class:`Call`), ``batches`` (``create_many``'s plan), ``base`` (the
+I/O-free ``BaseClient``), ``sync`` (:class:`Client`) and ``aio``
+(:class:`AsyncClient`). The two clients are written side by side;
+``tests/unit/test_client_parity.py`` fails when they part.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from cronwheel.client.aio import (
     AsyncWorkers,
 )
 from cronwheel.client.base import DEFAULT_TIMEOUT, TENANT_HEADER
+from cronwheel.client.batches import CreatedMany
 from cronwheel.client.calls import Call, Id, Json
 from cronwheel.client.errors import ApiConnectionError, ApiError, error_from_response
 from cronwheel.client.sync import Alerts, Client, Jobs, Pools, Runs, Tenants, Workers
@@ -58,6 +63,7 @@ __all__ = [
     "AsyncWorkers",
     "Call",
     "Client",
+    "CreatedMany",
     "Id",
     "Jobs",
     "Json",

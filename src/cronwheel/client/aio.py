@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
 from typing import Any, Self, cast
@@ -17,7 +17,9 @@ from cronwheel.client.base import (
     read_lines,
     read_page,
 )
+from cronwheel.client.batches import CHUNK_MAX, CreatedMany, CreateMany
 from cronwheel.client.calls import Call, Calls, Id, Json, query_params
+from cronwheel.client.errors import ApiError
 from cronwheel.domain.model import Page
 from cronwheel.domain.spec import TenantLimits
 
@@ -167,6 +169,24 @@ class AsyncJobs(_AsyncResource):
         **fields: Any,
     ) -> Json:
         return await self._one(Calls.jobs_create(name, schedule, task, idempotency_key, fields))
+
+    async def create_many(
+        self, jobs: Iterable[Mapping[str, Any]], *, chunk_size: int = CHUNK_MAX
+    ) -> CreatedMany:
+        """Create many jobs (each a mapping of the fields ``create`` takes, ``name`` and
+        ``schedule`` among them), ``chunk_size`` (at most 1,000) per request, each chunk
+        in one transaction. Never raises for a job's error: the answer says, job by job
+        in the order given, what was created and what failed and why (see
+        :class:`~cronwheel.client.batches.CreatedMany`; ``raise_for_errors()`` raises
+        the first). A chunk the API refuses naming some of its jobs is sent again
+        without them."""
+        plan = CreateMany(jobs, chunk_size=chunk_size)
+        while (call := plan.next_call()) is not None:
+            try:
+                plan.answered(await self._client.send(call))
+            except ApiError as exc:
+                plan.failed(exc)
+        return plan.result
 
     async def get(self, job_id: Id) -> Json:
         return await self._one(Calls.jobs_get(job_id))

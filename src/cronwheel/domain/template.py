@@ -10,7 +10,7 @@ below.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pydantic import BaseModel
@@ -52,7 +52,8 @@ class RunTemplate:
         return cls(**values)
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        # Shallow: the values are JSON already, and never changed in place.
+        return {name: getattr(self, name) for name in _FIELDS}
 
     def with_payload(self, extra: Mapping[str, Any] | None) -> RunTemplate:
         """The same template, ``extra`` merged over its payload (a triggered run's)."""

@@ -106,6 +106,15 @@ class Store(SchedulerSide, WorkerSide):
         """The database clock (aware UTC)."""
 
     @abstractmethod
+    async def db_now_estimate(self) -> datetime:
+        """The database clock without a round trip: this process's clock corrected by
+        its offset from the database's, measured when last read more than a few seconds
+        ago. Never ahead of the database clock; behind it by at most the measuring round
+        trip (plus how far the local clock drifted since). For instants that must not
+        cost a round trip of their own — a new job's first due instant — never for
+        leases or expiry."""
+
+    @abstractmethod
     async def ping(self) -> None:
         """Raise :class:`StoreUnavailableError` unless the database answers."""
 

@@ -25,10 +25,10 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import sqlalchemy as sa
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -46,6 +46,8 @@ __all__ = [
     "CreatedRun",
     "Driver",
     "FireCandidate",
+    "JobsInserted",
+    "NewJobRows",
     "Outcomes",
     "PlannedRun",
     "WorkerGone",
@@ -63,6 +65,21 @@ class WorkerGone(Exception):
     def __init__(self, worker_id: uuid.UUID) -> None:
         super().__init__(str(worker_id))
         self.worker_id = worker_id
+
+
+# What :meth:`Driver.jobs_insert` did.
+JobsInserted = Literal["inserted", "limited", "no_tenant"]
+
+
+@dataclass(frozen=True, slots=True)
+class NewJobRows:
+    """The rows of new jobs (``jobs``), their first and skipped runs (``runs``, every row
+    with the same keys), their events, and the notices to send once they commit."""
+
+    jobs: Sequence[dict[str, Any]]
+    runs: Sequence[dict[str, Any]]
+    events: Sequence[dict[str, Any]]
+    notices: Sequence[str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,6 +208,11 @@ class Driver(ABC):
         in the pool within its timeout)."""
         return isinstance(exc, OperationalError | OSError | PoolTimeoutError)
 
+    def integrity_error(self, exc: BaseException) -> str | None:
+        """What a broken constraint (a unique key) that ``exc`` reports says, or None
+        when ``exc`` is something else."""
+        return str(exc.orig) if isinstance(exc, IntegrityError) else None
+
     @abstractmethod
     async def notify(self, conn: AsyncConnection, channel: str, payloads: Sequence[str]) -> None:
         """Queue notifications; they are delivered when ``conn``'s transaction commits."""
@@ -257,6 +279,25 @@ class Driver(ABC):
     @abstractmethod
     async def events_insert(self, conn: AsyncConnection, rows: Sequence[dict[str, Any]]) -> None:
         """Append event rows (``store.sql.core.event_row``); no ids come back."""
+
+    # -- creating jobs -----------------------------------------------------------------
+
+    @abstractmethod
+    async def jobs_insert(
+        self,
+        conn: AsyncConnection,
+        *,
+        tenant_id: uuid.UUID,
+        rows: NewJobRows,
+        admitted: bool,
+    ) -> JobsInserted:
+        """Insert new jobs with their runs and events and queue the notices, keeping the
+        tenant's row until the transaction ends (a deletion waits). Unless ``admitted``
+        (the caller checked ``max_pending_runs`` in this transaction), a tenant that has
+        that limit gets nothing inserted (``"limited"``): the caller checks the limit
+        and calls again. ``"no_tenant"``: no such tenant, nothing inserted. May be the
+        first statement of its transaction: then it is a transaction of its own (one
+        round trip on PostgreSQL)."""
 
     # -- firing ------------------------------------------------------------------------
 

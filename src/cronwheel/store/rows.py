@@ -4,6 +4,7 @@ record, and a new run's or event's row is built."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
@@ -23,6 +24,7 @@ __all__ = [
     "lateness_reason",
     "new_run_row",
     "run_from",
+    "run_from_mapping",
     "tenant_from",
     "uuid_cursor",
     "worker_from",
@@ -164,7 +166,12 @@ def job_from(row: Row[Any]) -> Job:
 
 
 def run_from(row: Row[Any]) -> Run:
-    m = row._mapping
+    return run_from_mapping(row._mapping)
+
+
+def run_from_mapping(m: Mapping[Any, Any]) -> Run:
+    """A run from its columns by name: a row read, or a new run's row as written (the
+    columns it leaves to their defaults are the new run's: see ``new_run_row``)."""
     return Run(
         id=m["id"],
         tenant_id=m["tenant_id"],
@@ -187,15 +194,15 @@ def run_from(row: Row[Any]) -> Run:
         retry=m["retry"],
         timeout=m["timeout"],
         heartbeat_timeout=m["heartbeat_timeout"],
-        reason=m["reason"],
+        reason=m.get("reason"),
         created_at=m["created_at"],
-        dispatched_at=m["dispatched_at"],
-        started_at=m["started_at"],
-        finished_at=m["finished_at"],
-        result=m["result"],
-        last_error=m["last_error"],
+        dispatched_at=m.get("dispatched_at"),
+        started_at=m.get("started_at"),
+        finished_at=m.get("finished_at"),
+        result=m.get("result"),
+        last_error=m.get("last_error"),
         origin=m["origin"],
-        wait_reason=m["wait_reason"],
+        wait_reason=m.get("wait_reason"),
         progress_timeout=m["progress_timeout"],
         quarantined_at=m.get("quarantined_at"),
         route_tags=list(m.get("route_tags") or []),

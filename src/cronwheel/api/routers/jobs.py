@@ -58,6 +58,7 @@ router = APIRouter(
 )
 
 _IDEMPOTENCY_KEY_MAX = 200
+_JSON = "application/json"
 BATCH_MAX = 1000
 PREVIEW_MAX = 1000
 
@@ -107,6 +108,7 @@ def job_out(job: Job, *, first_run_id: Any = None) -> JobOut:
     "",
     status_code=status.HTTP_201_CREATED,
     summary="Create a job",
+    response_model=JobOut,
     responses={
         200: {
             "model": JobOut,
@@ -123,7 +125,6 @@ def job_out(job: Job, *, first_run_id: Any = None) -> JobOut:
 )
 async def create_job(
     request: Request,
-    response: Response,
     spec: JobSpec = Body(),
     scope: TenantScope = Depends(tenant_writer),
     idempotency_key: str | None = Header(
@@ -133,18 +134,24 @@ async def create_job(
         max_length=_IDEMPOTENCY_KEY_MAX,
         description="Makes a retried request return the job the first one created.",
     ),
-) -> JobOut:
+) -> Response:
     """Validates the job, computes when its first run is due (on the database clock) and
     stores both in one transaction."""
     state = api_state(request)
-    now = await state.store.db_now()
+    # The database clock as this process tracks it: no round trip of its own.
+    now = await state.store.db_now_estimate()
     new = _new_job(
         state.settings, spec, now, actor=scope.principal.actor, idempotency_key=idempotency_key
     )
-    [(job, run, created)] = await state.store.jobs_create_many(scope.tenant_id, jobs=[new])
-    if not created:
-        response.status_code = status.HTTP_200_OK
-    return job_out(job, first_run_id=run.id if run is not None else None)
+    job, run, created = await state.creates.create(scope.tenant_id, new, now=now)
+    out = job_out(job, first_run_id=run.id if run is not None else None)
+    return json_answer(out, status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+
+
+def json_answer(body: BaseModel, status_code: int) -> Response:
+    """``body`` as JSON, serialised by its model once (FastAPI would validate it again
+    against the response model first)."""
+    return Response(body.model_dump_json(), status_code=status_code, media_type=_JSON)
 
 
 def _new_job(
@@ -168,19 +175,23 @@ class JobBatch(BaseModel):
 
 
 @router.post(
-    "/batch", status_code=status.HTTP_201_CREATED, summary="Create many jobs", responses=ADDS_RUNS
+    "/batch",
+    status_code=status.HTTP_201_CREATED,
+    summary="Create many jobs",
+    response_model=JobList,
+    responses=ADDS_RUNS,
 )
 async def create_jobs(
     request: Request,
     body: JobBatch,
     scope: TenantScope = Depends(tenant_writer),
-) -> JobList:
+) -> Response:
     """Creates up to 1,000 jobs in one transaction: all of them, or none when any is
     invalid (the error's field names it, e.g. ``jobs.3.schedule.at``) or their runs
     would take the tenant past its ``max_pending_runs`` (429 ``limit_exceeded``).
     Answers the jobs in the order given."""
     state = api_state(request)
-    now = await state.store.db_now()
+    now = await state.store.db_now_estimate()
     new: list[NewJob] = []
     for index, spec in enumerate(body.jobs):
         try:
@@ -188,11 +199,12 @@ async def create_jobs(
         except CronwheelError as exc:
             exc.field = f"jobs.{index}.{exc.field}" if exc.field else f"jobs.{index}"
             raise
-    made = await state.store.jobs_create_many(scope.tenant_id, jobs=new)
-    return JobList(
+    made = await state.store.jobs_create_many(scope.tenant_id, jobs=new, now=now)
+    out = JobList(
         items=[job_out(job, first_run_id=run.id if run else None) for job, run, _ in made],
         next_cursor=None,
     )
+    return json_answer(out, status.HTTP_201_CREATED)
 
 
 @router.get("", summary="List jobs")

@@ -1,6 +1,7 @@
 """The PostgreSQL driver (asyncpg): ``= ANY(array)`` for id sets, JSONB containment, a
 sequence for fencing tokens, LISTEN/NOTIFY for wake-ups across processes, and the hot
-statements in one round trip per batch (``postgres_firing.py``, ``postgres_leasing.py``)."""
+statements in one round trip per batch (``postgres_firing.py``, ``postgres_jobs.py``,
+``postgres_leasing.py``)."""
 
 from __future__ import annotations
 
@@ -21,9 +22,18 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 
 from cronwheel.domain.model import FiredRun, LeasedAttempt, ReservationsStarted, Worker
 from cronwheel.ids import new_id
-from cronwheel.store.driver import CreatedRun, Driver, FireCandidate, Outcomes, PlannedRun
+from cronwheel.store.driver import (
+    CreatedRun,
+    Driver,
+    FireCandidate,
+    JobsInserted,
+    NewJobRows,
+    Outcomes,
+    PlannedRun,
+)
 from cronwheel.store.drivers import postgres_firing as firing
 from cronwheel.store.drivers import postgres_leasing as leasing
+from cronwheel.store.drivers.postgres_jobs import insert_jobs, notify_chunks
 from cronwheel.store.notices import CHANNEL_KEYS_REVOKED, CHANNEL_RUNS_NEW, CHANNEL_RUNS_READY
 from cronwheel.store.schema import runs
 from cronwheel.store.values import CompleteItem, Grant, HeartbeatItem, LeaseRenewal, ReadyQueue
@@ -45,9 +55,6 @@ _TRANSIENT = (
 
 # Any constant: the advisory lock that serialises migrations.
 _MIGRATION_LOCK = 0x63776D67  # "cwmg"
-
-# A NOTIFY payload must stay under 8000 bytes.
-_NOTIFY_CHUNK = 7000
 
 # The partitions of log_chunks: one a day, named after it.
 _LOG_PARTITION = re.compile(r"^log_chunks_p(\d{8})$")
@@ -210,21 +217,16 @@ class PostgresDriver(Driver):
         return super().transient(exc) or isinstance(cause, _TRANSIENT)
 
     async def notify(self, conn: AsyncConnection, channel: str, payloads: Sequence[str]) -> None:
-        chunks: list[str] = []
-        current: list[str] = []
-        size = 0
-        for p in payloads:
-            if current and size + len(p) + 1 > _NOTIFY_CHUNK:
-                chunks.append("\n".join(current))
-                current, size = [], 0
-            current.append(p)
-            size += len(p) + 1
-        if current:
-            chunks.append("\n".join(current))
         await conn.execute(
             sa.text("SELECT pg_notify(:channel, p) FROM unnest(CAST(:payloads AS text[])) AS p"),
-            {"channel": channel, "payloads": chunks},
+            {"channel": channel, "payloads": notify_chunks(payloads)},
         )
+
+    def integrity_error(self, exc: BaseException) -> str | None:
+        # The hot statements speak asyncpg directly, so its errors arrive untranslated.
+        if isinstance(exc, asyncpg.IntegrityConstraintViolationError):
+            return str(exc)
+        return super().integrity_error(exc)
 
     # -- what dialects say differently -------------------------------------------------
 
@@ -303,6 +305,20 @@ class PostgresDriver(Driver):
     async def events_insert(self, conn: AsyncConnection, rows: Sequence[dict[str, Any]]) -> None:
         if rows:
             await firing.copy_events(await _raw(conn), rows)
+
+    async def jobs_insert(
+        self,
+        conn: AsyncConnection,
+        *,
+        tenant_id: uuid.UUID,
+        rows: NewJobRows,
+        admitted: bool,
+    ) -> JobsInserted:
+        # Not begun: as the first statement of its transaction it is one of its own (no
+        # BEGIN, no COMMIT); after SQLAlchemy's statements it is inside theirs.
+        return await insert_jobs(
+            await _raw(conn), tenant_id=tenant_id, rows=rows, admitted=admitted
+        )
 
     async def runs_fire(
         self,

@@ -5,7 +5,7 @@ a read-then-write transaction never fails to upgrade its lock) and are serialise
 process by a lock; WAL lets readers go on meanwhile. Notifications are in-process only:
 a second process on the same file learns of changes by polling. Its hot statements
 are SQLAlchemy Core, a few statements per batch (``sqlite_firing.py``,
-``sqlite_leasing.py``).
+``sqlite_jobs.py``, ``sqlite_leasing.py``).
 """
 
 from __future__ import annotations
@@ -23,13 +23,14 @@ from sqlalchemy.dialects import sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from cronwheel.store.drivers.sqlite_firing import CoreFiring
+from cronwheel.store.drivers.sqlite_jobs import CoreJobs
 from cronwheel.store.drivers.sqlite_leasing import CoreLeasing
 from cronwheel.store.schema import counters, runs
 
 __all__ = ["SqliteDriver"]
 
 
-class SqliteDriver(CoreFiring, CoreLeasing):
+class SqliteDriver(CoreFiring, CoreJobs, CoreLeasing):
     dialect = "sqlite"
 
     def __init__(self, url: str) -> None:

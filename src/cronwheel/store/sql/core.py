@@ -6,9 +6,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,9 @@ __all__ = ["MIGRATIONS_DIR", "LocalSubscription", "SqlCore", "jobs_select"]
 log = logging.getLogger("cronwheel.store")
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+
+# How long a measured offset from the database clock serves ``db_now_estimate``.
+_CLOCK_MAX_AGE = 10.0
 
 
 class LocalSubscription(Subscription):
@@ -68,6 +72,9 @@ class SqlCore(Store):
         self.url = driver.url
         self._engine: AsyncEngine | None = None
         self._subs: dict[str, list[LocalSubscription]] = {}
+        self._clock_offset: timedelta | None = None
+        self._clock_read_at = 0.0
+        self._clock_reading = False
 
     @property
     def dialect(self) -> str:  # type: ignore[override]
@@ -136,6 +143,35 @@ class SqlCore(Store):
     async def db_now(self) -> datetime:
         async with self.engine.connect() as conn:
             return await self.driver.db_now(conn)
+
+    async def db_now_estimate(self) -> datetime:
+        if self._clock_offset is None or (
+            time.monotonic() - self._clock_read_at > _CLOCK_MAX_AGE and not self._clock_reading
+        ):
+            await self._clock_measure()
+        assert self._clock_offset is not None
+        return datetime.now(UTC) + self._clock_offset
+
+    async def _clock_measure(self) -> None:
+        # One reader at a time; the others go on with the offset they have (if any).
+        self._clock_reading = True
+        try:
+            before = datetime.now(UTC)
+            db = await self.db_now()
+            after = datetime.now(UTC)
+            # A lower bound: the database read its clock before ``after``.
+            self._clock_offset = db - after
+            self._clock_read_at = time.monotonic()
+            log.debug(
+                "clock offset measured",
+                extra={
+                    "event": "clock_offset",
+                    "offset": self._clock_offset.total_seconds(),
+                    "round_trip": (after - before).total_seconds(),
+                },
+            )
+        finally:
+            self._clock_reading = False
 
     async def _now(self, conn: AsyncConnection, now: datetime | None) -> datetime:
         return await self.driver.instant(conn, now)

@@ -29,7 +29,6 @@ from typing import Any, cast
 
 import sqlalchemy as sa
 from pydantic import BaseModel
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from cronwheel.domain.errors import (
@@ -51,12 +50,14 @@ from cronwheel.domain.spec import (
 from cronwheel.domain.states import PARK, JobState, RunState
 from cronwheel.domain.template import RunTemplate
 from cronwheel.ids import new_id
+from cronwheel.store.driver import NewJobRows
 from cronwheel.store.notices import ANNOUNCE_HORIZON, CHANNEL_RUNS_NEW, announce
 from cronwheel.store.rows import (
     event_row,
     job_from,
     new_run_row,
     run_from,
+    run_from_mapping,
     uuid_cursor,
 )
 from cronwheel.store.schema import PARKED_FIRE_AT, jobs, runs
@@ -93,6 +94,156 @@ def stored_schedule(kind: str, schedule: dict[str, Any]) -> ScheduleSpec:
     return cast(ScheduleSpec, _SCHEDULE_MODELS[kind].model_validate(schedule))
 
 
+class _NewJobs:
+    """The rows of new jobs of one tenant created at ``at`` — each job, its skipped
+    occurrences and first run, their events and the notices of runs due soon — and the
+    records they make, built from those rows (nothing is read back)."""
+
+    def __init__(self, tenant_id: uuid.UUID, at: datetime) -> None:
+        self.tenant_id = tenant_id
+        self.at = at
+        self.jobs: list[dict[str, Any]] = []
+        self.runs: list[dict[str, Any]] = []
+        self.events: list[dict[str, Any]] = []
+        self.notices: list[str] = []
+        self.first_runs = 0
+
+    def rows(self) -> NewJobRows:
+        return NewJobRows(jobs=self.jobs, runs=self.runs, events=self.events, notices=self.notices)
+
+    def add(self, nj: NewJob, request_hash: str) -> tuple[Job, Run | None]:
+        spec, at, tenant_id = nj.spec, self.at, self.tenant_id
+        job_id = new_id()
+        kind = schedule_kind(spec.schedule)
+        template = RunTemplate.of(spec)
+        row = {
+            "id": job_id,
+            "tenant_id": tenant_id,
+            "name": spec.name,
+            "state": JobState.ACTIVE.value,
+            "kind": kind,
+            "schedule": spec.schedule.model_dump(mode="json"),
+            "template": template.to_json(),
+            "tags": list(spec.tags),
+            "version": 1,
+            "next_due_at": nj.first_due_at,
+            "idempotency_key": nj.idempotency_key,
+            "request_hash": request_hash,
+            "created_at": at,
+            "updated_at": at,
+        }
+        self.jobs.append(row)
+        self.events.append(
+            event_row(
+                at=at,
+                kind="job.created",
+                tenant_id=tenant_id,
+                job_id=job_id,
+                actor=nj.actor,
+                data={"name": spec.name, "schedule": kind},
+            )
+        )
+        shard = shard_of(tenant_id, job_id)
+        for skip in nj.skipped:
+            self._skipped(nj, job_id, template, shard, skip.due_at, skip.due_local, skip.reason)
+        run: Run | None = None
+        if nj.first_due_at is not None:
+            run_id = new_id()
+            fire_at = spread_instant(job_id, nj.first_due_at, template.spread)
+            run_row = new_run_row(
+                run_id=run_id,
+                tenant_id=tenant_id,
+                job_id=job_id,
+                name=spec.name,
+                template=template,
+                due_at=nj.first_due_at,
+                due_local=nj.due_local,
+                shard=shard,
+                at=at,
+                origin="schedule" if spec.is_recurring else "once",
+                fire_at=fire_at,
+            ) | {"reason": None, "finished_at": None}
+            self.runs.append(run_row)
+            self.first_runs += 1
+            run = run_from_mapping(run_row)
+            self.events.append(
+                event_row(
+                    at=at,
+                    kind="run.transition",
+                    tenant_id=tenant_id,
+                    job_id=job_id,
+                    run_id=run_id,
+                    to_state=RunState.SCHEDULED.value,
+                    actor=nj.actor,
+                    reason="job created",
+                )
+            )
+            if fire_at < at + ANNOUNCE_HORIZON:
+                self.notices.append(announce(run_id, shard, fire_at))
+        job = Job(
+            id=job_id,
+            tenant_id=tenant_id,
+            name=spec.name,
+            state=JobState.ACTIVE,
+            kind=kind,
+            schedule=row["schedule"],
+            template=template,
+            version=1,
+            next_due_at=nj.first_due_at,
+            created_at=at,
+            updated_at=at,
+            idempotency_key=nj.idempotency_key,
+        )
+        return job, run
+
+    def _skipped(
+        self,
+        nj: NewJob,
+        job_id: uuid.UUID,
+        template: RunTemplate,
+        shard: int,
+        due_at: datetime,
+        due_local: str | None,
+        reason: str,
+    ) -> None:
+        """A skipped occurrence: created SCHEDULED and skipped at once, as the scheduler
+        records the occurrences it skips (every history starts in SCHEDULED)."""
+        skipped_id = new_id()
+        self.runs.append(
+            new_run_row(
+                run_id=skipped_id,
+                tenant_id=self.tenant_id,
+                job_id=job_id,
+                name=nj.spec.name,
+                template=template,
+                due_at=due_at,
+                due_local=due_local,
+                shard=shard,
+                at=self.at,
+                origin="schedule",
+                state=RunState.SKIPPED,
+            )
+            | {"reason": reason, "finished_at": self.at}
+        )
+        self.events += [
+            event_row(
+                at=self.at,
+                kind="run.transition",
+                tenant_id=self.tenant_id,
+                job_id=job_id,
+                run_id=skipped_id,
+                from_state=source,
+                to_state=target.value,
+                actor=nj.actor,
+                reason=reason,
+            )
+            for source, target in (
+                (None, RunState.SCHEDULED),
+                (RunState.SCHEDULED.value, RunState.SKIPPED),
+            )
+        ]
+
+
 class JobsMixin(SqlCore):
     async def jobs_create_many(
         self, tenant_id: uuid.UUID, *, jobs: Sequence[NewJob], now: datetime | None = None
@@ -103,9 +254,12 @@ class JobsMixin(SqlCore):
             try:
                 async with self._write() as conn:
                     return await self._jobs_create(conn, tenant_id, jobs, now)
-            except IntegrityError as exc:
-                if attempt == 1 or "idempotency" not in str(exc.orig).lower():
-                    raise ConflictError(f"the jobs could not be stored: {exc.orig}") from None
+            except Exception as exc:
+                broken = self.driver.integrity_error(exc)
+                if broken is None:
+                    raise
+                if attempt == 1 or "idempotency" not in broken.lower():
+                    raise ConflictError(f"the jobs could not be stored: {broken}") from None
         raise AssertionError("unreachable")
 
     async def _jobs_create(
@@ -115,188 +269,69 @@ class JobsMixin(SqlCore):
         new_jobs: Sequence[NewJob],
         now: datetime | None,
     ) -> list[tuple[Job, Run | None, bool]]:
+        """One statement on PostgreSQL when the caller knows the instant, no key was
+        seen before and the tenant has no ``max_pending_runs``: the jobs, runs, events
+        and notices all at once, and the answer built from the rows written."""
         at = await self._now(conn, now)
-        max_pending = await tenant_for_new_runs(conn, tenant_id)
         hashes = [_request_hash(nj.spec) for nj in new_jobs]
-        keys = [nj.idempotency_key for nj in new_jobs if nj.idempotency_key]
-        replay: dict[str, tuple[Job, Run | None]] = {}
-        if keys:
-            rows = (
-                await conn.execute(
-                    jobs.select().where(
-                        jobs.c.tenant_id == tenant_id, jobs.c.idempotency_key.in_(keys)
-                    )
-                )
-            ).all()
-            by_key = {nj.idempotency_key: h for nj, h in zip(new_jobs, hashes, strict=True)}
-            for row in rows:
-                if by_key.get(row.idempotency_key) != row.request_hash:
-                    raise IdempotencyConflictError(
-                        "this Idempotency-Key was used with a different request",
-                        field="Idempotency-Key",
-                    )
-                first = (
-                    await conn.execute(
-                        sa.select(*runs.c)
-                        .where(runs.c.tenant_id == tenant_id, runs.c.job_id == row.id)
-                        .order_by(runs.c.id)
-                        .limit(1)
-                    )
-                ).first()
-                replay[row.idempotency_key] = (job_from(row), run_from(first) if first else None)
-        job_rows: list[dict[str, Any]] = []
-        run_rows: list[dict[str, Any]] = []
-        skipped_rows: list[dict[str, Any]] = []
-        event_rows: list[dict[str, Any]] = []
-        out: list[tuple[uuid.UUID, uuid.UUID | None] | tuple[Job, Run | None]] = []
-        notices: list[str] = []
+        replay = await self._jobs_replayed(conn, tenant_id, new_jobs, hashes)
+        made = _NewJobs(tenant_id, at)
+        out: list[tuple[Job, Run | None, bool]] = []
         for nj, h in zip(new_jobs, hashes, strict=True):
             if nj.idempotency_key and nj.idempotency_key in replay:
-                out.append(replay[nj.idempotency_key])
-                continue
-            spec = nj.spec
-            job_id = new_id()
-            kind = schedule_kind(spec.schedule)
-            template = RunTemplate.of(spec)
-            job_rows.append(
-                {
-                    "id": job_id,
-                    "tenant_id": tenant_id,
-                    "name": spec.name,
-                    "state": JobState.ACTIVE.value,
-                    "kind": kind,
-                    "schedule": spec.schedule.model_dump(mode="json"),
-                    "template": template.to_json(),
-                    "tags": list(spec.tags),
-                    "version": 1,
-                    "next_due_at": nj.first_due_at,
-                    "idempotency_key": nj.idempotency_key,
-                    "request_hash": h,
-                    "created_at": at,
-                    "updated_at": at,
-                }
-            )
-            event_rows.append(
-                event_row(
-                    at=at,
-                    kind="job.created",
-                    tenant_id=tenant_id,
-                    job_id=job_id,
-                    actor=nj.actor,
-                    data={"name": spec.name, "schedule": kind},
-                )
-            )
-            run_id: uuid.UUID | None = None
-            shard = shard_of(tenant_id, job_id)
-            for skip in nj.skipped:
-                skipped_id = new_id()
-                skipped_rows.append(
-                    new_run_row(
-                        run_id=skipped_id,
-                        tenant_id=tenant_id,
-                        job_id=job_id,
-                        name=spec.name,
-                        template=template,
-                        due_at=skip.due_at,
-                        due_local=skip.due_local,
-                        shard=shard,
-                        at=at,
-                        origin="schedule",
-                        state=RunState.SKIPPED,
-                    )
-                    | {"reason": skip.reason, "finished_at": at}
-                )
-                # Created SCHEDULED and skipped at once, as the scheduler records the
-                # occurrences it skips: every history starts in SCHEDULED.
-                event_rows += [
-                    event_row(
-                        at=at,
-                        kind="run.transition",
-                        tenant_id=tenant_id,
-                        job_id=job_id,
-                        run_id=skipped_id,
-                        from_state=source,
-                        to_state=target.value,
-                        actor=nj.actor,
-                        reason=skip.reason,
-                    )
-                    for source, target in (
-                        (None, RunState.SCHEDULED),
-                        (RunState.SCHEDULED.value, RunState.SKIPPED),
-                    )
-                ]
-            if nj.first_due_at is not None:
-                run_id = new_id()
-                fire_at = spread_instant(job_id, nj.first_due_at, template.spread)
-                run_rows.append(
-                    new_run_row(
-                        run_id=run_id,
-                        tenant_id=tenant_id,
-                        job_id=job_id,
-                        name=spec.name,
-                        template=template,
-                        due_at=nj.first_due_at,
-                        due_local=nj.due_local,
-                        shard=shard,
-                        at=at,
-                        origin="schedule" if spec.is_recurring else "once",
-                        fire_at=fire_at,
-                    )
-                )
-                event_rows.append(
-                    event_row(
-                        at=at,
-                        kind="run.transition",
-                        tenant_id=tenant_id,
-                        job_id=job_id,
-                        run_id=run_id,
-                        to_state=RunState.SCHEDULED.value,
-                        actor=nj.actor,
-                        reason="job created",
-                    )
-                )
-                if fire_at < at + ANNOUNCE_HORIZON:
-                    notices.append(announce(run_id, shard, fire_at))
-            out.append((job_id, run_id))
-        await pending_admit(conn, tenant_id, limit=max_pending, adding=len(run_rows))
-        if job_rows:
-            await conn.execute(jobs.insert(), job_rows)
-        for new_runs in (run_rows, skipped_rows):
-            if new_runs:
-                await conn.execute(runs.insert(), new_runs)
-        await self._insert_events(conn, event_rows)
-        if notices:
-            await self._notify(conn, CHANNEL_RUNS_NEW, notices)
-        return await self._created(conn, tenant_id, out, [r["id"] for r in run_rows])
+                job, run = replay[nj.idempotency_key]
+                out.append((job, run, False))
+            else:
+                out.append((*made.add(nj, h), True))
+        if not made.jobs:
+            return out
+        rows = made.rows()
+        done = await self.driver.jobs_insert(conn, tenant_id=tenant_id, rows=rows, admitted=False)
+        if done == "no_tenant":
+            raise self._not_found("tenant", tenant_id)
+        if done == "limited":
+            limit = await tenant_for_new_runs(conn, tenant_id)
+            await pending_admit(conn, tenant_id, limit=limit, adding=made.first_runs)
+            await self.driver.jobs_insert(conn, tenant_id=tenant_id, rows=rows, admitted=True)
+        return out
 
-    async def _created(
+    async def _jobs_replayed(
         self,
         conn: AsyncConnection,
         tenant_id: uuid.UUID,
-        out: list[tuple[uuid.UUID, uuid.UUID | None] | tuple[Job, Run | None]],
-        first_runs: list[uuid.UUID],
-    ) -> list[tuple[Job, Run | None, bool]]:
-        new_ids = [item[0] for item in out if isinstance(item[0], uuid.UUID)]
-        job_map: dict[uuid.UUID, Job] = {}
-        run_map: dict[uuid.UUID, Run] = {}
-        if new_ids:
-            for row in await conn.execute(
-                jobs.select().where(self.driver.id_in(jobs.c.id, new_ids))
-            ):
-                job_map[row.id] = job_from(row)
-            if first_runs:
-                stmt = sa.select(*runs.c).where(self.driver.id_in(runs.c.id, first_runs))
-                for row in await conn.execute(stmt):
-                    run_map[row.job_id] = run_from(row)
-        result: list[tuple[Job, Run | None, bool]] = []
-        for item in out:
-            if isinstance(item[0], Job):
-                job, run = item[0], item[1]
-                result.append((job, run if isinstance(run, Run) else None, False))
-            else:
-                job_id = item[0]
-                result.append((job_map[job_id], run_map.get(job_id), True))
-        return result
+        new_jobs: Sequence[NewJob],
+        hashes: Sequence[str],
+    ) -> dict[str, tuple[Job, Run | None]]:
+        """The jobs created before under the batch's idempotency keys, with their first
+        runs; :class:`IdempotencyConflictError` when a key came with another request."""
+        keys = [nj.idempotency_key for nj in new_jobs if nj.idempotency_key]
+        replay: dict[str, tuple[Job, Run | None]] = {}
+        if not keys:
+            return replay
+        rows = (
+            await conn.execute(
+                jobs.select().where(jobs.c.tenant_id == tenant_id, jobs.c.idempotency_key.in_(keys))
+            )
+        ).all()
+        stored = {row.idempotency_key: row.request_hash for row in rows}
+        # Each job's own request against the key's (one batch may name a key twice).
+        for nj, h in zip(new_jobs, hashes, strict=True):
+            if nj.idempotency_key in stored and stored[nj.idempotency_key] != h:
+                raise IdempotencyConflictError(
+                    "this Idempotency-Key was used with a different request",
+                    field="Idempotency-Key",
+                )
+        for row in rows:
+            first = (
+                await conn.execute(
+                    sa.select(*runs.c)
+                    .where(runs.c.tenant_id == tenant_id, runs.c.job_id == row.id)
+                    .order_by(runs.c.id)
+                    .limit(1)
+                )
+            ).first()
+            replay[row.idempotency_key] = (job_from(row), run_from(first) if first else None)
+        return replay
 
     async def jobs_get(self, tenant_id: uuid.UUID, job_id: uuid.UUID) -> Job:
         async with self._read() as conn:
