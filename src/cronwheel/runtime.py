@@ -35,6 +35,7 @@ from typing import Any
 
 import uvicorn
 
+from cronwheel import eventloop
 from cronwheel.settings import Settings
 from cronwheel.store import Store, create_store
 
@@ -130,15 +131,6 @@ def _write_key(path: Path, key: str) -> None:
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(key + "\n")
     os.chmod(path, 0o600)  # O_CREAT's mode does not apply to a file that existed
-
-
-def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """uvloop's loop when it is installed; None (the standard loop) otherwise."""
-    try:
-        import uvloop
-    except ImportError:
-        return None
-    return uvloop.new_event_loop
 
 
 class _Server(uvicorn.Server):
@@ -430,10 +422,8 @@ class Runtime:
 
     def run(self) -> None:
         """Prepare and serve until SIGTERM or SIGINT (blocking), on uvloop where it is
-        installed (it comes with uvicorn's standard extras): its sockets and callbacks
-        cost a fraction of the standard loop's per request and per statement."""
-        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-            runner.run(self._main())
+        installed (``cronwheel.eventloop``)."""
+        eventloop.run(self._main())
 
     async def _main(self) -> None:
         stop = asyncio.Event()

@@ -319,6 +319,28 @@ async def test_a_node_whose_clock_steps_gives_up_its_shards(store: Store) -> Non
     assert abs(node.clock.offset.total_seconds() + 3.0) < 0.5
 
 
+async def test_a_full_ready_queue_is_looked_at_again_at_once_while_p0_waits(
+    store: Store,
+) -> None:
+    await _jobs(store, [T0] * 20, priority=2)
+    time = FakeTime(T0)
+    settings = Settings(
+        window_seconds=30,
+        shard_lease_ttl=10,
+        dispatch_lead=0,
+        dispatch_lead_burst=5,
+        dispatch_buffer=10,
+    )
+    node = SchedulerNode(store, settings, node_id="node-a", clock=Clock(time, offset=timedelta(0)))
+    assert await node.run_once() == 10
+    later = T0 + timedelta(seconds=1)
+    billing = await _jobs(store, [later] * 6, priority=0)
+    time.value = later
+    assert await node.run_once() == 0  # no room, even for P0
+    assert await _states(store, billing) == ["SCHEDULED"] * 6
+    assert node._next_release == later + timedelta(seconds=settings.release_interval)
+
+
 async def test_a_burst_is_released_as_the_pool_takes_it_p0_first(store: Store) -> None:
     """A burst larger than the pool's room waits SCHEDULED in the node's backlog; what
     goes to the ready queue is P0 first, and more goes as workers take the ready runs."""
@@ -337,7 +359,10 @@ async def test_a_burst_is_released_as_the_pool_takes_it_p0_first(store: Store) -
     assert await _states(store, billing) == ["DISPATCHED"] * 3
     assert (await _states(store, flood)).count("DISPATCHED") == 7
     assert len(node.backlog) == 33
+    interval = timedelta(seconds=settings.release_interval)
+    assert node._next_release == T0 + interval
     assert await node.run_once() == 0  # the ready queue is full
+    assert node._next_release == T0 + 5 * interval  # so the next look can wait
     tenant_id = flood[0].tenant_id  # type: ignore[attr-defined]
     worker = await store.workers_register(
         None, pool="default", capabilities=(), tags=(), capacity=2, now=T0

@@ -54,6 +54,9 @@ __all__ = ["QUARANTINE_PER_PASS", "Clock", "SchedulerNode", "default_node_id"]  
 
 log = logging.getLogger("cronwheel.scheduler")
 
+# A release pass that found every ready queue full waits this many release intervals.
+_FULL_PAUSE = 5
+
 # The most poison rows one pass quarantines: a bug that failed every row alike would
 # otherwise dead-letter them all (see ``isolation.py``).
 QUARANTINE_PER_PASS = 32
@@ -405,16 +408,19 @@ class SchedulerNode:
         )
         released: list[DueRun] = []
         for pool in pools:
+            if room[pool] <= 0:
+                continue
             # Runs of a tenant a limit holds back are released only as far as it can
             # take them: held runs waiting in the ready queue would crowd out the rest.
             limited = self.backlog.limited(pool)
             ready = await self.store.runs_ready_counts(pool=pool, caps=limited)
             released += self.backlog.take(pool, room[pool], ready)
-        self._next_release = (
-            self.clock.now() + timedelta(seconds=self.settings.release_interval)
-            if self.backlog
-            else None
-        )
+        # Every ready queue full: it holds at least two rounds of its pool's work, so
+        # looking again a few intervals later loses nothing and saves the counting —
+        # unless a P0 run waits for room.
+        full = not released and not self.backlog.waiting_class(0)
+        pause = self.settings.release_interval * (_FULL_PAUSE if full else 1)
+        self._next_release = self.clock.now() + timedelta(seconds=pause) if self.backlog else None
         return released
 
     async def _quarantine(self, step: str, run_ids: list[uuid.UUID], exc: Exception) -> None:

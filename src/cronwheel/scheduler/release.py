@@ -72,6 +72,10 @@ class Backlog:
             for pool, queues in self._queues.items()
         }
 
+    def waiting_class(self, cls: int) -> bool:
+        """Whether a run of priority class ``cls`` waits, in any pool."""
+        return any(c == cls for queues in self._queues.values() for _, c in queues)
+
     def limited(self, pool: str) -> dict[uuid.UUID, int]:
         """The ready caps of the limited tenants waiting in ``pool``."""
         waiting = {t for t, _ in self._queues.get(pool, {})}

@@ -30,6 +30,7 @@ from typing import Any
 
 import httpx
 
+from cronwheel import eventloop
 from cronwheel.client import DEFAULT_TIMEOUT, AsyncClient
 from cronwheel.domain.spec import WEBHOOK_CAPABILITY
 from cronwheel.worker.logship import LogShipConfig
@@ -190,8 +191,9 @@ class Worker:
 
     def run(self) -> None:
         """Work until SIGTERM or SIGINT (blocking). The first signal starts a graceful
-        shutdown; a second one releases what is still running at once."""
-        asyncio.run(self._run_with_signals())
+        shutdown; a second one releases what is still running at once. Runs on uvloop
+        where it is installed (``cronwheel.eventloop``)."""
+        eventloop.run(self._run_with_signals())
 
     async def _run_with_signals(self) -> None:
         stop, force = asyncio.Event(), asyncio.Event()

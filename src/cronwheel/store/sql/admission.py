@@ -387,7 +387,8 @@ class AdmissionMixin(SqlCore):
         if not pools:
             return {}
         async with self._read() as conn:
-            at = await self._now(conn, now)
+            # The clock read in the statement where the database can: no round trip.
+            at = await self._statement_now(conn, now)
             slots = dict(
                 (
                     await conn.execute(

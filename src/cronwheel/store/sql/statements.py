@@ -40,10 +40,11 @@ def may(move: Move, state: sa.ColumnElement[Any] = runs.c.state) -> sa.ColumnEle
     return state == values[0] if len(values) == 1 else state.in_(values)
 
 
-def workers_live(at: datetime, ttl: float) -> sa.ColumnElement[bool]:
-    """The workers that count as live at ``at``: not deregistered, and seen (registered,
-    or a lease call) within ``ttl`` seconds or holding an attempt whose lease has not
-    expired (a busy worker heartbeats instead of leasing)."""
+def workers_live(at: datetime | sa.ColumnElement[Any], ttl: float) -> sa.ColumnElement[bool]:
+    """The workers that count as live at ``at`` (an instant, or the statement's clock):
+    not deregistered, and seen (registered, or a lease call) within ``ttl`` seconds or
+    holding an attempt whose lease has not expired (a busy worker heartbeats instead of
+    leasing)."""
     holding = (
         sa.select(attempts.c.id)
         .where(
