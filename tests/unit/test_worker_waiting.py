@@ -115,21 +115,22 @@ async def test_waiting_runs_start_highest_class_first(harness: Harness) -> None:
     assert session.stats.leased == 6
 
 
-async def test_prefetch_follows_how_fast_handlers_finish(harness: Harness) -> None:
-    session = harness.session
-    assert session._prefetch() == 0  # nothing finished yet: nothing held waiting
+async def test_prefetch_follows_how_long_handlers_take(harness: Harness) -> None:
+    session = harness.session  # one slot, prefetch at most 4
+    assert session._prefetch() == 0  # no handler has ended: nothing held waiting
     harness.gate.set()
-    for n in range(25):
-        session._receive(lease(n))
-        await harness.until_idle()
-    # 25 handlers ended within the last second: about 2.5 in 0.1 s.
-    assert session._prefetch() == 2
-    for n in range(25, 125):
-        session._receive(lease(n))
-        await harness.until_idle()
+    session._receive(lease(0))
+    await harness.until_idle()
+    # A handler that returns at once: its slot finishes many runs in 0.1 s.
+    assert session._duration is not None and session._duration < 0.02
     assert session._prefetch() == 4  # at most the configured prefetch
-    session._ended.clear()
-    session._ended.append(0.0)  # long ago: outside the window
+    session._ended(0.04)  # a slower one moves the mean towards it
+    assert 0.0 < session._duration < 0.04
+    for _ in range(50):
+        session._ended(0.04)
+    assert session._prefetch() == 2  # one slot, 0.04 s a run: 2.5 in 0.1 s
+    for _ in range(50):
+        session._ended(0.5)  # half a second a run: none would start within 0.1 s
     assert session._prefetch() == 0
 
 

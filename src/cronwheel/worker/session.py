@@ -14,13 +14,15 @@ An attempt stays *held* from its lease until the server has acknowledged its out
 so a completion delayed by a network error keeps its lease alive meanwhile.
 
 Prefetch: while every slot is busy, a worker whose handlers are short also holds a few
-leased runs *waiting* for a slot — about what its handlers finished in the last
-``_PREFETCH_HORIZON`` seconds, at most ``prefetch`` — so that a slot that frees up
+leased runs *waiting* for a slot — about what its slots finish in ``_PREFETCH_HORIZON``
+seconds (concurrency times the horizon over the handlers' mean duration, known from
+the first handler that ends), at most ``prefetch`` — so that a slot that frees up
 starts the next run at once instead of after a lease round trip. A waiting run is
 heartbeaten like a running one, a cancel request drops it, and shutdown hands it back.
-Handlers that run long finish few runs a second: their worker prefetches nothing and
-leaves the pool's runs to idle workers. A pool that keeps slots for P0 gets no
-prefetch (a waiting lower-class run would take a kept slot).
+Handlers that run long (over ``concurrency`` times the horizon) finish few runs a
+second: their worker prefetches nothing and leaves the pool's runs to idle workers. A
+pool that keeps slots for P0 gets no prefetch (a waiting lower-class run would take a
+kept slot).
 
 Shutdown (stop set): leasing ends at once; running handlers get the grace period to
 finish; the ones still running are cancelled (async) or abandoned (sync) and their
@@ -39,7 +41,6 @@ import heapq
 import itertools
 import logging
 import time
-from collections import deque
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -86,7 +87,7 @@ _IDLE_POLL_SECONDS = 1.0
 # Prefetch holds about what the handlers finish in this many seconds (see above): enough
 # to cover a lease round trip, short enough that a waiting run barely waits.
 _PREFETCH_HORIZON = 0.1
-_RATE_WINDOW = 1.0  # seconds of handler ends the finishing rate is counted over
+_DURATION_WEIGHT = 0.2  # of the latest handler in the mean duration (a moving average)
 # Deregistering must never hold up a shutdown: past this, leases expire on their own.
 _DEREGISTER_SECONDS = 3.0
 
@@ -145,7 +146,7 @@ class WorkerSession:
         # Leased runs waiting for a slot: (priority, arrival, held), highest class first.
         self._waiting: list[tuple[int, int, Held]] = []
         self._arrivals = itertools.count()
-        self._ended: deque[float] = deque()  # when handlers ended, the last _RATE_WINDOW s
+        self._duration: float | None = None  # handlers' mean duration (s), once one ended
         self._slot_free = asyncio.Event()
         self._held_changed = asyncio.Event()
         self.lease_ahead = 0.0
@@ -392,10 +393,17 @@ class WorkerSession:
         cap = self.config.concurrency if self.config.prefetch is None else self.config.prefetch
         if cap <= 0 or self.protocol.p0_reserved_slots > 0 or self.reservations:
             return 0
-        since = time.monotonic() - _RATE_WINDOW
-        while self._ended and self._ended[0] < since:
-            self._ended.popleft()
-        return min(cap, int(len(self._ended) / _RATE_WINDOW * _PREFETCH_HORIZON))
+        if self._duration is None:
+            return 0  # how long handlers take is not known yet
+        finish = self.config.concurrency * _PREFETCH_HORIZON / max(self._duration, 1e-6)
+        return min(cap, int(finish))
+
+    def _ended(self, took: float) -> None:
+        """A handler ran ``took`` seconds: the mean duration prefetch follows."""
+        if self._duration is None:
+            self._duration = took
+        else:
+            self._duration += _DURATION_WEIGHT * (took - self._duration)
 
     def _receive(self, lease: Lease) -> None:
         """A run leased (or a reservation started): held from now on, run as soon as a
@@ -501,7 +509,7 @@ class WorkerSession:
         finally:
             held.finished = True
             self.running -= 1
-            self._ended.append(time.monotonic())
+            self._ended(time.monotonic() - started)
             self._slot_free.set()
             self._fill_slots()
         took = time.monotonic() - started
