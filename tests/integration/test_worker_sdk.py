@@ -308,7 +308,7 @@ async def test_long_handlers_or_no_prefetch_lease_only_for_free_slots(env: Env) 
 
     @slow.task("slow")
     async def sleep(ctx: TaskContext, payload: dict[str, Any]) -> None:
-        await asyncio.sleep(0.4)
+        await asyncio.sleep(0.5)
 
     @quick.task("quick")
     async def noop(ctx: TaskContext, payload: dict[str, Any]) -> None:

@@ -128,9 +128,12 @@ async def test_prefetch_follows_how_long_handlers_take(harness: Harness) -> None
     assert 0.0 < session._duration < 0.04
     for _ in range(50):
         session._ended(0.04)
-    assert session._prefetch() == 2  # one slot, 0.04 s a run: 2.5 in 0.1 s
+    assert session._prefetch() == 4  # one slot, 0.04 s a run: 5 in 0.2 s, at most 4
     for _ in range(50):
-        session._ended(0.5)  # half a second a run: none would start within 0.1 s
+        session._ended(0.08)
+    assert session._prefetch() == 2  # 0.08 s a run: 2.5 in 0.2 s
+    for _ in range(50):
+        session._ended(0.5)  # half a second a run: none would start within 0.2 s
     assert session._prefetch() == 0
 
 

@@ -355,7 +355,7 @@ def worker(
             max=10_000,
             show_default=False,
             help="The most leased runs held waiting for a slot while every slot is busy, "
-            "about what the handlers finish in 0.1 s (default: the concurrency; 0: none).",
+            "about what the handlers finish in 0.2 s (default: twice the concurrency; 0: none).",
         ),
     ] = None,
     log_level: LogLevelOpt = "info",

@@ -49,8 +49,8 @@ class Worker:
     among them.
 
     ``concurrency`` bounds the handlers running at once. ``prefetch`` bounds the leased
-    runs held waiting for a slot while every slot is busy (None: ``concurrency``; 0:
-    none): the worker holds about what its handlers finish in 0.1 s, so that a slot
+    runs held waiting for a slot while every slot is busy (None: twice ``concurrency``; 0:
+    none): the worker holds about what its handlers finish in 0.2 s, so that a slot
     that frees up starts the next run at once; with long handlers, none.
     ``grace_period`` is how long shutdown waits for running handlers before handing
     their runs back. ``lease_wait`` is the long-poll duration; ``heartbeat_interval``

@@ -17,7 +17,9 @@ Prefetch: while every slot is busy, a worker whose handlers are short also holds
 leased runs *waiting* for a slot — about what its slots finish in ``_PREFETCH_HORIZON``
 seconds (concurrency times the horizon over the handlers' mean duration, known from
 the first handler that ends), at most ``prefetch`` — so that a slot that frees up
-starts the next run at once instead of after a lease round trip. A waiting run is
+starts the next run at once instead of after a lease round trip; with every slot busy,
+the worker leases again once half of the waiting runs have started, so its leases stay
+a few large ones rather than one per freed slot. A waiting run is
 heartbeaten like a running one, a cancel request drops it, and shutdown hands it back.
 Handlers that run long (over ``concurrency`` times the horizon) finish few runs a
 second: their worker prefetches nothing and leaves the pool's runs to idle workers. A
@@ -86,7 +88,7 @@ _LEASE_MAX = 1000  # the most runs one lease request may ask for (the server's l
 _IDLE_POLL_SECONDS = 1.0
 # Prefetch holds about what the handlers finish in this many seconds (see above): enough
 # to cover a lease round trip, short enough that a waiting run barely waits.
-_PREFETCH_HORIZON = 0.1
+_PREFETCH_HORIZON = 0.2
 _DURATION_WEIGHT = 0.2  # of the latest handler in the mean duration (a moving average)
 # Deregistering must never hold up a shutdown: past this, leases expire on their own.
 _DEREGISTER_SECONDS = 3.0
@@ -109,7 +111,7 @@ class SessionConfig:
     # Lease runs due within this many seconds as reservations started at their instant
     # (None: as far ahead as the server allows; 0: never).
     lease_ahead: float | None = None
-    # The most leased runs held waiting for a slot (None: ``concurrency``; 0: none).
+    # The most leased runs held waiting for a slot (None: twice ``concurrency``; 0: none).
     prefetch: int | None = None
 
 
@@ -316,8 +318,11 @@ class WorkerSession:
             self._slot_free.clear()
             # A reservation holds a slot for the moment its run starts.
             free = max(0, self.config.concurrency - self.running - len(self.reservations))
-            want = free + self._prefetch() - len(self._waiting)
-            if want <= 0:
+            prefetch = self._prefetch()
+            want = free + prefetch - len(self._waiting)
+            # With every slot busy, lease for the prefetch only once half of it has
+            # started: a few larger leases, not one request per run that frees a slot.
+            if want <= 0 or (free == 0 and len(self._waiting) > prefetch // 2):
                 await self._wait_slot()
                 continue
             # With only the slots kept for P0 free, a long-poll could only bring a P0 run,
@@ -390,7 +395,7 @@ class WorkerSession:
 
     def _prefetch(self) -> int:
         """How many leased runs may wait here for a slot now (see the module's notes)."""
-        cap = self.config.concurrency if self.config.prefetch is None else self.config.prefetch
+        cap = 2 * self.config.concurrency if self.config.prefetch is None else self.config.prefetch
         if cap <= 0 or self.protocol.p0_reserved_slots > 0 or self.reservations:
             return 0
         if self._duration is None:
