@@ -14,16 +14,27 @@ import uuid
 from collections.abc import AsyncIterator
 from datetime import datetime, timedelta
 
+import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from cronwheel.domain.model import FiredRun, LeasedAttempt, Worker
+from cronwheel.domain.errors import NotFoundError
+from cronwheel.domain.model import FiredRun, Job, LeasedAttempt, NewJob, Run, Worker
 from cronwheel.domain.states import JobState, RunState
-from cronwheel.store import CompleteItem, HeartbeatItem, Store
-from cronwheel.store.driver import CreatedRun, Driver, FireCandidate, PlannedRun, WorkerGone
+from cronwheel.store import CHANNEL_RUNS_NEW, CompleteItem, HeartbeatItem, RunFilter, Store
+from cronwheel.store.driver import (
+    CreatedRun,
+    Driver,
+    FireCandidate,
+    NewJobRows,
+    PlannedRun,
+    WorkerGone,
+)
+from cronwheel.store.notices import parse_announcement
 from cronwheel.store.rows import event_row
 from cronwheel.store.schema import NUM_SHARDS, runs
 from cronwheel.store.sql import SqlStore
+from cronwheel.store.sql.jobs import _NewJobs, _request_hash
 from cronwheel.store.values import Grant
 
 from .helpers import (
@@ -33,8 +44,10 @@ from .helpers import (
     create_job,
     create_jobs,
     dispatched_run,
+    events_of,
     hold_all_shards,
     make_tenant,
+    new_job,
     register_worker,
 )
 
@@ -343,3 +356,111 @@ async def test_lease_takes_only_the_workers_tasks_and_route_tags(store: Store) -
     async with _tx(store) as conn:
         leased = await _lease(driver, conn, worker=worker, max=10, ahead=0, now=at(1))
     assert [a.run_id for a in leased] == [mine.id]
+
+
+def _new_job_rows(
+    tenant_id: uuid.UUID, jobs: list[NewJob]
+) -> tuple[NewJobRows, list[tuple[Job, Run | None]]]:
+    """The rows the store would hand ``jobs_insert`` for ``jobs`` created at ``T0``,
+    with the records it builds from them."""
+    made = _NewJobs(tenant_id, T0)
+    records = [made.add(nj, _request_hash(nj.spec)) for nj in jobs]
+    return made.rows(), records
+
+
+async def test_jobs_insert_writes_jobs_runs_events_and_notices(store: Store) -> None:
+    tenant = await make_tenant(store)
+    rows, records = _new_job_rows(
+        tenant.id, [new_job(name="first", due_at=T0), new_job(name="second", due_at=at(5))]
+    )
+    assert isinstance(store, SqlStore)
+    sub = store.subscribe(CHANNEL_RUNS_NEW)
+    try:
+        async with store._write() as conn:
+            done = await _driver(store).jobs_insert(
+                conn, tenant_id=tenant.id, rows=rows, admitted=False
+            )
+        assert done == "inserted"
+        heard: list[str] = []
+        for _ in range(50):  # PostgreSQL delivers through LISTEN, a moment later
+            heard += [p for chunk in await sub.wait(0.1) for p in chunk.split("\n")]
+            if len(heard) >= 2:
+                break
+    finally:
+        sub.close()
+    for job, run in records:
+        assert run is not None
+        assert await store.jobs_get(tenant.id, job.id) == job
+        stored = await store.runs_get(tenant.id, run.id)
+        assert (stored.job_id, stored.state, stored.due_at) == (
+            job.id,
+            RunState.SCHEDULED,
+            run.due_at,
+        )
+        assert [
+            (e.from_state, e.to_state) for e in await events_of(store, tenant.id, run_id=run.id)
+        ] == [(None, RunState.SCHEDULED.value)]
+    assert sorted(parse_announcement(p).id for p in heard) == sorted(
+        run.id for _job, run in records if run is not None
+    )
+
+
+async def test_jobs_insert_of_jobs_without_runs(store: Store) -> None:
+    tenant = await make_tenant(store)
+    rows, [(job, run)] = _new_job_rows(tenant.id, [new_job(name="later", due_at=None)])
+    assert run is None and rows.runs == [] and rows.notices == []
+    async with _tx(store) as conn:
+        assert (
+            await _driver(store).jobs_insert(conn, tenant_id=tenant.id, rows=rows, admitted=False)
+            == "inserted"
+        )
+    assert (await store.jobs_get(tenant.id, job.id)).next_due_at is None
+    assert (await store.runs_list(tenant.id, filter=RunFilter(job_id=job.id))).items == []
+
+
+async def test_jobs_insert_for_no_tenant_inserts_nothing(store: Store) -> None:
+    tenant = await make_tenant(store)
+    ghost = uuid.uuid4()
+    rows, [(job, _run)] = _new_job_rows(ghost, [new_job(name="orphan")])
+    async with _tx(store) as conn:
+        assert (
+            await _driver(store).jobs_insert(conn, tenant_id=ghost, rows=rows, admitted=False)
+            == "no_tenant"
+        )
+    assert (await store.jobs_list(tenant.id)).items == []
+    with pytest.raises(NotFoundError):
+        await store.jobs_get(ghost, job.id)
+
+
+async def test_jobs_insert_leaves_a_limited_tenant_to_its_caller(store: Store) -> None:
+    tenant = await make_tenant(store, max_pending_runs=10)
+    rows, [(job, _run)] = _new_job_rows(tenant.id, [new_job(name="limited")])
+    driver = _driver(store)
+    async with _tx(store) as conn:
+        done = await driver.jobs_insert(conn, tenant_id=tenant.id, rows=rows, admitted=False)
+    assert done == "limited"
+    assert (await store.jobs_list(tenant.id)).items == []
+    # The caller counted the tenant's pending runs in its transaction: admitted.
+    async with _tx(store) as conn:
+        done = await driver.jobs_insert(conn, tenant_id=tenant.id, rows=rows, admitted=True)
+    assert done == "inserted"
+    assert [j.id for j in (await store.jobs_list(tenant.id)).items] == [job.id]
+
+
+async def test_integrity_error_names_the_broken_unique_key(store: Store) -> None:
+    tenant = await make_tenant(store)
+    driver = _driver(store)
+    first, _ = _new_job_rows(tenant.id, [new_job(name="a", idempotency_key="same")])
+    second, _ = _new_job_rows(tenant.id, [new_job(name="b", idempotency_key="same")])
+    async with _tx(store) as conn:
+        await driver.jobs_insert(conn, tenant_id=tenant.id, rows=first, admitted=False)
+    with pytest.raises(Exception) as raised:
+        async with _tx(store) as conn:
+            await driver.jobs_insert(conn, tenant_id=tenant.id, rows=second, admitted=False)
+    broken = driver.integrity_error(raised.value)
+    assert broken is not None and "idempotency" in broken.lower()
+    # Nothing of the refused statement was stored.
+    assert [j.name for j in (await store.jobs_list(tenant.id)).items] == ["a"]
+    # Anything else is not a broken constraint.
+    assert driver.integrity_error(ValueError("no")) is None
+    assert driver.integrity_error(OSError("connection refused")) is None

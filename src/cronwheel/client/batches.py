@@ -3,10 +3,10 @@
 The jobs go in chunks of at most 1,000 (``POST /v1/jobs/batch``, one transaction
 each). A chunk is all or nothing on the server, so one bad job must not take its
 neighbours down unseen: when the API refuses a chunk naming jobs in it (``jobs.3.…``:
-a 422 lists every invalid field, a 400 the first bad schedule), those jobs get their
-own errors and the rest of the chunk is sent again, until it is stored or empty. An
-error that names no job (the tenant's ``max_pending_runs``, a lost connection) is
-every job of the chunk's::
+a 422 lists every invalid field, or names the first job refused once validated), those
+jobs get their own errors and the rest of the chunk is sent again, until it is stored
+or empty. An error that names no job (the tenant's ``max_pending_runs``, a lost
+connection) is every job of the chunk's::
 
     chunk ──▶ 201 ─────────────────────────────▶ each job's answer, in order
           └─▶ error naming jobs i, j … ─▶ i, j … get it; the others again ─▶ …

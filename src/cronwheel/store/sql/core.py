@@ -74,7 +74,8 @@ class SqlCore(Store):
         self._subs: dict[str, list[LocalSubscription]] = {}
         self._clock_offset: timedelta | None = None
         self._clock_read_at = 0.0
-        self._clock_reading = False
+        # Done when the measurement under way ends (None: none is).
+        self._clock_reading: asyncio.Future[None] | None = None
 
     @property
     def dialect(self) -> str:  # type: ignore[override]
@@ -145,16 +146,19 @@ class SqlCore(Store):
             return await self.driver.db_now(conn)
 
     async def db_now_estimate(self) -> datetime:
+        # One reader at a time: the others go on with the offset they have or, having
+        # none yet (a process started under load), wait for the first one's.
+        while self._clock_offset is None and self._clock_reading is not None:
+            await asyncio.shield(self._clock_reading)
         if self._clock_offset is None or (
-            time.monotonic() - self._clock_read_at > _CLOCK_MAX_AGE and not self._clock_reading
+            time.monotonic() - self._clock_read_at > _CLOCK_MAX_AGE and self._clock_reading is None
         ):
             await self._clock_measure()
         assert self._clock_offset is not None
         return datetime.now(UTC) + self._clock_offset
 
     async def _clock_measure(self) -> None:
-        # One reader at a time; the others go on with the offset they have (if any).
-        self._clock_reading = True
+        reading = self._clock_reading = asyncio.get_running_loop().create_future()
         try:
             before = datetime.now(UTC)
             db = await self.db_now()
@@ -171,7 +175,9 @@ class SqlCore(Store):
                 },
             )
         finally:
-            self._clock_reading = False
+            # Those waiting measure again if this one failed.
+            self._clock_reading = None
+            reading.set_result(None)
 
     async def _now(self, conn: AsyncConnection, now: datetime | None) -> datetime:
         return await self.driver.instant(conn, now)
