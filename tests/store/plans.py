@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -170,7 +171,11 @@ class Probe:
                 event.remove(sync_engine, "before_cursor_execute", on_execute)
 
     async def explain(self, sql: str, args: tuple[Any, ...] = ()) -> Plan:
-        """``sql`` run with ``args`` under EXPLAIN ANALYZE, rolled back."""
+        """``sql`` run with ``args`` under EXPLAIN ANALYZE, rolled back. A statement that
+        inserts rows under ids its caller chose (the lease's attempts) is replayed with
+        fresh ones: the ids it used are taken by the rows it committed."""
+        if "INSERT INTO attempts" in sql and "($8::uuid[])" in sql:  # the lease
+            args = (*args[:7], _fresh_ids(args[7]), *args[8:])
         tx = self.reader.transaction()
         await tx.start()
         try:
@@ -199,3 +204,7 @@ class Probe:
             cost.plans.append(await self.explain(sql, args))
         await self.reader.execute("SELECT pg_stat_force_next_flush()")
         return cost
+
+
+def _fresh_ids(ids: list[uuid.UUID]) -> list[uuid.UUID]:
+    return [uuid.uuid4() for _ in ids]
