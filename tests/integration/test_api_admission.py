@@ -82,6 +82,32 @@ async def test_a_long_poll_held_by_the_dispatch_rate_is_answered_when_its_token_
     assert len(second) == 1
 
 
+async def test_a_long_poll_held_by_max_concurrent_runs_is_answered_when_a_run_ends(
+    api, app
+) -> None:
+    app.state.api.lease_poll_interval = 60.0  # the re-poll timer is out of reach
+    t = await api.tenant()
+    await _limits(api, t, max_concurrent_runs=1)
+    for _ in range(2):
+        await api.job(t)
+    await api.fire()
+    worker = await api.key(t, "worker")
+    wid = await register(api, worker, capacity=5)
+    [first] = await lease(api, worker, wid, max=5)
+    waiting = asyncio.create_task(lease(api, worker, wid, max=5, wait=10))
+    await asyncio.sleep(0.2)  # the long-poll is held: the tenant has its one run
+    assert not waiting.done()
+    r = await api.client.post(
+        f"/v1/attempts/{first['attempt_id']}/complete",
+        json={"fencing_token": first["fencing_token"]},
+        headers=worker,
+    )
+    assert r.status_code == 200, r.text
+    # Nothing is dispatched, nothing notifies: the held long-poll finds the room itself.
+    second = await asyncio.wait_for(waiting, timeout=8)
+    assert len(second) == 1 and second[0]["run_id"] != first["run_id"]
+
+
 async def test_bad_limits_are_refused_and_change_nothing(api) -> None:
     t = await api.tenant()
     await _limits(api, t, max_concurrent_runs=3)

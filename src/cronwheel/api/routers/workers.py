@@ -37,6 +37,7 @@ from cronwheel.api.worker_schemas import (
     WorkerRegister,
     WorkerRegistered,
 )
+from cronwheel.domain.admission import LIMIT_CONCURRENCY
 from cronwheel.domain.bounds import LABEL_MAX
 from cronwheel.domain.errors import (
     NotFoundError,
@@ -50,6 +51,8 @@ from cronwheel.store.values import HeartbeatItem
 __all__ = ["router"]
 
 router = APIRouter(tags=["worker protocol"], responses=ERROR_RESPONSES, route_class=StrictJsonRoute)
+# How often a long-poll held by a tenant's max_concurrent_runs looks again for room.
+_HELD_POLL_SECONDS = 0.05
 log = logging.getLogger("cronwheel.api")
 
 _GONE: dict[int | str, dict[str, Any]] = {
@@ -244,6 +247,10 @@ async def lease(
         poll = state.lease_poll_interval
         if admitted.retry_in is not None:
             poll = min(poll, admitted.retry_in + 0.001)
+        if LIMIT_CONCURRENCY in admitted.held.values():
+            # A run of the tenant's may end on any worker, through any node: look
+            # again soon, so a held run goes as soon as one ends.
+            poll = min(poll, _HELD_POLL_SECONDS)
         await state.notifier.wait(ticket, min(poll, remaining))
         # A worker that stopped while we waited would never receive what we lease now.
         if await request.is_disconnected():
