@@ -119,6 +119,11 @@ class Settings(BaseSettings):
     # up to this many seconds early, as reservations they start at the instant; 0 turns
     # reservations off.
     lease_ahead_max: float = Field(default=5.0, ge=0, le=60)
+    # A worker may start a reservation up to this many seconds before its instant: the
+    # run is RUNNING from then (its attempt dated from the instant) and the worker
+    # begins its handler at the instant by its own clock, with no round trip left to
+    # make. A cancel or pause that comes after that start is a cancel of a running run.
+    start_ahead_max: float = Field(default=1.0, ge=0, le=10)
     # The share of each worker's slots that only P0 runs may take, so that a flood of
     # lower classes never occupies every slot (a pool's own setting overrides it:
     # ``PUT /v1/pools/{name}``). A worker keeps floor(share * capacity) slots for P0.

@@ -282,16 +282,22 @@ async def test_reservations_start_at_their_instant(store: Store) -> None:
     token = reserved.fencing_token
     async with _tx(store) as conn:
         early = await driver.attempts_start(
-            conn, worker_id=worker.id, tokens=[token, token + 99], tenant_id=None, now=at(1)
+            conn,
+            worker_id=worker.id,
+            tokens=[token, token + 99],
+            tenant_id=None,
+            now=at(1),
+            ahead=1.5,
         )
         started = await driver.attempts_start(
-            conn, worker_id=worker.id, tokens=[token], tenant_id=None, now=at(3)
+            conn, worker_id=worker.id, tokens=[token], tenant_id=None, now=at(2.5), ahead=1.5
         )
     assert (early.started, early.not_yet, early.refused) == ([], [token], [token + 99])
-    assert (started.started_at, started.started, started.first_tries_due) == (
+    # Started half a second ahead: it begins at its instant.
+    assert (started.started_at, started.started, started.first_tries) == (
         at(3),
         [token],
-        [run.due_at],
+        [(run.due_at, at(3))],
     )
     [attempt] = await store.attempts_list(tenant.id, run_id=run.id)
     assert (attempt.id, attempt.fencing_token) == (reserved.attempt_id, token)
@@ -315,7 +321,7 @@ async def test_a_worker_not_live_leases_and_starts_nothing(store: Store) -> None
         async with _tx(store) as conn:
             try:
                 await driver.attempts_start(
-                    conn, worker_id=who.id, tokens=[1], tenant_id=None, now=at(1)
+                    conn, worker_id=who.id, tokens=[1], tenant_id=None, now=at(1), ahead=0.0
                 )
             except WorkerGone as gone:
                 assert gone.worker_id == who.id

@@ -71,7 +71,7 @@ async def test_a_reservation_starts_at_its_instant_and_not_before(store: Store) 
 
     started = await store.attempts_start_many(worker_id=worker.id, tokens=[token], now=at(3.5))
     assert started == ReservationsStarted(
-        started_at=at(3.5), started=[token], first_tries_due=[DUE]
+        started_at=at(3.5), started=[token], first_tries=[(DUE, at(3.5))]
     )
     got = await store.runs_get(tenant.id, run.id)
     assert (got.state, got.attempt, got.started_at) == (RunState.RUNNING, 1, at(3.5))
@@ -103,6 +103,44 @@ async def test_a_reservation_starts_at_its_instant_and_not_before(store: Store) 
         ("DISPATCHED", "RUNNING"),
         ("RUNNING", "SUCCESS"),
     ]
+
+
+async def test_a_reservation_started_ahead_begins_at_its_instant(store: Store) -> None:
+    tenant = await make_tenant(store)
+    run = await _ahead_run(store, tenant.id, timeout=600, heartbeat_timeout=20)
+    worker = await register_worker(store, tenant.id)
+    reserved = await _reserve(store, worker)
+    token = reserved.fencing_token
+
+    # Further ahead than allowed: not yet, nothing changes.
+    early = await store.attempts_start_many(
+        worker_id=worker.id, tokens=[token], now=at(1.9), ahead=1.0
+    )
+    assert early == ReservationsStarted(started_at=None, not_yet=[token])
+    assert (await store.runs_get(tenant.id, run.id)).state == RunState.DISPATCHED
+
+    started = await store.attempts_start_many(
+        worker_id=worker.id, tokens=[token], now=at(2.25), ahead=1.0
+    )
+    assert started == ReservationsStarted(
+        started_at=DUE, started=[token], first_tries=[(DUE, DUE)]
+    )
+    # RUNNING from the start, dated from its instant: the run, its attempt (lease and
+    # deadline) and the transition.
+    got = await store.runs_get(tenant.id, run.id)
+    assert (got.state, got.attempt, got.started_at) == (RunState.RUNNING, 1, DUE)
+    [attempt] = await store.attempts_list(tenant.id, run_id=run.id)
+    assert (attempt.started_at, attempt.lease_expires_at, attempt.deadline) == (
+        DUE,
+        at(23),
+        at(603),
+    )
+    # A cancel now is a cancel of a running run: requested (the worker learns of it by
+    # its heartbeat), not refused at a start.
+    await store.runs_cancel(tenant.id, run.id, now=at(2.5))
+    assert (await store.runs_get(tenant.id, run.id)).state == RunState.RUNNING
+    [beat] = await store.attempts_heartbeat_many(items=[_ref(reserved)], now=at(2.6))
+    assert beat.ok and beat.cancel_requested
 
 
 async def test_a_cancel_before_the_start_wins(store: Store) -> None:

@@ -107,6 +107,11 @@ class WorkerRegistered(ResponseModel):
     lease_ahead_max: float = Field(
         default=0.0, description="the most `ahead` a lease accepts (0: no reservations)"
     )
+    start_ahead_max: float = Field(
+        default=0.0,
+        description="how long before its instant a reservation may be started (the run "
+        "begins at its instant; 0: at the instant only)",
+    )
 
 
 class WorkerOut(ResponseModel):
@@ -316,12 +321,17 @@ class StartRequest(RequestModel):
 
 class StartOut(ResponseModel):
     started_at: UtcInstant | None = Field(
-        description="when the started ones started: each attempt's lease runs to this plus "
-        "its heartbeat timeout, its deadline to this plus its timeout"
+        description="the earliest beginning of the started ones: each begins at the later "
+        "of this and its `not_before` (started ahead, at its instant); its attempt's lease "
+        "runs to its beginning plus its heartbeat timeout, its deadline to its beginning "
+        "plus its timeout"
     )
-    started: list[int] = Field(description="tokens now running: their attempts are yours")
+    started: list[int] = Field(
+        description="tokens now running, each from its beginning: their attempts are yours"
+    )
     not_yet: list[int] = Field(
-        description="tokens due later: nothing changed; try at their `not_before`"
+        description="tokens due later than `start_ahead_max` from now: nothing changed; "
+        "try again closer to their `not_before`"
     )
     refused: list[int] = Field(
         description="tokens whose reservation is gone (the run was cancelled or paused, or "

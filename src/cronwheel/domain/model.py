@@ -199,16 +199,17 @@ class LeasedAttempt:
 
 @dataclass(frozen=True, slots=True)
 class ReservationsStarted:
-    """The store's answer to starting reservations, by fencing token. Every run started
-    together shares ``started_at``; its attempt's lease runs to ``started_at`` plus its
-    heartbeat timeout, its deadline to ``started_at`` plus its timeout."""
+    """The store's answer to starting reservations, by fencing token. ``started_at`` is
+    when the start was made; a run started ahead of its instant (``fire_at``) begins at
+    that instant instead: its attempt's lease runs to its beginning plus its heartbeat
+    timeout, its deadline to its beginning plus its timeout."""
 
     started_at: datetime | None  # None when nothing started
     started: list[int] = field(default_factory=list)
     not_yet: list[int] = field(default_factory=list)  # due later: nothing changed
     refused: list[int] = field(default_factory=list)  # the reservation is gone
-    # The due instants of the started runs' first tries (the start-lateness metric).
-    first_tries_due: list[datetime] = field(default_factory=list)
+    # (due instant, beginning) of the started runs' first tries (start lateness).
+    first_tries: list[tuple[datetime, datetime]] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)

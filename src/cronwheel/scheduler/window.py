@@ -88,11 +88,16 @@ class DueWindow:
             return burst - lead
         return first
 
-    def pop_due(self, now: datetime, lead: timedelta = timedelta(0)) -> list[DueRun]:
+    def pop_due(
+        self, now: datetime, lead: timedelta = timedelta(0), gather: timedelta = timedelta(0)
+    ) -> list[DueRun]:
         """Remove and return the runs due at ``now``, and those of bursts due by
-        ``now + lead``, soonest first."""
+        ``now + lead`` — with them, once one is, those of bursts due up to ``gather``
+        later (dispatched together, a little further ahead) — soonest first."""
         out: list[DueRun] = []
-        while (burst := self._top(self._bursts)) is not None and burst <= now + lead:
+        first = self._top(self._bursts)
+        until = now + lead + (gather if first is not None and first <= now + lead else timedelta(0))
+        while (burst := self._top(self._bursts)) is not None and burst <= until:
             self._take(heapq.heappop(self._bursts), out)
         while (first := self._top(self._instants)) is not None and first <= now:
             self._take(heapq.heappop(self._instants), out)

@@ -308,14 +308,16 @@ class Driver(ABC):
         *,
         run_ids: Sequence[uuid.UUID],
         node_id: str,
-        at: datetime,
+        at: datetime | None,
         lead: float,
         epochs: Mapping[int, int] | None,
     ) -> list[FiredRun]:
         """Dispatch the runs of ``run_ids`` that need no policy — SCHEDULED, due within
-        ``lead`` of ``at``, not the first try of a recurring job's scheduled run, on a
+        ``lead`` of ``at`` (None: the database clock, read in the statement where
+        ``now_in_statement``), not the first try of a recurring job's scheduled run, on a
         shard ``node_id`` holds (of ``epochs``, when given) — with their events and
-        ready notices. The first statement of a transaction that may go on."""
+        ready notices. Each fired run is independent of the others: the write commits
+        on its own where it can (a separate transaction from what follows)."""
 
     @abstractmethod
     async def runs_fire_candidates(
@@ -399,8 +401,10 @@ class Driver(ABC):
         tokens: Sequence[int],
         tenant_id: uuid.UUID | None,
         now: datetime | None,
+        ahead: float,
     ) -> ReservationsStarted:
-        """Start the worker's reservations of ``tokens`` that are due. Raises
+        """Start the worker's reservations of ``tokens`` that are due within ``ahead``
+        seconds, each beginning at the later of now and its instant. Raises
         :class:`WorkerGone` when the worker is not live."""
 
     @abstractmethod

@@ -152,12 +152,14 @@ class WorkerSide(ABC):
         tokens: Sequence[int],
         tenant_id: uuid.UUID | None = None,
         now: datetime | None = None,
+        ahead: float = 0.0,
     ) -> ReservationsStarted:
         """Start reservations of ``worker_id``, named by their fencing tokens, in one
         statement: each whose run is still DISPATCHED under that reservation and whose
-        instant has come becomes RUNNING with the attempt (id and token) it was
-        reserved with, exactly as a lease at this moment would have made it. Refused:
-        ``not_yet`` (its instant is still ahead: nothing changed, start it then), and
+        instant is at most ``ahead`` seconds away becomes RUNNING with the attempt (id
+        and token) it was reserved with, exactly as a lease at the later of now and its
+        instant would have made it (a run started ahead begins at its instant). Refused:
+        ``not_yet`` (its instant is further ahead: nothing changed, start it later), and
         ``refused`` (the reservation is gone: the run was cancelled, paused, or its
         reservation lapsed and another worker took it; never this worker's or, with
         ``tenant_id``, that tenant's). The worker drops what was refused. A

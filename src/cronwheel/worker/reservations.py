@@ -1,13 +1,24 @@
-"""Reservations on the worker side: runs leased ahead of their instant, held until it
-comes, then started in one request for everything due together.
+"""Reservations on the worker side: runs leased ahead of their instant, started just
+before it, and begun at it by this worker's own clock.
 
 A reservation takes a slot from the moment it is leased (the run will need one at its
 instant), runs nothing and is not heartbeaten: it lapses on its own at its instant plus
-the run's heartbeat timeout. At the instant, by the server's clock as the last lease
-answer gave it, every reservation then due is started in one ``start`` call; a started
-one becomes an ordinary attempt, a refused one (cancelled, paused, lapsed) is dropped
-and frees its slot, and one answered ``not_yet`` (our clock ran ahead) waits a little
-longer. A worker shutting down hands its reservations back.
+the run's heartbeat timeout. Shortly before the instant, by the server's clock as the
+last lease answers gave it, every reservation then due is started in one ``start``
+call (up to 1,000 each, several at once): a started one is *armed* — the server counts
+it RUNNING from its instant, and the worker holds it (heartbeats it, learns of a cancel
+request for it) with everything its handler needs made ready — and its handler begins
+when the instant comes, with no round trip and little work left at that moment. A
+refused one (cancelled, paused, lapsed) is dropped and frees its slot, and one answered
+``not_yet`` (our clock ran ahead of the server's) is tried again a little later. A
+worker shutting down hands back its reservations, armed or not.
+
+How long before the instant a start goes out (its *lead*) follows what starts have
+cost: twice the round trip of a small one, plus what each reservation of a large one
+took times the number due at that instant, never more than the server allows
+(``start_ahead_max``; 0: at the instant). A cancel or pause that reaches the server
+before the start wins; after it, it is a cancel of a running run — which still wins if
+the worker learns of it by a heartbeat before the instant.
 """
 
 from __future__ import annotations
@@ -20,6 +31,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 from cronwheel.client import ApiError
+from cronwheel.worker.held import Held
 from cronwheel.worker.outbox import Backoff, log_event, wait_event
 from cronwheel.worker.protocol import Lease, Started, WorkerProtocol
 
@@ -30,67 +42,117 @@ log = logging.getLogger("cronwheel.worker")
 # An item answered ``not_yet`` is tried again this much later.
 _NOT_YET_SECONDS = 0.005
 _START_BATCH = 1000  # items per start request: the server's limit
-# A start request for fewer than a batch waits this long after its first run fell due
-# for others to join it: runs due one by one (steady load) are started some at a time,
-# not each in a request of its own.
-_LINGER_SECONDS = 0.01
-# Start requests out at once: a burst's batches all go at its instant, not each after
-# the last one's answer (by then this worker is busy running what that one started).
+# A start goes out with the reservations due up to this much after the first one, so
+# that runs due one by one (steady load) are started a few at a time.
+_GATHER_SECONDS = 0.01
+# Start requests out at once: a burst's batches all go before its instant, not each
+# after the last one's answer.
 _IN_FLIGHT = 8
+# What a start costs before any was measured: a round trip, and per reservation.
+_ROUND_TRIP = 0.005
+_PER_ITEM = 0.0002
+_LEAD_MIN = 0.002  # the least lead, whatever the estimates say
+_WEIGHT = 0.2  # of the latest measure in the moving estimates
 
 
 class Reservations:
-    """The reservations a worker holds, and the loop that starts them at their instant."""
+    """The reservations a worker holds, and the loop that starts them ahead of their
+    instant and begins them at it."""
 
     def __init__(
         self,
         protocol: WorkerProtocol,
         *,
-        on_start: Callable[[Lease], None],
+        prepare: Callable[[Lease], Held],
+        begin: Callable[[Held], None],
         on_drop: Callable[[Lease], None],
         backoff_max: float,
     ) -> None:
         self.protocol = protocol
-        self.on_start = on_start  # a started reservation, now an ordinary attempt
+        self.prepare = prepare  # a reservation started: the worker holds its attempt
+        self.begin = begin  # its instant came: the handler may begin
         self.on_drop = on_drop  # a reservation that will never start here
         self.backoff_max = backoff_max
-        self.held: dict[int, Lease] = {}  # by fencing token
-        self._due: list[tuple[float, int]] = []  # (monotonic start time, token)
+        self.start_ahead_max = 0.0  # the server's: how early a start may go out
+        self.held: dict[int, Lease] = {}  # not started yet, by fencing token
+        self._armed: dict[int, Held] = {}  # started, waiting for their instant
+        self._armed_at: dict[datetime, list[int]] = {}  # their tokens by instant
+        self._timers: dict[datetime, asyncio.TimerHandle] = {}  # one per instant
+        self._due: list[tuple[float, int]] = []  # (monotonic instant, token)
+        self._at_instant: dict[datetime, int] = {}  # reservations due per instant
         self._changed = asyncio.Event()
         self._in_flight = 0  # start requests out
+        self._round_trip = _ROUND_TRIP
+        self._per_item = _PER_ITEM
 
     def busy(self) -> bool:
-        """Runs are due to start, or being started: what the worker reports can wait."""
-        return self._in_flight > 0 or bool(self._due and self._due[0][0] <= time.monotonic())
+        """Runs are about to begin, or being started: what the worker reports can wait."""
+        if self._in_flight > 0 or self._armed:
+            return True
+        return bool(self._due and self._due[0][0] - self._lead_first() <= time.monotonic())
 
     def __len__(self) -> int:
-        return len(self.held)
+        return len(self.held) + len(self._armed)
 
     def add(self, lease: Lease) -> None:
         assert lease.not_before is not None
         self.held[lease.fencing_token] = lease
-        heapq.heappush(self._due, (self._local(lease.not_before), lease.fencing_token))
+        self._push(self._local(lease.not_before), lease)
         self._changed.set()
+
+    def _push(self, when: float, lease: Lease) -> None:
+        """Start ``lease`` its lead before ``when`` (our monotonic clock)."""
+        assert lease.not_before is not None
+        heapq.heappush(self._due, (when, lease.fencing_token))
+        self._at_instant[lease.not_before] = self._at_instant.get(lease.not_before, 0) + 1
 
     def _local(self, instant: datetime) -> float:
         """``instant`` (server time) on our monotonic clock."""
         wall = instant.timestamp() - self.protocol.clock_offset
         return time.monotonic() + (wall - time.time())
 
-    def take_all(self) -> list[Lease]:
-        """Every reservation still held, forgotten here: a worker stopping hands them
-        back."""
+    def _lead(self, many: int) -> float:
+        """How long before their instant the starts of ``many`` reservations due
+        together go out (see the module's notes)."""
+        if self.start_ahead_max <= 0:
+            return 0.0
+        lead = 2 * self._round_trip + many * self._per_item + _LEAD_MIN
+        return min(self.start_ahead_max, lead)
+
+    def _lead_first(self) -> float:
+        """The lead of the first reservation due (the heap's top is held)."""
+        lease = self.held.get(self._due[0][1])
+        if lease is None or lease.not_before is None:
+            return 0.0
+        return self._lead(self._at_instant.get(lease.not_before, 1))
+
+    def _measured(self, seconds: float, items: int) -> None:
+        """A start of ``items`` took ``seconds``: the estimates the lead follows."""
+        if items >= 100:
+            self._per_item += _WEIGHT * (seconds / items - self._per_item)
+        else:
+            self._round_trip += _WEIGHT * (seconds - self._round_trip)
+
+    def take_all(self) -> tuple[list[Lease], list[Held]]:
+        """Every reservation still held, forgotten here, and every armed attempt that
+        has not begun: a worker stopping hands them back."""
         leases = list(self.held.values())
+        armed = list(self._armed.values())
+        for timer in self._timers.values():
+            timer.cancel()
         self.held.clear()
+        self._armed.clear()
+        self._armed_at.clear()
+        self._timers.clear()
         self._due.clear()
-        return leases
+        self._at_instant.clear()
+        return leases, armed
 
     async def run(self, worker_id: Callable[[], str | None]) -> None:
-        """Start reservations as their instants come, until cancelled. ``worker_id``
-        tells the worker's current id (it changes when the worker registers again).
-        Up to ``_IN_FLIGHT`` start requests are out at once, so a burst's later batches
-        do not wait for the earlier ones' answers; a full batch goes at once, a smaller
-        one ``_LINGER_SECONDS`` after its first run fell due."""
+        """Start reservations as their instants come near, until cancelled.
+        ``worker_id`` tells the worker's current id (it changes when the worker
+        registers again). Up to ``_IN_FLIGHT`` start requests are out at once, so a
+        burst's later batches do not wait for the earlier ones' answers."""
         gate = asyncio.Semaphore(_IN_FLIGHT)
         backoff = Backoff(self.backoff_max)
         requests: set[asyncio.Task[None]] = set()
@@ -102,21 +164,13 @@ class Reservations:
                 if not self._due:
                     await self._changed.wait()
                     continue
-                delay = self._due[0][0] - time.monotonic()
+                lead = self._lead_first()
+                delay = self._due[0][0] - lead - time.monotonic()
                 if delay > 0:
                     await wait_event(self._changed, delay)
                     continue
-                first_due = self._due[0][0]
                 await gate.acquire()
-                batch = self._pop_due()
-                linger = first_due + _LINGER_SECONDS - time.monotonic()
-                if 0 < len(batch) < _START_BATCH and linger > 0:
-                    # A few runs due: give the next ones a moment to join them.
-                    gate.release()
-                    for lease in batch:
-                        heapq.heappush(self._due, (first_due, lease.fencing_token))
-                    await wait_event(self._changed, linger)
-                    continue
+                batch = self._pop_due(lead + _GATHER_SECONDS)
                 current = worker_id()
                 if not batch or current is None:
                     gate.release()
@@ -135,6 +189,7 @@ class Reservations:
         self, worker_id: str, batch: list[Lease], gate: asyncio.Semaphore, backoff: Backoff
     ) -> None:
         self._in_flight += 1
+        sent = time.monotonic()
         try:
             answer = await self.protocol.start(worker_id, [lease.fencing_token for lease in batch])
         except ApiError as exc:
@@ -151,18 +206,28 @@ class Reservations:
         finally:
             self._in_flight -= 1
             gate.release()
+        self._measured(time.monotonic() - sent, len(batch))
         backoff.reset()
         self._settle(batch, answer)
 
-    def _pop_due(self) -> list[Lease]:
-        until = time.monotonic()
+    def _pop_due(self, within: float) -> list[Lease]:
+        until = time.monotonic() + within
         batch: list[Lease] = []
         while self._due and self._due[0][0] <= until and len(batch) < _START_BATCH:
             _, token = heapq.heappop(self._due)
             lease = self.held.get(token)
             if lease is not None:
+                self._forget(lease)
                 batch.append(lease)
         return batch
+
+    def _forget(self, lease: Lease) -> None:
+        assert lease.not_before is not None
+        left = self._at_instant.get(lease.not_before, 0) - 1
+        if left > 0:
+            self._at_instant[lease.not_before] = left
+        else:
+            self._at_instant.pop(lease.not_before, None)
 
     def _retry(self, batch: list[Lease], delay: float) -> None:
         """Try ``batch`` again after ``delay``, but only while each reservation holds:
@@ -172,7 +237,10 @@ class Reservations:
             if lease.lease_expires_at.timestamp() <= now + delay:
                 self._drop(lease, "its reservation lapsed before it could be started")
             else:
-                heapq.heappush(self._due, (time.monotonic() + delay, lease.fencing_token))
+                # Its start goes out ``delay`` from now (its lead is taken off ``when``).
+                assert lease.not_before is not None
+                when = time.monotonic() + delay + self._lead(1)
+                self._push(max(when, self._local(lease.not_before)), lease)
         self._changed.set()
 
     def _settle(self, batch: list[Lease], answer: Started) -> None:
@@ -181,10 +249,26 @@ class Reservations:
         at = answer.started_at or datetime.fromtimestamp(
             time.time() + self.protocol.clock_offset, UTC
         )
+        loop = asyncio.get_running_loop()
+        local: dict[datetime, float] = {}  # each instant on our clock, reckoned once
         for token in answer.started:
             lease = self.held.pop(token, None)
-            if lease is not None:
-                self.on_start(lease.started(at))
+            if lease is None:
+                continue
+            assert lease.not_before is not None
+            held = self.prepare(lease.started(at))
+            if lease.not_before not in local:
+                local[lease.not_before] = self._local(lease.not_before)
+            wait = local[lease.not_before] - time.monotonic()
+            if wait <= 0:
+                self.begin(held)
+                continue
+            self._armed[token] = held
+            self._armed_at.setdefault(lease.not_before, []).append(token)
+            if lease.not_before not in self._timers:
+                self._timers[lease.not_before] = loop.call_later(
+                    wait, self._begin_at, lease.not_before
+                )
         for token in answer.refused:
             lease = by_token.get(token)
             if lease is not None:
@@ -194,6 +278,14 @@ class Reservations:
         self._retry(
             [lease for lease in batch if lease.fencing_token not in answered], _NOT_YET_SECONDS
         )
+
+    def _begin_at(self, instant: datetime) -> None:
+        """The instant of armed reservations came: their handlers may begin."""
+        self._timers.pop(instant, None)
+        for token in self._armed_at.pop(instant, []):
+            held = self._armed.pop(token, None)
+            if held is not None:
+                self.begin(held)
 
     def _drop(self, lease: Lease, why: str) -> None:
         if self.held.pop(lease.fencing_token, None) is None:

@@ -154,7 +154,8 @@ class WorkerSession:
         self.lease_ahead = 0.0
         self.reservations = Reservations(
             protocol,
-            on_start=self._receive,
+            prepare=self._hold,
+            begin=self._arrive,
             on_drop=lambda _lease: self._slot_free.set(),
             backoff_max=config.backoff_max,
         )
@@ -254,6 +255,7 @@ class WorkerSession:
                 reg.lease_ahead_max if cfg.lease_ahead is None else cfg.lease_ahead,
                 reg.lease_ahead_max,
             )
+            self.reservations.start_ahead_max = reg.start_ahead_max
             log_event(
                 logging.INFO,
                 "worker.registered",
@@ -411,12 +413,15 @@ class WorkerSession:
             self._duration += _DURATION_WEIGHT * (took - self._duration)
 
     def _receive(self, lease: Lease) -> None:
-        """A run leased (or a reservation started): held from now on, run as soon as a
-        slot is free, the highest class first."""
-        held = self._hold(lease)
-        heapq.heappush(self._waiting, (lease.priority, next(self._arrivals), held))
+        """A run leased: held from now on, run as soon as a slot is free."""
+        self._arrive(self._hold(lease))
+
+    def _arrive(self, held: Held) -> None:
+        """A held run that may begin (leased, or a started reservation whose instant
+        came): run as soon as a slot is free, the highest class first."""
+        heapq.heappush(self._waiting, (held.lease.priority, next(self._arrivals), held))
         self._fill_slots()
-        if held.task is None:
+        if held.task is None and not held.reported:
             self.stats.waited += 1
 
     def _fill_slots(self) -> None:
@@ -622,11 +627,18 @@ class WorkerSession:
             self._starter.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._starter
-        reserved = self.reservations.take_all()
+        reserved, armed = self.reservations.take_all()
         for lease in reserved:
             self.outbox.add(TokenRef(lease.attempt_id, lease.fencing_token))
-        if reserved:
-            log_event(logging.INFO, "worker.reservations_released", count=len(reserved))
+        # Started ahead, their instant not come: released like runs waiting for a slot.
+        armed = [held for held in armed if not held.reported]
+        for held in armed:
+            held.reported = True
+            self.outbox.add(held.ref)
+        if reserved or armed:
+            log_event(
+                logging.INFO, "worker.reservations_released", count=len(reserved) + len(armed)
+            )
 
     def _hand_back_waiting(self) -> None:
         """Hand back the runs waiting for a slot: released, not counted as a try."""

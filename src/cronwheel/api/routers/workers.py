@@ -95,6 +95,7 @@ async def register_worker(
         heartbeat_interval=state.settings.heartbeat_interval,
         lease_wait_max=state.settings.lease_wait_max,
         lease_ahead_max=state.settings.lease_ahead_max,
+        start_ahead_max=state.settings.start_ahead_max,
     )
 
 
@@ -290,21 +291,25 @@ async def start(
 ) -> Response:
     """Starts runs this worker reserved (leased with ``not_before``), named by their
     fencing tokens, in one statement: each whose run is still DISPATCHED under the
-    reservation and whose instant has come becomes RUNNING with the attempt id and
-    token of its lease, and is the worker's to run from now on. ``not_yet`` tokens are
-    due later (try again then); ``refused`` ones are no longer the worker's — the run
-    was cancelled or its job paused before it started, or the reservation lapsed and
-    another worker took it — and must not run. A deregistered worker gets 410
+    reservation and whose instant is at most ``start_ahead_max`` seconds away becomes
+    RUNNING with the attempt id and token of its lease, and is the worker's to run
+    from its instant on (from ``started_at``, the earliest such beginning, when its
+    instant has passed). ``not_yet`` tokens are due later (try again then);
+    ``refused`` ones are no longer the worker's — the run was cancelled or its job
+    paused before it started, or the reservation lapsed and another worker took it —
+    and must not run. A deregistered worker gets 410
     ``worker_deregistered`` and starts nothing."""
     state = api_state(request)
     worker = await _own_worker(state, principal, worker_id)
     async with state.starts.serving():
         done = await state.store.attempts_start_many(
-            worker_id=worker.id, tokens=body.fencing_tokens, tenant_id=principal.tenant_id
+            worker_id=worker.id,
+            tokens=body.fencing_tokens,
+            tenant_id=principal.tenant_id,
+            ahead=state.settings.start_ahead_max,
         )
-    if done.started_at is not None:
-        for due_at in done.first_tries_due:
-            observe_start_lateness(due_at=due_at, started_at=done.started_at)
+    for due_at, began in done.first_tries:
+        observe_start_lateness(due_at=due_at, started_at=began)
     return json_response(
         {
             "started_at": instant_text(done.started_at),

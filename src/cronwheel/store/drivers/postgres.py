@@ -326,14 +326,14 @@ class PostgresDriver(Driver):
         *,
         run_ids: Sequence[uuid.UUID],
         node_id: str,
-        at: datetime,
+        at: datetime | None,
         lead: float,
         epochs: Mapping[int, int] | None,
     ) -> list[FiredRun]:
-        # The first statement of a firing transaction that may go on (policies, next
-        # occurrences): it must roll back with the rest if they fail.
+        # On its own, outside a transaction: the fired runs need nothing else written,
+        # and the clock is read in the statement (no BEGIN, clock read or COMMIT).
         return await firing.fire(
-            await _raw_begun(conn),
+            await _raw(conn),
             now=at,
             run_ids=run_ids,
             node_id=node_id,
@@ -351,8 +351,14 @@ class PostgresDriver(Driver):
         lead: float,
         epochs: Mapping[int, int] | None,
     ) -> list[FireCandidate]:
+        # The first statement of the transaction that fires them (FOR UPDATE).
         return await firing.fire_candidates(
-            await _raw(conn), at=at, run_ids=run_ids, node_id=node_id, lead=lead, epochs=epochs
+            await _raw_begun(conn),
+            at=at,
+            run_ids=run_ids,
+            node_id=node_id,
+            lead=lead,
+            epochs=epochs,
         )
 
     async def runs_insert_planned(
@@ -427,9 +433,15 @@ class PostgresDriver(Driver):
         tokens: Sequence[int],
         tenant_id: uuid.UUID | None,
         now: datetime | None,
+        ahead: float,
     ) -> ReservationsStarted:
         return await leasing.start_many(
-            await _raw(conn), now=now, worker_id=worker_id, tokens=tokens, tenant_id=tenant_id
+            await _raw(conn),
+            now=now,
+            worker_id=worker_id,
+            tokens=tokens,
+            tenant_id=tenant_id,
+            ahead=ahead,
         )
 
     async def attempts_heartbeat(

@@ -334,21 +334,22 @@ picked AS MATERIALIZED (
       AND ({START.sql()}) IS TRUE AND reserved_by = $3
       AND ($4::uuid IS NULL OR tenant_id = $4)
 ),
--- Each by primary key: still DISPATCHED under this reservation, and due. A cancel or
--- pause that got the row first fails these conditions, re-checked on its new version.
+-- Each by primary key: still DISPATCHED under this reservation, and due within $5
+-- seconds; it begins at the later of now and its instant. A cancel or pause that got
+-- the row first fails these conditions, re-checked on its new version.
 -- (IS TRUE: the conditions must not lead the planner to another index.)
 started AS (
     UPDATE runs r SET state = 'RUNNING', attempt = r.attempt + 1,
-                      started_at = COALESCE(r.started_at, t.now), wait_reason = NULL,
-                      reserved_by = NULL, reserved_attempt = NULL, reserved_token = NULL,
-                      reserved_until = NULL
+                      started_at = COALESCE(r.started_at, GREATEST(t.now, p.fire_at)),
+                      wait_reason = NULL, reserved_by = NULL, reserved_attempt = NULL,
+                      reserved_token = NULL, reserved_until = NULL
     FROM t, picked p
-    WHERE r.id = p.id AND p.fire_at <= t.now
+    WHERE r.id = p.id AND p.fire_at <= t.now + make_interval(secs => $5)
       AND ({START.sql("r.state")} AND r.reserved_token = p.reserved_token
-           AND r.fire_at <= t.now) IS TRUE
+           AND r.fire_at = p.fire_at) IS TRUE
     RETURNING r.id, r.tenant_id, r.job_id, r.attempt, r.due_at, r.heartbeat_timeout, r.timeout,
               r.progress_timeout, p.reserved_attempt AS attempt_id, p.reserved_token AS token,
-              t.now AS now
+              GREATEST(t.now, p.fire_at) AS now
 ),
 att AS (
     INSERT INTO attempts (id, tenant_id, run_id, number, worker_id, fencing_token, state,
@@ -368,7 +369,8 @@ ev AS (
 SELECT token, now, CASE WHEN attempt = 1 THEN due_at END AS first_due, FALSE AS gone
 FROM started
 UNION ALL
-SELECT reserved_token, NULL, NULL, FALSE FROM picked, t WHERE picked.fire_at > t.now
+SELECT reserved_token, NULL, NULL, FALSE FROM picked, t
+WHERE picked.fire_at > t.now + make_interval(secs => $5)
 UNION ALL
 SELECT NULL, NULL, NULL, TRUE WHERE NOT EXISTS (SELECT 1 FROM live)
 """
@@ -381,18 +383,19 @@ async def start_many(
     worker_id: uuid.UUID,
     tokens: Sequence[int],
     tenant_id: uuid.UUID | None,
+    ahead: float,
 ) -> ReservationsStarted:
-    rows = await conn.fetch(_START, now, list(tokens), worker_id, tenant_id)
+    rows = await conn.fetch(_START, now, list(tokens), worker_id, tenant_id, ahead)
     if any(r["gone"] for r in rows):
         raise WorkerGone(worker_id)
     started = [r for r in rows if r["now"] is not None]
     done = {r["token"] for r in rows}
     return ReservationsStarted(
-        started_at=started[0]["now"] if started else None,
+        started_at=min(r["now"] for r in started) if started else None,
         started=[r["token"] for r in started],
         not_yet=[r["token"] for r in rows if r["now"] is None],
         refused=[t for t in tokens if t not in done],
-        first_tries_due=[r["first_due"] for r in started if r["first_due"] is not None],
+        first_tries=[(r["first_due"], r["now"]) for r in started if r["first_due"] is not None],
     )
 
 

@@ -59,10 +59,11 @@ class CoreFiring(Driver):
         *,
         run_ids: Sequence[uuid.UUID],
         node_id: str,
-        at: datetime,
+        at: datetime | None,
         lead: float,
         epochs: Mapping[int, int] | None,
     ) -> list[FiredRun]:
+        at = await self.instant(conn, at)
         # The epoch fence: only the live owner of a run's shard may fire it. A node that
         # lost its lease (paused, partitioned) matches nothing here.
         held = shard_held(runs.c.shard, node_id=node_id, at=at, epochs=_dict(epochs))

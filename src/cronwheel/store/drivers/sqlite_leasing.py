@@ -332,8 +332,10 @@ class CoreLeasing(Driver):
         tokens: Sequence[int],
         tenant_id: uuid.UUID | None,
         now: datetime | None,
+        ahead: float,
     ) -> ReservationsStarted:
         at = await self.instant(conn, now)
+        until = at + timedelta(seconds=ahead)
         live = (
             sa.select(workers.c.id)
             .where(workers.c.id == worker_id, workers.c.deregistered_at.is_(None))
@@ -353,22 +355,27 @@ class CoreLeasing(Driver):
         if tenant_id is not None:
             stmt = stmt.where(runs.c.tenant_id == tenant_id)
         rows = (await conn.execute(stmt)).all()
-        due = [r for r in rows if r.fire_at <= at]
-        await self._begin_attempts(
-            conn,
-            due,
-            worker_id=worker_id,
-            at=at,
-            attempt_ids=[r.reserved_attempt for r in due],
-            tokens=[r.reserved_token for r in due],
-        )
+        due = [r for r in rows if r.fire_at <= until]
+        # Each begins at the later of now and its instant: one write per beginning.
+        by_start: dict[datetime, list[Any]] = {}
+        for r in due:
+            by_start.setdefault(max(at, r.fire_at), []).append(r)
+        for begins, group in sorted(by_start.items()):
+            await self._begin_attempts(
+                conn,
+                group,
+                worker_id=worker_id,
+                at=begins,
+                attempt_ids=[r.reserved_attempt for r in group],
+                tokens=[r.reserved_token for r in group],
+            )
         found = {r.reserved_token for r in rows}
         return ReservationsStarted(
-            started_at=at if due else None,
+            started_at=min(by_start) if by_start else None,
             started=[r.reserved_token for r in due],
-            not_yet=[r.reserved_token for r in rows if r.fire_at > at],
+            not_yet=[r.reserved_token for r in rows if r.fire_at > until],
             refused=[t for t in tokens if t not in found],
-            first_tries_due=[r.due_at for r in due if r.attempt == 0],
+            first_tries=[(r.due_at, max(at, r.fire_at)) for r in due if r.attempt == 0],
         )
 
     # -- heartbeats and results ----------------------------------------------------

@@ -371,13 +371,19 @@ class AttemptsMixin(WorkersMixin, RetriesMixin):
         tokens: Sequence[int],
         tenant_id: uuid.UUID | None = None,
         now: datetime | None = None,
+        ahead: float = 0.0,
     ) -> ReservationsStarted:
         if not tokens:
             return ReservationsStarted(started_at=None)
         async with self._write() as conn:
             try:
                 return await self.driver.attempts_start(
-                    conn, worker_id=worker_id, tokens=tokens, tenant_id=tenant_id, now=now
+                    conn,
+                    worker_id=worker_id,
+                    tokens=tokens,
+                    tenant_id=tenant_id,
+                    now=now,
+                    ahead=ahead,
                 )
             except WorkerGone as gone:
                 raise await self._worker_gone(conn, gone.worker_id) from None

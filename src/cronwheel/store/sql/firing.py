@@ -369,13 +369,14 @@ class FiringMixin(QuarantineMixin):
         if not run_ids:
             return []
         async with self._write() as conn:
-            at = await self._now(conn, now)
             fired = await self.driver.runs_fire(
-                conn, run_ids=run_ids, node_id=node_id, at=at, lead=lead, epochs=epochs
+                conn, run_ids=run_ids, node_id=node_id, at=now, lead=lead, epochs=epochs
             )
             if len(fired) < len(run_ids):
                 # The rest: first tries of recurring jobs' scheduled runs (their policies
-                # apply), or runs no longer firable (cancelled, not ours, not yet due).
+                # apply), or runs no longer firable (cancelled, not ours, not yet due),
+                # at the instant the others were fired.
+                at = fired[0].dispatched_at if fired else await self._now(conn, now)
                 candidates = await self.driver.runs_fire_candidates(
                     conn, run_ids=run_ids, node_id=node_id, at=at, lead=lead, epochs=epochs
                 )
