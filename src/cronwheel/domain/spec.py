@@ -17,6 +17,7 @@ from pydantic import (
     Field,
     HttpUrl,
     ValidationInfo,
+    ValidatorFunctionWrapHandler,
     field_validator,
     model_validator,
 )
@@ -145,6 +146,9 @@ _SCHEDULE_KEYS: dict[str, type[_Strict]] = {
 }
 
 
+_SCHEDULE_MODELS = tuple(_SCHEDULE_KEYS.values())
+
+
 def schedule_kind(spec: ScheduleSpec) -> str:
     """``at`` | ``delay`` | ``asap`` | ``cron`` | ``interval``."""
     for key, model in _SCHEDULE_KEYS.items():
@@ -178,6 +182,8 @@ class RetryPolicy(_Strict):
     max_delay: Seconds = Field(default=300.0, ge=0, le=RETRY_DELAY_MAX)
     jitter: Literal["full", "equal", "none"] = "full"
 
+
+_DEFAULT_RETRY = RetryPolicy()
 
 WEBHOOK_CAPABILITY = "webhook"
 """The capability every webhook job requires implicitly: only a worker that calls
@@ -245,7 +251,9 @@ class JobSpec(_Strict):
         "leases the job's runs (none by default: any worker of the pool)",
     )
     priority: Integer = Field(default=2, ge=0, le=3)
-    retry: RetryPolicy = Field(default_factory=RetryPolicy)
+    # One default for every job (frozen, so never changed in place): not a new
+    # model validated for each job that leaves it out.
+    retry: RetryPolicy = Field(default_factory=lambda: _DEFAULT_RETRY)
     timeout: Seconds = Field(default=3600.0, gt=0, le=TIMEOUT_MAX)
     # 25 s by default: a worker beating every 10 s (the server's suggestion) may miss
     # two beats, and a dead one is detected within 25 s plus one expiry sweep (1 s),
@@ -287,10 +295,14 @@ class JobSpec(_Strict):
         # Python and in SQL, and both must read the same number of them.
         return round(value, 3)
 
-    @field_validator("schedule", mode="before")
+    @field_validator("schedule", mode="wrap")
     @classmethod
-    def _schedule(cls, value: Any) -> Any:
-        return _parse_schedule(value)
+    def _schedule(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        # The model its key names, validated once: handed to the union instead, it
+        # would be checked against every member again (and read attribute by attribute
+        # where FastAPI validates bodies ``from_attributes``).
+        parsed = _parse_schedule(value)
+        return parsed if isinstance(parsed, _SCHEDULE_MODELS) else handler(parsed)
 
     @model_validator(mode="before")
     @classmethod

@@ -27,6 +27,8 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
+import orjson
+
 from cronwheel.store.driver import JobsInserted, NewJobRows
 from cronwheel.store.notices import CHANNEL_RUNS_NEW
 
@@ -63,7 +65,15 @@ def _plain(value: Any) -> Any:
 
 
 def _document(rows: Sequence[dict[str, Any]]) -> str:
-    return json.dumps(list(rows), default=_plain, separators=(",", ":"))
+    # orjson writes UUIDs and instants itself, twenty times faster than ``json`` (a
+    # batch of 1,000 jobs is 4,000 rows), and asks ``_plain`` only about what it does
+    # not know (asyncpg's own UUID type, which a tenant id read from the database has);
+    # what it refuses (an integer past 64 bits in a payload, a key that is not text)
+    # goes the slow way.
+    try:
+        return orjson.dumps(list(rows), default=_plain).decode()
+    except orjson.JSONEncodeError:
+        return json.dumps(list(rows), default=_plain, separators=(",", ":"))
 
 
 def _insert(table: str, columns: tuple[str, ...]) -> str:

@@ -111,7 +111,7 @@ class _NewJobs:
     def rows(self) -> NewJobRows:
         return NewJobRows(jobs=self.jobs, runs=self.runs, events=self.events, notices=self.notices)
 
-    def add(self, nj: NewJob, request_hash: str) -> tuple[Job, Run | None]:
+    def add(self, nj: NewJob, request_hash: str | None) -> tuple[Job, Run | None]:
         spec, at, tenant_id = nj.spec, self.at, self.tenant_id
         job_id = new_id()
         kind = schedule_kind(spec.schedule)
@@ -273,7 +273,8 @@ class JobsMixin(SqlCore):
         seen before and the tenant has no ``max_pending_runs``: the jobs, runs, events
         and notices all at once, and the answer built from the rows written."""
         at = await self._now(conn, now)
-        hashes = [_request_hash(nj.spec) for nj in new_jobs]
+        # Only a key's replay compares requests: a job without one needs no hash.
+        hashes = [_request_hash(nj.spec) if nj.idempotency_key else None for nj in new_jobs]
         replay = await self._jobs_replayed(conn, tenant_id, new_jobs, hashes)
         made = _NewJobs(tenant_id, at)
         out: list[tuple[Job, Run | None, bool]] = []
@@ -300,7 +301,7 @@ class JobsMixin(SqlCore):
         conn: AsyncConnection,
         tenant_id: uuid.UUID,
         new_jobs: Sequence[NewJob],
-        hashes: Sequence[str],
+        hashes: Sequence[str | None],
     ) -> dict[str, tuple[Job, Run | None]]:
         """The jobs created before under the batch's idempotency keys, with their first
         runs; :class:`IdempotencyConflictError` when a key came with another request."""
