@@ -316,8 +316,7 @@ class Driver(ABC):
         ``lead`` of ``at`` (None: the database clock, read in the statement where
         ``now_in_statement``), not the first try of a recurring job's scheduled run, on a
         shard ``node_id`` holds (of ``epochs``, when given) — with their events and
-        ready notices. Each fired run is independent of the others: the write commits
-        on its own where it can (a separate transaction from what follows)."""
+        ready notices. The first statement of a transaction that may go on."""
 
     @abstractmethod
     async def runs_fire_candidates(

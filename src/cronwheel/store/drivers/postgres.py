@@ -330,10 +330,12 @@ class PostgresDriver(Driver):
         lead: float,
         epochs: Mapping[int, int] | None,
     ) -> list[FiredRun]:
-        # On its own, outside a transaction: the fired runs need nothing else written,
-        # and the clock is read in the statement (no BEGIN, clock read or COMMIT).
+        # The first statement of a firing transaction that may go on (policies, next
+        # occurrences): it must roll back with the rest if they fail, so that a batch
+        # that failed fired nothing and is split (``scheduler/isolation.py``). The
+        # clock is read in the statement when ``at`` is None: no round trip of its own.
         return await firing.fire(
-            await _raw(conn),
+            await _raw_begun(conn),
             now=at,
             run_ids=run_ids,
             node_id=node_id,
@@ -351,9 +353,8 @@ class PostgresDriver(Driver):
         lead: float,
         epochs: Mapping[int, int] | None,
     ) -> list[FireCandidate]:
-        # The first statement of the transaction that fires them (FOR UPDATE).
         return await firing.fire_candidates(
-            await _raw_begun(conn),
+            await _raw(conn),
             at=at,
             run_ids=run_ids,
             node_id=node_id,
