@@ -25,7 +25,7 @@ from cronwheel.store import Store
 ADMIN_KEY = "test-admin-key-0123456789"
 LEAD = 5.0  # dispatch_lead and lease_ahead_max: runs are handed out up to 5 s early
 AHEAD_SECONDS = 2.0  # runs are created due this far ahead of the database clock
-START_KEYS = {"started_at", "started", "not_yet", "refused"}
+START_KEYS = {"started_at", "started", "not_yet", "refused", "now"}
 T0 = datetime(2031, 3, 4, 12, 0, tzinfo=UTC)  # where the database's clock stands at first
 
 
@@ -96,6 +96,9 @@ async def start(
     answer: dict[str, Any] = r.json()
     assert set(answer) == START_KEYS, answer
     assert (answer["started_at"] is None) == (answer["started"] == []), answer
+    # The server's time as it answered (what a worker reckons instants by); the rest
+    # is what the tests compare.
+    assert parse(answer.pop("now")).tzinfo is not None
     return answer
 
 

@@ -105,7 +105,7 @@ class AnswerRecorder(RecordingTransport):
         ``started_at``), due later, and refused."""
         answers = [body for path, body in self.answers if path.endswith("/start")]
         for answer in answers:
-            assert set(answer) == {"started_at", "started", "not_yet", "refused"}, answer
+            assert set(answer) == {"started_at", "started", "not_yet", "refused", "now"}, answer
             assert (answer["started_at"] is None) == (answer["started"] == []), answer
         return answers
 

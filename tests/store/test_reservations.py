@@ -122,9 +122,7 @@ async def test_a_reservation_started_ahead_begins_at_its_instant(store: Store) -
     started = await store.attempts_start_many(
         worker_id=worker.id, tokens=[token], now=at(2.25), ahead=1.0
     )
-    assert started == ReservationsStarted(
-        started_at=DUE, started=[token], first_tries=[(DUE, DUE)]
-    )
+    assert started == ReservationsStarted(started_at=DUE, started=[token], first_tries=[(DUE, DUE)])
     # RUNNING from the start, dated from its instant: the run, its attempt (lease and
     # deadline) and the transition.
     got = await store.runs_get(tenant.id, run.id)

@@ -37,12 +37,12 @@ class ServerLike(WorkerProtocol):
 
     async def start(self, worker_id: str, tokens: Sequence[int]) -> Started:
         self.sent.append((time.monotonic(), list(tokens)))
+        await asyncio.sleep(0)  # the request is out: other starts go meanwhile
         now = datetime.now(UTC)
         started = [
             t
             for t in tokens
-            if t not in self.cancelled
-            and self.instants[t] <= now + timedelta(seconds=self.ahead)
+            if t not in self.cancelled and self.instants[t] <= now + timedelta(seconds=self.ahead)
         ]
         later = [t for t in tokens if t not in self.cancelled and t not in started]
         refused = [t for t in tokens if t in self.cancelled]

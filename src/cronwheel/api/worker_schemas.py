@@ -337,6 +337,10 @@ class StartOut(ResponseModel):
         description="tokens whose reservation is gone (the run was cancelled or paused, or "
         "the reservation lapsed and another worker took it): drop them"
     )
+    now: UtcInstant = Field(
+        description="the server's time as it answered: as in a lease answer, what a worker "
+        "tells the instants of its started runs by"
+    )
 
 
 # -- worker logs -----------------------------------------------------------------------

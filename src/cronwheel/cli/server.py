@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import importlib
 import logging
 import os
@@ -439,6 +440,10 @@ def worker(
         f"(concurrency {concurrency}; Ctrl-C to stop)",
         highlight=False,
     )
+    # What start-up made (modules, the handlers, the client) lives as long as the
+    # process: out of the collector's sight, a burst's thousands of new attempts do not
+    # make each full collection walk it all again (as ``cronwheel api`` does).
+    gc.freeze()
     with handle_errors():
         w.run()
     console.print(

@@ -53,6 +53,14 @@ _ROUND_TRIP = 0.005
 _PER_ITEM = 0.0002
 _LEAD_MIN = 0.002  # the least lead, whatever the estimates say
 _WEIGHT = 0.2  # of the latest measure in the moving estimates
+# After a burst began here (at least _BURST runs at one instant), what the worker
+# reports waits this long: the other workers are beginning theirs on the same machines,
+# and results (which may wait) would compete with them for the API and the database.
+_BURST = 100
+_BURST_QUIET = 0.5
+# A burst's runs begin this many at a time, the loop let through between: the first
+# handlers begin at once rather than after every task of the burst was made.
+_BEGIN_CHUNK = 100
 
 
 class Reservations:
@@ -64,13 +72,13 @@ class Reservations:
         protocol: WorkerProtocol,
         *,
         prepare: Callable[[Lease], Held],
-        begin: Callable[[Held], None],
+        begin_many: Callable[[list[Held]], None],
         on_drop: Callable[[Lease], None],
         backoff_max: float,
     ) -> None:
         self.protocol = protocol
         self.prepare = prepare  # a reservation started: the worker holds its attempt
-        self.begin = begin  # its instant came: the handler may begin
+        self.begin_many = begin_many  # their instant came: the handlers may begin
         self.on_drop = on_drop  # a reservation that will never start here
         self.backoff_max = backoff_max
         self.start_ahead_max = 0.0  # the server's: how early a start may go out
@@ -78,18 +86,24 @@ class Reservations:
         self._armed: dict[int, Held] = {}  # started, waiting for their instant
         self._armed_at: dict[datetime, list[int]] = {}  # their tokens by instant
         self._timers: dict[datetime, asyncio.TimerHandle] = {}  # one per instant
-        self._due: list[tuple[float, int]] = []  # (monotonic instant, token)
+        # (instant, token), the instant in seconds of the server's clock: a burst's
+        # reservations share one exactly, however they were reckoned here.
+        self._due: list[tuple[float, int]] = []
         self._at_instant: dict[datetime, int] = {}  # reservations due per instant
         self._changed = asyncio.Event()
         self._in_flight = 0  # start requests out
         self._round_trip = _ROUND_TRIP
         self._per_item = _PER_ITEM
+        self._quiet_until = 0.0  # (monotonic) see _BURST_QUIET
+        # Once an instant's starts began to go out, the rest of them go at once: the
+        # lead was reckoned for all of them.
+        self._sending_until = 0.0
 
     def busy(self) -> bool:
         """Runs are about to begin, or being started: what the worker reports can wait."""
-        if self._in_flight > 0 or self._armed:
+        if self._in_flight > 0 or self._armed or time.monotonic() < self._quiet_until:
             return True
-        return bool(self._due and self._due[0][0] - self._lead_first() <= time.monotonic())
+        return bool(self._due and self._due[0][0] - self._lead_first() <= self._server_now())
 
     def __len__(self) -> int:
         return len(self.held) + len(self._armed)
@@ -97,14 +111,18 @@ class Reservations:
     def add(self, lease: Lease) -> None:
         assert lease.not_before is not None
         self.held[lease.fencing_token] = lease
-        self._push(self._local(lease.not_before), lease)
+        self._push(lease.not_before.timestamp(), lease)
         self._changed.set()
 
     def _push(self, when: float, lease: Lease) -> None:
-        """Start ``lease`` its lead before ``when`` (our monotonic clock)."""
+        """Start ``lease`` its lead before ``when`` (seconds, server time)."""
         assert lease.not_before is not None
         heapq.heappush(self._due, (when, lease.fencing_token))
         self._at_instant[lease.not_before] = self._at_instant.get(lease.not_before, 0) + 1
+
+    def _server_now(self) -> float:
+        """The server's time now as we reckon it (seconds)."""
+        return time.time() + self.protocol.clock_offset
 
     def _local(self, instant: datetime) -> float:
         """``instant`` (server time) on our monotonic clock."""
@@ -164,13 +182,15 @@ class Reservations:
                 if not self._due:
                     await self._changed.wait()
                     continue
-                lead = self._lead_first()
-                delay = self._due[0][0] - lead - time.monotonic()
-                if delay > 0:
-                    await wait_event(self._changed, delay)
-                    continue
+                first = self._due[0][0]
+                if first > self._sending_until:
+                    delay = first - self._lead_first() - self._server_now()
+                    if delay > 0:
+                        await wait_event(self._changed, delay)
+                        continue
+                    self._sending_until = first + _GATHER_SECONDS
                 await gate.acquire()
-                batch = self._pop_due(lead + _GATHER_SECONDS)
+                batch = self._pop_due(self._sending_until)
                 current = worker_id()
                 if not batch or current is None:
                     gate.release()
@@ -210,8 +230,8 @@ class Reservations:
         backoff.reset()
         self._settle(batch, answer)
 
-    def _pop_due(self, within: float) -> list[Lease]:
-        until = time.monotonic() + within
+    def _pop_due(self, until: float) -> list[Lease]:
+        """Up to a batch of the reservations due by ``until`` (seconds, server time)."""
         batch: list[Lease] = []
         while self._due and self._due[0][0] <= until and len(batch) < _START_BATCH:
             _, token = heapq.heappop(self._due)
@@ -239,8 +259,8 @@ class Reservations:
             else:
                 # Its start goes out ``delay`` from now (its lead is taken off ``when``).
                 assert lease.not_before is not None
-                when = time.monotonic() + delay + self._lead(1)
-                self._push(max(when, self._local(lease.not_before)), lease)
+                when = self._server_now() + delay + self._lead(1)
+                self._push(max(when, lease.not_before.timestamp()), lease)
         self._changed.set()
 
     def _settle(self, batch: list[Lease], answer: Started) -> None:
@@ -261,7 +281,7 @@ class Reservations:
                 local[lease.not_before] = self._local(lease.not_before)
             wait = local[lease.not_before] - time.monotonic()
             if wait <= 0:
-                self.begin(held)
+                self.begin_many([held])
                 continue
             self._armed[token] = held
             self._armed_at.setdefault(lease.not_before, []).append(token)
@@ -282,10 +302,15 @@ class Reservations:
     def _begin_at(self, instant: datetime) -> None:
         """The instant of armed reservations came: their handlers may begin."""
         self._timers.pop(instant, None)
-        for token in self._armed_at.pop(instant, []):
-            held = self._armed.pop(token, None)
-            if held is not None:
-                self.begin(held)
+        begun = [self._armed.pop(t, None) for t in self._armed_at.pop(instant, [])]
+        if len(begun) >= _BURST:
+            self._quiet_until = time.monotonic() + _BURST_QUIET
+        self._begin_chunks([held for held in begun if held is not None])
+
+    def _begin_chunks(self, helds: list[Held]) -> None:
+        self.begin_many(helds[:_BEGIN_CHUNK])
+        if len(helds) > _BEGIN_CHUNK:
+            asyncio.get_running_loop().call_soon(self._begin_chunks, helds[_BEGIN_CHUNK:])
 
     def _drop(self, lease: Lease, why: str) -> None:
         if self.held.pop(lease.fencing_token, None) is None:

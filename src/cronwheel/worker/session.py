@@ -155,7 +155,7 @@ class WorkerSession:
         self.reservations = Reservations(
             protocol,
             prepare=self._hold,
-            begin=self._arrive,
+            begin_many=self._arrive,
             on_drop=lambda _lease: self._slot_free.set(),
             backoff_max=config.backoff_max,
         )
@@ -414,15 +414,15 @@ class WorkerSession:
 
     def _receive(self, lease: Lease) -> None:
         """A run leased: held from now on, run as soon as a slot is free."""
-        self._arrive(self._hold(lease))
+        self._arrive([self._hold(lease)])
 
-    def _arrive(self, held: Held) -> None:
-        """A held run that may begin (leased, or a started reservation whose instant
-        came): run as soon as a slot is free, the highest class first."""
-        heapq.heappush(self._waiting, (held.lease.priority, next(self._arrivals), held))
+    def _arrive(self, helds: list[Held]) -> None:
+        """Held runs that may begin (leased, or started reservations whose instant
+        came): each runs as soon as a slot is free, the highest class first."""
+        for held in helds:
+            heapq.heappush(self._waiting, (held.lease.priority, next(self._arrivals), held))
         self._fill_slots()
-        if held.task is None and not held.reported:
-            self.stats.waited += 1
+        self.stats.waited += sum(1 for held in helds if held.task is None and not held.reported)
 
     def _fill_slots(self) -> None:
         """Start waiting runs while slots are free (a reservation keeps its slot)."""

@@ -316,6 +316,7 @@ async def start(
             "started": done.started,
             "not_yet": done.not_yet,
             "refused": done.refused,
+            "now": instant_text(await state.notifier.now()),
         }
     )
 
