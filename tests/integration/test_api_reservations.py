@@ -50,6 +50,8 @@ def settings(tmp_path: Path) -> Settings:
         heartbeat_interval=5.0,
         dispatch_lead=LEAD,
         lease_ahead_max=LEAD,
+        # A start further ahead than this is "not yet" (the tests start early on purpose).
+        start_ahead_max=0.5,
     )
 
 
@@ -323,6 +325,35 @@ async def test_a_reservation_is_started_at_its_instant_and_completed(
     before = await api.snapshot(t)
     assert await start(api, worker, wid, [token]) == nothing_started(refused=[token])
     assert await api.snapshot(t) == before
+
+
+async def test_a_start_within_start_ahead_max_begins_the_run_at_its_instant(
+    api: Any, clock: ManualClock
+) -> None:
+    t = await api.tenant()
+    worker = await api.key(t, "worker")
+    wid = await register(api, worker)
+    run = await ahead_run(api, t, timeout=600, heartbeat_timeout=20)
+    due = parse(run["due_at"])
+    [reserved], _ = await lease(api, worker, wid, max=10, ahead=LEAD)
+    token = reserved["fencing_token"]
+
+    clock.move_to(due - timedelta(seconds=0.25))  # within start_ahead_max (0.5 s)
+    answer = await start(api, worker, wid, [token])
+    assert (answer["started"], answer["not_yet"], answer["refused"]) == ([token], [], [])
+    # Started now, begun at its instant: the run, its attempt, its lease and deadline.
+    assert parse(answer["started_at"]) == due
+    detail = await run_detail(api, t, run["id"])
+    assert (detail["state"], parse(detail["started_at"])) == ("RUNNING", due)
+    [attempt] = detail["attempts"]
+    assert parse(attempt["started_at"]) == due
+    assert parse(attempt["lease_expires_at"]) == due + timedelta(seconds=20)
+    # A cancel now comes after the start: requested of the running run, not a refusal.
+    cancelled = await api.client.post(
+        f"/v1/runs/{run['id']}/cancel", json={}, headers=await api.key(t, "operator")
+    )
+    assert cancelled.status_code in (200, 202), cancelled.text
+    assert (await run_detail(api, t, run["id"]))["state"] == "RUNNING"
 
 
 async def test_a_cancel_before_the_instant_wins_over_the_start(
