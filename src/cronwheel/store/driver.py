@@ -167,6 +167,10 @@ class Driver(ABC):
         """A write transaction on a connection of ``engine``: yields the connection."""
         return engine.begin()
 
+    def begin_migration(self, engine: AsyncEngine) -> contextlib.AbstractAsyncContextManager[Any]:
+        """The transaction migrations run in: a write transaction."""
+        return self.begin_write(engine)
+
     def begin_renewal(self, engine: AsyncEngine) -> contextlib.AbstractAsyncContextManager[Any]:
         """The transaction of :meth:`shard_leases_renew`: a write transaction, unless the
         driver renews in one statement that is a transaction of its own."""

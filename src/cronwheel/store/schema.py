@@ -145,7 +145,16 @@ jobs = sa.Table(
     sa.Column("request_hash", sa.String(64)),
     sa.Column("created_at", UtcDateTime, nullable=False),
     sa.Column("updated_at", UtcDateTime, nullable=False),
-    sa.UniqueConstraint("tenant_id", "idempotency_key"),
+    # Only the jobs created with a key (migration 0016): a keyless job adds no entry,
+    # and no look-up by tenant alone can take this index.
+    sa.Index(
+        "uq_jobs_tenant_id_idempotency_key",
+        "tenant_id",
+        "idempotency_key",
+        unique=True,
+        postgresql_where=sa.text("idempotency_key IS NOT NULL"),
+        sqlite_where=sa.text("idempotency_key IS NOT NULL"),
+    ),
     # Unique: what the runs' key to their job refers to.
     sa.Index(None, "tenant_id", "id", unique=True),
     sa.Index(None, "tenant_id", "name"),

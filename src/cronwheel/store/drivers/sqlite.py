@@ -71,6 +71,34 @@ class SqliteDriver(CoreFiring, CoreJobs, CoreLeasing):
             async with conn.begin():
                 yield conn
 
+    @contextlib.asynccontextmanager
+    async def begin_migration(self, engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
+        """A write transaction with foreign keys off, as SQLite's own procedure for
+        changing a table asks: a migration that rebuilds a table (batch mode: create the
+        new one, copy, drop the old) would otherwise cascade the drop to every row that
+        refers to it — a job's runs, say. The keys are checked before the commit (a
+        migration that broke one fails and changes nothing) and on again after. (The
+        setting can only change outside a transaction.)"""
+
+        def foreign_keys(sync_conn: sa.Connection, on: bool) -> None:
+            cursor = sync_conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+            cursor.execute(f"PRAGMA foreign_keys={'ON' if on else 'OFF'}")
+            cursor.close()
+
+        async with self._write_lock, engine.connect() as conn:
+            conn = await conn.execution_options(cw_write=True)
+            await conn.run_sync(foreign_keys, False)
+            try:
+                async with conn.begin():
+                    yield conn
+                    broken = (await conn.exec_driver_sql("PRAGMA foreign_key_check")).all()
+                    if broken:
+                        raise RuntimeError(
+                            f"a migration broke {len(broken)} foreign key(s), first: {broken[0]}"
+                        )
+            finally:
+                await conn.run_sync(foreign_keys, True)
+
     async def db_now(self, conn: AsyncConnection) -> datetime:
         # The embedded database's clock is this process's clock.
         return datetime.now(UTC)

@@ -111,7 +111,7 @@ class SqlCore(Store):
         config = Config()
         config.set_main_option("script_location", str(MIGRATIONS_DIR))
         try:
-            async with self.driver.begin_write(self.engine) as conn:
+            async with self.driver.begin_migration(self.engine) as conn:
                 await self.driver.migration_lock(conn)
 
                 def upgrade(sync_conn: sa.Connection) -> Migrated:
