@@ -6,17 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from test_worker_waiting import lease, session_config
 
 from cronwheel.client import AsyncClient
 from cronwheel.worker.outbox import WorkerStats
 from cronwheel.worker.protocol import Lease, Started, WorkerProtocol
-from cronwheel.worker.session import SessionConfig, WorkerSession
+from cronwheel.worker.session import WorkerSession
 from cronwheel.worker.tasks import TaskContext, TaskRegistry
 
 # How early a callback timer may fire on the event loop's own clock (its resolution).
@@ -56,21 +56,7 @@ class ServerLike(WorkerProtocol):
 
 
 def reservation(token: int, instant: datetime) -> Lease:
-    return Lease(
-        attempt_id=str(uuid.uuid4()),
-        run_id=str(uuid.uuid4()),
-        job_id=str(uuid.uuid4()),
-        attempt=1,
-        task="work",
-        webhook=None,
-        payload={},
-        fencing_token=token,
-        lease_expires_at=instant + timedelta(seconds=30),
-        deadline=instant + timedelta(seconds=60),
-        due_at=instant,
-        heartbeat_timeout=30.0,
-        not_before=instant,
-    )
+    return lease(token - 1, at=instant, not_before=instant)
 
 
 class Harness:
@@ -113,19 +99,7 @@ class Harness:
 
 async def _running(ahead: float, concurrency: int = 3000) -> AsyncIterator[Harness]:
     registry = TaskRegistry()
-    config = SessionConfig(
-        pool="default",
-        capabilities=(),
-        tags=(),
-        concurrency=concurrency,
-        name=None,
-        grace_period=1.0,
-        lease_wait=1.0,
-        flush_delay=0.01,
-        flush_size=100,
-        heartbeat_interval=None,
-        backoff_max=0.1,
-    )
+    config = session_config(concurrency)
     # Nothing here reaches a server: only ``start`` is called, and answered here.
     async with AsyncClient("http://127.0.0.1:9", api_key="cw_unused") as client:
         server = ServerLike(client, ahead)

@@ -20,8 +20,12 @@ from cronwheel.worker.session import SessionConfig, WorkerSession
 from cronwheel.worker.tasks import TaskContext, TaskRegistry
 
 
-def lease(n: int, priority: int = 2) -> Lease:
-    now = datetime.now(UTC)
+def lease(
+    n: int, priority: int = 2, *, at: datetime | None = None, not_before: datetime | None = None
+) -> Lease:
+    """Attempt ``n`` (token ``n + 1``) leased ``at`` (now); a reservation when
+    ``not_before`` is given."""
+    now = at or datetime.now(UTC)
     return Lease(
         attempt_id=str(uuid.uuid4()),
         run_id=str(uuid.uuid4()),
@@ -36,6 +40,25 @@ def lease(n: int, priority: int = 2) -> Lease:
         due_at=now,
         heartbeat_timeout=30.0,
         priority=priority,
+        not_before=not_before,
+    )
+
+
+def session_config(concurrency: int, prefetch: int | None = None) -> SessionConfig:
+    """A worker's settings for a session that reaches no server."""
+    return SessionConfig(
+        pool="default",
+        capabilities=(),
+        tags=(),
+        concurrency=concurrency,
+        name=None,
+        grace_period=1.0,
+        lease_wait=1.0,
+        flush_delay=0.01,
+        flush_size=100,
+        heartbeat_interval=None,
+        backoff_max=1.0,
+        prefetch=prefetch,
     )
 
 
@@ -68,20 +91,7 @@ async def harness() -> AsyncIterator[Harness]:
         started.append(int(payload["n"]))
         await gate.wait()
 
-    config = SessionConfig(
-        pool="default",
-        capabilities=(),
-        tags=(),
-        concurrency=1,
-        name=None,
-        grace_period=1.0,
-        lease_wait=1.0,
-        flush_delay=0.01,
-        flush_size=100,
-        heartbeat_interval=None,
-        backoff_max=1.0,
-        prefetch=4,
-    )
+    config = session_config(concurrency=1, prefetch=4)
     # Nothing here reaches a server: the client is never called.
     async with AsyncClient("http://127.0.0.1:9", api_key="cw_unused") as client:
         session = WorkerSession(
