@@ -83,9 +83,10 @@ class Reservations:
         self.backoff_max = backoff_max
         self.start_ahead_max = 0.0  # the server's: how early a start may go out
         self.held: dict[int, Lease] = {}  # not started yet, by fencing token
-        self._armed: dict[int, Held] = {}  # started, waiting for their instant
-        self._armed_at: dict[datetime, list[int]] = {}  # their tokens by instant
-        self._timers: dict[datetime, asyncio.TimerHandle] = {}  # one per instant
+        # Started, waiting for their instant: by instant, with the one timer that
+        # begins them all.
+        self._armed: dict[datetime, tuple[asyncio.TimerHandle, list[Held]]] = {}
+        self._armed_count = 0
         # (instant, token), the instant in seconds of the server's clock: a burst's
         # reservations share one exactly, however they were reckoned here.
         self._due: list[tuple[float, int]] = []
@@ -101,12 +102,12 @@ class Reservations:
 
     def busy(self) -> bool:
         """Runs are about to begin, or being started: what the worker reports can wait."""
-        if self._in_flight > 0 or self._armed or time.monotonic() < self._quiet_until:
+        if self._in_flight > 0 or self._armed_count or time.monotonic() < self._quiet_until:
             return True
         return bool(self._due and self._due[0][0] - self._lead_first() <= self._server_now())
 
     def __len__(self) -> int:
-        return len(self.held) + len(self._armed)
+        return len(self.held) + self._armed_count
 
     def add(self, lease: Lease) -> None:
         assert lease.not_before is not None
@@ -155,13 +156,12 @@ class Reservations:
         """Every reservation still held, forgotten here, and every armed attempt that
         has not begun: a worker stopping hands them back."""
         leases = list(self.held.values())
-        armed = list(self._armed.values())
-        for timer in self._timers.values():
+        armed = [held for _, helds in self._armed.values() for held in helds]
+        for timer, _ in self._armed.values():
             timer.cancel()
         self.held.clear()
         self._armed.clear()
-        self._armed_at.clear()
-        self._timers.clear()
+        self._armed_count = 0
         self._due.clear()
         self._at_instant.clear()
         return leases, armed
@@ -252,7 +252,7 @@ class Reservations:
     def _retry(self, batch: list[Lease], delay: float) -> None:
         """Try ``batch`` again after ``delay``, but only while each reservation holds:
         past its expiry it may be another worker's, and is dropped."""
-        now = time.time() + self.protocol.clock_offset
+        now = self._server_now()
         for lease in batch:
             if lease.lease_expires_at.timestamp() <= now + delay:
                 self._drop(lease, "its reservation lapsed before it could be started")
@@ -266,29 +266,24 @@ class Reservations:
     def _settle(self, batch: list[Lease], answer: Started) -> None:
         by_token = {lease.fencing_token: lease for lease in batch}
         # (An answer without its instant would be a server bug: our reckoning of it.)
-        at = answer.started_at or datetime.fromtimestamp(
-            time.time() + self.protocol.clock_offset, UTC
-        )
-        loop = asyncio.get_running_loop()
-        local: dict[datetime, float] = {}  # each instant on our clock, reckoned once
+        at = answer.started_at or datetime.fromtimestamp(self._server_now(), UTC)
         for token in answer.started:
             lease = self.held.pop(token, None)
             if lease is None:
                 continue
-            assert lease.not_before is not None
+            instant = lease.not_before
+            assert instant is not None
             held = self.prepare(lease.started(at))
-            if lease.not_before not in local:
-                local[lease.not_before] = self._local(lease.not_before)
-            wait = local[lease.not_before] - time.monotonic()
-            if wait <= 0:
-                self.begin_many([held])
-                continue
-            self._armed[token] = held
-            self._armed_at.setdefault(lease.not_before, []).append(token)
-            if lease.not_before not in self._timers:
-                self._timers[lease.not_before] = loop.call_later(
-                    wait, self._begin_at, lease.not_before
-                )
+            armed = self._armed.get(instant)
+            if armed is None:
+                wait = self._local(instant) - time.monotonic()
+                if wait <= 0:
+                    self.begin_many([held])
+                    continue
+                timer = asyncio.get_running_loop().call_later(wait, self._begin_at, instant)
+                armed = self._armed[instant] = (timer, [])
+            armed[1].append(held)
+            self._armed_count += 1
         for token in answer.refused:
             lease = by_token.get(token)
             if lease is not None:
@@ -301,11 +296,11 @@ class Reservations:
 
     def _begin_at(self, instant: datetime) -> None:
         """The instant of armed reservations came: their handlers may begin."""
-        self._timers.pop(instant, None)
-        begun = [self._armed.pop(t, None) for t in self._armed_at.pop(instant, [])]
+        _, begun = self._armed.pop(instant)
+        self._armed_count -= len(begun)
         if len(begun) >= _BURST:
             self._quiet_until = time.monotonic() + _BURST_QUIET
-        self._begin_chunks([held for held in begun if held is not None])
+        self._begin_chunks(begun)
 
     def _begin_chunks(self, helds: list[Held]) -> None:
         self.begin_many(helds[:_BEGIN_CHUNK])

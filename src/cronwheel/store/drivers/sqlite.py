@@ -66,10 +66,15 @@ class SqliteDriver(CoreFiring, CoreJobs, CoreLeasing):
 
     @contextlib.asynccontextmanager
     async def begin_write(self, engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
+        async with self._writer(engine) as conn, conn.begin():
+            yield conn
+
+    @contextlib.asynccontextmanager
+    async def _writer(self, engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
+        """The one connection that writes (this process's lock held), its transactions
+        begun IMMEDIATE."""
         async with self._write_lock, engine.connect() as conn:
-            conn = await conn.execution_options(cw_write=True)
-            async with conn.begin():
-                yield conn
+            yield await conn.execution_options(cw_write=True)
 
     @contextlib.asynccontextmanager
     async def begin_migration(self, engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
@@ -85,8 +90,7 @@ class SqliteDriver(CoreFiring, CoreJobs, CoreLeasing):
             cursor.execute(f"PRAGMA foreign_keys={'ON' if on else 'OFF'}")
             cursor.close()
 
-        async with self._write_lock, engine.connect() as conn:
-            conn = await conn.execution_options(cw_write=True)
+        async with self._writer(engine) as conn:
             await conn.run_sync(foreign_keys, False)
             try:
                 async with conn.begin():
