@@ -61,6 +61,10 @@ IN_PROGRESS = (RunState.DISPATCHED.value, RunState.RUNNING.value)
 # How long a deleted attempt's id is refused as stale: longer than the longest attempt.
 TOMBSTONE_TTL = timedelta(seconds=TIMEOUT_MAX) + timedelta(days=1)
 
+# How many runs' attempts and events a deletion removes per statement (SQLite's bound on
+# a statement's parameters is 32,766).
+_CHUNK = 10_000
+
 # How many of the runs or jobs in the way an error's message names (its details list up
 # to 100).
 _NAMED = 10
@@ -107,9 +111,7 @@ class DeletionMixin(SqlCore):
                     count=len(stopped),
                 )
             await self._bury_attempts(conn, tenant_id, of_job, at)
-            attempted, count = await self._delete_runs(
-                conn, tenant_id, of_job, events.c.run_id.in_(_ids(of_job))
-            )
+            attempted, count = await self._delete_runs(conn, tenant_id, of_job)
             await conn.execute(
                 jobs.delete().where(jobs.c.tenant_id == tenant_id, jobs.c.id == job_id)
             )
@@ -185,9 +187,7 @@ class DeletionMixin(SqlCore):
                     runs=[{"id": str(i), "state": s} for i, s in stopped[:100]],
                 )
             await self._bury_attempts(conn, tenant_id, of_tenant, at)
-            _none, run_count = await self._delete_runs(
-                conn, tenant_id, of_tenant, events.c.run_id.is_not(None), attempted=False
-            )
+            _none, run_count = await self._delete_runs(conn, tenant_id, of_tenant, whole=True)
             counts = {}
             for name, table in (("jobs", jobs), ("workers", workers)):
                 result = await conn.execute(table.delete().where(table.c.tenant_id == tenant_id))
@@ -310,29 +310,40 @@ class DeletionMixin(SqlCore):
         conn: AsyncConnection,
         tenant_id: uuid.UUID,
         where: sa.ColumnElement[bool],
-        run_events: sa.ColumnElement[bool],
         *,
-        attempted: bool = True,
+        whole: bool = False,
     ) -> tuple[list[uuid.UUID], int]:
-        """Delete the selected runs with their attempts and their events (the tenant's
-        events ``run_events`` selects): ``(ids of the runs that had attempts — unless
-        not ``attempted`` —, how many runs)``."""
-        selected = _ids(where)
-        had: list[uuid.UUID] = []
-        if attempted:
-            had = [
-                r.run_id
-                for r in await conn.execute(
-                    sa.select(attempts.c.run_id)
-                    .where(attempts.c.tenant_id == tenant_id, attempts.c.run_id.in_(selected))
-                    .distinct()
-                )
-            ]
-        await conn.execute(events.delete().where(events.c.tenant_id == tenant_id, run_events))
-        await conn.execute(
-            attempts.delete().where(
-                attempts.c.tenant_id == tenant_id, attempts.c.run_id.in_(selected)
+        """Delete the runs ``where`` selects with their attempts and their events:
+        ``(ids of the runs that had attempts, how many runs)``.
+
+        A job's runs are read first and their attempts and events deleted by those ids,
+        a chunk at a time: a plan that follows the ids through the run indexes, which
+        the planner cannot trade for a walk of every event of the tenant. A ``whole``
+        tenant's go by the tenant alone, and who had attempts is not asked."""
+        if whole:
+            await conn.execute(
+                events.delete().where(events.c.tenant_id == tenant_id, events.c.run_id.is_not(None))
             )
-        )
+            await conn.execute(attempts.delete().where(attempts.c.tenant_id == tenant_id))
+            result = await conn.execute(runs.delete().where(where))
+            return [], result.rowcount
+        ids = list((await conn.execute(sa.select(runs.c.id).where(where))).scalars())
+        had: list[uuid.UUID] = []
+        for i in range(0, len(ids), _CHUNK):
+            chunk = ids[i : i + _CHUNK]
+            of_attempts = sa.and_(
+                attempts.c.tenant_id == tenant_id, self.driver.id_in(attempts.c.run_id, chunk)
+            )
+            had.extend(
+                (
+                    await conn.execute(sa.select(attempts.c.run_id).where(of_attempts).distinct())
+                ).scalars()
+            )
+            await conn.execute(
+                events.delete().where(
+                    events.c.tenant_id == tenant_id, self.driver.id_in(events.c.run_id, chunk)
+                )
+            )
+            await conn.execute(attempts.delete().where(of_attempts))
         result = await conn.execute(runs.delete().where(where))
         return sorted(had), result.rowcount
