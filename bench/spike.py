@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import uuid
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from harness import (
     Cluster,
@@ -38,6 +38,7 @@ from harness import (
 )
 
 CPU_WINDOW = 2.0  # seconds from the instant over which each process's CPU is measured
+CPU_BEFORE = 5.0  # and the seconds before it (the default dispatch lead)
 
 
 async def main() -> None:
@@ -64,6 +65,13 @@ async def main() -> None:
         "server, worker-0, …) during the spike; repeatable",
     )
     parser.add_argument("--profile-seconds", type=float, default=8.0)
+    parser.add_argument(
+        "--profile-before",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="begin the profiles S seconds before the instant (reserving ahead)",
+    )
     args = parser.parse_args()
 
     async with bench_cluster(args.backend, env=ahead_env(args)) as cluster:
@@ -84,12 +92,20 @@ async def run_spike(cluster: Cluster, args: argparse.Namespace) -> None:
             cluster, setup, lead=lead, dues=lambda at: [at] * args.runs, name="spike"
         )
         profilers = [
-            profile(cluster, name, seconds=args.profile_seconds, start_at=due)
+            profile(
+                cluster,
+                name,
+                seconds=args.profile_seconds,
+                start_at=due - timedelta(seconds=args.profile_before),
+            )
             for name in args.profile
         ]
+        before = asyncio.ensure_future(
+            sample_window(cluster, due - timedelta(seconds=CPU_BEFORE), CPU_BEFORE)
+        )
         cpu = asyncio.ensure_future(sample_window(cluster, due, CPU_WINDOW))
         await wait_done(setup.store, args.runs, args.timeout)
-        usage = await cpu
+        usage = {"before": await before, "after": await cpu}
         for p in profilers:
             console.print(f"profile: {await p}")
         cluster.check_alive()
@@ -104,7 +120,7 @@ def summarise(
     args: argparse.Namespace,
     history: History,
     due: datetime,
-    usage: dict[str, float],
+    usage: dict[str, dict[str, float]],
     starts: dict[uuid.UUID, list[float]],
 ) -> None:
     runs = history.runs
@@ -134,9 +150,11 @@ def summarise(
         "runs_lost": lost,
         "runs_run_twice": twice,
         "runs_executed_twice_by_handler": sum(1 for s in starts.values() if len(s) > 1),
-        # Percent of one core per process over the CPU_WINDOW seconds from the instant;
+        # Percent of one core per process over the CPU_BEFORE seconds before the
+        # instant (dispatching and reserving ahead) and the CPU_WINDOW seconds from it;
         # "machine": every core, PostgreSQL included (100 per core).
-        "cpu_percent_after_instant": usage,
+        "cpu_percent_before_instant": usage["before"],
+        "cpu_percent_after_instant": usage["after"],
     }
     d, s, h = (
         result["dispatch_lateness_ms"],

@@ -524,3 +524,26 @@ async def test_handing_a_reservation_back_frees_the_run_at_once(
     detail = await run_detail(api, t, run["id"])
     assert detail["state"] == "RUNNING"
     assert [a["id"] for a in detail["attempts"]] == [third["attempt_id"]]
+
+
+async def test_reserve_beyond_max_through_the_api_and_its_bad_values(api: Any) -> None:
+    t = await api.tenant()
+    worker = await api.key(t, "worker")
+    wid = await register(api, worker)
+    runs = [await ahead_run(api, t) for _ in range(3)]
+    before = await api.snapshot(t)
+    for body, says in (
+        ({"max": 1, "reserve": 5}, "set ahead too"),
+        ({"max": 1, "ahead": LEAD, "reserve": 1001}, "less than or equal"),
+        ({"max": 1, "ahead": LEAD, "reserve": -1}, "greater than or equal"),
+    ):
+        r = await api.client.post(f"/v1/workers/{wid}/lease", json=body, headers=worker)
+        assert r.status_code == 422, r.text
+        err = error_of(r)
+        assert (err["code"], err["field"]) == ("invalid_request", "reserve"), err
+        assert says in err["message"], err
+    assert await api.snapshot(t) == before
+    # ``max`` 1 filled by one reservation, ``reserve`` takes the other two.
+    reserved, _ = await lease(api, worker, wid, max=1, ahead=LEAD, reserve=5)
+    assert sorted(a["run_id"] for a in reserved) == sorted(r["id"] for r in runs)
+    assert all(a["not_before"] is not None for a in reserved)

@@ -241,3 +241,48 @@ async def test_a_lease_ahead_starts_what_is_due_and_reserves_the_rest(store: Sto
         worker_id=worker.id, tokens=[leased[1].fencing_token], tenant_id=stranger.id, now=at(3)
     )
     assert refused.refused == [leased[1].fencing_token]
+
+
+async def test_reserve_takes_runs_not_due_beyond_max_once_max_is_filled(store: Store) -> None:
+    tenant = await make_tenant(store)
+    due_now = []
+    for _ in range(3):
+        _job, run = await create_job(store, tenant.id, due_at=T0, now=T0)
+        due_now.append(run)
+    ahead = [await _ahead_run(store, tenant.id) for _ in range(3)]
+    assert len(await fire(store, due_now)) == 3
+    worker = await register_worker(store, tenant.id)
+    now_ids = {r.id for r in due_now}
+
+    # ``max`` filled with runs due now only: ``reserve`` adds nothing (the worker comes
+    # back for more as soon as its slots free up).
+    first = await store.attempts_lease(worker=worker, max=2, ahead=5, reserve=10, now=at(0))
+    assert [a.not_before for a in first] == [None, None]
+    assert {a.run_id for a in first} <= now_ids
+    # ``max`` reaching runs not due yet: ``reserve`` takes more of them, reserved.
+    leased = await store.attempts_lease(worker=worker, max=2, ahead=5, reserve=10, now=at(0))
+    [(left, none)] = [(a.run_id, a.not_before) for a in leased if a.not_before is None]
+    assert (left, none) == ((now_ids - {a.run_id for a in first}).pop(), None)
+    assert sorted(a.run_id for a in leased if a.not_before is not None) == sorted(
+        r.id for r in ahead
+    )
+    assert {a.not_before for a in leased if a.not_before is not None} == {DUE}
+    for run in ahead:
+        assert (await store.runs_get(tenant.id, run.id)).state == RunState.DISPATCHED
+    assert await store.attempts_lease(worker=worker, max=5, ahead=5, reserve=10, now=at(0)) == []
+
+
+async def test_reserve_waits_for_max_to_fill_and_is_bounded(store: Store) -> None:
+    tenant = await make_tenant(store)
+    ahead = [await _ahead_run(store, tenant.id) for _ in range(4)]
+    worker = await register_worker(store, tenant.id)
+    # ``max`` (3) is filled by reservations, then ``reserve`` (1) adds one more: 4.
+    leased = await store.attempts_lease(worker=worker, max=3, ahead=5, reserve=1, now=at(0))
+    assert sorted(a.run_id for a in leased) == sorted(r.id for r in ahead)
+    other = await register_worker(store, tenant.id)
+    assert await store.attempts_lease(worker=other, max=3, ahead=5, reserve=5, now=at(0)) == []
+    # Without ``ahead`` nothing is reserved, ``reserve`` or not.
+    more = [await _ahead_run(store, tenant.id) for _ in range(2)]
+    assert await store.attempts_lease(worker=other, max=1, reserve=5, now=at(0)) == []
+    both = await store.attempts_lease(worker=other, max=1, ahead=5, reserve=5, now=at(0))
+    assert sorted(a.run_id for a in both) == sorted(r.id for r in more)

@@ -15,7 +15,7 @@ from test_worker_waiting import lease, session_config
 
 from cronwheel.client import AsyncClient
 from cronwheel.worker.outbox import WorkerStats
-from cronwheel.worker.protocol import Lease, Started, WorkerProtocol
+from cronwheel.worker.protocol import BatchOutcomes, Lease, Outcome, Started, WorkerProtocol
 from cronwheel.worker.session import WorkerSession
 from cronwheel.worker.tasks import TaskContext, TaskRegistry
 
@@ -70,6 +70,8 @@ class Harness:
         self.begun: list[tuple[float, str]] = []  # (monotonic time, attempt id)
         self.dropped: list[Lease] = []
         self.changed = asyncio.Event()
+        self.most_running = 0  # the most handlers running at once
+        self.hold: asyncio.Event | None = None  # set: handlers wait for it
 
     def reserve(self, tokens: Sequence[int], in_seconds: float) -> float:
         """Reservations due together ``in_seconds`` from now; their instant on the
@@ -82,8 +84,8 @@ class Harness:
         return local
 
     async def until(self, done: Callable[[], bool]) -> None:
-        """Until ``done()``: looked at whenever a run begins or is dropped, or what the
-        session holds changes."""
+        """Until ``done()``: looked at whenever a run begins or is dropped, what the
+        session holds changes, or 50 ms passed."""
         async with asyncio.timeout(5):
             while not done():
                 self.changed.clear()
@@ -92,7 +94,8 @@ class Harness:
                     asyncio.ensure_future(self.changed.wait()),
                     asyncio.ensure_future(self.session._held_changed.wait()),
                 ]
-                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                # (Also looked at now and then: a release changes neither.)
+                await asyncio.wait(waits, timeout=0.05, return_when=asyncio.FIRST_COMPLETED)
                 for w in waits:
                     w.cancel()
 
@@ -117,7 +120,10 @@ async def _running(ahead: float, concurrency: int = 3000) -> AsyncIterator[Harne
         @registry.task("work")
         async def work(ctx: TaskContext, payload: dict[str, Any]) -> None:
             harness.begun.append((time.monotonic(), ctx.attempt_id))
+            harness.most_running = max(harness.most_running, session.running)
             harness.changed.set()
+            if harness.hold is not None:
+                await harness.hold.wait()
 
         drop = session.reservations.on_drop
 
@@ -149,6 +155,24 @@ async def ahead() -> AsyncIterator[Harness]:
 @pytest.fixture
 async def at_instant() -> AsyncIterator[Harness]:
     async for harness in _running(ahead=0.0):
+        yield harness
+
+
+@pytest.fixture
+async def two_slots() -> AsyncIterator[Harness]:
+    async for harness in _running(ahead=1.0, concurrency=2):
+        yield harness
+
+
+@pytest.fixture
+async def one_slot() -> AsyncIterator[Harness]:
+    async for harness in _running(ahead=1.0, concurrency=1):
+        yield harness
+
+
+@pytest.fixture
+async def four_slots() -> AsyncIterator[Harness]:
+    async for harness in _running(ahead=1.0, concurrency=4):
         yield harness
 
 
@@ -223,3 +247,69 @@ async def test_a_burst_goes_out_in_batches_and_a_refused_run_is_dropped(ahead: H
     assert [lease.fencing_token for lease in ahead.dropped] == [7]
     assert len(ahead.begun) == 2499
     assert min(began for began, _ in ahead.begun) >= instant - TIMER_SLACK
+
+
+async def test_reservations_beyond_the_slots_begin_as_the_slots_free_up(
+    two_slots: Harness,
+) -> None:
+    two_slots.reservations._round_trip = 0.05
+    instant = two_slots.reserve(range(1, 51), 0.4)
+    await two_slots.until(lambda: len(two_slots.begun) == 50)
+    # Fifty reservations on two slots: every one begins, at its instant or after,
+    # two at a time, and none is handed back.
+    assert min(began for began, _ in two_slots.begun) >= instant - TIMER_SLACK
+    assert two_slots.most_running <= 2
+    assert two_slots.session.outbox._releases == []
+    assert two_slots.session._reserved_waiting == 0
+
+
+async def test_started_reservations_the_slots_cannot_begin_in_time_are_handed_back(
+    one_slot: Harness,
+) -> None:
+    one_slot.hold = asyncio.Event()  # the first handler never ends
+    one_slot.reservations._round_trip = 0.05
+    one_slot.reserve(range(1, 6), 0.2)
+    await one_slot.until(lambda: len(one_slot.begun) == 1)
+    waiting = [h for _, _, h in one_slot.session._waiting]
+    assert len(waiting) == 4 and all(h.reserved and h.task is None for h in waiting)
+    # Half a second on, the slot has begun nothing more: the four are released
+    # (not counted as tries) for a worker with a free slot.
+    await one_slot.until(lambda: len(one_slot.session.outbox._releases) == 4)
+    assert sorted(r.attempt_id for r in one_slot.session.outbox._releases) == sorted(
+        h.lease.attempt_id for h in waiting
+    )
+    assert one_slot.session._waiting == [] and one_slot.session._reserved_waiting == 0
+    assert len(one_slot.begun) == 1
+    one_slot.hold.set()
+
+
+async def test_how_many_reservations_a_worker_holds_beyond_its_slots(
+    four_slots: Harness,
+) -> None:
+    session = four_slots.session
+    # The handlers' duration unknown: up to the configured most (10,000).
+    assert session._reserve_extra() == 10_000
+    # Known: what the slots begin in two seconds (4 slots, 0.5 s each: 16).
+    session._ended(0.5)
+    assert session._reserve_extra() == 16
+    # Beyond that allowance each reservation holds a slot.
+    four_slots.reserve(range(1, 21), 5.0)
+    assert session._reserved_over() == 4
+    # A pool keeping slots for P0 gets none beyond the slots.
+    session.protocol.p0_reserved_slots = 1
+    assert session._reserve_extra() == 0
+
+
+async def test_heartbeats_go_in_batches_the_server_accepts(ahead: Harness) -> None:
+    session = ahead.session
+    sizes: list[int] = []
+
+    async def batch(*, heartbeats: Sequence[Any] = (), **_: Any) -> BatchOutcomes:
+        sizes.append(len(heartbeats))
+        return BatchOutcomes(heartbeats=[Outcome(h.attempt_id, True) for h in heartbeats])
+
+    session.protocol.batch = batch  # type: ignore[method-assign]
+    for n in range(2500):
+        session._hold(lease(n))
+    await session._beat()
+    assert sizes == [1000, 1000, 500]

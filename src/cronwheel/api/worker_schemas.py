@@ -126,10 +126,13 @@ class WorkerOut(ResponseModel):
     capacity: int = Field(description="its slots: the most attempts it holds at once")
     slots_in_use: int = Field(
         description="attempts it holds now (running) plus runs reserved for it (leased "
-        "ahead, not started yet); to a tenant key, of that tenant's runs only (a shared "
-        "worker's other work is not shown)"
+        "ahead, not started yet), at most its capacity (a worker whose handlers are short "
+        "holds more of a burst than it has slots); to a tenant key, of that tenant's runs "
+        "only (a shared worker's other work is not shown)"
     )
-    running: int = Field(description="attempts it holds now")
+    running: int = Field(
+        description="attempts it holds now (started ahead of their instant included)"
+    )
     reserved: int = Field(description="runs reserved for it, not started yet")
     registered_at: UtcInstant
     last_seen_at: UtcInstant = Field(description="its last registration or lease call")
@@ -172,6 +175,14 @@ class LeaseRequest(RequestModel):
         le=3600,
         description="seconds: also lease runs due within this long, as reservations the "
         "worker starts at their instant with `POST /v1/workers/{id}/start`",
+    )
+    reserve: Integer = Field(
+        default=0,
+        ge=0,
+        le=1000,
+        description="beyond `max`: once `max` is filled, up to this many more runs not "
+        "due yet, as reservations (needs `ahead`): a worker whose handlers are short "
+        "holds more of a burst than it has slots",
     )
 
 

@@ -359,6 +359,18 @@ def worker(
             "about what the handlers finish in 0.2 s (default: twice the concurrency; 0: none).",
         ),
     ] = None,
+    reserve: Annotated[
+        int | None,
+        typer.Option(
+            "--reserve",
+            min=0,
+            max=100_000,
+            show_default=False,
+            help="The most reservations held beyond the free slots, about what the slots "
+            "begin in 2 s once the handlers' duration is known (default: 10,000; 0: each "
+            "reservation holds a slot).",
+        ),
+    ] = None,
     log_level: LogLevelOpt = "info",
 ) -> None:
     """Run a Python worker.
@@ -417,6 +429,7 @@ def worker(
             webhook=caller,
             lease_ahead=lease_ahead,
             prefetch=prefetch,
+            reserve=reserve,
         )
         if modules:
             w.include(registry)

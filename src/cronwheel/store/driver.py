@@ -365,10 +365,12 @@ class Driver(ABC):
         webhooks_only: bool,
         ahead: float,
         now: datetime | None,
+        later: bool = False,
     ) -> ReadyQueue:
         """What the worker could take of its pool's ready queue: for each tenant
         waiting, how many runs of each priority class (counting at most ``max`` per
-        tenant), with the tenant's limits and the pool's own P0 share, and the clock."""
+        tenant), with the tenant's limits and the pool's own P0 share, and the clock.
+        ``later``: only runs not due yet (to reserve beyond the worker's slots)."""
 
     @abstractmethod
     async def attempts_lease(
@@ -380,10 +382,12 @@ class Driver(ABC):
         webhooks_only: bool,
         ahead: float,
         now: datetime | None,
+        later: bool = False,
     ) -> tuple[list[LeasedAttempt], dict[tuple[uuid.UUID, int], int]]:
         """Lease what admission granted: of each (tenant, class) up to its count of the
         oldest ready runs the worker can take; each due one becomes RUNNING with a new
-        attempt and token, each due within ``ahead`` is reserved for the worker.
+        attempt and token, each due within ``ahead`` is reserved for the worker
+        (``later``: only runs not due yet are taken, all of them reserved).
         Raises :class:`WorkerGone` when the worker is not live (also with no grants).
         Returns the attempts, ordered by ``not_before``, and the count taken of each
         (tenant, class). It is atomic on its own: a driver may run it outside a

@@ -91,6 +91,7 @@ class WorkerSide(ABC):
         ahead: float = 0.0,
         now: datetime | None = None,
         p0_share: float = 0.0,
+        reserve: int = 0,
     ) -> list[LeasedAttempt]:
         """Lease up to ``max`` DISPATCHED runs the worker can execute (its pool, its
         tenant if it has one, required capabilities a subset of its own, route tags a
@@ -114,7 +115,10 @@ class WorkerSide(ABC):
         by :meth:`attempts_start_many` at its instant, handed back, or the reservation
         lapses (its instant plus the heartbeat timeout) and any worker may lease it.
         A cancel or pause before the start wins. A lapsed reservation is taken over by
-        the next lease like any ready run.
+        the next lease like any ready run. With ``reserve`` > 0 too, a worker whose
+        ``max`` was filled is also given up to ``reserve`` more runs not due yet, all
+        reservations (beyond its free slots: a worker whose handlers are short begins
+        many runs of a burst in the time its slots take to free up).
 
         A deregistered worker leases nothing: :class:`WorkerDeregisteredError`, decided
         inside the statement. A lease racing :meth:`workers_deregister` is ordered with
@@ -127,6 +131,7 @@ class WorkerSide(ABC):
             ahead=ahead,
             now=now,
             p0_share=p0_share,
+            reserve=reserve,
         )
         return admitted.attempts
 
@@ -140,6 +145,7 @@ class WorkerSide(ABC):
         ahead: float = 0.0,
         now: datetime | None = None,
         p0_share: float = 0.0,
+        reserve: int = 0,
     ) -> Admitted:
         """:meth:`attempts_lease`, telling also what admission held back: the tenants
         a limit held, and when a dispatch-rate limit will let the next run go."""

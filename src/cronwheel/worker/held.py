@@ -48,6 +48,7 @@ class Held:
     finished: bool = False  # the handler returned, raised or was cancelled
     reported: bool = False  # an outcome (or release) is queued or sent
     cancel_reason: CancelReason | None = None
+    reserved: bool = False  # started from a reservation ahead of its instant
 
     @property
     def ref(self) -> TokenRef:
@@ -74,6 +75,8 @@ class Held:
 
     def completion(self, result: Any) -> Completion | Failure:
         """A completion with ``result``, or the failure saying why it cannot be stored."""
+        if result is None:  # most handlers return nothing: no conversion to check
+            return Completion(self.lease.attempt_id, self.lease.fencing_token, None)
         try:
             value = to_jsonable_python(result)
         except PydanticSerializationError as exc:

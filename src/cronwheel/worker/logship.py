@@ -144,6 +144,8 @@ class ShippingLogAdapter(RunLogAdapter):
     def log(self, level: int, msg: object, *args: object, **kwargs: Any) -> None:
         if level >= self._level:
             self._shipper.add(self._buffer, level, _render(msg, args, kwargs.get("exc_info")))
+        elif not self.logger.isEnabledFor(level):
+            return  # neither shipped nor logged here: a debug line per run costs nothing
         # Skip this frame when logging finds the caller (funcName, lineno).
         kwargs["stacklevel"] = int(kwargs.get("stacklevel", 1)) + 1
         super().log(level, msg, *args, **kwargs)

@@ -327,17 +327,20 @@ class WorkerProtocol:
         )
 
     async def lease(
-        self, worker_id: str, *, max: int, wait: float, ahead: float = 0.0
+        self, worker_id: str, *, max: int, wait: float, ahead: float = 0.0, reserve: int = 0
     ) -> list[Lease]:
         """Up to ``max`` attempts; the server answers as soon as it has any, or after
         ``wait`` seconds with none. With ``ahead``, runs due within that many seconds
-        come as reservations (``not_before`` set). Each answer updates
+        come as reservations (``not_before`` set), and with ``reserve`` too, up to that
+        many more of them once ``max`` is filled. Each answer updates
         :attr:`clock_offset`."""
         body: dict[str, Any] = {"max": max, "wait": wait}
         if self.webhooks_only:
             body["webhooks_only"] = True
-        if ahead > 0:  # only when set: older servers refuse the field
+        if ahead > 0:  # only when set: older servers refuse the fields
             body["ahead"] = ahead
+            if reserve > 0:
+                body["reserve"] = reserve
         call = Call("POST", f"/v1/workers/{quote(worker_id, safe='')}/lease", json=body)
         data = await self.client.send(call, read_timeout=wait + _LONG_POLL_MARGIN)
         received = time.time()

@@ -63,8 +63,11 @@ class Worker:
     ``cronwheel runs logs`` shows them (default: INFO and above;
     ``LogShipConfig(level=None)``: none).
     ``lease_ahead``: runs dispatched ahead of their instant and due within this many
-    seconds are leased as reservations, each holding a slot, and started at their
-    instant with one small request (None: as far as the server allows; 0: never).
+    seconds are leased as reservations, and started at their instant with one small
+    request (None: as far as the server allows; 0: never). ``reserve`` bounds the
+    reservations held beyond the free slots (None: 10,000; 0: each holds a slot):
+    about what the slots begin in two seconds, once the handlers' duration is known;
+    started ones that the slots' pace would not begin by then are handed back.
     """
 
     def __init__(
@@ -89,6 +92,7 @@ class Worker:
         log_shipping: LogShipConfig | None = None,
         lease_ahead: float | None = None,
         prefetch: int | None = None,
+        reserve: int | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -98,6 +102,8 @@ class Worker:
             raise ValueError("lease_ahead cannot be negative")
         if prefetch is not None and prefetch < 0:
             raise ValueError("prefetch cannot be negative")
+        if reserve is not None and reserve < 0:
+            raise ValueError("reserve cannot be negative")
         if heartbeat_interval is not None and heartbeat_interval <= 0:
             raise ValueError("heartbeat_interval must be positive")
         if flush_size < 1:
@@ -125,6 +131,7 @@ class Worker:
             log_shipping=log_shipping or LogShipConfig(),
             lease_ahead=lease_ahead,
             prefetch=prefetch,
+            reserve=reserve,
         )
         self.registry = TaskRegistry()
         self.stats = WorkerStats()

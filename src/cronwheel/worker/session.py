@@ -85,6 +85,7 @@ T = TypeVar("T")
 _REGISTER_AGAIN = frozenset({(404, "not_found"), (410, "worker_deregistered")})
 _P0_POLL_SECONDS = 0.1  # how often a worker with only its P0 slots free asks for P0 runs
 _LEASE_MAX = 1000  # the most runs one lease request may ask for (the server's limit)
+_BEAT_MAX = 1000  # the most heartbeats one batch request may carry (the server's limit)
 _IDLE_POLL_SECONDS = 1.0
 # Prefetch holds about what the handlers finish in this many seconds (see above): enough
 # to cover a lease round trip, short enough that a waiting run barely waits.
@@ -92,6 +93,14 @@ _PREFETCH_HORIZON = 0.2
 _DURATION_WEIGHT = 0.2  # of the latest handler in the mean duration (a moving average)
 # Deregistering must never hold up a shutdown: past this, leases expire on their own.
 _DEREGISTER_SECONDS = 3.0
+# Reservations beyond the free slots (see the module's notes): at most this many by
+# default, about what the slots begin in _RESERVE_HORIZON seconds once the handlers'
+# duration is known; started ones still waiting for a slot _HAND_BACK_CHECK seconds
+# after they could begin are handed back if the slots' pace would not begin them
+# within _RESERVE_HORIZON.
+_RESERVE_DEFAULT = 10_000
+_RESERVE_HORIZON = 2.0
+_HAND_BACK_CHECK = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +122,9 @@ class SessionConfig:
     lease_ahead: float | None = None
     # The most leased runs held waiting for a slot (None: twice ``concurrency``; 0: none).
     prefetch: int | None = None
+    # The most reservations held beyond the free slots (None: _RESERVE_DEFAULT; 0: each
+    # reservation holds a slot).
+    reserve: int | None = None
 
 
 class _Stopped(Exception):
@@ -152,10 +164,13 @@ class WorkerSession:
         self._slot_free = asyncio.Event()
         self._held_changed = asyncio.Event()
         self.lease_ahead = 0.0
+        self._begun = 0  # handlers begun, ever: the pace of the slots
+        self._reserved_waiting = 0  # started reservations waiting for a slot
+        self._watching: asyncio.TimerHandle | None = None  # see _watch_reserved
         self.reservations = Reservations(
             protocol,
             prepare=self._hold,
-            begin_many=self._arrive,
+            begin_many=self._arrive_reserved,
             on_drop=lambda _lease: self._slot_free.set(),
             backoff_max=config.backoff_max,
         )
@@ -166,7 +181,7 @@ class WorkerSession:
             flush_size=config.flush_size,
             backoff_max=config.backoff_max,
             on_settled=self._settled,
-            defer_to=self.reservations.busy,
+            defer_to=self._busy,
         )
         self._executor = ThreadPoolExecutor(
             max_workers=config.concurrency, thread_name_prefix="cronwheel-task"
@@ -318,8 +333,11 @@ class WorkerSession:
         assert self.worker_id is not None
         while not self.stop.is_set():
             self._slot_free.clear()
-            # A reservation holds a slot for the moment its run starts.
-            free = max(0, self.config.concurrency - self.running - len(self.reservations))
+            # Reservations beyond what the slots begin in a short while hold a slot each
+            # for the moment their runs start; the others ride on the slots' pace.
+            extra = self._reserve_extra()
+            free = max(0, self.config.concurrency - self.running - self._reserved_over(extra))
+            room = free + max(0, extra - len(self.reservations))
             prefetch = self._prefetch()
             want = free + prefetch - len(self._waiting)
             # With every slot busy, lease for the prefetch only once half of it has
@@ -333,12 +351,14 @@ class WorkerSession:
             reserved = self.protocol.p0_reserved_slots
             p0_only = reserved > 0 and free <= reserved
             wait = 0.0 if self.drain or p0_only else self.lease_wait
-            # Reservations only for free slots: a prefetched run must not wait for one.
-            ahead = 0.0 if self.drain or p0_only or free == 0 else self.lease_ahead
+            # Reservations only with room for them: a prefetched run must not wait.
+            ahead = 0.0 if self.drain or p0_only or room <= 0 else self.lease_ahead
+            want = min(want, _LEASE_MAX)
+            reserve = min(max(0, room - want), _LEASE_MAX) if ahead > 0 else 0
             try:
                 leases = await self._until_stopped(
                     self.protocol.lease(
-                        self.worker_id, max=min(want, _LEASE_MAX), wait=wait, ahead=ahead
+                        self.worker_id, max=want, wait=wait, ahead=ahead, reserve=reserve
                     )
                 )
             except _Stopped:
@@ -405,6 +425,23 @@ class WorkerSession:
         finish = self.config.concurrency * _PREFETCH_HORIZON / max(self._duration, 1e-6)
         return min(cap, int(finish))
 
+    def _reserve_extra(self) -> int:
+        """How many reservations may be held beyond the free slots now: about what the
+        slots begin in _RESERVE_HORIZON seconds, the configured most while the
+        handlers' duration is not known (what cannot begin in time is handed back)."""
+        cap = _RESERVE_DEFAULT if self.config.reserve is None else self.config.reserve
+        if cap <= 0 or self.protocol.p0_reserved_slots > 0:
+            return 0
+        if self._duration is None:
+            return cap
+        pace = self.config.concurrency * _RESERVE_HORIZON / max(self._duration, 1e-6)
+        return min(cap, int(pace))
+
+    def _reserved_over(self, extra: int | None = None) -> int:
+        """The reservations beyond the allowance of _reserve_extra: each holds a slot."""
+        allowed = self._reserve_extra() if extra is None else extra
+        return max(0, len(self.reservations) - allowed)
+
     def _ended(self, took: float) -> None:
         """A handler ran ``took`` seconds: the mean duration prefetch follows."""
         if self._duration is None:
@@ -424,14 +461,62 @@ class WorkerSession:
         self._fill_slots()
         self.stats.waited += sum(1 for held in helds if held.task is None and not held.reported)
 
+    def _arrive_reserved(self, helds: list[Held]) -> None:
+        """Started reservations whose instant came: they begin as slots free up, and
+        are watched (see _watch_reserved)."""
+        for held in helds:
+            held.reserved = True
+        self._reserved_waiting += len(helds)
+        self._arrive(helds)
+        if self._watching is None and any(h.task is None for h in helds):
+            self._watching = asyncio.get_running_loop().call_later(
+                _HAND_BACK_CHECK, self._watch_reserved, self._begun, time.monotonic()
+            )
+
+    def _busy(self) -> bool:
+        """Runs are about to begin, being started, or started and waiting for a slot:
+        what the worker reports can wait (the outbox defers, up to a bound)."""
+        return self._reserved_waiting > 0 or self.reservations.busy()
+
+    def _watch_reserved(self, begun: int, since: float) -> None:
+        """Hand back the started reservations still waiting for a slot that the pace
+        the slots began runs at since ``since`` would not begin within
+        _RESERVE_HORIZON: released, they go to a worker with a free slot at once."""
+        self._watching = None
+        pace = (self._begun - begun) / max(time.monotonic() - since, 1e-6)
+        keep = int(pace * _RESERVE_HORIZON)
+        order = sorted(self._waiting)
+        late = [
+            held
+            for _, _, held in order[keep:]
+            if held.reserved and held.task is None and not held.reported
+        ]
+        for held in late:
+            held.reported = True
+            self.outbox.add(held.ref)
+        self._reserved_waiting -= len(late)
+        if late:
+            gone = {id(held) for held in late}
+            self._waiting = [entry for entry in order if id(entry[2]) not in gone]
+            log_event(logging.INFO, "worker.reservations_handed_back", count=len(late))
+            self._slot_free.set()  # the lease loop reckons its room again
+        if any(h.reserved and h.task is None for _, _, h in self._waiting):
+            self._watching = asyncio.get_running_loop().call_later(
+                _HAND_BACK_CHECK, self._watch_reserved, self._begun, time.monotonic()
+            )
+
     def _fill_slots(self) -> None:
-        """Start waiting runs while slots are free (a reservation keeps its slot)."""
+        """Start waiting runs while slots are free (a reservation beyond the allowance
+        of _reserve_extra keeps its slot)."""
+        over = self._reserved_over()
         while (
             self._waiting
             and not self.stop.is_set()
-            and self.running + len(self.reservations) < self.config.concurrency
+            and self.running + over < self.config.concurrency
         ):
             _, _, held = heapq.heappop(self._waiting)
+            if held.reserved:
+                self._reserved_waiting -= 1
             if held.reported or held.lease.attempt_id not in self.held:
                 continue  # dropped while it waited: cancelled, or its lease lost
             self._run(held)
@@ -473,6 +558,7 @@ class WorkerSession:
             handler = None if self.webhook is None else self.webhook(lease)
         held.is_async = handler is not None and handler_is_async(handler)
         self.running += 1
+        self._begun += 1
         held.task = asyncio.create_task(
             self._execute(held, handler), name=f"cronwheel-run-{lease.run_id}"
         )
@@ -574,14 +660,18 @@ class WorkerSession:
 
     async def _beat(self) -> None:
         refs, reports = heartbeats((h.lease, h.ctx.unsent_progress) for h in self.held.values())
+        outcomes = []
         try:
-            out = await self.protocol.batch(heartbeats=refs)
+            # The server takes up to _BEAT_MAX items a request.
+            for i in range(0, len(refs), _BEAT_MAX):
+                out = await self.protocol.batch(heartbeats=refs[i : i + _BEAT_MAX])
+                outcomes += out.heartbeats
         except ApiError as exc:
             for unsent, report in reports:  # they go with the next beat
                 unsent.restore(report)
             log_event(logging.WARNING, "worker.heartbeat_failed", error=str(exc), held=len(refs))
             return
-        for outcome in out.heartbeats:
+        for outcome in outcomes:
             held = self.held.get(outcome.attempt_id)
             if held is None:
                 continue
@@ -642,8 +732,12 @@ class WorkerSession:
 
     def _hand_back_waiting(self) -> None:
         """Hand back the runs waiting for a slot: released, not counted as a try."""
+        if self._watching is not None:
+            self._watching.cancel()
+            self._watching = None
         waiting = [h for _, _, h in self._waiting if not h.reported and h.task is None]
         self._waiting.clear()
+        self._reserved_waiting = 0
         for held in waiting:
             held.reported = True
             self.outbox.add(held.ref)

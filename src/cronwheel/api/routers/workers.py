@@ -131,7 +131,7 @@ def _worker_out(status: WorkerStatus) -> WorkerOut:
         tags=w.tags,
         webhooks_only=w.webhooks_only,
         capacity=w.capacity,
-        slots_in_use=status.running + status.reserved,
+        slots_in_use=min(w.capacity, status.running + status.reserved),
         running=status.running,
         reserved=status.reserved,
         registered_at=w.registered_at,
@@ -211,7 +211,8 @@ async def lease(
     request: Request,
     principal: Principal = Depends(require_worker),
 ) -> LeaseOut:
-    """Up to ``max`` runs the worker can execute, highest priority then oldest first.
+    """Up to ``max`` runs the worker can execute, highest priority then oldest first
+    (with ``reserve``, that many more not due yet, as reservations).
     When none is ready, waits up to ``wait`` seconds for one and answers as soon as it
     is dispatched; an empty list means none came. A deregistered worker gets 410
     ``worker_deregistered``, also when it is deregistered while its long-poll waits."""
@@ -223,6 +224,11 @@ async def lease(
     if body.ahead > state.settings.lease_ahead_max:
         raise ValidationError(
             f"ahead: at most {state.settings.lease_ahead_max:g} seconds", field="ahead"
+        )
+    if body.reserve and not body.ahead:
+        raise ValidationError(
+            "reserve: reservations beyond max are runs due ahead; set ahead too",
+            field="reserve",
         )
     worker = await _own_worker(state, principal, worker_id)
     loop = asyncio.get_running_loop()
@@ -236,6 +242,7 @@ async def lease(
             webhooks_only=body.webhooks_only,
             ahead=body.ahead,
             p0_share=state.settings.p0_reserved_share,
+            reserve=body.reserve,
         )
         leased = admitted.attempts
         remaining = deadline - loop.time()

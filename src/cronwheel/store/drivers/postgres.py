@@ -385,6 +385,7 @@ class PostgresDriver(Driver):
         webhooks_only: bool,
         ahead: float,
         now: datetime | None,
+        later: bool = False,
     ) -> ReadyQueue:
         # A read of its own: no transaction begun for it (see attempts_lease).
         return await leasing.ready_queue(
@@ -394,6 +395,7 @@ class PostgresDriver(Driver):
             max=max,
             webhooks_only=webhooks_only,
             ahead=ahead,
+            later=later,
         )
 
     async def attempts_lease(
@@ -405,6 +407,7 @@ class PostgresDriver(Driver):
         webhooks_only: bool,
         ahead: float,
         now: datetime | None,
+        later: bool = False,
     ) -> tuple[list[LeasedAttempt], dict[tuple[uuid.UUID, int], int]]:
         # One statement. Inside the transaction the plan's locks began, if they did;
         # otherwise (one tenant per class, no limits: nothing to lock, nothing to write
@@ -417,6 +420,7 @@ class PostgresDriver(Driver):
             new_id=new_id,
             webhooks_only=webhooks_only,
             ahead=ahead,
+            later=later,
         )
 
     async def lock_keys(self, conn: AsyncConnection, keys: Sequence[int]) -> None:

@@ -37,7 +37,8 @@ _LIVE_WORKER = """live AS (
 # What a worker can take of its pool's ready queue (the same conditions in the
 # statement that reads the queue and the one that leases from it). fire_at is the
 # run's not-before: a run dispatched ahead of its instant waits in the ready queue
-# until then, or (within ``ahead`` seconds of it) is reserved. A reserved run is out of
+# until then, or (within ``ahead`` seconds of it) is reserved; ``later``: only runs not
+# due yet are taken (reservations beyond the worker's slots). A reserved run is out of
 # the queue until its reservation is used, handed back or lapses. What the worker can
 # run (``tasks``: its tasks as the keys of a JSON object, NULL for any; ``tags``: its
 # tags, which must hold the run's route tags) filters the queue as the index walks it:
@@ -47,6 +48,7 @@ _LIVE_WORKER = """live AS (
 # queue even when the worker's runs lead it, where walking the index stops at the batch.
 _TAKEABLE = """{START} AND r.reserved_token IS NULL AND r.pool = {pool}
       AND r.fire_at <= (SELECT now FROM t) + make_interval(secs => {ahead})
+      AND (NOT {later}::boolean OR r.fire_at > (SELECT now FROM t))
       AND r.requires <@ {caps}::jsonb
       AND r.route_tags <@ {tags}::jsonb
       AND (NOT {webhooks_only}::boolean OR r.task IS NULL)
@@ -56,6 +58,7 @@ _TAKEABLE_READ = _TAKEABLE.format(
     START=START.sql("r.state"),
     pool="$2",
     ahead="$7",
+    later="$10",
     caps="$4",
     tags="$9",
     webhooks_only="$6",
@@ -65,6 +68,7 @@ _TAKEABLE_LEASE = _TAKEABLE.format(
     START=START.sql("r.state"),
     pool="$2",
     ahead="$7",
+    later="$14",
     caps="$4",
     tags="$10",
     webhooks_only="$6",
@@ -204,6 +208,7 @@ async def ready_queue(
     max: int,
     webhooks_only: bool = False,
     ahead: float = 0.0,
+    later: bool = False,
 ) -> ReadyQueue:
     """What the worker could take of its pool's ready queue, tenant by tenant and
     class by class (up to ``max`` of each tenant), with what admission needs to know."""
@@ -218,6 +223,7 @@ async def ready_queue(
         ahead,
         _tasks_param(worker),
         json.dumps(sorted(set(worker.tags))),
+        later,
     )
     supply: dict[uuid.UUID, dict[int, int]] = {}
     limits: dict[uuid.UUID, dict[str, Any]] = {}
@@ -241,6 +247,7 @@ async def lease(
     new_id: Callable[[], uuid.UUID],
     webhooks_only: bool = False,
     ahead: float = 0.0,
+    later: bool = False,
 ) -> tuple[list[LeasedAttempt], dict[tuple[uuid.UUID, int], int]]:
     """Take what admission granted (none: only check the worker is live, and note it
     seen). Returns the attempts and how many runs each (tenant, class) gave."""
@@ -260,6 +267,7 @@ async def lease(
         [g.tenant_id for g in grants],
         [g.priority for g in grants],
         [g.count for g in grants],
+        later,
     )
     if rows[0]["gone"]:
         raise WorkerGone(worker.id)

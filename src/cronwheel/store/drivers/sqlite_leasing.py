@@ -56,11 +56,12 @@ class CoreLeasing(Driver):
     # -- leasing -------------------------------------------------------------------
 
     def _takeable(
-        self, worker: Worker, webhooks_only: bool, horizon: datetime
+        self, worker: Worker, webhooks_only: bool, horizon: datetime, later: datetime | None
     ) -> list[sa.ColumnElement[bool]]:
         """The ready runs of the worker's pool it can take (of its tenant, if it has
         one). fire_at is the run's not-before: dispatched ahead, it waits in the ready
-        queue until then, or (within ``ahead`` of it) is reserved."""
+        queue until then, or (within ``ahead`` of it) is reserved; with ``later``, only
+        runs due after it are taken."""
         where = [
             may(START),
             runs.c.pool == worker.pool,
@@ -69,6 +70,8 @@ class CoreLeasing(Driver):
             self.json_subset(runs.c.requires, worker.capabilities),
             self.json_subset(runs.c.route_tags, worker.tags),
         ]
+        if later is not None:
+            where.append(runs.c.fire_at > later)
         if worker.tenant_id is not None:
             where.append(runs.c.tenant_id == worker.tenant_id)
         if webhooks_only:  # a run has a task or a webhook, never both
@@ -86,9 +89,12 @@ class CoreLeasing(Driver):
         webhooks_only: bool,
         ahead: float,
         now: datetime | None,
+        later: bool = False,
     ) -> ReadyQueue:
         at = await self.instant(conn, now)
-        takeable = self._takeable(worker, webhooks_only, at + timedelta(seconds=ahead))
+        takeable = self._takeable(
+            worker, webhooks_only, at + timedelta(seconds=ahead), at if later else None
+        )
         # The tenants waiting, one probe of the ready index each (a loose scan).
         waiting: list[uuid.UUID] = []
         if worker.tenant_id is not None:
@@ -149,6 +155,7 @@ class CoreLeasing(Driver):
         webhooks_only: bool,
         ahead: float,
         now: datetime | None,
+        later: bool = False,
     ) -> tuple[list[LeasedAttempt], dict[tuple[uuid.UUID, int], int]]:
         at = await self.instant(conn, now)
         # First, in the same write transaction: a deregistered worker leases nothing.
@@ -160,7 +167,9 @@ class CoreLeasing(Driver):
         )
         if not seen.rowcount:
             raise WorkerGone(worker.id)
-        takeable = self._takeable(worker, webhooks_only, at + timedelta(seconds=ahead))
+        takeable = self._takeable(
+            worker, webhooks_only, at + timedelta(seconds=ahead), at if later else None
+        )
         picked: list[Any] = []
         got: dict[tuple[uuid.UUID, int], int] = {}
         for grant in grants:
@@ -181,7 +190,7 @@ class CoreLeasing(Driver):
                 got[(grant.tenant_id, grant.priority)] = len(rows)
         picked.sort(key=lambda r: (r.priority, r.fire_at))
         due = [r for r in picked if r.fire_at <= at]
-        later = [r for r in picked if r.fire_at > at]
+        ahead_of_now = [r for r in picked if r.fire_at > at]
         leased = await self._begin_attempts(
             conn,
             due,
@@ -190,7 +199,7 @@ class CoreLeasing(Driver):
             attempt_ids=[new_id() for _ in due],
             tokens=await self.fencing_tokens(conn, len(due)) if due else [],
         )
-        leased += await self._reserve(conn, later, worker_id=worker.id)
+        leased += await self._reserve(conn, ahead_of_now, worker_id=worker.id)
         ordered = sorted(leased, key=lambda a: (a.not_before is not None, a.not_before or at))
         return ordered, got
 

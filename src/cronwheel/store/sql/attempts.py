@@ -28,6 +28,7 @@ from cronwheel.domain.errors import (
 from cronwheel.domain.model import (
     Attempt,
     AttemptOutcome,
+    LeasedAttempt,
     ReservationsStarted,
     Worker,
 )
@@ -40,7 +41,7 @@ from cronwheel.store.rows import (
     event_row,
 )
 from cronwheel.store.schema import NO_RESERVATION, attempt_tombstones, attempts, runs
-from cronwheel.store.sql.admission import plan_lease, settle_lease
+from cronwheel.store.sql.admission import LeasePlan, plan_lease, settle_lease
 from cronwheel.store.sql.retries import Ended, RetriesMixin
 from cronwheel.store.sql.statements import attempts_end, may, update_each
 from cronwheel.store.sql.workers import WorkersMixin
@@ -333,36 +334,78 @@ class AttemptsMixin(WorkersMixin, RetriesMixin):
         ahead: float = 0.0,
         now: datetime | None = None,
         p0_share: float = 0.0,
+        reserve: int = 0,
     ) -> Admitted:
         if max < 1:
             return Admitted([], {})
         async with self._write() as conn:
             try:
-                queue = await self.driver.ready_queue(
-                    conn, worker=worker, max=max, webhooks_only=webhooks_only, ahead=ahead, now=now
+                leased, plan, got, names = await self._lease_round(
+                    conn, worker, max, webhooks_only, ahead, now, p0_share, later=False
                 )
-                plan = await plan_lease(
-                    self.driver,
-                    conn,
-                    worker=worker,
-                    budget=max,
-                    queue=queue,
-                    default_share=p0_share,
-                )
-                leased, got = await self.driver.attempts_lease(
-                    conn,
-                    worker=worker,
-                    grants=plan.grants,
-                    webhooks_only=webhooks_only,
-                    ahead=ahead,
-                    now=now,
-                )
-                await settle_lease(self.driver, conn, plan, pool=worker.pool, got=got)
+                held, retry_in = dict(plan.held), plan.retry_in(got)
+                # Beyond the slots: runs not due yet, reserved — only when the slots'
+                # share did not already take all there was, and reached runs not due.
+                if (
+                    reserve > 0
+                    and ahead > 0
+                    and len(leased) >= max
+                    and any(a.not_before is not None for a in leased)
+                ):
+                    more, extra, got, also = await self._lease_round(
+                        conn, worker, reserve, webhooks_only, ahead, now, p0_share, later=True
+                    )
+                    leased += more
+                    held.update(extra.held)
+                    names.update(also)
+                    waits = [w for w in (retry_in, extra.retry_in(got)) if w is not None]
+                    retry_in = min(waits) if waits else None
             except WorkerGone as gone:
                 raise await self._worker_gone(conn, gone.worker_id) from None
-        for tenant_id, limit in plan.held.items():
-            RUNS_THROTTLED.labels(tenant=queue.names[tenant_id], limit=limit).inc()
-        return Admitted(leased, plan.held, plan.retry_in(got), plan.reserve)
+        for tenant_id, limit in held.items():
+            RUNS_THROTTLED.labels(tenant=names[tenant_id], limit=limit).inc()
+        return Admitted(leased, held, retry_in, plan.reserve)
+
+    async def _lease_round(
+        self,
+        conn: AsyncConnection,
+        worker: Worker,
+        budget: int,
+        webhooks_only: bool,
+        ahead: float,
+        now: datetime | None,
+        p0_share: float,
+        *,
+        later: bool,
+    ) -> tuple[
+        list[LeasedAttempt], LeasePlan, dict[tuple[uuid.UUID, int], int], dict[uuid.UUID, str]
+    ]:
+        """Read the ready queue, let admission decide, take what it granted and write
+        its decisions back: ``(attempts, the plan, how many runs each grant gave, the
+        waiting tenants' names)``."""
+        queue = await self.driver.ready_queue(
+            conn,
+            worker=worker,
+            max=budget,
+            webhooks_only=webhooks_only,
+            ahead=ahead,
+            now=now,
+            later=later,
+        )
+        plan = await plan_lease(
+            self.driver, conn, worker=worker, budget=budget, queue=queue, default_share=p0_share
+        )
+        leased, got = await self.driver.attempts_lease(
+            conn,
+            worker=worker,
+            grants=plan.grants,
+            webhooks_only=webhooks_only,
+            ahead=ahead,
+            now=now,
+            later=later,
+        )
+        await settle_lease(self.driver, conn, plan, pool=worker.pool, got=got)
+        return leased, plan, got, dict(queue.names)
 
     async def attempts_start_many(
         self,
