@@ -91,8 +91,10 @@ class Settings(BaseSettings):
     # runs due on one node — this many seconds ahead of it: they wait in the ready queue
     # (not leasable, still cancellable and pausable), or reserved by a worker, until it
     # comes, so the instant itself costs only their start. A run due alone is
-    # dispatched at its instant. 0 turns it off.
-    dispatch_lead: float = Field(default=5.0, ge=0, le=60)
+    # dispatched at its instant. 0 turns it off. Ten seconds let one scheduler and two
+    # workers dispatch and reserve a 20,000-run burst before its instant (five did not:
+    # what was left was leased after it, seconds late).
+    dispatch_lead: float = Field(default=10.0, ge=0, le=60)
     dispatch_lead_burst: int = Field(default=100, ge=1)
     # Capacity-aware release (scheduler/release.py): a burst's runs go to a pool's ready
     # queue while it holds fewer than the larger of ``dispatch_buffer`` and twice the
@@ -117,8 +119,9 @@ class Settings(BaseSettings):
     lease_wait_max: float = Field(default=30.0, gt=0)
     # Workers may lease runs dispatched ahead of their instant (see ``dispatch_lead``)
     # up to this many seconds early, as reservations they start at the instant; 0 turns
-    # reservations off.
-    lease_ahead_max: float = Field(default=5.0, ge=0, le=60)
+    # reservations off. As long as the dispatch lead, so a burst is reserved as soon as
+    # it is dispatched.
+    lease_ahead_max: float = Field(default=10.0, ge=0, le=60)
     # A worker may start a reservation up to this many seconds before its instant: the
     # run is RUNNING from then (its attempt dated from the instant) and the worker
     # begins its handler at the instant by its own clock, with no round trip left to

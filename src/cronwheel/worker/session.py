@@ -506,14 +506,11 @@ class WorkerSession:
             )
 
     def _fill_slots(self) -> None:
-        """Start waiting runs while slots are free (a reservation beyond the allowance
-        of _reserve_extra keeps its slot)."""
-        over = self._reserved_over()
-        while (
-            self._waiting
-            and not self.stop.is_set()
-            and self.running + over < self.config.concurrency
-        ):
+        """Start waiting runs while slots are free. (The lease loop keeps a slot for each
+        reservation beyond the allowance of _reserve_extra by leasing nothing into it:
+        counting them here too would let an allowance that shrank — a first handler
+        that looked slow on a busy loop — keep every slot idle.)"""
+        while self._waiting and not self.stop.is_set() and self.running < self.config.concurrency:
             _, _, held = heapq.heappop(self._waiting)
             if held.reserved:
                 self._reserved_waiting -= 1
