@@ -126,7 +126,9 @@ class Settings(BaseSettings):
     # run is RUNNING from then (its attempt dated from the instant) and the worker
     # begins its handler at the instant by its own clock, with no round trip left to
     # make. A cancel or pause that comes after that start is a cancel of a running run.
-    start_ahead_max: float = Field(default=2.0, ge=0, le=10)
+    # Three seconds: what starting a 10,000-run burst takes on SQLite (a burst's starts
+    # go out this early; runs due one by one a few round trips before their instant).
+    start_ahead_max: float = Field(default=3.0, ge=0, le=10)
     # The share of each worker's slots that only P0 runs may take, so that a flood of
     # lower classes never occupies every slot (a pool's own setting overrides it:
     # ``PUT /v1/pools/{name}``). A worker keeps floor(share * capacity) slots for P0.

@@ -16,9 +16,12 @@ worker shutting down hands back its reservations, armed or not.
 How long before the instant a start goes out (its *lead*) follows what starts have
 cost: twice the round trip of a small one, plus what each reservation of a large one
 took times the number due at that instant, never more than the server allows
-(``start_ahead_max``; 0: at the instant). A cancel or pause that reaches the server
-before the start wins; after it, it is a cancel of a running run — which still wins if
-the worker learns of it by a heartbeat before the instant.
+(``start_ahead_max``; 0: at the instant). A burst's (at least ``_BURST`` runs at one
+instant) go as early as the server allows: every worker starts its share at once, so
+what one worker measured of its own starts says little of how long all of them take.
+A cancel or pause that reaches the server before the start wins; after it, it is a
+cancel of a running run — which still wins if the worker learns of it by a heartbeat
+before the instant.
 """
 
 from __future__ import annotations
@@ -135,6 +138,10 @@ class Reservations:
         together go out (see the module's notes)."""
         if self.start_ahead_max <= 0:
             return 0.0
+        if many >= _BURST:
+            # What a burst's starts cost depends on every worker starting theirs at
+            # once, and on the store: as early as the server allows.
+            return self.start_ahead_max
         lead = 2 * self._round_trip + many * self._per_item + _LEAD_MIN
         return min(self.start_ahead_max, lead)
 

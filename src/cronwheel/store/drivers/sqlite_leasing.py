@@ -257,10 +257,13 @@ class CoreLeasing(Driver):
         at: datetime,
         attempt_ids: Sequence[uuid.UUID],
         tokens: Sequence[int],
+        answer: bool = True,
     ) -> list[LeasedAttempt]:
         """Start ``rows`` (DISPATCHED, locked, due; as read before this): each becomes
         RUNNING with a new attempt (of ``attempt_ids`` and ``tokens``, in order), its
-        reservation, if any, used up."""
+        reservation, if any, used up. Returns the attempts as a lease answers them
+        (none unless ``answer``: a start answers with tokens only, and its rows need
+        not carry what a handler is given)."""
         if not rows:
             return []
         await conn.execute(
@@ -310,6 +313,8 @@ class CoreLeasing(Driver):
                     data={"attempt": number, "fencing_token": token},
                 )
             )
+            if not answer:
+                continue
             leased.append(
                 LeasedAttempt(
                     attempt_id=attempt_id,
@@ -353,7 +358,7 @@ class CoreLeasing(Driver):
         if (await conn.execute(live)).first() is None:
             raise WorkerGone(worker_id)
         stmt = (
-            sa.select(*_LEASED_COLUMNS, runs.c.reserved_attempt, runs.c.reserved_token)
+            sa.select(*_STARTED_COLUMNS, runs.c.reserved_attempt, runs.c.reserved_token)
             .where(
                 runs.c.reserved_token.in_(list(tokens)),
                 may(START),
@@ -377,6 +382,7 @@ class CoreLeasing(Driver):
                 at=begins,
                 attempt_ids=[r.reserved_attempt for r in group],
                 tokens=[r.reserved_token for r in group],
+                answer=False,
             )
         found = {r.reserved_token for r in rows}
         return ReservationsStarted(
@@ -519,5 +525,18 @@ _LEASED_COLUMNS = (
     runs.c.progress_timeout,
     runs.c.due_at,
     runs.c.priority,
+    runs.c.fire_at,
+)
+# What starting a reservation reads of its run: no payload, task or webhook (the worker
+# has them from its lease).
+_STARTED_COLUMNS = (
+    runs.c.id,
+    runs.c.tenant_id,
+    runs.c.job_id,
+    runs.c.attempt,
+    runs.c.timeout,
+    runs.c.heartbeat_timeout,
+    runs.c.progress_timeout,
+    runs.c.due_at,
     runs.c.fire_at,
 )
