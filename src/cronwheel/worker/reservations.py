@@ -60,7 +60,7 @@ _WEIGHT = 0.2  # of the latest measure in the moving estimates
 # reports waits this long: the other workers are beginning theirs on the same machines,
 # and results (which may wait) would compete with them for the API and the database.
 _BURST = 100
-_BURST_QUIET = 0.5
+_BURST_QUIET = 1.5
 # A burst's runs begin this many at a time, the loop let through between: the first
 # handlers begin at once rather than after every task of the burst was made.
 _BEGIN_CHUNK = 100

@@ -165,6 +165,7 @@ class WorkerSession:
         self._held_changed = asyncio.Event()
         self.lease_ahead = 0.0
         self._begun = 0  # handlers begun, ever: the pace of the slots
+        self._async_tasks: dict[str, bool] = {}  # task name -> its handler is async
         self._reserved_waiting = 0  # started reservations waiting for a slot
         self._watching: asyncio.TimerHandle | None = None  # see _watch_reserved
         self.reservations = Reservations(
@@ -551,9 +552,15 @@ class WorkerSession:
         lease = held.lease
         if lease.task:
             handler = self.registry.get(lease.task)
+            is_async = self._async_tasks.get(lease.task)
+            if is_async is None:  # asked once per task: inspect is slow next to a noop
+                is_async = self._async_tasks[lease.task] = (
+                    handler is not None and handler_is_async(handler)
+                )
         else:
             handler = None if self.webhook is None else self.webhook(lease)
-        held.is_async = handler is not None and handler_is_async(handler)
+            is_async = handler is not None and handler_is_async(handler)
+        held.is_async = is_async
         self.running += 1
         self._begun += 1
         held.task = asyncio.create_task(
