@@ -24,6 +24,7 @@ import argparse
 import asyncio
 import json
 import re
+import signal
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -209,6 +210,33 @@ def summary(
     }
 
 
+async def _spy(cluster: Cluster, name: str) -> asyncio.subprocess.Process:
+    """py-spy sampling the API process until :func:`_spy_stop`; the collapsed stacks go
+    to ``profile-<name>.txt`` in the working directory."""
+    proc = await asyncio.create_subprocess_exec(
+        "py-spy",
+        "record",
+        "--pid",
+        str(cluster.pid(next(iter(cluster.procs)))),
+        "--rate",
+        "250",
+        "--output",
+        f"profile-{name}.txt",
+        "--format",
+        "raw",
+        "--nonblocking",
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    await asyncio.sleep(0.5)  # attached before the phase begins
+    return proc
+
+
+async def _spy_stop(proc: asyncio.subprocess.Process) -> None:
+    proc.send_signal(signal.SIGINT)  # py-spy writes what it has and exits
+    await proc.wait()
+
+
 async def main(args: argparse.Namespace) -> None:
     # The per-key rate limit (100/s by default) would measure itself: raised far above
     # what the phases send, so it is still checked on every request but never refuses.
@@ -241,9 +269,12 @@ async def main(args: argparse.Namespace) -> None:
                 args.batches * args.batch_size,
             ),
         )
-        for name, route, run, jobs in phases:
+        for index, (name, route, run, jobs) in enumerate(phases):
             before = await histogram(cluster, route)
+            spy = await _spy(cluster, f"ingest-{index}") if args.profile else None
             phase, seconds = await run()
+            if spy is not None:
+                await _spy_stop(spy)
             after = await histogram(cluster, route)
             results.append(summary(name, phase, seconds, jobs, (before, after)))
             console.print(f"{name}: {jobs / seconds:,.0f} jobs/s")
@@ -284,5 +315,10 @@ if __name__ == "__main__":
     parser.add_argument("--sequential", type=int, default=2000, help="single creates, 1 client")
     parser.add_argument("--batches", type=int, default=40)
     parser.add_argument("--batch-size", type=int, default=1000)
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="record py-spy samples of the API during each phase (profile-ingest-N.txt)",
+    )
     parser.add_argument("--warmup", type=int, default=400, help="single creates before timing")
     asyncio.run(main(parser.parse_args()))
