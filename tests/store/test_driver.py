@@ -468,20 +468,17 @@ async def test_jobs_insert_alone_is_a_transaction_of_its_own(store: Store) -> No
     limited = await make_tenant(store, max_pending_runs=10)
     driver = _driver(store)
     rows, [(job, _run)] = _new_job_rows(tenant.id, [new_job(name="alone")])
-    assert await driver.jobs_insert_alone(store.engine, tenant_id=tenant.id, rows=rows) == (
-        "inserted"
-    )
+    done = await driver.jobs_insert_alone(store.engine, tenant_id=tenant.id, rows=rows)
+    assert done == "inserted"
     assert [j.id for j in (await store.jobs_list(tenant.id)).items] == [job.id]
     rows, _ = _new_job_rows(limited.id, [new_job(name="limited")])
-    assert await driver.jobs_insert_alone(store.engine, tenant_id=limited.id, rows=rows) == (
-        "limited"
-    )
+    done = await driver.jobs_insert_alone(store.engine, tenant_id=limited.id, rows=rows)
+    assert done == "limited"
     assert (await store.jobs_list(limited.id)).items == []
     ghost = uuid.uuid4()
     rows, _ = _new_job_rows(ghost, [new_job(name="orphan")])
-    assert await driver.jobs_insert_alone(store.engine, tenant_id=ghost, rows=rows) == (
-        "no_tenant"
-    )
+    done = await driver.jobs_insert_alone(store.engine, tenant_id=ghost, rows=rows)
+    assert done == "no_tenant"
 
 
 async def test_integrity_error_names_the_broken_unique_key(store: Store) -> None:

@@ -29,6 +29,7 @@ from cronwheel.domain.errors import CronwheelError, ValidationError
 __all__ = [
     "MISSING",
     "InvalidJsonError",
+    "Solver",
     "StrictJsonRoute",
     "loads_strict",
     "request_body",
