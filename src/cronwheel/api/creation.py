@@ -22,8 +22,8 @@ depends on what others sent: the same jobs are created, and the same errors rais
 as if each had come alone. ``in_flight`` store calls of one tenant may run at once
 (the others queue). One by default: with the machine's cores busy, the larger batches
 that one call in flight gathers cost the API and PostgreSQL about a third less CPU per
-create than two calls' smaller ones (``bench/ingest.py``, 8 clients: 640–700 against
-450–530 creates/s); with cores to spare, a second call keeps a connection busy while
+create than two calls' smaller ones (``bench/ingest.py``, 8 clients: 640 to 700 against
+450 to 530 creates/s); with cores to spare, a second call keeps a connection busy while
 the next batch fills.
 """
 
