@@ -23,13 +23,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import re
+import signal
 import time
 from collections.abc import Sequence
 from typing import Any
 
 import httpx
-from harness import Cluster, bench_cluster, console, percentiles, report
+from harness import Cluster, ProcSample, bench_cluster, console, percentiles, proc_sample, report
 
 _TIMING = re.compile(rb"server-timing:\s*app;dur=([0-9.]+)", re.IGNORECASE)
 
@@ -190,8 +192,51 @@ def histogram_quantile(before: dict[float, float], after: dict[float, float], q:
     return None
 
 
+def _postgres_cpu() -> float:
+    """CPU seconds used so far by every PostgreSQL process of the machine (its backends,
+    the WAL writer, ...): what the database costs, as far as nothing else uses it."""
+    total = 0.0
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/comm") as f:
+                if f.read().strip() != "postgres":
+                    continue
+            total += proc_sample(int(entry.name)).cpu_s
+        except OSError:
+            continue
+    return total
+
+
+class CpuMeter:
+    """The CPU the API process, PostgreSQL and this client used during a phase."""
+
+    def __init__(self, api_pid: int) -> None:
+        self.api_pid = api_pid
+        self.api: ProcSample = proc_sample(api_pid)
+        self.db = _postgres_cpu()
+        self.client = time.process_time()
+
+    def per_job(self, jobs: int) -> dict[str, float]:
+        """Milliseconds of CPU per job since the meter started, by process."""
+        api = proc_sample(self.api_pid).cpu_s - self.api.cpu_s
+        db = _postgres_cpu() - self.db
+        client = time.process_time() - self.client
+        return {
+            "api": round(api * 1000 / jobs, 3),
+            "postgres": round(db * 1000 / jobs, 3),
+            "client": round(client * 1000 / jobs, 3),
+        }
+
+
 def summary(
-    name: str, phase: Phase, seconds: float, jobs: int, hist: tuple[Any, Any]
+    name: str,
+    phase: Phase,
+    seconds: float,
+    jobs: int,
+    hist: tuple[Any, Any],
+    cpu: dict[str, float],
 ) -> dict[str, Any]:
     return {
         "phase": name,
@@ -206,7 +251,34 @@ def summary(
             "p50": histogram_quantile(*hist, 0.5),
             "p99": histogram_quantile(*hist, 0.99),
         },
+        "cpu_ms_per_job": cpu,
     }
+
+
+async def _spy(cluster: Cluster, name: str) -> asyncio.subprocess.Process:
+    """py-spy sampling the API process until :func:`_spy_stop`; the collapsed stacks go
+    to ``profile-<name>.txt`` in the working directory."""
+    proc = await asyncio.create_subprocess_exec(
+        "py-spy",
+        "record",
+        "--pid",
+        str(cluster.pid(next(iter(cluster.procs)))),
+        "--rate",
+        "250",
+        "--output",
+        f"profile-{name}.txt",
+        "--format",
+        "raw",
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    await asyncio.sleep(0.5)  # attached before the phase begins
+    return proc
+
+
+async def _spy_stop(proc: asyncio.subprocess.Process) -> None:
+    proc.send_signal(signal.SIGINT)  # py-spy writes what it has and exits
+    await proc.wait()
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -217,6 +289,7 @@ async def main(args: argparse.Namespace) -> None:
         cluster.start_server(0)
         await cluster.wait_ready()
         _tenant, key, _ = await cluster.tenant("ingest")
+        api_pid = cluster.pid(next(iter(cluster.procs)))
         # Warm up: connections in the pool, statements prepared, code paths taken.
         await singles(cluster.port, key, clients=args.concurrent, creates=args.warmup)
         await batches(cluster.port, key, count=2, size=min(args.batch_size, 100))
@@ -241,11 +314,16 @@ async def main(args: argparse.Namespace) -> None:
                 args.batches * args.batch_size,
             ),
         )
-        for name, route, run, jobs in phases:
+        for index, (name, route, run, jobs) in enumerate(phases):
             before = await histogram(cluster, route)
+            spy = await _spy(cluster, f"ingest-{index}") if args.profile else None
+            meter = CpuMeter(api_pid)
             phase, seconds = await run()
+            cpu = meter.per_job(jobs)
+            if spy is not None:
+                await _spy_stop(spy)
             after = await histogram(cluster, route)
-            results.append(summary(name, phase, seconds, jobs, (before, after)))
+            results.append(summary(name, phase, seconds, jobs, (before, after), cpu))
             console.print(f"{name}: {jobs / seconds:,.0f} jobs/s")
         cluster.check_alive()
     rows = [
@@ -257,6 +335,7 @@ async def main(args: argparse.Namespace) -> None:
             str(r["server_ms"]["p50"]) if r["server_ms"] else "-",
             str(r["server_ms_from_histogram"]["p50"]),
             str(sum(r["errors"].values())),
+            " / ".join(str(v) for v in r["cpu_ms_per_job"].values()),
         )
         for r in results
     ]
@@ -272,6 +351,7 @@ async def main(args: argparse.Namespace) -> None:
             "server p50 ms (header)",
             "server p50 ms (histogram)",
             "errors",
+            "CPU ms per job: api / postgres / client",
         ),
     )
 
@@ -284,5 +364,10 @@ if __name__ == "__main__":
     parser.add_argument("--sequential", type=int, default=2000, help="single creates, 1 client")
     parser.add_argument("--batches", type=int, default=40)
     parser.add_argument("--batch-size", type=int, default=1000)
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="record py-spy samples of the API during each phase (profile-ingest-N.txt)",
+    )
     parser.add_argument("--warmup", type=int, default=400, help="single creates before timing")
     asyncio.run(main(parser.parse_args()))

@@ -58,7 +58,9 @@ class _GatedStore:
 
 def _batcher(store: Store) -> tuple[CreateBatcher, _GatedStore]:
     gated = _GatedStore(store)
-    return CreateBatcher(cast(Store, gated)), gated
+    # Two calls in flight, the most these scenarios hold at the gate (the default is
+    # one, which batches the same way).
+    return CreateBatcher(cast(Store, gated), in_flight=2), gated
 
 
 async def _until(done: Any) -> None:
@@ -202,3 +204,18 @@ async def test_a_lone_create_is_stored_at_once_by_its_caller(store: Store, in_fl
     assert created and job.name == "alone" and run is not None
     assert [c.names for c in gated.calls] == [["alone"]]
     assert list(batcher.batch_sizes) == [1]
+
+
+async def test_by_default_one_call_is_in_flight_and_the_rest_wait_for_it(store: Store) -> None:
+    tenant = await make_tenant(store)
+    gated = _GatedStore(store)
+    batcher = CreateBatcher(cast(Store, gated))
+    jobs = [new_job(name=f"one-{i}", due_at=T0) for i in range(5)]
+    tasks = [asyncio.create_task(batcher.create(tenant.id, j, now=T0)) for j in jobs]
+    await _until(lambda: len(gated.calls) == 1)
+    for _ in range(20):  # the others stay queued while the first call is held
+        await asyncio.sleep(0)
+    assert [c.names for c in gated.calls] == [["one-0"]]
+    gated.open()
+    await _answers(tasks)
+    assert [c.names for c in gated.calls] == [["one-0"], [f"one-{i}" for i in range(1, 5)]]

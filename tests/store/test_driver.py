@@ -369,14 +369,21 @@ def _new_job_rows(
 ) -> tuple[NewJobRows, list[tuple[Job, Run | None]]]:
     """The rows the store would hand ``jobs_insert`` for ``jobs`` created at ``T0``,
     with the records it builds from them."""
-    made = _NewJobs(tenant_id, T0)
-    records = [made.add(nj, _request_hash(nj.spec)) for nj in jobs]
+    made, records = _new_jobs(tenant_id, jobs)
     return made.rows(), records
 
 
-async def test_jobs_insert_writes_jobs_runs_events_and_notices(store: Store) -> None:
+def _new_jobs(
+    tenant_id: uuid.UUID, jobs: list[NewJob]
+) -> tuple[_NewJobs, list[tuple[Job, Run | None]]]:
+    made = _NewJobs(tenant_id, T0)
+    records = [made.add(nj, _request_hash(nj.spec)) for nj in jobs]
+    return made, records
+
+
+async def test_jobs_insert_writes_jobs_runs_events_and_the_notices_follow(store: Store) -> None:
     tenant = await make_tenant(store)
-    rows, records = _new_job_rows(
+    made, records = _new_jobs(
         tenant.id, [new_job(name="first", due_at=T0), new_job(name="second", due_at=at(5))]
     )
     assert isinstance(store, SqlStore)
@@ -384,9 +391,11 @@ async def test_jobs_insert_writes_jobs_runs_events_and_notices(store: Store) -> 
     try:
         async with store._write() as conn:
             done = await _driver(store).jobs_insert(
-                conn, tenant_id=tenant.id, rows=rows, admitted=False
+                conn, tenant_id=tenant.id, rows=made.rows(), admitted=False
             )
         assert done == "inserted"
+        # The caller sends the notices once the rows have committed.
+        _driver(store).notify_committed(CHANNEL_RUNS_NEW, made.notices, store._deliver)
         heard: list[str] = []
         for _ in range(50):  # PostgreSQL delivers through LISTEN, a moment later
             heard += [p for chunk in await sub.wait(0.1) for p in chunk.split("\n")]
@@ -413,8 +422,9 @@ async def test_jobs_insert_writes_jobs_runs_events_and_notices(store: Store) -> 
 
 async def test_jobs_insert_of_jobs_without_runs(store: Store) -> None:
     tenant = await make_tenant(store)
-    rows, [(job, run)] = _new_job_rows(tenant.id, [new_job(name="later", due_at=None)])
-    assert run is None and rows.runs == [] and rows.notices == []
+    made, [(job, run)] = _new_jobs(tenant.id, [new_job(name="later", due_at=None)])
+    rows = made.rows()
+    assert run is None and rows.runs == [] and made.notices == []
     async with _tx(store) as conn:
         assert (
             await _driver(store).jobs_insert(conn, tenant_id=tenant.id, rows=rows, admitted=False)
@@ -451,6 +461,24 @@ async def test_jobs_insert_leaves_a_limited_tenant_to_its_caller(store: Store) -
         done = await driver.jobs_insert(conn, tenant_id=tenant.id, rows=rows, admitted=True)
     assert done == "inserted"
     assert [j.id for j in (await store.jobs_list(tenant.id)).items] == [job.id]
+
+
+async def test_jobs_insert_alone_is_a_transaction_of_its_own(store: Store) -> None:
+    tenant = await make_tenant(store)
+    limited = await make_tenant(store, max_pending_runs=10)
+    driver = _driver(store)
+    rows, [(job, _run)] = _new_job_rows(tenant.id, [new_job(name="alone")])
+    done = await driver.jobs_insert_alone(store.engine, tenant_id=tenant.id, rows=rows)
+    assert done == "inserted"
+    assert [j.id for j in (await store.jobs_list(tenant.id)).items] == [job.id]
+    rows, _ = _new_job_rows(limited.id, [new_job(name="limited")])
+    done = await driver.jobs_insert_alone(store.engine, tenant_id=limited.id, rows=rows)
+    assert done == "limited"
+    assert (await store.jobs_list(limited.id)).items == []
+    ghost = uuid.uuid4()
+    rows, _ = _new_job_rows(ghost, [new_job(name="orphan")])
+    done = await driver.jobs_insert_alone(store.engine, tenant_id=ghost, rows=rows)
+    assert done == "no_tenant"
 
 
 async def test_integrity_error_names_the_broken_unique_key(store: Store) -> None:

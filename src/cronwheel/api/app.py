@@ -221,8 +221,9 @@ def create_app(settings: Settings, store: Store, *, log_store: LogStore | None =
     app.add_middleware(HeadLimitMiddleware, limits=HeadLimits.of(settings))
     app.add_middleware(MetricsMiddleware)  # added last: outermost, so it sees every answer
 
+    # A request's route is found by trying each router in turn: the hottest first.
     routers: list[APIRouter] = [
-        m.router for m in (tenants, jobs, runs, alerts, workers, attempts, pools, logs, health)
+        m.router for m in (jobs, tenants, runs, alerts, workers, attempts, pools, logs, health)
     ]
     routers.append(runs.dead_letters)
     for router in routers:

@@ -73,6 +73,7 @@ __all__ = [
     "tenant_or_every_reader",
     "tenant_reader",
     "tenant_writer",
+    "tenant_writer_of",
 ]
 
 log = logging.getLogger("cronwheel.api")
@@ -362,6 +363,12 @@ async def tenant_writer(
     if principal.role not in ("admin", "operator"):
         raise PermissionDeniedError(f"a {principal.role} key may only read")
     return scope
+
+
+async def tenant_writer_of(request: Request) -> TenantScope:
+    """:func:`tenant_writer` with its dependencies solved by hand (for ``solved_by``)."""
+    principal = await authenticate(request, await _bearer(request))
+    return await tenant_writer(request, principal, request.headers.get(TENANT_HEADER))
 
 
 async def tenant_or_every_reader(

@@ -51,6 +51,7 @@ __all__ = [
     "Outcomes",
     "PlannedRun",
     "WorkerGone",
+    "given_instant",
     "lease_fence",
 ]
 
@@ -74,12 +75,11 @@ JobsInserted = Literal["inserted", "limited", "no_tenant"]
 @dataclass(frozen=True, slots=True)
 class NewJobRows:
     """The rows of new jobs (``jobs``), their first and skipped runs (``runs``, every row
-    with the same keys), their events, and the notices to send once they commit."""
+    with the same keys) and their events."""
 
     jobs: Sequence[dict[str, Any]]
     runs: Sequence[dict[str, Any]]
     events: Sequence[dict[str, Any]]
-    notices: Sequence[str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +125,13 @@ class CreatedRun:
     shard: int
     fire_at: datetime
     pool: str
+
+
+def given_instant(now: datetime) -> datetime:
+    """A caller's instant, in UTC."""
+    if now.tzinfo is None:
+        raise ValueError("now must be an aware datetime")
+    return now.astimezone(UTC)
 
 
 def lease_fence(
@@ -188,9 +195,7 @@ class Driver(ABC):
     async def instant(self, conn: AsyncConnection, now: datetime | None) -> datetime:
         """``now`` in UTC, or the database clock when it is None."""
         if now is not None:
-            if now.tzinfo is None:
-                raise ValueError("now must be an aware datetime")
-            return now.astimezone(UTC)
+            return given_instant(now)
         return await self.db_now(conn)
 
     # Whether a statement can read the database clock itself (no round trip of its own).
@@ -220,6 +225,15 @@ class Driver(ABC):
     @abstractmethod
     async def notify(self, conn: AsyncConnection, channel: str, payloads: Sequence[str]) -> None:
         """Queue notifications; they are delivered when ``conn``'s transaction commits."""
+
+    def notify_committed(
+        self, channel: str, payloads: Sequence[str], deliver: Callable[[str, list[str]], None]
+    ) -> None:
+        """Send notifications about what has committed already, outside any transaction:
+        soon, not before this returns, and never waited for (they are wake-ups only). The
+        default delivers them at once through ``deliver`` (this process's subscribers:
+        the only ones an embedded database has)."""
+        deliver(channel, list(payloads))
 
     # -- what dialects say differently -------------------------------------------------
 
@@ -295,13 +309,23 @@ class Driver(ABC):
         rows: NewJobRows,
         admitted: bool,
     ) -> JobsInserted:
-        """Insert new jobs with their runs and events and queue the notices, keeping the
-        tenant's row until the transaction ends (a deletion waits). Unless ``admitted``
-        (the caller checked ``max_pending_runs`` in this transaction), a tenant that has
-        that limit gets nothing inserted (``"limited"``): the caller checks the limit
-        and calls again. ``"no_tenant"``: no such tenant, nothing inserted. May be the
-        first statement of its transaction: then it is a transaction of its own (one
-        round trip on PostgreSQL)."""
+        """Insert new jobs with their runs and events, keeping the tenant's row until the
+        transaction ends (a deletion waits). Unless ``admitted`` (the caller checked
+        ``max_pending_runs`` in this transaction), a tenant that has that limit gets
+        nothing inserted (``"limited"``): the caller checks the limit and calls again.
+        ``"no_tenant"``: no such tenant, nothing inserted. May be the first statement of
+        its transaction: then it is a transaction of its own (one round trip on
+        PostgreSQL). The runs' notices are the caller's to send once committed
+        (:meth:`notify_committed`)."""
+
+    async def jobs_insert_alone(
+        self, engine: AsyncEngine, *, tenant_id: uuid.UUID, rows: NewJobRows
+    ) -> JobsInserted:
+        """:meth:`jobs_insert`, not admitted, as a transaction of its own on a connection
+        of ``engine`` (PostgreSQL: one statement on a bare pooled connection, none of
+        the transaction machinery around it)."""
+        async with self.begin_write(engine) as conn:
+            return await self.jobs_insert(conn, tenant_id=tenant_id, rows=rows, admitted=False)
 
     # -- firing ------------------------------------------------------------------------
 

@@ -33,7 +33,12 @@ from cronwheel.store.driver import (
 )
 from cronwheel.store.drivers import postgres_firing as firing
 from cronwheel.store.drivers import postgres_leasing as leasing
-from cronwheel.store.drivers.postgres_jobs import insert_jobs, notify_chunks
+from cronwheel.store.drivers.postgres_jobs import (
+    CommittedNotices,
+    bare_connection,
+    insert_jobs,
+    notify_chunks,
+)
 from cronwheel.store.notices import CHANNEL_KEYS_REVOKED, CHANNEL_RUNS_NEW, CHANNEL_RUNS_READY
 from cronwheel.store.schema import runs
 from cronwheel.store.values import CompleteItem, Grant, HeartbeatItem, LeaseRenewal, ReadyQueue
@@ -121,6 +126,9 @@ class PostgresDriver(Driver):
         )
         self._listener: asyncpg.Connection | None = None
         self._listen_task: asyncio.Task[None] | None = None
+        # The LISTEN connection once it listens: it sends the notices of what committed.
+        self._notifying: asyncpg.Connection | None = None
+        self._committed_notices = CommittedNotices(lambda: self._notifying)
 
     # -- connections and transactions ------------------------------------------------
 
@@ -144,6 +152,7 @@ class PostgresDriver(Driver):
             self._listen_task = asyncio.create_task(self._listen_forever(deliver), name="cw-listen")
 
     async def closing(self) -> None:
+        await self._committed_notices.close()
         if self._listen_task is not None:
             self._listen_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -170,7 +179,11 @@ class PostgresDriver(Driver):
                     await conn.add_listener(channel, on_notify)
                 closed = asyncio.Event()
                 conn.add_termination_listener(lambda _c, done=closed: done.set())
-                await closed.wait()
+                self._notifying = conn
+                try:
+                    await closed.wait()
+                finally:
+                    self._notifying = None
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -221,6 +234,12 @@ class PostgresDriver(Driver):
             sa.text("SELECT pg_notify(:channel, p) FROM unnest(CAST(:payloads AS text[])) AS p"),
             {"channel": channel, "payloads": notify_chunks(payloads)},
         )
+
+    def notify_committed(
+        self, channel: str, payloads: Sequence[str], deliver: Callable[[str, list[str]], None]
+    ) -> None:
+        # This process hears them through LISTEN, as every other does.
+        self._committed_notices.send(channel, payloads)
 
     def integrity_error(self, exc: BaseException) -> str | None:
         # The hot statements speak asyncpg directly, so its errors arrive untranslated.
@@ -319,6 +338,12 @@ class PostgresDriver(Driver):
         return await insert_jobs(
             await _raw(conn), tenant_id=tenant_id, rows=rows, admitted=admitted
         )
+
+    async def jobs_insert_alone(
+        self, engine: AsyncEngine, *, tenant_id: uuid.UUID, rows: NewJobRows
+    ) -> JobsInserted:
+        async with bare_connection(engine) as conn:
+            return await insert_jobs(conn, tenant_id=tenant_id, rows=rows, admitted=False)
 
     async def runs_fire(
         self,

@@ -1,6 +1,5 @@
 """The PostgreSQL driver's statement for creating jobs: the tenant's row, the jobs, their
-runs, their events and the schedulers' notices, in one statement — one round trip for
-one job or a thousand.
+runs and their events in one statement — one round trip for one job or a thousand.
 
 The rows travel as three JSON documents (``jsonb_populate_recordset`` turns each into
 rows of its table's type): one parameter per table whatever the batch's size, the
@@ -10,29 +9,53 @@ columns named once. The limit decides in the statement::
       │ no such tenant ────────────────────────────────▶ "no_tenant", nothing inserted
       │ has max_pending_runs, not admitted by the caller ▶ "limited", nothing inserted
       ▼
-    jobs ─▶ runs ─▶ events ─▶ pg_notify                  "inserted"
+    jobs ─▶ runs ─▶ events                               "inserted"
 
 The count behind ``max_pending_runs`` cannot be taken here: it must see what a creator
 that held the tenant's lock committed, and a statement's snapshot is taken before it
 waits for a lock. So a limited tenant's creators lock, count and then call this again,
 admitted, in their transaction (``store/sql/pending.py``).
+
+The schedulers' notices are not sent here but after the commit, by :class:`Notices`,
+on a connection of their own. A transaction that notifies takes a lock that every
+notifying transaction of the database takes until it has committed — its commit
+record flushed, under synchronous commit — so creates that notified committed one at
+a time and could not share a flush (group commit). A transaction that only notifies
+writes no record of its own worth flushing: it commits at once. And all the notices
+that come while one is being sent go in the next, in one statement.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
 import json
+import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import datetime
 from typing import Any
 
+import asyncpg
 import orjson
+from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.util import greenlet_spawn
 
 from cronwheel.store.driver import JobsInserted, NewJobRows
-from cronwheel.store.notices import CHANNEL_RUNS_NEW
 
-__all__ = ["insert_jobs", "notify_chunks"]
+__all__ = ["CommittedNotices", "bare_connection", "insert_jobs", "notify_chunks"]
+
+log = logging.getLogger("cronwheel.store.postgres")
+
+# What leaves a connection unusable: it is dropped from the pool, not handed back.
+_BROKEN = (
+    asyncpg.PostgresConnectionError,
+    asyncpg.InterfaceError,
+    ConnectionError,
+    OSError,
+    asyncio.CancelledError,  # a statement cut off halfway
+)
 
 # A NOTIFY payload must stay under 8000 bytes.
 _NOTIFY_CHUNK = 7000
@@ -90,10 +113,8 @@ def _statement(
     parts = [
         "tenant AS (SELECT limits FROM tenants WHERE id = $1 FOR KEY SHARE)",
         f"go AS (SELECT 1 FROM tenant WHERE $2 OR limits ->> '{_LIMIT}' IS NULL)",
-        "notified AS (SELECT pg_notify($3, p) FROM unnest($4::text[]) AS p"
-        " WHERE EXISTS (SELECT 1 FROM go))",
     ]
-    param = 5
+    param = 3
     for name, table, columns in (
         ("j", "jobs", job_columns),
         ("r", "runs", run_columns),
@@ -102,12 +123,10 @@ def _statement(
         if columns:
             parts.append(f"{name} AS ({_insert(table, columns).format(param=param)})")
             param += 1
-    # A SELECT in WITH runs only when read: the notices are counted to be sent.
     return (
         "WITH "
         + ",\n".join(parts)
-        + "\nSELECT EXISTS (SELECT 1 FROM tenant) AS found, EXISTS (SELECT 1 FROM go) AS go,"
-        " (SELECT count(*) FROM notified) AS notified"
+        + "\nSELECT EXISTS (SELECT 1 FROM tenant) AS found, EXISTS (SELECT 1 FROM go) AS go"
     )
 
 
@@ -121,14 +140,82 @@ async def insert_jobs(
     """:meth:`Driver.jobs_insert` on the raw asyncpg connection ``conn``."""
     tables = [t for t in (rows.jobs, rows.runs, rows.events) if t]
     sql = _statement(_columns(rows.jobs), _columns(rows.runs), _columns(rows.events))
-    found = await conn.fetchrow(
-        sql,
-        tenant_id,
-        admitted,
-        CHANNEL_RUNS_NEW,
-        notify_chunks(rows.notices),
-        *(_document(t) for t in tables),
-    )
+    found = await conn.fetchrow(sql, tenant_id, admitted, *(_document(t) for t in tables))
     if not found["found"]:
         return "no_tenant"
     return "inserted" if found["go"] else "limited"
+
+
+@contextlib.asynccontextmanager
+async def bare_connection(engine: AsyncEngine) -> AsyncIterator[Any]:
+    """An asyncpg connection of ``engine``'s pool, in autocommit (each statement its own
+    transaction), without SQLAlchemy's connection and transaction around it: those cost
+    a single create a third of its time in this process."""
+    raw = await engine.raw_connection()
+    try:
+        yield raw.driver_connection
+    except _BROKEN:
+        await greenlet_spawn(raw.invalidate)
+        raise
+    finally:
+        await greenlet_spawn(raw.close)
+
+
+class CommittedNotices:
+    """Notifications about what has committed, sent outside the writers' transactions
+    (see the module's docstring) on the connection that listens — idle otherwise, and
+    needing no pool checkout: every channel's notices queued while one statement is
+    under way go together in the next one. Lost when that connection is down or the
+    process ends first: they are wake-ups, never the truth."""
+
+    def __init__(self, connection: Callable[[], asyncpg.Connection | None]) -> None:
+        self._connection = connection
+        self._queued: dict[str, list[str]] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+        self._failing = False  # one log line per run of failures
+
+    def send(self, channel: str, payloads: Sequence[str]) -> None:
+        if self._closed or not payloads:
+            return
+        self._queued.setdefault(channel, []).extend(payloads)
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="cw-notices")
+
+    async def close(self) -> None:
+        """Send what is queued (for at most a moment), then send nothing more."""
+        self._closed = True
+        if self._task is not None:
+            with contextlib.suppress(Exception, TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._task), 2.0)
+
+    async def _run(self) -> None:
+        try:
+            while self._queued:
+                queued, self._queued = self._queued, {}
+                channels: list[str] = []
+                chunks: list[str] = []
+                for channel, payloads in queued.items():
+                    joined = notify_chunks(payloads)
+                    channels += [channel] * len(joined)
+                    chunks += joined
+                conn = self._connection()
+                try:
+                    if conn is None:
+                        raise ConnectionError("not connected")
+                    await conn.execute(
+                        "SELECT pg_notify(c, p) FROM unnest($1::text[], $2::text[]) AS n(c, p)",
+                        channels,
+                        chunks,
+                    )
+                except Exception as exc:
+                    if not self._failing:
+                        log.warning(
+                            "notices not sent",
+                            extra={"event": "notices_lost", "error": str(exc)},
+                        )
+                    self._failing = True
+                else:
+                    self._failing = False
+        finally:
+            self._task = None

@@ -10,7 +10,6 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from cronwheel.store.driver import Driver, JobsInserted, NewJobRows
-from cronwheel.store.notices import CHANNEL_RUNS_NEW
 from cronwheel.store.schema import jobs, runs, tenants
 
 __all__ = ["CoreJobs"]
@@ -40,6 +39,4 @@ class CoreJobs(Driver):
         if rows.runs:
             await conn.execute(runs.insert(), list(rows.runs))
         await self.events_insert(conn, rows.events)
-        if rows.notices:
-            await self.notify(conn, CHANNEL_RUNS_NEW, rows.notices)
         return "inserted"

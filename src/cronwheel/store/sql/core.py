@@ -8,10 +8,10 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.exc import DBAPIError
@@ -28,6 +28,8 @@ from cronwheel.store.values import Migrated
 __all__ = ["MIGRATIONS_DIR", "LocalSubscription", "SqlCore", "jobs_select"]
 
 log = logging.getLogger("cronwheel.store")
+
+T = TypeVar("T")
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 
@@ -212,6 +214,16 @@ class SqlCore(Store):
             raise
         for channel, payloads in pending:
             self._deliver(channel, payloads)
+
+    async def _alone(self, statement: Awaitable[T]) -> T:
+        """Await a driver's statement that is a transaction of its own (``…_alone``):
+        its failures are a transaction's (a transient one: try again)."""
+        try:
+            return await statement
+        except Exception as exc:
+            if self.driver.transient(exc):
+                raise StoreUnavailableError(f"the database failed, try again: {exc}") from exc
+            raise
 
     @contextlib.asynccontextmanager
     async def _read(self) -> AsyncIterator[AsyncConnection]:

@@ -50,7 +50,7 @@ from cronwheel.domain.spec import (
 from cronwheel.domain.states import PARK, JobState, RunState
 from cronwheel.domain.template import RunTemplate
 from cronwheel.ids import new_id
-from cronwheel.store.driver import NewJobRows
+from cronwheel.store.driver import NewJobRows, given_instant
 from cronwheel.store.notices import ANNOUNCE_HORIZON, CHANNEL_RUNS_NEW, announce
 from cronwheel.store.rows import (
     event_row,
@@ -109,7 +109,7 @@ class _NewJobs:
         self.first_runs = 0
 
     def rows(self) -> NewJobRows:
-        return NewJobRows(jobs=self.jobs, runs=self.runs, events=self.events, notices=self.notices)
+        return NewJobRows(jobs=self.jobs, runs=self.runs, events=self.events)
 
     def add(self, nj: NewJob, request_hash: str | None) -> tuple[Job, Run | None]:
         spec, at, tenant_id = nj.spec, self.at, self.tenant_id
@@ -252,26 +252,54 @@ class JobsMixin(SqlCore):
         # unique key; on the second pass it finds the winner's job.
         for attempt in range(2):
             try:
-                async with self._write() as conn:
-                    return await self._jobs_create(conn, tenant_id, jobs, now)
+                made, out = await self._jobs_create(tenant_id, jobs, now)
             except Exception as exc:
                 broken = self.driver.integrity_error(exc)
                 if broken is None:
                     raise
                 if attempt == 1 or "idempotency" not in broken.lower():
                     raise ConflictError(f"the jobs could not be stored: {broken}") from None
+            else:
+                if made.notices:
+                    self.driver.notify_committed(CHANNEL_RUNS_NEW, made.notices, self._deliver)
+                return out
         raise AssertionError("unreachable")
 
     async def _jobs_create(
+        self, tenant_id: uuid.UUID, new_jobs: Sequence[NewJob], now: datetime | None
+    ) -> tuple[_NewJobs, list[tuple[Job, Run | None, bool]]]:
+        """The rows written (their notices to send) and the answer, built from them.
+
+        When the caller knows the instant and no key was given, the jobs are one
+        statement that is a transaction of its own (``jobs_insert_alone``); only a
+        tenant with ``max_pending_runs`` then takes a transaction that counts and adds
+        (nothing was inserted by the first). A key's replay is read in the transaction
+        that inserts the rest."""
+        if now is not None and not any(nj.idempotency_key for nj in new_jobs):
+            made = _NewJobs(tenant_id, given_instant(now))
+            out: list[tuple[Job, Run | None, bool]] = [
+                (*made.add(nj, None), True) for nj in new_jobs
+            ]
+            rows = made.rows()
+            done = await self._alone(
+                self.driver.jobs_insert_alone(self.engine, tenant_id=tenant_id, rows=rows)
+            )
+            if done == "no_tenant":
+                raise self._not_found("tenant", tenant_id)
+            if done == "limited":
+                async with self._write() as conn:
+                    await self._jobs_insert_admitted(conn, tenant_id, made)
+            return made, out
+        async with self._write() as conn:
+            return await self._jobs_create_in(conn, tenant_id, new_jobs, now)
+
+    async def _jobs_create_in(
         self,
         conn: AsyncConnection,
         tenant_id: uuid.UUID,
         new_jobs: Sequence[NewJob],
         now: datetime | None,
-    ) -> list[tuple[Job, Run | None, bool]]:
-        """One statement on PostgreSQL when the caller knows the instant, no key was
-        seen before and the tenant has no ``max_pending_runs``: the jobs, runs, events
-        and notices all at once, and the answer built from the rows written."""
+    ) -> tuple[_NewJobs, list[tuple[Job, Run | None, bool]]]:
         at = await self._now(conn, now)
         # Only a key's replay compares requests: a job without one needs no hash.
         hashes = [_request_hash(nj.spec) if nj.idempotency_key else None for nj in new_jobs]
@@ -285,16 +313,23 @@ class JobsMixin(SqlCore):
             else:
                 out.append((*made.add(nj, h), True))
         if not made.jobs:
-            return out
+            return made, out
         rows = made.rows()
         done = await self.driver.jobs_insert(conn, tenant_id=tenant_id, rows=rows, admitted=False)
         if done == "no_tenant":
             raise self._not_found("tenant", tenant_id)
         if done == "limited":
-            limit = await tenant_for_new_runs(conn, tenant_id)
-            await pending_admit(conn, tenant_id, limit=limit, adding=made.first_runs)
-            await self.driver.jobs_insert(conn, tenant_id=tenant_id, rows=rows, admitted=True)
-        return out
+            await self._jobs_insert_admitted(conn, tenant_id, made)
+        return made, out
+
+    async def _jobs_insert_admitted(
+        self, conn: AsyncConnection, tenant_id: uuid.UUID, made: _NewJobs
+    ) -> None:
+        """Insert ``made`` for a tenant with ``max_pending_runs``, once its count admits
+        them (``store/sql/pending.py``), in ``conn``'s transaction."""
+        limit = await tenant_for_new_runs(conn, tenant_id)
+        await pending_admit(conn, tenant_id, limit=limit, adding=made.first_runs)
+        await self.driver.jobs_insert(conn, tenant_id=tenant_id, rows=made.rows(), admitted=True)
 
     async def _jobs_replayed(
         self,
