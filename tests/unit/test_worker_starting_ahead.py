@@ -294,7 +294,7 @@ async def test_how_many_reservations_a_worker_holds_beyond_its_slots(
     assert session._reserve_extra() == 16
     # Beyond that allowance each reservation holds a slot.
     four_slots.reserve(range(1, 21), 5.0)
-    assert session._reserved_over() == 4
+    assert session._reserved_over(session._reserve_extra()) == 4
     # A pool keeping slots for P0 gets none beyond the slots.
     session.protocol.p0_reserved_slots = 1
     assert session._reserve_extra() == 0

@@ -438,10 +438,10 @@ class WorkerSession:
         pace = self.config.concurrency * _RESERVE_HORIZON / max(self._duration, 1e-6)
         return min(cap, int(pace))
 
-    def _reserved_over(self, extra: int | None = None) -> int:
-        """The reservations beyond the allowance of _reserve_extra: each holds a slot."""
-        allowed = self._reserve_extra() if extra is None else extra
-        return max(0, len(self.reservations) - allowed)
+    def _reserved_over(self, extra: int) -> int:
+        """The reservations beyond ``extra`` (the allowance of _reserve_extra): each
+        holds a slot."""
+        return max(0, len(self.reservations) - extra)
 
     def _ended(self, took: float) -> None:
         """A handler ran ``took`` seconds: the mean duration prefetch follows."""
@@ -470,9 +470,7 @@ class WorkerSession:
         self._reserved_waiting += len(helds)
         self._arrive(helds)
         if self._watching is None and any(h.task is None for h in helds):
-            self._watching = asyncio.get_running_loop().call_later(
-                _HAND_BACK_CHECK, self._watch_reserved, self._begun, time.monotonic()
-            )
+            self._watch_later()
 
     def _busy(self) -> bool:
         """Runs are about to begin, being started, or started and waiting for a slot:
@@ -502,9 +500,14 @@ class WorkerSession:
             log_event(logging.INFO, "worker.reservations_handed_back", count=len(late))
             self._slot_free.set()  # the lease loop reckons its room again
         if any(h.reserved and h.task is None for _, _, h in self._waiting):
-            self._watching = asyncio.get_running_loop().call_later(
-                _HAND_BACK_CHECK, self._watch_reserved, self._begun, time.monotonic()
-            )
+            self._watch_later()
+
+    def _watch_later(self) -> None:
+        """Look at the started reservations waiting for a slot _HAND_BACK_CHECK from
+        now, judging the slots' pace over that span."""
+        self._watching = asyncio.get_running_loop().call_later(
+            _HAND_BACK_CHECK, self._watch_reserved, self._begun, time.monotonic()
+        )
 
     def _fill_slots(self) -> None:
         """Start waiting runs while slots are free. (The lease loop keeps a slot for each
@@ -554,8 +557,8 @@ class WorkerSession:
             handler = self.registry.get(lease.task)
             is_async = self._async_tasks.get(lease.task)
             if is_async is None:  # asked once per task: inspect is slow next to a noop
-                is_async = self._async_tasks[lease.task] = (
-                    handler is not None and handler_is_async(handler)
+                is_async = self._async_tasks[lease.task] = handler is not None and handler_is_async(
+                    handler
                 )
         else:
             handler = None if self.webhook is None else self.webhook(lease)
