@@ -99,6 +99,51 @@ async def test_dispatch_lead_hands_runs_to_the_ready_queue_ahead(store: Store) -
     assert await _states(store, runs) == ["RUNNING", "DISPATCHED", "DISPATCHED"]
 
 
+async def test_bursts_gathered_beyond_the_lead_are_dispatched_with_the_first(
+    store: Store,
+) -> None:
+    """A pass that dispatches a burst ahead takes the bursts due a little after the lead
+    with it: those are dispatched too, not dropped from the window to wait for a poll
+    that finds them a moment before their instant."""
+    first = T0 + timedelta(seconds=5)
+    gathered = T0 + timedelta(seconds=5.5)  # within the gather (a fifth of the lead)
+    later = T0 + timedelta(seconds=7)  # beyond it
+    runs = await _jobs(store, [first, gathered, later])
+    time = FakeTime(T0)
+    settings = Settings(
+        window_seconds=30, shard_lease_ttl=10, dispatch_lead=5, dispatch_lead_burst=1
+    )
+    node = SchedulerNode(store, settings, node_id="node-a", clock=Clock(time, offset=timedelta(0)))
+    assert await node.run_once() == 2
+    assert await _states(store, runs) == ["DISPATCHED", "DISPATCHED", "SCHEDULED"]
+    assert len(node.window) == 1  # the later one, still held for its own pass
+
+
+async def test_a_run_whose_job_guards_against_overlap_goes_at_its_instant(
+    store: Store,
+) -> None:
+    """Dispatched ahead, a run would be judged against runs that are still to come or
+    to end: the runs of jobs with an overlap policy are fired at their instant, the
+    others due then ahead of it."""
+    due = T0 + timedelta(seconds=2)
+    free = await _jobs(store, [due], schedule={"interval": 60, "overlap": "allow"})
+    guarded = await _jobs(store, [due, due], schedule={"interval": 60, "overlap": "skip"})
+    time = FakeTime(T0)
+    settings = Settings(
+        window_seconds=30, shard_lease_ttl=10, dispatch_lead=5, dispatch_lead_burst=1
+    )
+    node = SchedulerNode(store, settings, node_id="node-a", clock=Clock(time, offset=timedelta(0)))
+    assert await node.run_once() == 1
+    assert await _states(store, [*free, *guarded]) == ["DISPATCHED", "SCHEDULED", "SCHEDULED"]
+    # Held for its instant, not tried again at every wake before it.
+    assert node.window.next_fire_at(node._lead) == due
+    time.value = due - timedelta(seconds=1)
+    assert await node.run_once() == 0
+    time.value = due
+    assert await node.run_once() == 2
+    assert await _states(store, [*free, *guarded]) == ["DISPATCHED"] * 3
+
+
 async def test_only_bursts_are_dispatched_ahead(store: Store) -> None:
     """The lead applies to instants with at least ``dispatch_lead_burst`` runs: a burst
     is dispatched ahead, a run due alone at its instant."""

@@ -65,3 +65,23 @@ def test_dropping_shards_keeps_the_rest_and_their_bursts() -> None:
     assert len(window) == 2
     assert {r.id for r in window.pop_due(T0, LEAD)} == {r.id for r in mine}
     assert window.push(theirs) == 2  # forgotten, so new again
+
+
+def test_a_run_held_for_its_instant_is_never_handed_out_ahead() -> None:
+    window = DueWindow(burst=1)
+    ahead, kept = _runs(3, 2), _runs(3, 1)
+    window.push(ahead)
+    window.push(kept, at_instant=True)
+    assert {r.id for r in window.pop_due(T0, LEAD)} == {r.id for r in ahead}
+    # The instant's other run waits for it, and counts toward no burst.
+    assert len(window) == 1
+    assert window.next_fire_at(LEAD) == T0 + timedelta(seconds=3)
+    alone = _runs(4, 1)
+    window.push(alone, at_instant=True)
+    assert window.pop_due(T0 + timedelta(seconds=1), LEAD) == []
+    # Kept across a shard hand-over of others.
+    window.drop_shards({7})
+    assert window.pop_due(T0 + timedelta(seconds=2), LEAD) == []
+    assert [r.id for r in window.pop_due(T0 + timedelta(seconds=3), LEAD)] == [kept[0].id]
+    assert [r.id for r in window.pop_due(T0 + timedelta(seconds=4), LEAD)] == [alone[0].id]
+    assert len(window) == 0

@@ -362,7 +362,8 @@ class SchedulerNode:
     # -- firing --------------------------------------------------------------------
 
     async def _fire_due(self) -> int:
-        due = self.window.pop_due(self.clock.now(), self._lead, self._lead * _LEAD_GATHER)
+        gather = self._lead * _LEAD_GATHER
+        due = self.window.pop_due(self.clock.now(), self._lead, gather)
         if len(due) >= self.settings.dispatch_lead_burst or self.backlog:
             due = await self._pace(due)
         if not due:
@@ -376,7 +377,8 @@ class SchedulerNode:
                 run_ids=[r.id for r in batch],
                 node_id=self.node_id,
                 now=self.clock.store_now(),
-                lead=self.settings.dispatch_lead,
+                # What the pass popped ahead: the lead and the bursts it gathered.
+                lead=(self._lead + gather).total_seconds(),
                 epochs=dict(self.shards),
             )
 
@@ -389,6 +391,15 @@ class SchedulerNode:
             for run in fired:
                 DISPATCH_LATENESS.observe(
                     max(0.0, (run.dispatched_at - run.fire_at).total_seconds())
+                )
+            if len(fired) < len(batch):
+                # Runs the store would not fire ahead (their jobs guard against overlap)
+                # go at their instant. (Others not fired — cancelled, paused — are
+                # simply not fired then either.)
+                done = {r.id for r in fired}
+                now = self.clock.now()
+                self.window.push(
+                    (r for r in batch if r.id not in done and r.fire_at > now), at_instant=True
                 )
             return len(fired)
 

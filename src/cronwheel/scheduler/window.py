@@ -20,9 +20,11 @@ Invariants:
 - A run id is in the window at most once. Entries are hints: firing re-checks the
   state in the database, so a run cancelled meanwhile is simply not fired.
 - Runs are kept by instant. An instant with at least ``burst`` runs (a top-of-the-hour
-  spike) is also on the burst heap, and is handed out ``lead`` early: dispatched
-  ahead, its runs can be reserved by workers before it comes. A run due alone is
-  dispatched at its instant: reserving it would cost more than leasing it then.
+  spike; by default any run) is also on the burst heap, and is handed out ``lead``
+  early: dispatched ahead, its runs can be reserved by workers before it comes.
+- A run pushed ``at_instant`` (the store would not fire it ahead: its job guards
+  against overlap, which is judged at the instant) counts toward no burst and is
+  handed out at its instant only, whatever else is due then.
 """
 
 from __future__ import annotations
@@ -47,7 +49,9 @@ class DueWindow:
         self._instants: list[datetime] = []  # heap of instants with runs held
         self._runs: dict[datetime, list[tuple[uuid.UUID, int]]] = {}  # instant -> runs
         self._bursts: list[datetime] = []  # heap of instants that reached ``burst`` runs
+        self._ahead: dict[datetime, int] = {}  # instant -> its runs that may go ahead
         self._ids: set[uuid.UUID] = set()
+        self._at_instant: set[uuid.UUID] = set()  # held runs that go at their instant only
         self.horizon: datetime | None = None
         # When the last refill stopped at its limit inside one instant (a burst larger
         # than the limit): the last run it read there, where the next refill goes on.
@@ -56,8 +60,9 @@ class DueWindow:
     def __len__(self) -> int:
         return len(self._ids)
 
-    def push(self, runs: Iterable[DueRun]) -> int:
-        """Add runs not yet held; returns how many were new."""
+    def push(self, runs: Iterable[DueRun], *, at_instant: bool = False) -> int:
+        """Add runs not yet held (``at_instant``: never to be handed out ahead); returns
+        how many were new."""
         added = 0
         for run in runs:
             if run.id in self._ids:
@@ -68,9 +73,13 @@ class DueWindow:
                 at = self._runs[run.fire_at] = []
                 heapq.heappush(self._instants, run.fire_at)
             at.append((run.id, run.shard))
-            if len(at) == self.burst:
-                heapq.heappush(self._bursts, run.fire_at)
             added += 1
+            if at_instant:
+                self._at_instant.add(run.id)
+                continue
+            ahead = self._ahead[run.fire_at] = self._ahead.get(run.fire_at, 0) + 1
+            if ahead == self.burst:
+                heapq.heappush(self._bursts, run.fire_at)
         return added
 
     def _top(self, heap: list[datetime]) -> datetime | None:
@@ -98,26 +107,39 @@ class DueWindow:
         first = self._top(self._bursts)
         until = now + lead + (gather if first is not None and first <= now + lead else timedelta(0))
         while (burst := self._top(self._bursts)) is not None and burst <= until:
-            self._take(heapq.heappop(self._bursts), out)
+            self._take(heapq.heappop(self._bursts), out, ahead=True)
         while (first := self._top(self._instants)) is not None and first <= now:
             self._take(heapq.heappop(self._instants), out)
         out.sort(key=lambda r: r.fire_at)
         return out
 
-    def _take(self, at: datetime, out: list[DueRun]) -> None:
-        for run_id, shard in self._runs.pop(at, ()):
+    def _take(self, at: datetime, out: list[DueRun], *, ahead: bool = False) -> None:
+        """The runs held at ``at`` — ``ahead``: those that may go before it; the others
+        stay, the instant still on the heap of instants."""
+        held = self._runs.pop(at, [])
+        self._ahead.pop(at, None)
+        stay: list[tuple[uuid.UUID, int]] = []
+        for run_id, shard in held:
+            if ahead and run_id in self._at_instant:
+                stay.append((run_id, shard))
+                continue
             self._ids.discard(run_id)
+            self._at_instant.discard(run_id)
             out.append(DueRun(id=run_id, shard=shard, fire_at=at))
+        if stay:
+            self._runs[at] = stay
 
     def drop_shards(self, shards: set[int]) -> None:
         """Forget the runs of shards this node no longer owns."""
         if not shards:
             return
         kept = [
-            DueRun(id=run_id, shard=shard, fire_at=at)
+            (DueRun(id=run_id, shard=shard, fire_at=at), run_id in self._at_instant)
             for at, runs in self._runs.items()
             for run_id, shard in runs
             if shard not in shards
         ]
         self._instants, self._runs, self._bursts, self._ids = [], {}, [], set()
-        self.push(kept)
+        self._ahead, self._at_instant = {}, set()
+        self.push(run for run, late in kept if not late)
+        self.push((run for run, late in kept if late), at_instant=True)

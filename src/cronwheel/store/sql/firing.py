@@ -46,6 +46,9 @@ from cronwheel.timing.spread import spread_instant
 __all__ = ["WAIT_RETRY", "FiringMixin"]
 
 
+# A run whose job guards against overlap is fired no earlier than this before its
+# instant: a scheduler's reckoning of the database's clock may run that much ahead.
+_OVERLAP_JUDGED = timedelta(milliseconds=50)
 # A run queued behind a running one (overlap=queue_one) looks again this often.
 WAIT_RETRY = timedelta(seconds=1)
 
@@ -76,7 +79,14 @@ class FiringMixin(QuarantineMixin):
         node_id: str,
     ) -> list[FiredRun]:
         """Fire ``candidates`` — SCHEDULED first tries of recurring jobs, already checked
-        due and on a shard ``node_id`` holds — by their jobs' policies."""
+        due (or within the lead) and on a shard ``node_id`` holds — by their jobs'
+        policies. A run whose job guards against overlap is fired at its instant, not
+        ahead: whether an earlier run still goes is known only then."""
+        candidates = [
+            r
+            for r in candidates
+            if r.fire_at <= at + _OVERLAP_JUDGED or r.schedule.get("overlap", "allow") == "allow"
+        ]
         schedules = {r.job_id: r.schedule for r in candidates}
         guarded = [j for j, s in schedules.items() if s.get("overlap", "allow") != "allow"]
         busy, waiting = await self._overlap_state(conn, candidates, guarded)
