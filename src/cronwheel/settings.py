@@ -87,15 +87,18 @@ class Settings(BaseSettings):
     fire_batch_size: int = Field(default=1000, ge=1)
     shard_lease_ttl: float = Field(default=10.0, ge=1)
     expire_interval: float = Field(default=1.0, gt=0)
-    # Dispatch the runs of a burst — an instant with at least ``dispatch_lead_burst``
-    # runs due on one node — this many seconds ahead of it: they wait in the ready queue
-    # (not leasable, still cancellable and pausable), or reserved by a worker, until it
-    # comes, so the instant itself costs only their start. A run due alone is
-    # dispatched at its instant. 0 turns it off. Ten seconds let one scheduler and two
-    # workers dispatch and reserve a 20,000-run burst before its instant (five did not:
-    # what was left was leased after it, seconds late).
+    # Dispatch runs this many seconds ahead of their instant: they wait in the ready
+    # queue (not leasable, still cancellable and pausable), or reserved by a worker,
+    # until it comes, so the instant itself costs only their start. 0 turns it off.
+    # Ten seconds let one scheduler and two workers dispatch and reserve a 20,000-run
+    # burst before its instant (five did not: what was left was leased after it,
+    # seconds late). Only instants with at least ``dispatch_lead_burst`` runs due on one
+    # node go ahead; the others at their instant. Every run, by default: reserved and
+    # started by the batch, runs due one by one cost less than leased one by one, and
+    # their handlers begin within milliseconds of their instants. (A run whose job
+    # guards against overlap is always fired at its instant.)
     dispatch_lead: float = Field(default=10.0, ge=0, le=60)
-    dispatch_lead_burst: int = Field(default=100, ge=1)
+    dispatch_lead_burst: int = Field(default=1, ge=1)
     # Capacity-aware release (scheduler/release.py): a burst's runs go to a pool's ready
     # queue while it holds fewer than the larger of ``dispatch_buffer`` and twice the
     # slots of the pool's live workers — P0 first, then tenants by weight — the rest

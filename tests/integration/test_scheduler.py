@@ -311,9 +311,13 @@ class SkewedTime:
 @pytest.mark.parametrize("skew", [2.0, 0.0, -2.0])
 async def test_a_skewed_local_clock_fires_by_database_time(store: Store, skew: float) -> None:
     """A node whose local clock is off by ±2 s measures the offset and fires by the
-    database's clock: never early, and as soon after the instant as without skew."""
+    database's clock: never early, and as soon after the instant as without skew. (No
+    dispatch lead: the instant itself is what is measured.)"""
     node = SchedulerNode(
-        store, Settings(window_seconds=30), node_id=f"skew{skew}", clock=Clock(SkewedTime(skew))
+        store,
+        Settings(window_seconds=30, dispatch_lead=0),
+        node_id=f"skew{skew}",
+        clock=Clock(SkewedTime(skew)),
     )
     start = await store.db_now()
     dues = [start + timedelta(seconds=s) for s in (1.5, 2.0, 2.0, 2.5, 3.0)]

@@ -58,7 +58,7 @@ log = logging.getLogger("cronwheel.scheduler")
 _FULL_PAUSE = 5
 # A pass that dispatches a burst ahead takes with it the bursts due up to this share of
 # the lead later: runs due one by one (each its own burst, with ``dispatch_lead_burst``
-# 1) go a few hundred at a time, not each in a pass of its own.
+# 1, the default) go a few hundred at a time, not each in a pass of its own.
 _LEAD_GATHER = 0.2
 
 # The most poison rows one pass quarantines: a bug that failed every row alike would
