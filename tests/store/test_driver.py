@@ -13,6 +13,7 @@ import dataclasses
 import uuid
 from collections.abc import AsyncIterator
 from datetime import datetime, timedelta
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -30,6 +31,7 @@ from cronwheel.store.driver import (
     PlannedRun,
     WorkerGone,
 )
+from cronwheel.store.drivers.postgres_jobs import COPY_FROM
 from cronwheel.store.notices import parse_announcement
 from cronwheel.store.rows import event_row
 from cronwheel.store.schema import NUM_SHARDS, runs
@@ -381,10 +383,24 @@ def _new_jobs(
     return made, records
 
 
-async def test_jobs_insert_writes_jobs_runs_events_and_the_notices_follow(store: Store) -> None:
+# A batch this large goes to PostgreSQL by COPY, a smaller one in one statement: every
+# test of ``jobs_insert`` runs both ways.
+_BATCH_SIZES = pytest.mark.parametrize("count", [1, COPY_FROM], ids=["statement", "copy"])
+
+
+def _batch(count: int, name: str, **fields: Any) -> list[NewJob]:
+    return [new_job(name=f"{name}-{i}", **fields) for i in range(count)]
+
+
+@_BATCH_SIZES
+async def test_jobs_insert_writes_jobs_runs_events_and_the_notices_follow(
+    store: Store, count: int
+) -> None:
     tenant = await make_tenant(store)
     made, records = _new_jobs(
-        tenant.id, [new_job(name="first", due_at=T0), new_job(name="second", due_at=at(5))]
+        tenant.id,
+        [new_job(name="first", due_at=T0), new_job(name="second", due_at=at(5))]
+        + [new_job(name=f"more-{i}", due_at=at(i), payload={"n": i}) for i in range(count - 1)],
     )
     assert isinstance(store, SqlStore)
     sub = store.subscribe(CHANNEL_RUNS_NEW)
@@ -399,7 +415,7 @@ async def test_jobs_insert_writes_jobs_runs_events_and_the_notices_follow(store:
         heard: list[str] = []
         for _ in range(50):  # PostgreSQL delivers through LISTEN, a moment later
             heard += [p for chunk in await sub.wait(0.1) for p in chunk.split("\n")]
-            if len(heard) >= 2:
+            if len(heard) >= len(records):
                 break
     finally:
         sub.close()
@@ -407,6 +423,7 @@ async def test_jobs_insert_writes_jobs_runs_events_and_the_notices_follow(store:
         assert run is not None
         assert await store.jobs_get(tenant.id, job.id) == job
         stored = await store.runs_get(tenant.id, run.id)
+        assert stored == run
         assert (stored.job_id, stored.state, stored.due_at) == (
             job.id,
             RunState.SCHEDULED,
@@ -434,10 +451,11 @@ async def test_jobs_insert_of_jobs_without_runs(store: Store) -> None:
     assert (await store.runs_list(tenant.id, filter=RunFilter(job_id=job.id))).items == []
 
 
-async def test_jobs_insert_for_no_tenant_inserts_nothing(store: Store) -> None:
+@_BATCH_SIZES
+async def test_jobs_insert_for_no_tenant_inserts_nothing(store: Store, count: int) -> None:
     tenant = await make_tenant(store)
     ghost = uuid.uuid4()
-    rows, [(job, _run)] = _new_job_rows(ghost, [new_job(name="orphan")])
+    rows, [(job, _run), *_] = _new_job_rows(ghost, _batch(count, "orphan"))
     async with _tx(store) as conn:
         assert (
             await _driver(store).jobs_insert(conn, tenant_id=ghost, rows=rows, admitted=False)
@@ -448,9 +466,10 @@ async def test_jobs_insert_for_no_tenant_inserts_nothing(store: Store) -> None:
         await store.jobs_get(ghost, job.id)
 
 
-async def test_jobs_insert_leaves_a_limited_tenant_to_its_caller(store: Store) -> None:
+@_BATCH_SIZES
+async def test_jobs_insert_leaves_a_limited_tenant_to_its_caller(store: Store, count: int) -> None:
     tenant = await make_tenant(store, max_pending_runs=10)
-    rows, [(job, _run)] = _new_job_rows(tenant.id, [new_job(name="limited")])
+    rows, records = _new_job_rows(tenant.id, _batch(count, "limited"))
     driver = _driver(store)
     async with _tx(store) as conn:
         done = await driver.jobs_insert(conn, tenant_id=tenant.id, rows=rows, admitted=False)
@@ -460,32 +479,40 @@ async def test_jobs_insert_leaves_a_limited_tenant_to_its_caller(store: Store) -
     async with _tx(store) as conn:
         done = await driver.jobs_insert(conn, tenant_id=tenant.id, rows=rows, admitted=True)
     assert done == "inserted"
-    assert [j.id for j in (await store.jobs_list(tenant.id)).items] == [job.id]
+    listed = (await store.jobs_list(tenant.id, limit=500)).items
+    assert sorted(j.id for j in listed) == sorted(job.id for job, _run in records)
 
 
-async def test_jobs_insert_alone_is_a_transaction_of_its_own(store: Store) -> None:
+@_BATCH_SIZES
+async def test_jobs_insert_alone_is_a_transaction_of_its_own(store: Store, count: int) -> None:
     tenant = await make_tenant(store)
     limited = await make_tenant(store, max_pending_runs=10)
     driver = _driver(store)
-    rows, [(job, _run)] = _new_job_rows(tenant.id, [new_job(name="alone")])
+    rows, records = _new_job_rows(tenant.id, _batch(count, "alone"))
     done = await driver.jobs_insert_alone(store.engine, tenant_id=tenant.id, rows=rows)
     assert done == "inserted"
-    assert [j.id for j in (await store.jobs_list(tenant.id)).items] == [job.id]
-    rows, _ = _new_job_rows(limited.id, [new_job(name="limited")])
+    listed = (await store.jobs_list(tenant.id, limit=500)).items
+    assert sorted(j.id for j in listed) == sorted(job.id for job, _run in records)
+    rows, _ = _new_job_rows(limited.id, _batch(count, "limited"))
     done = await driver.jobs_insert_alone(store.engine, tenant_id=limited.id, rows=rows)
     assert done == "limited"
     assert (await store.jobs_list(limited.id)).items == []
     ghost = uuid.uuid4()
-    rows, _ = _new_job_rows(ghost, [new_job(name="orphan")])
+    rows, _ = _new_job_rows(ghost, _batch(count, "orphan"))
     done = await driver.jobs_insert_alone(store.engine, tenant_id=ghost, rows=rows)
     assert done == "no_tenant"
 
 
-async def test_integrity_error_names_the_broken_unique_key(store: Store) -> None:
+@_BATCH_SIZES
+async def test_integrity_error_names_the_broken_unique_key(store: Store, count: int) -> None:
     tenant = await make_tenant(store)
     driver = _driver(store)
     first, _ = _new_job_rows(tenant.id, [new_job(name="a", idempotency_key="same")])
-    second, _ = _new_job_rows(tenant.id, [new_job(name="b", idempotency_key="same")])
+    # The key used again by the last job of the batch.
+    second, _ = _new_job_rows(
+        tenant.id,
+        [*_batch(count - 1, "bystander"), new_job(name="b", idempotency_key="same")],
+    )
     async with _tx(store) as conn:
         await driver.jobs_insert(conn, tenant_id=tenant.id, rows=first, admitted=False)
     with pytest.raises(Exception) as raised:

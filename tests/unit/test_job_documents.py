@@ -1,5 +1,6 @@
-"""The JSON documents that carry new jobs' rows to PostgreSQL (``postgres_jobs``): the
-fast encoder and its fallback write the same values ``json`` would."""
+"""The JSON that carries new jobs' rows to PostgreSQL (``postgres_jobs``): the documents
+of a small batch and the JSON columns' values of a large one (COPY) — the fast encoder
+and its fallback write the same values ``json`` would."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 import pytest
 from asyncpg.pgproto.pgproto import UUID as AsyncpgUUID
 
-from cronwheel.store.drivers.postgres_jobs import _document
+from cronwheel.store.drivers.postgres_jobs import _document, _json_text
 
 _ID = uuid.UUID("01a23c18-6175-75b5-a43c-82fd1b7220dc")
 _AT = datetime(2026, 12, 3, 13, 29, 18, 600311, tzinfo=UTC)
@@ -37,3 +38,15 @@ def _slow(rows: list[dict[str, Any]]) -> Any:
 )
 def test_a_document_holds_the_rows_values_as_json_writes_them(row: dict[str, Any]) -> None:
     assert json.loads(_document([row])) == _slow([row])
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"n": 1, "s": "é\u2028", "f": 1e16, "x": None, "at": _AT, "id": _ID},
+        [AsyncpgUUID(_ID.bytes)],
+        {"big": 2**70, "neg": -(2**64)},
+    ],
+)
+def test_a_json_column_value_is_written_as_json_writes_it(value: Any) -> None:
+    assert json.loads(_json_text(value)) == _slow([value])[0]

@@ -41,9 +41,16 @@ class RunTemplate:
     @classmethod
     def of(cls, spec: JobSpec) -> RunTemplate:
         """The template of a validated job spec."""
+        return cls.of_spec_json(spec.model_dump(mode="json"))
+
+    @classmethod
+    def of_spec_json(cls, data: Mapping[str, Any]) -> RunTemplate:
+        """The template of a validated job spec from its whole JSON
+        (``spec.model_dump(mode="json")``), which a caller may need for more."""
         # Every field is the spec's own: its JSON is the template as is (half the time
-        # of filling defaults in, which only a stored one may lack).
-        return cls(**spec.model_dump(mode="json", include=_FIELD_SET))
+        # of filling defaults in, which only a stored one may lack). The whole JSON is
+        # cheaper than the template's fields alone: a selective dump costs twice.
+        return cls(*[data[name] for name in _FIELDS])
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> RunTemplate:
@@ -71,5 +78,4 @@ def _default(name: str) -> Any:
 
 
 _FIELDS = tuple(RunTemplate.__dataclass_fields__)
-_FIELD_SET: set[str] = set(_FIELDS)  # (never changed)
 _DEFAULTS: dict[str, Any] = {name: _default(name) for name in _FIELDS}

@@ -39,7 +39,7 @@ from cronwheel.api.schemas import (
 from cronwheel.api.state import api_state
 from cronwheel.domain.errors import CronwheelError, ValidationError
 from cronwheel.domain.model import Job, NewJob
-from cronwheel.domain.new_job import check_json_size, new_job
+from cronwheel.domain.new_job import JobLimits, check_json_size, new_job
 from cronwheel.domain.spec import (
     AsapSchedule,
     AtSchedule,
@@ -50,7 +50,6 @@ from cronwheel.domain.spec import (
     ScheduleSpec,
 )
 from cronwheel.domain.states import JobState
-from cronwheel.settings import Settings
 from cronwheel.timing import due_local, iter_occurrences
 from cronwheel.timing.spread import spread_instant
 
@@ -230,7 +229,11 @@ async def create_job(
     # The database clock as this process tracks it: no round trip of its own.
     now = await state.store.db_now_estimate()
     new = _new_job(
-        state.settings, spec, now, actor=scope.principal.actor, idempotency_key=idempotency_key
+        state.settings.job_limits,
+        spec,
+        now,
+        actor=scope.principal.actor,
+        idempotency_key=idempotency_key,
     )
     job, run, created = await state.creates.create(scope.tenant_id, new, now=now)
     return fields_answer(
@@ -241,7 +244,7 @@ async def create_job(
 
 
 def _new_job(
-    settings: Settings,
+    limits: JobLimits,
     spec: JobSpec,
     now: datetime,
     *,
@@ -249,9 +252,7 @@ def _new_job(
     idempotency_key: str | None = None,
 ) -> NewJob:
     refuse_redacted(spec)
-    return new_job(
-        spec, now=now, limits=settings.job_limits, actor=actor, idempotency_key=idempotency_key
-    )
+    return new_job(spec, now=now, limits=limits, actor=actor, idempotency_key=idempotency_key)
 
 
 class JobBatch(BaseModel):
@@ -282,10 +283,11 @@ async def create_jobs(
     Answers the jobs in the order given."""
     state = api_state(request)
     now = await state.store.db_now_estimate()
+    limits, actor = state.settings.job_limits, scope.principal.actor
     new: list[NewJob] = []
     for index, spec in enumerate(body.jobs):
         try:
-            new.append(_new_job(state.settings, spec, now, actor=scope.principal.actor))
+            new.append(_new_job(limits, spec, now, actor=actor))
         except CronwheelError as exc:
             exc.field = f"jobs.{index}.{exc.field}" if exc.field else f"jobs.{index}"
             raise

@@ -107,24 +107,46 @@ class _NewJobs:
         self.events: list[dict[str, Any]] = []
         self.notices: list[str] = []
         self.first_runs = 0
+        # By actor: the rows of a job's two creation events, but for their ids (and the
+        # first one's data). Each checked once, not once per job.
+        self._created: dict[str | None, tuple[dict[str, Any], dict[str, Any]]] = {}
 
     def rows(self) -> NewJobRows:
         return NewJobRows(jobs=self.jobs, runs=self.runs, events=self.events)
+
+    def _creation_events(self, actor: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
+        found = self._created.get(actor)
+        if found is None:
+            found = self._created[actor] = (
+                event_row(at=self.at, kind="job.created", tenant_id=self.tenant_id, actor=actor),
+                event_row(
+                    at=self.at,
+                    kind="run.transition",
+                    tenant_id=self.tenant_id,
+                    to_state=RunState.SCHEDULED.value,
+                    actor=actor,
+                    reason="job created",
+                ),
+            )
+        return found
 
     def add(self, nj: NewJob, request_hash: str | None) -> tuple[Job, Run | None]:
         spec, at, tenant_id = nj.spec, self.at, self.tenant_id
         job_id = new_id()
         kind = schedule_kind(spec.schedule)
-        template = RunTemplate.of(spec)
+        # One dump for the template and the schedule: two cost twice.
+        spec_json = spec.model_dump(mode="json")
+        template = RunTemplate.of_spec_json(spec_json)
+        created, scheduled = self._creation_events(nj.actor)
         row = {
             "id": job_id,
             "tenant_id": tenant_id,
             "name": spec.name,
             "state": JobState.ACTIVE.value,
             "kind": kind,
-            "schedule": spec.schedule.model_dump(mode="json"),
+            "schedule": spec_json["schedule"],
             "template": template.to_json(),
-            "tags": list(spec.tags),
+            "tags": list(template.tags),
             "version": 1,
             "next_due_at": nj.first_due_at,
             "idempotency_key": nj.idempotency_key,
@@ -134,14 +156,7 @@ class _NewJobs:
         }
         self.jobs.append(row)
         self.events.append(
-            event_row(
-                at=at,
-                kind="job.created",
-                tenant_id=tenant_id,
-                job_id=job_id,
-                actor=nj.actor,
-                data={"name": spec.name, "schedule": kind},
-            )
+            created | {"job_id": job_id, "data": {"name": spec.name, "schedule": kind}}
         )
         shard = shard_of(tenant_id, job_id)
         for skip in nj.skipped:
@@ -166,18 +181,7 @@ class _NewJobs:
             self.runs.append(run_row)
             self.first_runs += 1
             run = run_from_mapping(run_row)
-            self.events.append(
-                event_row(
-                    at=at,
-                    kind="run.transition",
-                    tenant_id=tenant_id,
-                    job_id=job_id,
-                    run_id=run_id,
-                    to_state=RunState.SCHEDULED.value,
-                    actor=nj.actor,
-                    reason="job created",
-                )
-            )
+            self.events.append(scheduled | {"job_id": job_id, "run_id": run_id})
             if fire_at < at + ANNOUNCE_HORIZON:
                 self.notices.append(announce(run_id, shard, fire_at))
         job = Job(
@@ -186,7 +190,7 @@ class _NewJobs:
             name=spec.name,
             state=JobState.ACTIVE,
             kind=kind,
-            schedule=row["schedule"],
+            schedule=spec_json["schedule"],
             template=template,
             version=1,
             next_due_at=nj.first_due_at,
