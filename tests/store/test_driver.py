@@ -38,6 +38,7 @@ from cronwheel.store.schema import NUM_SHARDS, runs
 from cronwheel.store.sql import SqlStore
 from cronwheel.store.sql.jobs import _NewJobs, _request_hash
 from cronwheel.store.values import Grant
+from cronwheel.testing import wait_until_async
 
 from .helpers import (
     NODE,
@@ -404,6 +405,13 @@ async def test_jobs_insert_writes_jobs_runs_events_and_the_notices_follow(
     )
     assert isinstance(store, SqlStore)
     sub = store.subscribe(CHANNEL_RUNS_NEW)
+    if store.dialect == "postgresql":
+        # Notices go out on the connection that listens: once it is up, none is lost.
+        await wait_until_async(
+            lambda: getattr(_driver(store), "_notifying", None) is not None,
+            10,
+            what="the LISTEN connection",
+        )
     try:
         async with store._write() as conn:
             done = await _driver(store).jobs_insert(
