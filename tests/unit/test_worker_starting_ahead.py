@@ -198,6 +198,24 @@ async def test_a_start_goes_out_ahead_and_the_run_begins_at_its_instant(
     assert len(ahead.reservations) == 0
 
 
+async def test_a_timer_that_fires_early_does_not_begin_the_run_before_its_instant(
+    ahead: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An event loop's timers may fire a little early (uvloop's count whole
+    milliseconds): the run still begins at its instant, not when the timer fired."""
+    loop = asyncio.get_running_loop()
+    call_later = loop.call_later
+
+    def early(delay: float, callback: Any, *args: Any) -> asyncio.TimerHandle:
+        return call_later(max(0.0, delay - 0.05), callback, *args)  # 50 ms early
+
+    monkeypatch.setattr(loop, "call_later", early)
+    instant = ahead.reserve([1], 0.3)
+    await ahead.until(lambda: len(ahead.begun) == 1)
+    [(began, _)] = ahead.begun
+    assert began >= instant
+
+
 async def test_an_armed_run_holds_its_slot_and_a_stop_hands_it_back(ahead: Harness) -> None:
     ahead.reservations._round_trip = 0.3  # the start goes out 0.6 s ahead
     ahead.reserve([1], 0.8)

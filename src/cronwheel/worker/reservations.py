@@ -304,7 +304,15 @@ class Reservations:
         )
 
     def _begin_at(self, instant: datetime) -> None:
-        """The instant of armed reservations came: their handlers may begin."""
+        """The instant of armed reservations came: their handlers may begin. (Not before
+        it: an event loop's timers may fire up to a millisecond early — uvloop's count
+        whole milliseconds — and are then set again for what is left.)"""
+        early = self._local(instant) - time.monotonic()
+        if early > 0:
+            loop = asyncio.get_running_loop()
+            _, waiting = self._armed[instant]
+            self._armed[instant] = (loop.call_later(early, self._begin_at, instant), waiting)
+            return
         _, begun = self._armed.pop(instant)
         self._armed_count -= len(begun)
         if len(begun) >= _BURST:
