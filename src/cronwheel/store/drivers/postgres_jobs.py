@@ -53,7 +53,14 @@ from sqlalchemy.util import greenlet_spawn
 from cronwheel.store.driver import JobsInserted, NewJobRows
 from cronwheel.store.schema import events, jobs, runs
 
-__all__ = ["COPY_FROM", "CommittedNotices", "bare_connection", "insert_jobs", "notify_chunks"]
+__all__ = [
+    "COPY_FROM",
+    "CommittedNotices",
+    "bare_connection",
+    "insert_job_parts",
+    "insert_jobs",
+    "notify_chunks",
+]
 
 log = logging.getLogger("cronwheel.store.postgres")
 
@@ -203,12 +210,51 @@ async def _copy_jobs(
         return "no_tenant"
     if tenant["limited"] and not admitted:
         return "limited"
+    await _copy_rows(conn, rows)
+    return "inserted"
+
+
+async def _copy_rows(conn: Any, rows: NewJobRows) -> None:
     # In this order: each run refers to its job.
     for table, table_rows in (("jobs", rows.jobs), ("runs", rows.runs), ("events", rows.events)):
         if table_rows:
             await conn.copy_records_to_table(
                 table, records=_records(table, table_rows), columns=tuple(table_rows[0])
             )
+
+
+async def insert_job_parts(
+    conn: Any, *, tenant_id: uuid.UUID, parts: AsyncIterator[NewJobRows]
+) -> JobsInserted:
+    """:func:`insert_jobs`, not admitted, of rows that come in parts, in one transaction:
+    each part's COPYs go on in a task of their own while the caller makes the next part
+    (it yields to the loop as it does), so that this process's Python and PostgreSQL's
+    inserts overlap instead of following each other. A part's COPYs start once the part
+    before is in. Any failure leaves nothing: the transaction rolls back."""
+    async with conn.transaction():
+        tenant = await conn.fetchrow(_TENANT, tenant_id)
+        if tenant is None:
+            return "no_tenant"
+        if tenant["limited"]:
+            return "limited"
+        copying: asyncio.Task[None] | None = None
+        try:
+            async for part in parts:
+                if copying is not None:
+                    await copying
+                copying = asyncio.create_task(_copy_rows(conn, part), name="cw-copy-jobs")
+            if copying is not None:
+                await copying
+        except BaseException:
+            # Not left running on the connection that is about to roll back (or be
+            # dropped when this was cancelled).
+            if copying is not None:
+                if not copying.done():
+                    copying.cancel()
+                    await asyncio.wait([copying])
+                if not copying.cancelled():
+                    copying.exception()  # read: what is raised is the first failure
+            raise
     return "inserted"
 
 
