@@ -210,17 +210,26 @@ async def _copy_jobs(
         return "no_tenant"
     if tenant["limited"] and not admitted:
         return "limited"
-    await _copy_rows(conn, rows)
+    await _copy(conn, _copies(rows))
     return "inserted"
 
 
-async def _copy_rows(conn: Any, rows: NewJobRows) -> None:
+# A table's name, columns and COPY records.
+_Copy = tuple[str, tuple[str, ...], list[list[Any]]]
+
+
+def _copies(rows: NewJobRows) -> list[_Copy]:
     # In this order: each run refers to its job.
-    for table, table_rows in (("jobs", rows.jobs), ("runs", rows.runs), ("events", rows.events)):
-        if table_rows:
-            await conn.copy_records_to_table(
-                table, records=_records(table, table_rows), columns=tuple(table_rows[0])
-            )
+    return [
+        (table, tuple(table_rows[0]), _records(table, table_rows))
+        for table, table_rows in (("jobs", rows.jobs), ("runs", rows.runs), ("events", rows.events))
+        if table_rows
+    ]
+
+
+async def _copy(conn: Any, copies: Sequence[_Copy]) -> None:
+    for table, columns, records in copies:
+        await conn.copy_records_to_table(table, records=records, columns=columns)
 
 
 async def insert_job_parts(
@@ -240,9 +249,10 @@ async def insert_job_parts(
         copying: asyncio.Task[None] | None = None
         try:
             async for part in parts:
+                copies = _copies(part)  # while the part before is being copied
                 if copying is not None:
                     await copying
-                copying = asyncio.create_task(_copy_rows(conn, part), name="cw-copy-jobs")
+                copying = asyncio.create_task(_copy(conn, copies), name="cw-copy-jobs")
             if copying is not None:
                 await copying
         except BaseException:

@@ -92,7 +92,7 @@ _PAUSED_REASON = "job paused"
 # each costs a few round trips. The maker yields to the loop every few jobs so that a
 # part's next COPY starts as soon as the one before is in.
 _PART = 128
-_YIELD_EVERY = 16
+_YIELD_EVERY = 4
 
 
 _RESUMED_REASON = "resumed after pause"
