@@ -16,7 +16,10 @@ began one: the tenant's row locked and its limit read first (the same three outc
 then one COPY per table. A few round trips more, but the rows travel in binary and
 PostgreSQL inserts them many at a time: a batch of 1,000 jobs took its statement 61 ms
 and takes the COPYs 48 (binary values need no parsing; the JSON columns are sent as
-text, one value at a time, and parsed as the documents were).
+text, one value at a time, and parsed as the documents were). A batch that comes in
+parts (:func:`insert_job_parts`) is still one transaction, its parts COPYed one after
+the other while the store makes the next: the API's Python and PostgreSQL's inserts
+overlap instead of following each other.
 
 The count behind ``max_pending_runs`` cannot be taken here: it must see what a creator
 that held the tenant's lock committed, and a statement's snapshot is taken before it
