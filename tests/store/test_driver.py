@@ -576,6 +576,33 @@ async def test_jobs_insert_alone_in_parts_is_all_or_nothing(store: Store, failur
     assert len((await store.jobs_list(tenant.id, limit=500)).items) == COPY_FROM
 
 
+async def test_jobs_insert_alone_in_parts_cancelled_midway_keeps_nothing(store: Store) -> None:
+    tenant = await make_tenant(store)
+    driver = _driver(store)
+    first, _ = _new_job_rows(tenant.id, _batch(COPY_FROM, "first"))
+    second, _ = _new_job_rows(tenant.id, _batch(COPY_FROM, "second"))
+    read, never = asyncio.Event(), asyncio.Event()
+
+    async def parts() -> AsyncIterator[NewJobRows]:
+        yield first
+        read.set()
+        await never.wait()  # the caller goes away while the first part is copied
+        yield second
+
+    task = asyncio.create_task(
+        driver.jobs_insert_alone(store.engine, tenant_id=tenant.id, rows=parts())
+    )
+    await asyncio.wait_for(read.wait(), 10)
+    await asyncio.sleep(0.05)
+    task.cancel()
+    await asyncio.wait([task])
+    assert task.cancelled()
+    assert (await store.jobs_list(tenant.id)).items == []
+    done = await driver.jobs_insert_alone(store.engine, tenant_id=tenant.id, rows=_parts([second]))
+    assert done == "inserted"
+    assert len((await store.jobs_list(tenant.id, limit=500)).items) == COPY_FROM
+
+
 @_BATCH_SIZES
 async def test_integrity_error_names_the_broken_unique_key(store: Store, count: int) -> None:
     tenant = await make_tenant(store)
