@@ -342,9 +342,10 @@ class Driver(ABC):
         events refer to its own jobs): all of them are still one transaction, all
         inserted or none. A driver may insert a part while the next is being made
         (PostgreSQL does). Unless ``"inserted"``, parts may be left unread."""
+        if not isinstance(rows, NewJobRows):
+            # Made before the transaction begins: not while holding the write lock.
+            rows = NewJobRows.joined([part async for part in rows])
         async with self.begin_write(engine) as conn:
-            if not isinstance(rows, NewJobRows):
-                rows = NewJobRows.joined([part async for part in rows])
             return await self.jobs_insert(conn, tenant_id=tenant_id, rows=rows, admitted=False)
 
     # -- firing ------------------------------------------------------------------------
