@@ -11,6 +11,7 @@ from zoneinfo import ZoneInfo
 import pytest
 from answers import error_of, parse
 
+from cronwheel.api.routers.jobs import BATCH_MAX
 from cronwheel.store import Store
 from cronwheel.timing import local_form, occurrences
 
@@ -367,6 +368,29 @@ async def test_create_jobs_in_a_batch(api, store: Store) -> None:
     for i, job in enumerate(items):
         run = await store.runs_get(uuid.UUID(t.id), uuid.UUID(job["first_run_id"]))
         assert run.due_at == (now + timedelta(minutes=i + 1))
+
+
+async def test_a_full_batch_is_answered_in_order_and_stored_whole(api, store: Store) -> None:
+    # A batch this large is made and stored in parts (one transaction): the answer is
+    # the batch's, in the order given, each job as it is read back.
+    t = await api.tenant()
+    jobs = [
+        {"name": f"full-{i:04}", "schedule": {"delay": 60 + i}, "task": "t", "payload": {"n": i}}
+        for i in range(BATCH_MAX)
+    ]
+    r = await api.client.post("/v1/jobs/batch", json={"jobs": jobs}, headers=t.headers)
+    assert r.status_code == 201, r.text
+    items = r.json()["items"]
+    assert [j["name"] for j in items] == [j["name"] for j in jobs]
+    assert [j["payload"] for j in items] == [j["payload"] for j in jobs]
+    assert len({j["first_run_id"] for j in items}) == BATCH_MAX
+    for job in (items[0], items[500], items[-1]):
+        got = await api.client.get(f"/v1/jobs/{job['id']}", headers=t.headers)
+        assert got.json() == {**job, "first_run_id": None}
+        run = await store.runs_get(uuid.UUID(t.id), uuid.UUID(job["first_run_id"]))
+        assert str(run.job_id) == job["id"]
+    listed = await store.runs_list(uuid.UUID(t.id), limit=1000)
+    assert len(listed.items) == BATCH_MAX
 
 
 async def test_a_bad_job_in_a_batch_writes_nothing(api, store: Store) -> None:

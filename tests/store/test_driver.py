@@ -8,6 +8,7 @@ here, named, rather than somewhere above it.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import uuid
@@ -509,6 +510,97 @@ async def test_jobs_insert_alone_is_a_transaction_of_its_own(store: Store, count
     rows, _ = _new_job_rows(ghost, _batch(count, "orphan"))
     done = await driver.jobs_insert_alone(store.engine, tenant_id=ghost, rows=rows)
     assert done == "no_tenant"
+
+
+async def _parts(
+    rows: list[NewJobRows], fail_after: int | None = None
+) -> AsyncIterator[NewJobRows]:
+    """``rows`` one part at a time, letting the loop run between them as the store's
+    maker does; raising once ``fail_after`` parts were read."""
+    for index, part in enumerate(rows):
+        if index == fail_after:
+            raise RuntimeError("the maker failed")
+        await asyncio.sleep(0)
+        yield part
+
+
+async def test_jobs_insert_alone_takes_rows_in_parts(store: Store) -> None:
+    tenant = await make_tenant(store)
+    driver = _driver(store)
+    parts = [_new_job_rows(tenant.id, _batch(COPY_FROM, f"part{p}")) for p in range(3)]
+    done = await driver.jobs_insert_alone(
+        store.engine, tenant_id=tenant.id, rows=_parts([rows for rows, _ in parts])
+    )
+    assert done == "inserted"
+    for _rows, records in parts:
+        for job, run in records:
+            assert await store.jobs_get(tenant.id, job.id) == job
+            assert run is not None and await store.runs_get(tenant.id, run.id) == run
+    limited = await make_tenant(store, max_pending_runs=10)
+    rows, _ = _new_job_rows(limited.id, _batch(COPY_FROM, "limited"))
+    done = await driver.jobs_insert_alone(store.engine, tenant_id=limited.id, rows=_parts([rows]))
+    assert done == "limited"
+    assert (await store.jobs_list(limited.id)).items == []
+    ghost = uuid.uuid4()
+    rows, _ = _new_job_rows(ghost, _batch(COPY_FROM, "orphan"))
+    done = await driver.jobs_insert_alone(store.engine, tenant_id=ghost, rows=_parts([rows]))
+    assert done == "no_tenant"
+
+
+@pytest.mark.parametrize("failure", ["a later part is refused", "the maker fails"])
+async def test_jobs_insert_alone_in_parts_is_all_or_nothing(store: Store, failure: str) -> None:
+    tenant = await make_tenant(store)
+    driver = _driver(store)
+    first, _ = _new_job_rows(tenant.id, _batch(COPY_FROM, "first"))
+    second, _ = _new_job_rows(tenant.id, _batch(COPY_FROM, "second"))
+    if failure == "a later part is refused":
+        # The third part's first job has the first part's first job's id.
+        third, _ = _new_job_rows(tenant.id, _batch(COPY_FROM, "third"))
+        clash = {**third.jobs[0], "id": first.jobs[0]["id"]}
+        third = dataclasses.replace(third, jobs=[clash, *third.jobs[1:]], runs=[], events=[])
+        parts = _parts([first, second, third])
+    else:
+        parts = _parts([first, second, first], fail_after=2)
+    with pytest.raises(Exception) as raised:
+        await driver.jobs_insert_alone(store.engine, tenant_id=tenant.id, rows=parts)
+    if failure == "the maker fails":
+        assert str(raised.value) == "the maker failed"
+    else:
+        assert driver.integrity_error(raised.value) is not None
+    # Nothing of the first two parts was kept, and the store still works.
+    assert (await store.jobs_list(tenant.id)).items == []
+    events = (await store.events_list(tenant.id, limit=1000)).items
+    assert [e for e in events if e.job_id is not None] == []
+    done = await driver.jobs_insert_alone(store.engine, tenant_id=tenant.id, rows=_parts([second]))
+    assert done == "inserted"
+    assert len((await store.jobs_list(tenant.id, limit=500)).items) == COPY_FROM
+
+
+async def test_jobs_insert_alone_in_parts_cancelled_midway_keeps_nothing(store: Store) -> None:
+    tenant = await make_tenant(store)
+    driver = _driver(store)
+    first, _ = _new_job_rows(tenant.id, _batch(COPY_FROM, "first"))
+    second, _ = _new_job_rows(tenant.id, _batch(COPY_FROM, "second"))
+    read, never = asyncio.Event(), asyncio.Event()
+
+    async def parts() -> AsyncIterator[NewJobRows]:
+        yield first
+        read.set()
+        await never.wait()  # the caller goes away while the first part is copied
+        yield second
+
+    task = asyncio.create_task(
+        driver.jobs_insert_alone(store.engine, tenant_id=tenant.id, rows=parts())
+    )
+    await asyncio.wait_for(read.wait(), 10)
+    await asyncio.sleep(0.05)
+    task.cancel()
+    await asyncio.wait([task])
+    assert task.cancelled()
+    assert (await store.jobs_list(tenant.id)).items == []
+    done = await driver.jobs_insert_alone(store.engine, tenant_id=tenant.id, rows=_parts([second]))
+    assert done == "inserted"
+    assert len((await store.jobs_list(tenant.id, limit=500)).items) == COPY_FROM
 
 
 @_BATCH_SIZES

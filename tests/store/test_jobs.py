@@ -16,6 +16,7 @@ from cronwheel.domain.model import Job
 from cronwheel.domain.sharding import shard_of
 from cronwheel.domain.states import JobState, RunState
 from cronwheel.store import CompleteItem, HeartbeatItem, Store
+from cronwheel.store.sql.jobs import _PART
 
 from .helpers import (
     T0,
@@ -113,6 +114,31 @@ async def test_create_many_jobs_in_one_batch(store: Store) -> None:
     kinds = [e.kind for e in (await store.events_list(tenant.id, limit=1000)).items]
     assert kinds.count("job.created") == 61
     assert kinds.count("run.transition") == 60
+
+
+async def test_a_large_batch_is_made_and_stored_in_parts_as_one(store: Store) -> None:
+    # Past a part's size, the rows are made part by part while the parts before are
+    # inserted: the answer and what is stored are those of one batch.
+    tenant = await make_tenant(store)
+    count = 2 * _PART + 44
+    batch = [
+        new_job(name=f"part-{i:03}", due_at=None if i % 50 == 7 else at(i)) for i in range(count)
+    ]
+    out = await store.jobs_create_many(tenant.id, jobs=batch, now=T0)
+    assert [job.name for job, _run, _created in out] == [nj.spec.name for nj in batch]
+    assert all(created for _job, _run, created in out)
+    for job, run, _created in out:
+        assert await store.jobs_get(tenant.id, job.id) == job
+        if run is None:
+            assert job.next_due_at is None
+        else:
+            assert await store.runs_get(tenant.id, run.id) == run
+    with_runs = [run for _job, run, _created in out if run is not None]
+    assert len(with_runs) == count - len([i for i in range(count) if i % 50 == 7])
+    assert len((await store.runs_list(tenant.id, limit=1000)).items) == len(with_runs)
+    kinds = [e.kind for e in (await store.events_list(tenant.id, limit=1000)).items]
+    assert kinds.count("job.created") == count
+    assert kinds.count("run.transition") == len(with_runs)
 
 
 async def test_idempotency_key_replays_the_same_job(store: Store) -> None:

@@ -12,6 +12,7 @@ import pytest
 from cronwheel.domain.errors import TenantLimitError
 from cronwheel.domain.states import RunState
 from cronwheel.store import Store
+from cronwheel.store.sql.jobs import _PART
 
 from .helpers import (
     T0,
@@ -55,6 +56,21 @@ async def test_a_batch_past_the_limit_is_refused_whole(store: Store) -> None:
     await create_jobs(store, tenant.id, 1)  # exactly up to the limit
     with pytest.raises(TenantLimitError):
         await create_job(store, tenant.id)
+
+
+async def test_a_batch_made_in_parts_is_counted_whole(store: Store) -> None:
+    # A batch large enough to be made in parts is counted with all its runs.
+    count = 2 * _PART + 10
+    tenant = await make_tenant(store, max_pending_runs=count + 5)
+    await create_jobs(store, tenant.id, 10)
+    batch = [new_job(name=f"big-{i}", due_at=at(i)) for i in range(count)]
+    with pytest.raises(TenantLimitError) as info:
+        await store.jobs_create_many(tenant.id, jobs=batch, now=T0)
+    refused(info, pending=10, adding=count)
+    assert await counts(store, tenant.id) == (10, 10)
+    out = await store.jobs_create_many(tenant.id, jobs=batch[:-5], now=T0)
+    assert [job.name for job, _run, _created in out] == [nj.spec.name for nj in batch[:-5]]
+    assert await counts(store, tenant.id) == (count + 5, count + 5)
 
 
 async def test_dispatched_runs_count_and_leased_ones_do_not(store: Store) -> None:

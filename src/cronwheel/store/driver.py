@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from typing import Any, ClassVar, Literal
@@ -80,6 +80,15 @@ class NewJobRows:
     jobs: Sequence[dict[str, Any]]
     runs: Sequence[dict[str, Any]]
     events: Sequence[dict[str, Any]]
+
+    @classmethod
+    def joined(cls, parts: Sequence[NewJobRows]) -> NewJobRows:
+        """``parts`` as one: their rows in order."""
+        return cls(
+            jobs=[row for p in parts for row in p.jobs],
+            runs=[row for p in parts for row in p.runs],
+            events=[row for p in parts for row in p.events],
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -319,11 +328,23 @@ class Driver(ABC):
         (:meth:`notify_committed`)."""
 
     async def jobs_insert_alone(
-        self, engine: AsyncEngine, *, tenant_id: uuid.UUID, rows: NewJobRows
+        self,
+        engine: AsyncEngine,
+        *,
+        tenant_id: uuid.UUID,
+        rows: NewJobRows | AsyncIterator[NewJobRows],
     ) -> JobsInserted:
         """:meth:`jobs_insert`, not admitted, as a transaction of its own on a connection
         of ``engine`` (PostgreSQL: one statement on a bare pooled connection, none of
-        the transaction machinery around it)."""
+        the transaction machinery around it).
+
+        ``rows`` may come in parts, made while they are read (each part's runs and
+        events refer to its own jobs): all of them are still one transaction, all
+        inserted or none. A driver may insert a part while the next is being made
+        (PostgreSQL does). Unless ``"inserted"``, parts may be left unread."""
+        if not isinstance(rows, NewJobRows):
+            # Made before the transaction begins: not while holding the write lock.
+            rows = NewJobRows.joined([part async for part in rows])
         async with self.begin_write(engine) as conn:
             return await self.jobs_insert(conn, tenant_id=tenant_id, rows=rows, admitted=False)
 

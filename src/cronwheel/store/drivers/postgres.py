@@ -36,6 +36,7 @@ from cronwheel.store.drivers import postgres_leasing as leasing
 from cronwheel.store.drivers.postgres_jobs import (
     CommittedNotices,
     bare_connection,
+    insert_job_parts,
     insert_jobs,
     notify_chunks,
 )
@@ -340,10 +341,16 @@ class PostgresDriver(Driver):
         )
 
     async def jobs_insert_alone(
-        self, engine: AsyncEngine, *, tenant_id: uuid.UUID, rows: NewJobRows
+        self,
+        engine: AsyncEngine,
+        *,
+        tenant_id: uuid.UUID,
+        rows: NewJobRows | AsyncIterator[NewJobRows],
     ) -> JobsInserted:
         async with bare_connection(engine) as conn:
-            return await insert_jobs(conn, tenant_id=tenant_id, rows=rows, admitted=False)
+            if isinstance(rows, NewJobRows):
+                return await insert_jobs(conn, tenant_id=tenant_id, rows=rows, admitted=False)
+            return await insert_job_parts(conn, tenant_id=tenant_id, parts=rows)
 
     async def runs_fire(
         self,

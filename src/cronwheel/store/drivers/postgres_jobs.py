@@ -16,7 +16,10 @@ began one: the tenant's row locked and its limit read first (the same three outc
 then one COPY per table. A few round trips more, but the rows travel in binary and
 PostgreSQL inserts them many at a time: a batch of 1,000 jobs took its statement 61 ms
 and takes the COPYs 48 (binary values need no parsing; the JSON columns are sent as
-text, one value at a time, and parsed as the documents were).
+text, one value at a time, and parsed as the documents were). A batch that comes in
+parts (:func:`insert_job_parts`) is still one transaction, its parts COPYed one after
+the other while the store makes the next: the API's Python and PostgreSQL's inserts
+overlap instead of following each other.
 
 The count behind ``max_pending_runs`` cannot be taken here: it must see what a creator
 that held the tenant's lock committed, and a statement's snapshot is taken before it
@@ -53,7 +56,14 @@ from sqlalchemy.util import greenlet_spawn
 from cronwheel.store.driver import JobsInserted, NewJobRows
 from cronwheel.store.schema import events, jobs, runs
 
-__all__ = ["COPY_FROM", "CommittedNotices", "bare_connection", "insert_jobs", "notify_chunks"]
+__all__ = [
+    "COPY_FROM",
+    "CommittedNotices",
+    "bare_connection",
+    "insert_job_parts",
+    "insert_jobs",
+    "notify_chunks",
+]
 
 log = logging.getLogger("cronwheel.store.postgres")
 
@@ -203,12 +213,61 @@ async def _copy_jobs(
         return "no_tenant"
     if tenant["limited"] and not admitted:
         return "limited"
+    await _copy(conn, _copies(rows))
+    return "inserted"
+
+
+# A table's name, columns and COPY records.
+_Copy = tuple[str, tuple[str, ...], list[list[Any]]]
+
+
+def _copies(rows: NewJobRows) -> list[_Copy]:
     # In this order: each run refers to its job.
-    for table, table_rows in (("jobs", rows.jobs), ("runs", rows.runs), ("events", rows.events)):
-        if table_rows:
-            await conn.copy_records_to_table(
-                table, records=_records(table, table_rows), columns=tuple(table_rows[0])
-            )
+    return [
+        (table, tuple(table_rows[0]), _records(table, table_rows))
+        for table, table_rows in (("jobs", rows.jobs), ("runs", rows.runs), ("events", rows.events))
+        if table_rows
+    ]
+
+
+async def _copy(conn: Any, copies: Sequence[_Copy]) -> None:
+    for table, columns, records in copies:
+        await conn.copy_records_to_table(table, records=records, columns=columns)
+
+
+async def insert_job_parts(
+    conn: Any, *, tenant_id: uuid.UUID, parts: AsyncIterator[NewJobRows]
+) -> JobsInserted:
+    """:func:`insert_jobs`, not admitted, of rows that come in parts, in one transaction:
+    each part's COPYs go on in a task of their own while the caller makes the next part
+    (it yields to the loop as it does), so that this process's Python and PostgreSQL's
+    inserts overlap instead of following each other. A part's COPYs start once the part
+    before is in. Any failure leaves nothing: the transaction rolls back."""
+    async with conn.transaction():
+        tenant = await conn.fetchrow(_TENANT, tenant_id)
+        if tenant is None:
+            return "no_tenant"
+        if tenant["limited"]:
+            return "limited"
+        copying: asyncio.Task[None] | None = None
+        try:
+            async for part in parts:
+                copies = _copies(part)  # while the part before is being copied
+                if copying is not None:
+                    await copying
+                copying = asyncio.create_task(_copy(conn, copies), name="cw-copy-jobs")
+            if copying is not None:
+                await copying
+        except BaseException:
+            # Not left running on the connection that is about to roll back (or be
+            # dropped when this was cancelled).
+            if copying is not None:
+                if not copying.done():
+                    copying.cancel()
+                    await asyncio.wait([copying])
+                if not copying.cancelled():
+                    copying.exception()  # read: what is raised is the first failure
+            raise
     return "inserted"
 
 

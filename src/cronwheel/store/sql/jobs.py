@@ -20,10 +20,12 @@ explicit requests) and a resume leaves them alone.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from datetime import datetime
 from typing import Any, cast
 
@@ -85,6 +87,13 @@ _SCHEDULE_MODELS: dict[str, type[BaseModel]] = {
 
 _PAUSED_REASON = "job paused"
 
+# A large batch's rows are made and inserted in parts of this many jobs, the database
+# inserting one part while the next is made: smaller parts overlap more of the two, but
+# each costs a few round trips. The maker yields to the loop every few jobs so that a
+# part's next COPY starts as soon as the one before is in.
+_PART = 128
+_YIELD_EVERY = 4
+
 
 _RESUMED_REASON = "resumed after pause"
 
@@ -113,6 +122,22 @@ class _NewJobs:
 
     def rows(self) -> NewJobRows:
         return NewJobRows(jobs=self.jobs, runs=self.runs, events=self.events)
+
+    async def parts(
+        self, new_jobs: Sequence[NewJob], out: list[tuple[Job, Run | None, bool]]
+    ) -> AsyncGenerator[NewJobRows, None]:
+        """The rows of ``new_jobs`` (without keys), made and answered into ``out`` part by
+        part as they are read, yielding to the loop every few jobs: a driver inserts
+        one part while the next is made (``Driver.jobs_insert_alone``)."""
+        for start in range(0, len(new_jobs), _PART):
+            jobs_at, runs_at, events_at = len(self.jobs), len(self.runs), len(self.events)
+            for index, nj in enumerate(new_jobs[start : start + _PART], 1):
+                out.append((*self.add(nj, None), True))
+                if index % _YIELD_EVERY == 0:
+                    await asyncio.sleep(0)
+            yield NewJobRows(
+                jobs=self.jobs[jobs_at:], runs=self.runs[runs_at:], events=self.events[events_at:]
+            )
 
     def _creation_events(self, actor: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
         found = self._created.get(actor)
@@ -281,13 +306,17 @@ class JobsMixin(SqlCore):
         that inserts the rest."""
         if now is not None and not any(nj.idempotency_key for nj in new_jobs):
             made = _NewJobs(tenant_id, given_instant(now))
-            out: list[tuple[Job, Run | None, bool]] = [
-                (*made.add(nj, None), True) for nj in new_jobs
-            ]
-            rows = made.rows()
-            done = await self._alone(
-                self.driver.jobs_insert_alone(self.engine, tenant_id=tenant_id, rows=rows)
-            )
+            out: list[tuple[Job, Run | None, bool]] = []
+            async with contextlib.aclosing(made.parts(new_jobs, out)) as parts:
+                rows: NewJobRows | AsyncIterator[NewJobRows] = parts
+                if len(new_jobs) <= _PART:
+                    rows = await anext(parts)
+                done = await self._alone(
+                    self.driver.jobs_insert_alone(self.engine, tenant_id=tenant_id, rows=rows)
+                )
+                if done != "inserted":
+                    async for _ in parts:  # the rest made: the answer and a limit's count
+                        pass
             if done == "no_tenant":
                 raise self._not_found("tenant", tenant_id)
             if done == "limited":
