@@ -48,6 +48,14 @@ def _node(store: Store, time: Callable[[], datetime], **kw: object) -> Scheduler
     return node
 
 
+def _leading_node(store: Store, time: Callable[[], datetime]) -> SchedulerNode:
+    """A node that dispatches every run 5 s ahead of its instant."""
+    settings = Settings(
+        window_seconds=30, shard_lease_ttl=10, dispatch_lead=5, dispatch_lead_burst=1
+    )
+    return SchedulerNode(store, settings, node_id="node-a", clock=Clock(time, offset=timedelta(0)))
+
+
 async def _states(store: Store, tenant_runs: list[object]) -> list[str]:
     out = []
     for run in tenant_runs:
@@ -76,10 +84,7 @@ async def test_dispatch_lead_hands_runs_to_the_ready_queue_ahead(store: Store) -
     each only from its instant."""
     runs = await _jobs(store, [T0 + timedelta(seconds=s) for s in (1, 3, 10)])
     time = FakeTime(T0)
-    settings = Settings(
-        window_seconds=30, shard_lease_ttl=10, dispatch_lead=5, dispatch_lead_burst=1
-    )
-    node = SchedulerNode(store, settings, node_id="node-a", clock=Clock(time, offset=timedelta(0)))
+    node = _leading_node(store, time)
     assert await node.run_once() == 2
     assert await _states(store, runs) == ["DISPATCHED", "DISPATCHED", "SCHEDULED"]
     # It sleeps until the next run is within the lead, not until its instant.
@@ -110,10 +115,7 @@ async def test_bursts_gathered_beyond_the_lead_are_dispatched_with_the_first(
     later = T0 + timedelta(seconds=7)  # beyond it
     runs = await _jobs(store, [first, gathered, later])
     time = FakeTime(T0)
-    settings = Settings(
-        window_seconds=30, shard_lease_ttl=10, dispatch_lead=5, dispatch_lead_burst=1
-    )
-    node = SchedulerNode(store, settings, node_id="node-a", clock=Clock(time, offset=timedelta(0)))
+    node = _leading_node(store, time)
     assert await node.run_once() == 2
     assert await _states(store, runs) == ["DISPATCHED", "DISPATCHED", "SCHEDULED"]
     assert len(node.window) == 1  # the later one, still held for its own pass
@@ -129,10 +131,7 @@ async def test_a_run_whose_job_guards_against_overlap_goes_at_its_instant(
     free = await _jobs(store, [due], schedule={"interval": 60, "overlap": "allow"})
     guarded = await _jobs(store, [due, due], schedule={"interval": 60, "overlap": "skip"})
     time = FakeTime(T0)
-    settings = Settings(
-        window_seconds=30, shard_lease_ttl=10, dispatch_lead=5, dispatch_lead_burst=1
-    )
-    node = SchedulerNode(store, settings, node_id="node-a", clock=Clock(time, offset=timedelta(0)))
+    node = _leading_node(store, time)
     assert await node.run_once() == 1
     assert await _states(store, [*free, *guarded]) == ["DISPATCHED", "SCHEDULED", "SCHEDULED"]
     # Held for its instant, not tried again at every wake before it.
