@@ -136,33 +136,7 @@ def _uuid_text(value: Any) -> str:
 
 
 def job_out(job: Job, *, first_run_id: Any = None) -> JobOut:
-    t = job.template
-    return JobOut(
-        id=job.id,
-        tenant_id=job.tenant_id,
-        name=job.name,
-        state=str(job.state),
-        schedule=job.schedule,
-        task=t.task,
-        webhook=redact_webhook(t.webhook),
-        payload=t.payload,
-        pool=t.pool,
-        requires=t.requires,
-        tags=t.tags,
-        route_tags=t.route_tags,
-        priority=t.priority,
-        retry=t.retry,
-        timeout=t.timeout,
-        heartbeat_timeout=t.heartbeat_timeout,
-        progress_timeout=t.progress_timeout,
-        spread=t.spread,
-        next_due_at=job.next_due_at,
-        version=job.version,
-        created_at=job.created_at,
-        updated_at=job.updated_at,
-        idempotency_key=job.idempotency_key,
-        first_run_id=first_run_id,
-    )
+    return JobOut.model_validate(job_fields(job, first_run_id=first_run_id))
 
 
 # The two creation routes solve their parameters by hand (``solved_by``), exactly as
