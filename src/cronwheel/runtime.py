@@ -60,6 +60,10 @@ Extra = Callable[["Runtime", asyncio.Event], Coroutine[Any, Any, None]]
 """Something else to run in the process once it is ready (the demo), until stop."""
 
 
+# Objects made between two collections of the youngest generation (Python's default: 700).
+_YOUNG_GC = 10_000
+
+
 class StartupError(RuntimeError):
     """The process cannot start: a port in use, a database out of reach, …"""
 
@@ -347,8 +351,12 @@ class Runtime:
                 # process: moved out of the collector's sight, a full collection — which
                 # a batch of creates sets off every few requests — walks only what
                 # requests made since, not the whole heap again (30 % of a 1,000-job
-                # batch's time before).
+                # batch's time before). And the youngest generation is collected every
+                # 10,000 new objects, not 700: most of what a request makes is gone by
+                # then, instead of moved to an older generation to be walked again (a
+                # 1,000-job batch: 7 % faster).
                 gc.freeze()
+                gc.set_threshold(_YOUNG_GC, *gc.get_threshold()[1:])
             self.ready.set()
             shown: dict[str, str] = {}
             if self.url is not None:
