@@ -393,6 +393,25 @@ async def test_a_full_batch_is_answered_in_order_and_stored_whole(api, store: St
     assert len(listed.items) == BATCH_MAX
 
 
+async def test_a_bad_job_late_in_a_full_batch_writes_nothing(api, store: Store) -> None:
+    # The jobs of a full batch are made while the first parts are being written: a job
+    # refused near the end (its instant is in the past) undoes the parts already in.
+    t = await api.tenant()
+    before = await api.snapshot(t)
+    now = await store.db_now()
+    jobs = [{"name": f"j{i}", "schedule": {"delay": 60}, "task": "t"} for i in range(BATCH_MAX)]
+    jobs[900] = {"name": "late", "schedule": {"at": iso(now - timedelta(days=2))}, "task": "t"}
+    r = await api.client.post("/v1/jobs/batch", json={"jobs": jobs}, headers=t.headers)
+    assert r.status_code == 422, r.text
+    assert error_of(r)["field"] == "jobs.900.schedule.at"
+    assert await api.snapshot(t) == before
+    # The connection it used is still good: the same batch without the bad job goes in.
+    del jobs[900]
+    r = await api.client.post("/v1/jobs/batch", json={"jobs": jobs}, headers=t.headers)
+    assert r.status_code == 201, r.text
+    assert len((await store.runs_list(uuid.UUID(t.id), limit=1000)).items) == BATCH_MAX - 1
+
+
 async def test_a_bad_job_in_a_batch_writes_nothing(api, store: Store) -> None:
     t = await api.tenant()
     before = await api.snapshot(t)

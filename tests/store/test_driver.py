@@ -381,8 +381,8 @@ def _new_jobs(
     tenant_id: uuid.UUID, jobs: list[NewJob]
 ) -> tuple[_NewJobs, list[tuple[Job, Run | None]]]:
     made = _NewJobs(tenant_id, T0)
-    records = [made.add(nj, _request_hash(nj.spec)) for nj in jobs]
-    return made, records
+    added = [made.add(nj, _request_hash(nj.spec)) for nj in jobs]
+    return made, [(a.job, a.run_record()) for a in added]
 
 
 # A batch this large goes to PostgreSQL by COPY, a smaller one in one statement: every
@@ -556,7 +556,7 @@ async def test_jobs_insert_alone_in_parts_is_all_or_nothing(store: Store, failur
     if failure == "a later part is refused":
         # The third part's first job has the first part's first job's id.
         third, _ = _new_job_rows(tenant.id, _batch(COPY_FROM, "third"))
-        clash = {**third.jobs[0], "id": first.jobs[0]["id"]}
+        clash = (first.jobs[0][0], *third.jobs[0][1:])
         third = dataclasses.replace(third, jobs=[clash, *third.jobs[1:]], runs=[], events=[])
         parts = _parts([first, second, third])
     else:

@@ -83,7 +83,7 @@ async def test_waiting_runs_are_marked_from_their_reason(store_url: str) -> None
                 del row["route_tags"]  # a later column than this revision's
                 dispatched = T0 if state is RunState.DISPATCHED else None
                 await conn.execute(
-                    runs.insert().values(**row, reason=reason, dispatched_at=dispatched)
+                    runs.insert().values(**{**row, "reason": reason, "dispatched_at": dispatched})
                 )
         await create_store(store_url).migrate()
         async with engine.connect() as conn:

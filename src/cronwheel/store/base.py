@@ -39,6 +39,7 @@ from cronwheel.domain.model import (
     Event,
     Job,
     NewJob,
+    NewJobStream,
     Page,
     Run,
     Tenant,
@@ -258,15 +259,31 @@ class Store(SchedulerSide, WorkerSide):
 
     @abstractmethod
     async def jobs_create_many(
-        self, tenant_id: uuid.UUID, *, jobs: Sequence[NewJob], now: datetime | None = None
+        self,
+        tenant_id: uuid.UUID,
+        *,
+        jobs: Sequence[NewJob] | NewJobStream,
+        now: datetime | None = None,
     ) -> list[tuple[Job, Run | None, bool]]:
-        """Create jobs and their first runs in one transaction.
+        """Create jobs and their first runs in one transaction. A :class:`NewJobStream`
+        is made as it is read, part of it maybe while the rest is being written.
 
         Returns, per input in order, ``(job, first_run, created)``. A job whose
         ``idempotency_key`` was already used with the same request returns the existing
         job and run with ``created=False``; with a different request it raises
         :class:`IdempotencyConflictError` and nothing of the batch is written.
         """
+
+    @abstractmethod
+    async def jobs_create_many_brief(
+        self,
+        tenant_id: uuid.UUID,
+        *,
+        jobs: Sequence[NewJob] | NewJobStream,
+        now: datetime | None = None,
+    ) -> list[tuple[Job, uuid.UUID | None, bool]]:
+        """:meth:`jobs_create_many`, each first run answered by its id alone: what the
+        API answers, without a record made of every new run."""
 
     @abstractmethod
     async def jobs_get(self, tenant_id: uuid.UUID, job_id: uuid.UUID) -> Job: ...

@@ -39,6 +39,7 @@ from cronwheel.domain.model import (
     ReservationsStarted,
     Worker,
 )
+from cronwheel.store.rows import EVENT_COLUMNS, NEW_JOB_COLUMNS, NEW_RUN_COLUMNS
 from cronwheel.store.schema import log_chunks, shard_leases
 from cronwheel.store.values import CompleteItem, Grant, HeartbeatItem, LeaseRenewal, ReadyQueue
 
@@ -74,12 +75,34 @@ JobsInserted = Literal["inserted", "limited", "no_tenant"]
 
 @dataclass(frozen=True, slots=True)
 class NewJobRows:
-    """The rows of new jobs (``jobs``), their first and skipped runs (``runs``, every row
-    with the same keys) and their events."""
+    """The rows of new jobs (``jobs``), their first and skipped runs (``runs``) and their
+    events, each a record of values in the order of its table's columns here
+    (:data:`COLUMNS`): no row is a dictionary, so a driver that copies them in (COPY)
+    sends them as they are."""
 
-    jobs: Sequence[dict[str, Any]]
-    runs: Sequence[dict[str, Any]]
-    events: Sequence[dict[str, Any]]
+    jobs: Sequence[Sequence[Any]]
+    runs: Sequence[Sequence[Any]]
+    events: Sequence[Sequence[Any]]
+
+    COLUMNS: ClassVar[dict[str, tuple[str, ...]]] = {
+        "jobs": NEW_JOB_COLUMNS,
+        "runs": NEW_RUN_COLUMNS,
+        "events": EVENT_COLUMNS,
+    }
+
+    def tables(self) -> list[tuple[str, tuple[str, ...], Sequence[Sequence[Any]]]]:
+        """Each table with rows — its name, columns and records — in the order they go
+        in (a run refers to its job)."""
+        return [
+            (name, self.COLUMNS[name], records)
+            for name, records in (("jobs", self.jobs), ("runs", self.runs), ("events", self.events))
+            if records
+        ]
+
+    def dicts(self, table: str) -> list[dict[str, Any]]:
+        """The rows of ``table`` by column name."""
+        columns = self.COLUMNS[table]
+        return [dict(zip(columns, r, strict=True)) for r in getattr(self, table)]
 
     @classmethod
     def joined(cls, parts: Sequence[NewJobRows]) -> NewJobRows:

@@ -16,12 +16,18 @@ from cronwheel.domain.states import AttemptState, JobState, RunState, illegal_tr
 from cronwheel.domain.template import RunTemplate
 
 __all__ = [
+    "EVENT_COLUMNS",
+    "EVENT_SHARED",
+    "NEW_JOB_COLUMNS",
+    "NEW_RUN_COLUMNS",
     "attempt_from",
     "event_from",
+    "event_record",
     "event_row",
     "int_cursor",
     "job_from",
     "lateness_reason",
+    "new_run_record",
     "new_run_row",
     "run_from",
     "run_from_mapping",
@@ -29,6 +35,63 @@ __all__ = [
     "uuid_cursor",
     "worker_from",
 ]
+
+
+# A new event's columns, in the order of its record (:func:`event_record`): first what
+# every event of one change shares (:data:`EVENT_SHARED` of them), then what names its
+# job, run and attempt, and its data.
+EVENT_COLUMNS = (
+    "tenant_id",
+    "at",
+    "kind",
+    "from_state",
+    "to_state",
+    "actor",
+    "reason",
+    "job_id",
+    "run_id",
+    "attempt_id",
+    "data",
+)
+EVENT_SHARED = 7
+
+
+def event_record(
+    *,
+    at: datetime,
+    kind: str,
+    tenant_id: uuid.UUID | None,
+    job_id: uuid.UUID | None = None,
+    run_id: uuid.UUID | None = None,
+    attempt_id: uuid.UUID | None = None,
+    from_state: str | None = None,
+    to_state: str | None = None,
+    actor: str | None = None,
+    reason: str | None = None,
+    data: dict[str, Any] | None = None,
+) -> tuple[Any, ...]:
+    """An event's values, in the order of :data:`EVENT_COLUMNS`. A ``run.transition``
+    must be one the state machine allows (a run begins SCHEDULED): a statement about to
+    record another fails before it is written."""
+    if kind == "run.transition" and illegal_transitions([(from_state, to_state or "")]):
+        raise IllegalTransitionError(
+            f"a run cannot move from {from_state or 'nothing'} to {to_state}",
+            source=from_state,
+            target=to_state,
+        )
+    return (
+        tenant_id,
+        at,
+        kind,
+        from_state,
+        to_state,
+        actor,
+        reason,
+        job_id,
+        run_id,
+        attempt_id,
+        data,
+    )
 
 
 def event_row(
@@ -45,27 +108,21 @@ def event_row(
     reason: str | None = None,
     data: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """An event's row. A ``run.transition`` must be one the state machine allows (a run
-    begins SCHEDULED): a statement about to record another fails before it is written."""
-    if kind == "run.transition" and illegal_transitions([(from_state, to_state or "")]):
-        raise IllegalTransitionError(
-            f"a run cannot move from {from_state or 'nothing'} to {to_state}",
-            source=from_state,
-            target=to_state,
-        )
-    return {
-        "tenant_id": tenant_id,
-        "at": at,
-        "kind": kind,
-        "job_id": job_id,
-        "run_id": run_id,
-        "attempt_id": attempt_id,
-        "from_state": from_state,
-        "to_state": to_state,
-        "actor": actor,
-        "reason": reason,
-        "data": data,
-    }
+    """:func:`event_record` by column name."""
+    record = event_record(
+        at=at,
+        kind=kind,
+        tenant_id=tenant_id,
+        job_id=job_id,
+        run_id=run_id,
+        attempt_id=attempt_id,
+        from_state=from_state,
+        to_state=to_state,
+        actor=actor,
+        reason=reason,
+        data=data,
+    )
+    return dict(zip(EVENT_COLUMNS, record, strict=True))
 
 
 def lateness_reason(fire_at: datetime, at: datetime) -> str | None:
@@ -74,6 +131,108 @@ def lateness_reason(fire_at: datetime, at: datetime) -> str | None:
     if late <= 1.0:
         return None
     return f"dispatched {late:.1f} s after its due time (scheduler catching up)"
+
+
+# A new job's columns, in the order of its record (``store/sql/jobs.py`` makes it).
+NEW_JOB_COLUMNS = (
+    "id",
+    "tenant_id",
+    "name",
+    "state",
+    "kind",
+    "schedule",
+    "template",
+    "tags",
+    "version",
+    "next_due_at",
+    "idempotency_key",
+    "request_hash",
+    "created_at",
+    "updated_at",
+)
+
+
+# A new run's columns, in the order of its record (:func:`new_run_record`); those it
+# leaves out take their defaults.
+NEW_RUN_COLUMNS = (
+    "id",
+    "tenant_id",
+    "job_id",
+    "job_name",
+    "shard",
+    "state",
+    "origin",
+    "due_at",
+    "due_local",
+    "fire_at",
+    "priority",
+    "pool",
+    "requires",
+    "tags",
+    "route_tags",
+    "task",
+    "webhook",
+    "payload",
+    "attempt",
+    "max_attempts",
+    "retry",
+    "timeout",
+    "heartbeat_timeout",
+    "progress_timeout",
+    "created_at",
+    "reason",
+    "finished_at",
+)
+
+
+def new_run_record(
+    *,
+    run_id: uuid.UUID,
+    tenant_id: uuid.UUID,
+    job_id: uuid.UUID,
+    name: str,
+    template: RunTemplate,
+    due_at: datetime,
+    due_local: str | None,
+    shard: int,
+    at: datetime,
+    origin: str = "once",
+    fire_at: datetime | None = None,
+    state: RunState = RunState.SCHEDULED,
+    reason: str | None = None,
+    finished_at: datetime | None = None,
+) -> tuple[Any, ...]:
+    """A new run's values, in the order of :data:`NEW_RUN_COLUMNS`, its template copied
+    from the job's (so leasing needs no join)."""
+    return (
+        run_id,
+        tenant_id,
+        job_id,
+        name,
+        shard,
+        state.value,
+        origin,
+        due_at,
+        due_local,
+        fire_at or due_at,
+        template.priority,
+        template.pool,
+        template.requires,
+        template.tags,
+        template.route_tags,
+        template.task,
+        template.webhook,
+        template.payload,
+        0,
+        template.max_attempts,
+        template.retry,
+        template.timeout,
+        template.heartbeat_timeout,
+        template.progress_timeout,
+        at,
+        reason,
+        finished_at,
+    )
 
 
 def new_run_row(
@@ -91,34 +250,22 @@ def new_run_row(
     fire_at: datetime | None = None,
     state: RunState = RunState.SCHEDULED,
 ) -> dict[str, Any]:
-    """A new run's row, its template copied from the job's (so leasing needs no join)."""
-    return {
-        "id": run_id,
-        "tenant_id": tenant_id,
-        "job_id": job_id,
-        "job_name": name,
-        "shard": shard,
-        "state": state.value,
-        "origin": origin,
-        "due_at": due_at,
-        "due_local": due_local,
-        "fire_at": fire_at or due_at,
-        "priority": template.priority,
-        "pool": template.pool,
-        "requires": template.requires,
-        "tags": template.tags,
-        "route_tags": template.route_tags,
-        "task": template.task,
-        "webhook": template.webhook,
-        "payload": template.payload,
-        "attempt": 0,
-        "max_attempts": template.max_attempts,
-        "retry": template.retry,
-        "timeout": template.timeout,
-        "heartbeat_timeout": template.heartbeat_timeout,
-        "progress_timeout": template.progress_timeout,
-        "created_at": at,
-    }
+    """:func:`new_run_record` by column name."""
+    record = new_run_record(
+        run_id=run_id,
+        tenant_id=tenant_id,
+        job_id=job_id,
+        name=name,
+        template=template,
+        due_at=due_at,
+        due_local=due_local,
+        shard=shard,
+        at=at,
+        origin=origin,
+        fire_at=fire_at,
+        state=state,
+    )
+    return dict(zip(NEW_RUN_COLUMNS, record, strict=True))
 
 
 # -- cursors -------------------------------------------------------------------

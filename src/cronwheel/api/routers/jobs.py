@@ -4,6 +4,7 @@ backfill; delete."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from itertools import islice
 from typing import Annotated, Any, cast
@@ -38,7 +39,7 @@ from cronwheel.api.schemas import (
 )
 from cronwheel.api.state import api_state
 from cronwheel.domain.errors import CronwheelError, ValidationError
-from cronwheel.domain.model import Job, NewJob
+from cronwheel.domain.model import Job, NewJob, NewJobStream
 from cronwheel.domain.new_job import JobLimits, check_json_size, new_job
 from cronwheel.domain.spec import (
     AsapSchedule,
@@ -229,6 +230,18 @@ def _new_job(
     return new_job(spec, now=now, limits=limits, actor=actor, idempotency_key=idempotency_key)
 
 
+def _new_jobs(
+    specs: Sequence[JobSpec], limits: JobLimits, now: datetime, *, actor: str
+) -> Iterator[NewJob]:
+    """The batch's jobs one by one; the error of one names its place (``jobs.3.…``)."""
+    for index, spec in enumerate(specs):
+        try:
+            yield _new_job(limits, spec, now, actor=actor)
+        except CronwheelError as exc:
+            exc.field = f"jobs.{index}.{exc.field}" if exc.field else f"jobs.{index}"
+            raise
+
+
 class JobBatch(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -257,16 +270,12 @@ async def create_jobs(
     Answers the jobs in the order given."""
     state = api_state(request)
     now = await state.store.db_now_estimate()
-    limits, actor = state.settings.job_limits, scope.principal.actor
-    new: list[NewJob] = []
-    for index, spec in enumerate(body.jobs):
-        try:
-            new.append(_new_job(limits, spec, now, actor=actor))
-        except CronwheelError as exc:
-            exc.field = f"jobs.{index}.{exc.field}" if exc.field else f"jobs.{index}"
-            raise
-    made = await state.store.jobs_create_many(scope.tenant_id, jobs=new, now=now)
-    items = [job_fields(job, first_run_id=run.id if run else None) for job, run, _ in made]
+    # Each job made as the store reads it: the last ones while the first are written.
+    new = _new_jobs(body.jobs, state.settings.job_limits, now, actor=scope.principal.actor)
+    made = await state.store.jobs_create_many_brief(
+        scope.tenant_id, jobs=NewJobStream(len(body.jobs), new), now=now
+    )
+    items = [job_fields(job, first_run_id=run_id) for job, run_id, _ in made]
     return fields_answer({"items": items, "next_cursor": None}, JobList, status.HTTP_201_CREATED)
 
 

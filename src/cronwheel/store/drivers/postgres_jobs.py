@@ -153,10 +153,6 @@ def _statement(
     )
 
 
-def _columns(rows: Sequence[dict[str, Any]]) -> tuple[str, ...]:
-    return tuple(rows[0]) if rows else ()
-
-
 async def insert_jobs(
     conn: Any, *, tenant_id: uuid.UUID, rows: NewJobRows, admitted: bool
 ) -> JobsInserted:
@@ -166,9 +162,12 @@ async def insert_jobs(
             return await _copy_jobs(conn, tenant_id=tenant_id, rows=rows, admitted=admitted)
         async with conn.transaction():
             return await _copy_jobs(conn, tenant_id=tenant_id, rows=rows, admitted=admitted)
-    tables = [t for t in (rows.jobs, rows.runs, rows.events) if t]
-    sql = _statement(_columns(rows.jobs), _columns(rows.runs), _columns(rows.events))
-    found = await conn.fetchrow(sql, tenant_id, admitted, *(_document(t) for t in tables))
+    tables = rows.tables()
+    columns = {name: names for name, names, _ in tables}
+    sql = _statement(*(columns.get(name, ()) for name in ("jobs", "runs", "events")))
+    found = await conn.fetchrow(
+        sql, tenant_id, admitted, *(_document(rows.dicts(name)) for name, _, _ in tables)
+    )
     if not found["found"]:
         return "no_tenant"
     return "inserted" if found["go"] else "limited"
@@ -188,15 +187,16 @@ _JSON_COLUMNS = {
 }
 
 
-def _records(table: str, rows: Sequence[dict[str, Any]]) -> list[list[Any]]:
-    """``rows`` (every one with the same keys) as COPY records, in their keys' order."""
-    json_at = [i for i, name in enumerate(rows[0]) if name in _JSON_COLUMNS[table]]
+def _records(table: str, columns: tuple[str, ...], rows: Sequence[Sequence[Any]]) -> list[Any]:
+    """``rows`` as COPY records: as they are, but for their JSON values, sent as text."""
+    json_at = [i for i, name in enumerate(columns) if name in _JSON_COLUMNS[table]]
     records = []
     for row in rows:
-        values = list(row.values())
+        values = list(row)
         for i in json_at:
-            if values[i] is not None:
-                values[i] = _json_text(values[i])
+            value = values[i]
+            if value is not None:
+                values[i] = _json_text(value)
         records.append(values)
     return records
 
@@ -219,11 +219,9 @@ _Copy = tuple[str, tuple[str, ...], list[list[Any]]]
 
 
 def _copies(rows: NewJobRows) -> list[_Copy]:
-    # In this order: each run refers to its job.
     return [
-        (table, tuple(table_rows[0]), _records(table, table_rows))
-        for table, table_rows in (("jobs", rows.jobs), ("runs", rows.runs), ("events", rows.events))
-        if table_rows
+        (table, columns, _records(table, columns, records))
+        for table, columns, records in rows.tables()
     ]
 
 
@@ -255,12 +253,14 @@ async def insert_job_parts(
                 copying = asyncio.create_task(_copy(conn, copies), name="cw-copy-jobs")
             if copying is not None:
                 await copying
-        except BaseException:
-            # Not left running on the connection that is about to roll back (or be
-            # dropped when this was cancelled).
+        except BaseException as exc:
+            # Not left running on the connection that is about to roll back: finished
+            # when the maker failed (a job of the batch refused), cut off when this was
+            # cancelled (the connection is dropped then).
             if copying is not None:
                 if not copying.done():
-                    copying.cancel()
+                    if isinstance(exc, asyncio.CancelledError):
+                        copying.cancel()
                     await asyncio.wait([copying])
                 if not copying.cancelled():
                     copying.exception()  # read: what is raised is the first failure

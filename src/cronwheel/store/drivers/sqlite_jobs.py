@@ -35,8 +35,8 @@ class CoreJobs(Driver):
             if (limits[0] or {}).get("max_pending_runs") is not None:
                 return "limited"
         if rows.jobs:
-            await conn.execute(jobs.insert(), list(rows.jobs))
+            await conn.execute(jobs.insert(), rows.dicts("jobs"))
         if rows.runs:
-            await conn.execute(runs.insert(), list(rows.runs))
-        await self.events_insert(conn, rows.events)
+            await conn.execute(runs.insert(), rows.dicts("runs"))
+        await self.events_insert(conn, rows.dicts("events"))
         return "inserted"

@@ -23,11 +23,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import itertools
 import json
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Sequence
 from datetime import datetime
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import sqlalchemy as sa
 from pydantic import BaseModel
@@ -38,7 +39,7 @@ from cronwheel.domain.errors import (
     IdempotencyConflictError,
     IllegalTransitionError,
 )
-from cronwheel.domain.model import Job, NewJob, Page, Run
+from cronwheel.domain.model import Job, NewJob, NewJobStream, Page, Run
 from cronwheel.domain.sharding import shard_of
 from cronwheel.domain.spec import (
     AsapSchedule,
@@ -55,9 +56,12 @@ from cronwheel.ids import new_id
 from cronwheel.store.driver import NewJobRows, given_instant
 from cronwheel.store.notices import ANNOUNCE_HORIZON, CHANNEL_RUNS_NEW, announce
 from cronwheel.store.rows import (
+    EVENT_SHARED,
+    NEW_RUN_COLUMNS,
+    event_record,
     event_row,
     job_from,
-    new_run_row,
+    new_run_record,
     run_from,
     run_from_mapping,
     uuid_cursor,
@@ -103,6 +107,23 @@ def stored_schedule(kind: str, schedule: dict[str, Any]) -> ScheduleSpec:
     return cast(ScheduleSpec, _SCHEDULE_MODELS[kind].model_validate(schedule))
 
 
+class _Made(NamedTuple):
+    """One job of a creation's answer: the job, its first run's id and that run — its
+    row's values when new (a record is made of them only when asked for), its record
+    when read back for a key's replay — and whether the job was created."""
+
+    job: Job
+    run_id: uuid.UUID | None
+    run: Run | tuple[Any, ...] | None
+    created: bool
+
+    def run_record(self) -> Run | None:
+        run = self.run
+        if run is None or isinstance(run, Run):
+            return run
+        return run_from_mapping(dict(zip(NEW_RUN_COLUMNS, run, strict=True)))
+
+
 class _NewJobs:
     """The rows of new jobs of one tenant created at ``at`` — each job, its skipped
     occurrences and first run, their events and the notices of runs due soon — and the
@@ -111,51 +132,53 @@ class _NewJobs:
     def __init__(self, tenant_id: uuid.UUID, at: datetime) -> None:
         self.tenant_id = tenant_id
         self.at = at
-        self.jobs: list[dict[str, Any]] = []
-        self.runs: list[dict[str, Any]] = []
-        self.events: list[dict[str, Any]] = []
+        self.jobs: list[tuple[Any, ...]] = []
+        self.runs: list[tuple[Any, ...]] = []
+        self.events: list[tuple[Any, ...]] = []
         self.notices: list[str] = []
         self.first_runs = 0
-        # By actor: the rows of a job's two creation events, but for their ids (and the
-        # first one's data). Each checked once, not once per job.
-        self._created: dict[str | None, tuple[dict[str, Any], dict[str, Any]]] = {}
+        # By actor: what a job's two creation events share (``EVENT_SHARED`` values),
+        # each checked once, not once per job.
+        self._created: dict[str | None, tuple[tuple[Any, ...], tuple[Any, ...]]] = {}
 
     def rows(self) -> NewJobRows:
         return NewJobRows(jobs=self.jobs, runs=self.runs, events=self.events)
 
     async def parts(
-        self, new_jobs: Sequence[NewJob], out: list[tuple[Job, Run | None, bool]]
+        self, new_jobs: Iterable[NewJob], out: list[_Made]
     ) -> AsyncGenerator[NewJobRows, None]:
         """The rows of ``new_jobs`` (without keys), made and answered into ``out`` part by
         part as they are read, yielding to the loop every few jobs: a driver inserts
         one part while the next is made (``Driver.jobs_insert_alone``)."""
-        for start in range(0, len(new_jobs), _PART):
+        jobs_in = iter(new_jobs)
+        while part := list(itertools.islice(jobs_in, _PART)):
             jobs_at, runs_at, events_at = len(self.jobs), len(self.runs), len(self.events)
-            for index, nj in enumerate(new_jobs[start : start + _PART], 1):
-                out.append((*self.add(nj, None), True))
+            for index, nj in enumerate(part, 1):
+                out.append(self.add(nj, None))
                 if index % _YIELD_EVERY == 0:
                     await asyncio.sleep(0)
             yield NewJobRows(
                 jobs=self.jobs[jobs_at:], runs=self.runs[runs_at:], events=self.events[events_at:]
             )
 
-    def _creation_events(self, actor: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    def _creation_events(self, actor: str | None) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
         found = self._created.get(actor)
         if found is None:
-            found = self._created[actor] = (
-                event_row(at=self.at, kind="job.created", tenant_id=self.tenant_id, actor=actor),
-                event_row(
-                    at=self.at,
-                    kind="run.transition",
-                    tenant_id=self.tenant_id,
-                    to_state=RunState.SCHEDULED.value,
-                    actor=actor,
-                    reason="job created",
-                ),
+            created = event_record(
+                at=self.at, kind="job.created", tenant_id=self.tenant_id, actor=actor
             )
+            scheduled = event_record(
+                at=self.at,
+                kind="run.transition",
+                tenant_id=self.tenant_id,
+                to_state=RunState.SCHEDULED.value,
+                actor=actor,
+                reason="job created",
+            )
+            found = self._created[actor] = (created[:EVENT_SHARED], scheduled[:EVENT_SHARED])
         return found
 
-    def add(self, nj: NewJob, request_hash: str | None) -> tuple[Job, Run | None]:
+    def add(self, nj: NewJob, request_hash: str | None) -> _Made:
         spec, at, tenant_id = nj.spec, self.at, self.tenant_id
         job_id = new_id()
         kind = schedule_kind(spec.schedule)
@@ -163,34 +186,36 @@ class _NewJobs:
         spec_json = spec.model_dump(mode="json")
         template = RunTemplate.of_spec_json(spec_json)
         created, scheduled = self._creation_events(nj.actor)
-        row = {
-            "id": job_id,
-            "tenant_id": tenant_id,
-            "name": spec.name,
-            "state": JobState.ACTIVE.value,
-            "kind": kind,
-            "schedule": spec_json["schedule"],
-            "template": template.to_json(),
-            "tags": list(template.tags),
-            "version": 1,
-            "next_due_at": nj.first_due_at,
-            "idempotency_key": nj.idempotency_key,
-            "request_hash": request_hash,
-            "created_at": at,
-            "updated_at": at,
-        }
-        self.jobs.append(row)
-        self.events.append(
-            created | {"job_id": job_id, "data": {"name": spec.name, "schedule": kind}}
+        # In the order of NEW_JOB_COLUMNS.
+        self.jobs.append(
+            (
+                job_id,
+                tenant_id,
+                spec.name,
+                JobState.ACTIVE.value,
+                kind,
+                spec_json["schedule"],
+                template.to_json(),
+                template.tags,
+                1,
+                nj.first_due_at,
+                nj.idempotency_key,
+                request_hash,
+                at,
+                at,
+            )
         )
+        # The events' own values after what they share: job, run, attempt, data.
+        self.events.append((*created, job_id, None, None, {"name": spec.name, "schedule": kind}))
         shard = shard_of(tenant_id, job_id)
         for skip in nj.skipped:
             self._skipped(nj, job_id, template, shard, skip.due_at, skip.due_local, skip.reason)
-        run: Run | None = None
+        run_id: uuid.UUID | None = None
+        run: tuple[Any, ...] | None = None
         if nj.first_due_at is not None:
             run_id = new_id()
             fire_at = spread_instant(job_id, nj.first_due_at, template.spread)
-            run_row = new_run_row(
+            run = new_run_record(
                 run_id=run_id,
                 tenant_id=tenant_id,
                 job_id=job_id,
@@ -202,11 +227,10 @@ class _NewJobs:
                 at=at,
                 origin="schedule" if spec.is_recurring else "once",
                 fire_at=fire_at,
-            ) | {"reason": None, "finished_at": None}
-            self.runs.append(run_row)
+            )
+            self.runs.append(run)
             self.first_runs += 1
-            run = run_from_mapping(run_row)
-            self.events.append(scheduled | {"job_id": job_id, "run_id": run_id})
+            self.events.append((*scheduled, job_id, run_id, None, None))
             if fire_at < at + ANNOUNCE_HORIZON:
                 self.notices.append(announce(run_id, shard, fire_at))
         job = Job(
@@ -223,7 +247,7 @@ class _NewJobs:
             updated_at=at,
             idempotency_key=nj.idempotency_key,
         )
-        return job, run
+        return _Made(job, run_id, run, True)
 
     def _skipped(
         self,
@@ -239,7 +263,7 @@ class _NewJobs:
         records the occurrences it skips (every history starts in SCHEDULED)."""
         skipped_id = new_id()
         self.runs.append(
-            new_run_row(
+            new_run_record(
                 run_id=skipped_id,
                 tenant_id=self.tenant_id,
                 job_id=job_id,
@@ -251,11 +275,12 @@ class _NewJobs:
                 at=self.at,
                 origin="schedule",
                 state=RunState.SKIPPED,
+                reason=reason,
+                finished_at=self.at,
             )
-            | {"reason": reason, "finished_at": self.at}
         )
         self.events += [
-            event_row(
+            event_record(
                 at=self.at,
                 kind="run.transition",
                 tenant_id=self.tenant_id,
@@ -275,8 +300,28 @@ class _NewJobs:
 
 class JobsMixin(SqlCore):
     async def jobs_create_many(
-        self, tenant_id: uuid.UUID, *, jobs: Sequence[NewJob], now: datetime | None = None
+        self,
+        tenant_id: uuid.UUID,
+        *,
+        jobs: Sequence[NewJob] | NewJobStream,
+        now: datetime | None = None,
     ) -> list[tuple[Job, Run | None, bool]]:
+        made = await self._jobs_made(tenant_id, jobs, now)
+        return [(m.job, m.run_record(), m.created) for m in made]
+
+    async def jobs_create_many_brief(
+        self,
+        tenant_id: uuid.UUID,
+        *,
+        jobs: Sequence[NewJob] | NewJobStream,
+        now: datetime | None = None,
+    ) -> list[tuple[Job, uuid.UUID | None, bool]]:
+        made = await self._jobs_made(tenant_id, jobs, now)
+        return [(m.job, m.run_id, m.created) for m in made]
+
+    async def _jobs_made(
+        self, tenant_id: uuid.UUID, jobs: Sequence[NewJob] | NewJobStream, now: datetime | None
+    ) -> list[_Made]:
         # Two requests racing with one idempotency key: the loser's insert fails on the
         # unique key; on the second pass it finds the winner's job.
         for attempt in range(2):
@@ -295,21 +340,28 @@ class JobsMixin(SqlCore):
         raise AssertionError("unreachable")
 
     async def _jobs_create(
-        self, tenant_id: uuid.UUID, new_jobs: Sequence[NewJob], now: datetime | None
-    ) -> tuple[_NewJobs, list[tuple[Job, Run | None, bool]]]:
+        self,
+        tenant_id: uuid.UUID,
+        new_jobs: Sequence[NewJob] | NewJobStream,
+        now: datetime | None,
+    ) -> tuple[_NewJobs, list[_Made]]:
         """The rows written (their notices to send) and the answer, built from them.
 
-        When the caller knows the instant and no key was given, the jobs are one
-        statement that is a transaction of its own (``jobs_insert_alone``); only a
+        When the caller knows the instant and no key was given (a stream has none), the
+        jobs are one statement that is a transaction of its own (``jobs_insert_alone``),
+        made as the driver reads them when they are many; only a
         tenant with ``max_pending_runs`` then takes a transaction that counts and adds
         (nothing was inserted by the first). A key's replay is read in the transaction
         that inserts the rest."""
-        if now is not None and not any(nj.idempotency_key for nj in new_jobs):
+        stream = new_jobs
+        if not isinstance(stream, NewJobStream) and not any(nj.idempotency_key for nj in stream):
+            stream = NewJobStream(len(stream), stream)
+        if now is not None and isinstance(stream, NewJobStream):
             made = _NewJobs(tenant_id, given_instant(now))
-            out: list[tuple[Job, Run | None, bool]] = []
-            async with contextlib.aclosing(made.parts(new_jobs, out)) as parts:
+            out: list[_Made] = []
+            async with contextlib.aclosing(made.parts(stream.jobs, out)) as parts:
                 rows: NewJobRows | AsyncIterator[NewJobRows] = parts
-                if len(new_jobs) <= _PART:
+                if stream.count <= _PART:
                     rows = await anext(parts)
                 done = await self._alone(
                     self.driver.jobs_insert_alone(self.engine, tenant_id=tenant_id, rows=rows)
@@ -323,6 +375,8 @@ class JobsMixin(SqlCore):
                 async with self._write() as conn:
                     await self._jobs_insert_admitted(conn, tenant_id, made)
             return made, out
+        if isinstance(new_jobs, NewJobStream):
+            new_jobs = list(new_jobs.jobs)
         async with self._write() as conn:
             return await self._jobs_create_in(conn, tenant_id, new_jobs, now)
 
@@ -332,19 +386,19 @@ class JobsMixin(SqlCore):
         tenant_id: uuid.UUID,
         new_jobs: Sequence[NewJob],
         now: datetime | None,
-    ) -> tuple[_NewJobs, list[tuple[Job, Run | None, bool]]]:
+    ) -> tuple[_NewJobs, list[_Made]]:
         at = await self._now(conn, now)
         # Only a key's replay compares requests: a job without one needs no hash.
         hashes = [_request_hash(nj.spec) if nj.idempotency_key else None for nj in new_jobs]
         replay = await self._jobs_replayed(conn, tenant_id, new_jobs, hashes)
         made = _NewJobs(tenant_id, at)
-        out: list[tuple[Job, Run | None, bool]] = []
+        out: list[_Made] = []
         for nj, h in zip(new_jobs, hashes, strict=True):
             if nj.idempotency_key and nj.idempotency_key in replay:
                 job, run = replay[nj.idempotency_key]
-                out.append((job, run, False))
+                out.append(_Made(job, None if run is None else run.id, run, False))
             else:
-                out.append((*made.add(nj, h), True))
+                out.append(made.add(nj, h))
         if not made.jobs:
             return made, out
         rows = made.rows()
