@@ -4,7 +4,6 @@ what reaches them has already been validated (``spec.py``) or read from the stor
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Generic, TypeVar
@@ -23,7 +22,6 @@ __all__ = [
     "Job",
     "LeasedAttempt",
     "NewJob",
-    "NewJobStream",
     "Page",
     "QuarantinedRun",
     "ReservationsStarted",
@@ -89,17 +87,6 @@ class NewJob:
     # Occurrences between the job's creation and its first run that do not run: recorded
     # SKIPPED with the job, so none is lost silently.
     skipped: tuple[SkippedOccurrence, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class NewJobStream:
-    """``count`` jobs to create, none with an idempotency key, made one by one as the
-    store reads them from ``jobs``: the making of a large batch's last jobs overlaps the
-    writing of its first. Whatever iterating ``jobs`` raises aborts the creation, nothing
-    is stored, and the caller gets the error as raised."""
-
-    count: int
-    jobs: Iterable[NewJob]
 
 
 @dataclass(frozen=True, slots=True)

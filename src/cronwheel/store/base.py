@@ -39,7 +39,6 @@ from cronwheel.domain.model import (
     Event,
     Job,
     NewJob,
-    NewJobStream,
     Page,
     Run,
     Tenant,
@@ -262,11 +261,10 @@ class Store(SchedulerSide, WorkerSide):
         self,
         tenant_id: uuid.UUID,
         *,
-        jobs: Sequence[NewJob] | NewJobStream,
+        jobs: Sequence[NewJob],
         now: datetime | None = None,
     ) -> list[tuple[Job, Run | None, bool]]:
-        """Create jobs and their first runs in one transaction. A :class:`NewJobStream`
-        is made as it is read, part of it maybe while the rest is being written.
+        """Create jobs and their first runs in one transaction.
 
         Returns, per input in order, ``(job, first_run, created)``. A job whose
         ``idempotency_key`` was already used with the same request returns the existing
@@ -279,7 +277,7 @@ class Store(SchedulerSide, WorkerSide):
         self,
         tenant_id: uuid.UUID,
         *,
-        jobs: Sequence[NewJob] | NewJobStream,
+        jobs: Sequence[NewJob],
         now: datetime | None = None,
     ) -> list[tuple[Job, uuid.UUID | None, bool]]:
         """:meth:`jobs_create_many`, each first run answered by its id alone: what the

@@ -39,7 +39,7 @@ from cronwheel.api.schemas import (
 )
 from cronwheel.api.state import api_state
 from cronwheel.domain.errors import CronwheelError, ValidationError
-from cronwheel.domain.model import Job, NewJob, NewJobStream
+from cronwheel.domain.model import Job, NewJob
 from cronwheel.domain.new_job import JobLimits, check_json_size, new_job
 from cronwheel.domain.spec import (
     AsapSchedule,
@@ -270,11 +270,8 @@ async def create_jobs(
     Answers the jobs in the order given."""
     state = api_state(request)
     now = await state.store.db_now_estimate()
-    # Each job made as the store reads it: the last ones while the first are written.
-    new = _new_jobs(body.jobs, state.settings.job_limits, now, actor=scope.principal.actor)
-    made = await state.store.jobs_create_many_brief(
-        scope.tenant_id, jobs=NewJobStream(len(body.jobs), new), now=now
-    )
+    new = list(_new_jobs(body.jobs, state.settings.job_limits, now, actor=scope.principal.actor))
+    made = await state.store.jobs_create_many_brief(scope.tenant_id, jobs=new, now=now)
     items = [job_fields(job, first_run_id=run_id) for job, run_id, _ in made]
     return fields_answer({"items": items, "next_cursor": None}, JobList, status.HTTP_201_CREATED)
 

@@ -39,7 +39,7 @@ from cronwheel.domain.errors import (
     IdempotencyConflictError,
     IllegalTransitionError,
 )
-from cronwheel.domain.model import Job, NewJob, NewJobStream, Page, Run
+from cronwheel.domain.model import Job, NewJob, Page, Run
 from cronwheel.domain.sharding import shard_of
 from cronwheel.domain.spec import (
     AsapSchedule,
@@ -303,7 +303,7 @@ class JobsMixin(SqlCore):
         self,
         tenant_id: uuid.UUID,
         *,
-        jobs: Sequence[NewJob] | NewJobStream,
+        jobs: Sequence[NewJob],
         now: datetime | None = None,
     ) -> list[tuple[Job, Run | None, bool]]:
         made = await self._jobs_made(tenant_id, jobs, now)
@@ -313,14 +313,14 @@ class JobsMixin(SqlCore):
         self,
         tenant_id: uuid.UUID,
         *,
-        jobs: Sequence[NewJob] | NewJobStream,
+        jobs: Sequence[NewJob],
         now: datetime | None = None,
     ) -> list[tuple[Job, uuid.UUID | None, bool]]:
         made = await self._jobs_made(tenant_id, jobs, now)
         return [(m.job, m.run_id, m.created) for m in made]
 
     async def _jobs_made(
-        self, tenant_id: uuid.UUID, jobs: Sequence[NewJob] | NewJobStream, now: datetime | None
+        self, tenant_id: uuid.UUID, jobs: Sequence[NewJob], now: datetime | None
     ) -> list[_Made]:
         # Two requests racing with one idempotency key: the loser's insert fails on the
         # unique key; on the second pass it finds the winner's job.
@@ -342,26 +342,22 @@ class JobsMixin(SqlCore):
     async def _jobs_create(
         self,
         tenant_id: uuid.UUID,
-        new_jobs: Sequence[NewJob] | NewJobStream,
+        new_jobs: Sequence[NewJob],
         now: datetime | None,
     ) -> tuple[_NewJobs, list[_Made]]:
         """The rows written (their notices to send) and the answer, built from them.
 
-        When the caller knows the instant and no key was given (a stream has none), the
-        jobs are one statement that is a transaction of its own (``jobs_insert_alone``),
-        made as the driver reads them when they are many; only a
+        When the caller knows the instant and no key was given, the jobs are one
+        statement that is a transaction of its own (``jobs_insert_alone``); only a
         tenant with ``max_pending_runs`` then takes a transaction that counts and adds
         (nothing was inserted by the first). A key's replay is read in the transaction
         that inserts the rest."""
-        stream = new_jobs
-        if not isinstance(stream, NewJobStream) and not any(nj.idempotency_key for nj in stream):
-            stream = NewJobStream(len(stream), stream)
-        if now is not None and isinstance(stream, NewJobStream):
+        if now is not None and not any(nj.idempotency_key for nj in new_jobs):
             made = _NewJobs(tenant_id, given_instant(now))
             out: list[_Made] = []
-            async with contextlib.aclosing(made.parts(stream.jobs, out)) as parts:
+            async with contextlib.aclosing(made.parts(new_jobs, out)) as parts:
                 rows: NewJobRows | AsyncIterator[NewJobRows] = parts
-                if stream.count <= _PART:
+                if len(new_jobs) <= _PART:
                     rows = await anext(parts)
                 done = await self._alone(
                     self.driver.jobs_insert_alone(self.engine, tenant_id=tenant_id, rows=rows)
@@ -375,8 +371,6 @@ class JobsMixin(SqlCore):
                 async with self._write() as conn:
                     await self._jobs_insert_admitted(conn, tenant_id, made)
             return made, out
-        if isinstance(new_jobs, NewJobStream):
-            new_jobs = list(new_jobs.jobs)
         async with self._write() as conn:
             return await self._jobs_create_in(conn, tenant_id, new_jobs, now)
 
