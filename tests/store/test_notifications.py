@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import Awaitable, Callable
 
+import asyncpg
 import pytest
 
 from cronwheel.store import CHANNEL_RUNS_NEW, CHANNEL_RUNS_READY, Store, Subscription
+from cronwheel.store.drivers.postgres_jobs import CommittedNotices
+from cronwheel.testing import wait_until_async
 
 from .helpers import T0, create_job, fire, make_tenant
 
@@ -56,3 +60,30 @@ async def test_fired_runs_announce_their_pool(store: Store) -> None:
     finally:
         sub.close()
     assert set(payloads) == {"reports"}
+
+
+async def test_notices_that_may_wait_go_with_the_next(pg_url: str) -> None:
+    # PostgreSQL: notices that may wait are held (here far longer than the test lasts)
+    # until one that may not comes, and then go with it, in one notification.
+    dsn = pg_url.replace("postgresql+asyncpg://", "postgresql://", 1)
+    channel = f"cw_test_{uuid.uuid4().hex[:8]}"
+    sender, listener = await asyncpg.connect(dsn), await asyncpg.connect(dsn)
+    heard: list[str] = []
+    await listener.add_listener(channel, lambda _c, _pid, _ch, payload: heard.append(payload))
+    notices = CommittedNotices(lambda: sender)
+    try:
+        notices.send(channel, ["a"], within=600)
+        notices.send(channel, ["b"], within=600)
+        notices.send(channel, ["c"])
+        await wait_until_async(lambda: heard, 10, what="the notification")
+        assert heard == ["a\nb\nc"]
+        # Alone, one that may wait goes when its time is up; one held goes at close.
+        notices.send(channel, ["d"], within=0.01)
+        await wait_until_async(lambda: len(heard) == 2, 10, what="the waiting notice")
+        notices.send(channel, ["e"], within=600)
+        await notices.close()
+        await wait_until_async(lambda: len(heard) == 3, 10, what="the notice sent at close")
+        assert heard == ["a\nb\nc", "d", "e"]
+    finally:
+        await sender.close()
+        await listener.close()

@@ -259,12 +259,18 @@ class Driver(ABC):
         """Queue notifications; they are delivered when ``conn``'s transaction commits."""
 
     def notify_committed(
-        self, channel: str, payloads: Sequence[str], deliver: Callable[[str, list[str]], None]
+        self,
+        channel: str,
+        payloads: Sequence[str],
+        deliver: Callable[[str, list[str]], None],
+        *,
+        within: float = 0.0,
     ) -> None:
         """Send notifications about what has committed already, outside any transaction:
-        soon, not before this returns, and never waited for (they are wake-ups only). The
-        default delivers them at once through ``deliver`` (this process's subscribers:
-        the only ones an embedded database has)."""
+        soon, not before this returns, and never waited for (they are wake-ups only).
+        They may wait up to ``within`` seconds, to go with others. The default delivers
+        them at once through ``deliver`` (this process's subscribers: the only ones an
+        embedded database has)."""
         deliver(channel, list(payloads))
 
     # -- what dialects say differently -------------------------------------------------

@@ -237,10 +237,15 @@ class PostgresDriver(Driver):
         )
 
     def notify_committed(
-        self, channel: str, payloads: Sequence[str], deliver: Callable[[str, list[str]], None]
+        self,
+        channel: str,
+        payloads: Sequence[str],
+        deliver: Callable[[str, list[str]], None],
+        *,
+        within: float = 0.0,
     ) -> None:
         # This process hears them through LISTEN, as every other does.
-        self._committed_notices.send(channel, payloads)
+        self._committed_notices.send(channel, payloads, within=within)
 
     def integrity_error(self, exc: BaseException) -> str | None:
         # The hot statements speak asyncpg directly, so its errors arrive untranslated.

@@ -27,7 +27,7 @@ import itertools
 import json
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, NamedTuple, cast
 
 import sqlalchemy as sa
@@ -101,6 +101,11 @@ _YIELD_EVERY = 4
 
 _RESUMED_REASON = "resumed after pause"
 
+# New runs that fire later than this are announced within _NOTICE_WAIT seconds, not at
+# once: their notices share a statement with those of the creates that follow.
+_NOTICE_SOON = timedelta(seconds=1)
+_NOTICE_WAIT = 0.02
+
 
 def stored_schedule(kind: str, schedule: dict[str, Any]) -> ScheduleSpec:
     """A job's stored schedule (``jobs.kind``, ``jobs.schedule``) as its spec model."""
@@ -136,6 +141,7 @@ class _NewJobs:
         self.runs: list[tuple[Any, ...]] = []
         self.events: list[tuple[Any, ...]] = []
         self.notices: list[str] = []
+        self.soonest: datetime | None = None  # the earliest fire time announced
         self.first_runs = 0
         # By actor: what a job's two creation events share (``EVENT_SHARED`` values),
         # each checked once, not once per job.
@@ -233,6 +239,8 @@ class _NewJobs:
             self.events.append((*scheduled, job_id, run_id, None, None))
             if fire_at < at + ANNOUNCE_HORIZON:
                 self.notices.append(announce(run_id, shard, fire_at))
+                if self.soonest is None or fire_at < self.soonest:
+                    self.soonest = fire_at
         job = Job(
             id=job_id,
             tenant_id=tenant_id,
@@ -335,7 +343,16 @@ class JobsMixin(SqlCore):
                     raise ConflictError(f"the jobs could not be stored: {broken}") from None
             else:
                 if made.notices:
-                    self.driver.notify_committed(CHANNEL_RUNS_NEW, made.notices, self._deliver)
+                    # A run due soon is announced at once; later ones may wait a moment
+                    # to share their notice with the next creates' (the schedulers need
+                    # them long before their instant).
+                    soon = made.soonest is not None and made.soonest < made.at + _NOTICE_SOON
+                    self.driver.notify_committed(
+                        CHANNEL_RUNS_NEW,
+                        made.notices,
+                        self._deliver,
+                        within=0.0 if soon else _NOTICE_WAIT,
+                    )
                 return out
         raise AssertionError("unreachable")
 
