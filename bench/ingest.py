@@ -7,7 +7,8 @@ phases, each on its own:
 * **concurrent**: C clients, each sending single ``POST /v1/jobs`` one after the other
   on its own keep-alive connection, N creates in all;
 * **sequential**: one client sending S single creates one after the other;
-* **batches**: B ``POST /v1/jobs/batch`` of J jobs each, one after the other.
+* **batches**: B ``POST /v1/jobs/batch`` of J jobs each, one after the other (or from K
+  clients at once, ``--batch-clients``).
 
 Every job is one-off, due a minute ahead (so its run is announced to the schedulers, as
 most new runs are). The clients speak plain HTTP/1.1 over asyncio streams: a client as
@@ -123,22 +124,33 @@ async def singles(port: int, key: str, *, clients: int, creates: int) -> tuple[P
     return phase, took
 
 
-async def batches(port: int, key: str, *, count: int, size: int) -> tuple[Phase, float]:
+async def batches(
+    port: int, key: str, *, count: int, size: int, clients: int = 1
+) -> tuple[Phase, float]:
+    """``count`` batches of ``size`` jobs from ``clients`` clients, each sending its
+    next batch when the last is answered; the phase and its seconds."""
     phase = Phase()
-    conn = await Connection.open(port)
-    requests = [
-        post("/v1/jobs/batch", key, {"jobs": [job(b * size + i) for i in range(size)]})
-        for b in range(count)
-    ]
+    conns = [await Connection.open(port) for _ in range(clients)]
+    requests = iter(
+        [
+            post("/v1/jobs/batch", key, {"jobs": [job(b * size + i) for i in range(size)]})
+            for b in range(count)
+        ]
+    )
+
+    async def client(conn: Connection) -> None:
+        for request in requests:
+            t0 = time.perf_counter()
+            status, body, server = await conn.send(request)
+            phase.note(status, time.perf_counter() - t0, server, 201)
+            if status != 201:
+                console.print(f"[red]{status}[/] {body[:300]!r}")
+
     started = time.perf_counter()
-    for request in requests:
-        t0 = time.perf_counter()
-        status, body, server = await conn.send(request)
-        phase.note(status, time.perf_counter() - t0, server, 201)
-        if status != 201:
-            console.print(f"[red]{status}[/] {body[:300]!r}")
+    await asyncio.gather(*(client(c) for c in conns))
     took = time.perf_counter() - started
-    conn.close()
+    for c in conns:
+        c.close()
     return phase, took
 
 
@@ -308,9 +320,16 @@ async def main(args: argparse.Namespace) -> None:
                 args.sequential,
             ),
             (
-                f"batches of {args.batch_size}",
+                f"batches of {args.batch_size}"
+                + (f" ({args.batch_clients} clients)" if args.batch_clients > 1 else ""),
                 "/v1/jobs/batch",
-                lambda: batches(cluster.port, key, count=args.batches, size=args.batch_size),
+                lambda: batches(
+                    cluster.port,
+                    key,
+                    count=args.batches,
+                    size=args.batch_size,
+                    clients=args.batch_clients,
+                ),
                 args.batches * args.batch_size,
             ),
         )
@@ -364,6 +383,9 @@ if __name__ == "__main__":
     parser.add_argument("--sequential", type=int, default=2000, help="single creates, 1 client")
     parser.add_argument("--batches", type=int, default=40)
     parser.add_argument("--batch-size", type=int, default=1000)
+    parser.add_argument(
+        "--batch-clients", type=int, default=1, help="clients sending batches at once"
+    )
     parser.add_argument(
         "--profile",
         action="store_true",

@@ -139,6 +139,11 @@ class PostgresDriver(Driver):
             pool_size=self._pool_size,
             max_overflow=self._pool_overflow,
             pool_recycle=3600,
+            # The connection used last is used next: its backend's caches (and the
+            # CPU's) are warm. Handed out in turn, a lone client's creates went through
+            # every connection of the pool: PostgreSQL spent 0.63 ms of CPU on each,
+            # against 0.37 (bench/ingest.py, one client: 514-575 -> 660-680 creates/s).
+            pool_use_lifo=True,
             connect_args={"server_settings": self._server_settings},
         )
 
