@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cronwheel.client import AsyncClient
+from cronwheel.domain.audit import Actor
 from cronwheel.domain.errors import NotFoundError
 from cronwheel.runtime import Runtime
 from cronwheel.store import Store
@@ -42,6 +43,8 @@ __all__ = [
 log = logging.getLogger("cronwheel.demo")
 
 DEMO_TENANT = "demo"
+# What the demo's own set-up records as its author.
+_DEMO = Actor(name="demo", role="admin")
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,11 +136,13 @@ async def ensure_demo_tenant(store: Store) -> DemoKeys:
     try:
         tenant = await store.tenants_get_by_name(name=DEMO_TENANT)
     except NotFoundError:
-        tenant = await store.tenants_create(name=DEMO_TENANT, limits={}, actor="demo")
+        tenant = await store.tenants_create(name=DEMO_TENANT, limits={}, actor=_DEMO)
     keys: dict[str, str] = {}
     for role in ("operator", "worker"):
         key, key_hash, prefix = generate_key()
-        await store.api_keys_create(tenant.id, role=role, key_hash=key_hash, prefix=prefix)
+        await store.api_keys_create(
+            tenant.id, role=role, key_hash=key_hash, prefix=prefix, actor=_DEMO
+        )
         keys[role] = key
     return DemoKeys(str(tenant.id), keys["operator"], keys["worker"])
 

@@ -171,6 +171,14 @@ class Settings(BaseSettings):
         "older); the file store keeps them until removed",
     )
 
+    audit_retention_days: int = Field(
+        default=400,
+        ge=1,
+        le=36600,
+        description="days the audit trail keeps a record (retention, by the scheduler "
+        "node that owns shard 0, hourly, is the only way records leave)",
+    )
+
     # the built-in webhook worker
     webhook_pools: Annotated[list[str], NoDecode] = Field(
         default_factory=lambda: ["default"],

@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 from cronwheel import Client
 from cronwheel.api import create_app
 from cronwheel.cli import app as cli_app
+from cronwheel.domain.audit import Actor
 from cronwheel.runtime import BackgroundRuntime, Runtime
 from cronwheel.settings import Settings
 from cronwheel.store import Store, create_store
@@ -165,7 +166,7 @@ async def test_a_key_revoked_by_another_node_is_refused_here_at_once(
     elsewhere = create_store(store_url) if api.store.dialect == "postgresql" else api.store
     await elsewhere.open()
     try:
-        await elsewhere.api_keys_revoke(uuid.UUID(t.id), uuid.UUID(key["id"]), actor="admin")
+        await elsewhere.api_keys_revoke(uuid.UUID(t.id), uuid.UUID(key["id"]), actor=Actor("admin"))
     finally:
         if elsewhere is not api.store:
             await elsewhere.close()

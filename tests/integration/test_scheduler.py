@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from cronwheel.domain.audit import Actor
 from cronwheel.domain.model import NewJob
 from cronwheel.domain.spec import JobSpec
 from cronwheel.scheduler import Clock, SchedulerNode
@@ -423,7 +424,7 @@ async def test_a_burst_is_released_as_the_pool_takes_it_p0_first(store: Store) -
     # Cancelled while waiting in the backlog: never fired.
     states = await _states(store, flood)
     waiting = [r for r, s in zip(flood, states, strict=True) if s == "SCHEDULED"]
-    await store.runs_cancel(tenant_id, waiting[0].id, actor="t")  # type: ignore[attr-defined]
+    await store.runs_cancel(tenant_id, waiting[0].id, actor=Actor("t"))  # type: ignore[attr-defined]
     fired = 0
     for i in range(10):
         leased = await store.attempts_lease(
@@ -483,3 +484,27 @@ async def test_polls_page_past_runs_held_back(store: Store) -> None:
         seen |= {r.id for r in node.window.pop_due(time.value)}
         node.backlog.add(await store.runs_releasable(run_ids=list(seen)))
     assert seen == {r.id for r in burst}  # type: ignore[attr-defined]
+
+
+async def test_the_node_owning_shard_0_applies_audit_retention(store: Store) -> None:
+    tenant = await store.tenants_create(name="audited", limits={}, now=T0)
+    who = Actor("k1", role="admin")
+    await store.tenants_update(tenant.id, limits={"weight": 2.0}, actor=who, now=T0)
+    await store.tenants_update(
+        tenant.id, limits={"weight": 3.0}, actor=who, now=T0 + timedelta(days=9)
+    )
+    settings = Settings(window_seconds=30, shard_lease_ttl=10, audit_retention_days=5)
+    # The second record is 5 days old at T0 + 14 days.
+    time = FakeTime(T0 + timedelta(days=14) - timedelta(minutes=30))
+    node = SchedulerNode(store, settings, node_id="node-a", clock=Clock(time, offset=timedelta(0)))
+    await node.run_once()
+    assert 0 in node.shards
+    [kept] = (await store.audit_list(tenant.id)).items
+    assert kept.after == {"limits": {"weight": 3.0}}
+    # Hourly: a record that expires meanwhile waits for the next hour's pass.
+    time.value += timedelta(minutes=40)
+    await node.run_once()
+    assert len((await store.audit_list(tenant.id)).items) == 1
+    time.value += timedelta(minutes=30)
+    await node.run_once()
+    assert (await store.audit_list(tenant.id)).items == []

@@ -8,6 +8,7 @@ import uuid
 
 import pytest
 
+from cronwheel.domain.audit import Actor
 from cronwheel.domain.errors import NotFoundError, ValidationError
 from cronwheel.store import CHANNEL_KEYS_REVOKED, Store, create_store
 from cronwheel.store.notices import parse_key_revoked
@@ -82,11 +83,11 @@ async def test_revoking_a_key_is_audited_and_announced(store: Store) -> None:
         # Another tenant's id, or an unknown key, is not found, and nothing changes.
         for tenant_id, key_id in ((other.id, key.id), (tenant.id, uuid.uuid4())):
             with pytest.raises(NotFoundError):
-                await store.api_keys_revoke(tenant_id, key_id, actor="admin", now=at(1))
+                await store.api_keys_revoke(tenant_id, key_id, actor=Actor("admin"), now=at(1))
         assert await store.api_keys_get_by_hash(key_hash="a" * 64) is not None
 
         revoked = await store.api_keys_revoke(
-            tenant.id, key.id, actor="admin", reason="leaked", now=at(2)
+            tenant.id, key.id, actor=Actor("admin"), reason="leaked", now=at(2)
         )
         assert (revoked.id, revoked.revoked_at) == (key.id, at(2))
         assert await store.api_keys_get_by_hash(key_hash="a" * 64) is None
@@ -97,7 +98,7 @@ async def test_revoking_a_key_is_audited_and_announced(store: Store) -> None:
         if store.dialect == "sqlite":
             assert [parse_key_revoked(p) for p in await sub.wait(5.0)] == [key.id]
         # Revoking it again changes nothing.
-        again = await store.api_keys_revoke(tenant.id, key.id, actor="admin", now=at(3))
+        again = await store.api_keys_revoke(tenant.id, key.id, actor=Actor("admin"), now=at(3))
         assert again.revoked_at == at(2)
     finally:
         sub.close()
@@ -137,7 +138,7 @@ async def test_revocations_reach_other_processes(store_url: str) -> None:
                     tenant.id, role="viewer", key_hash=uuid.uuid4().hex * 2, prefix="cw_v"
                 )
                 made.append(key.id)
-                await writer.api_keys_revoke(tenant.id, key.id, actor="admin")
+                await writer.api_keys_revoke(tenant.id, key.id, actor=Actor("admin"))
                 heard |= {parse_key_revoked(p) for p in await sub.wait(0.5)}
         finally:
             sub.close()
@@ -158,7 +159,7 @@ async def test_a_deleted_tenants_keys_are_announced_as_revoked(store: Store) -> 
     )
     sub = store.subscribe(CHANNEL_KEYS_REVOKED)
     try:
-        deleted = await store.tenants_delete(tenant.id, actor="admin", now=at(1))
+        deleted = await store.tenants_delete(tenant.id, actor=Actor("admin"), now=at(1))
         assert deleted.api_keys == 2
         # Every API process forgets them at once, as it does a revoked key (the notice
         # is heard in process on SQLite; across processes on PostgreSQL, see above).

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from cronwheel.domain.audit import Actor
 from cronwheel.domain.errors import IllegalTransitionError, NotFoundError, ValidationError
 from cronwheel.domain.model import Job, Run
 from cronwheel.domain.sharding import shard_of
@@ -77,7 +78,7 @@ async def test_pause_parks_pending_runs_and_leaves_running_ones(store: Store) ->
     assert len(await fire(store, [dispatched], now=at(2))) == 1
 
     paused = await store.jobs_pause(
-        tenant.id, job.id, actor="alice", reason="maintenance", now=at(10)
+        tenant.id, job.id, actor=Actor("alice"), reason="maintenance", now=at(10)
     )
     assert (paused.state, paused.version, paused.updated_at) == (
         JobState.PAUSED,
@@ -175,7 +176,7 @@ async def test_resume_makes_parked_runs_due_again(store: Store) -> None:
     paused = await store.jobs_pause(tenant.id, job.id, now=T0)
     triggered = await store.jobs_trigger(tenant.id, job.id, now=at(1))
 
-    resumed = await store.jobs_resume(tenant.id, job.id, actor="bob", now=at(600))
+    resumed = await store.jobs_resume(tenant.id, job.id, actor=Actor("bob"), now=at(600))
     assert (resumed.state, resumed.version) == (JobState.ACTIVE, paused.version + 1)
     run = await store.runs_get(tenant.id, missed.id)
     assert (run.state, run.fire_at, run.due_at, run.reason) == (
@@ -238,7 +239,7 @@ async def test_trigger_makes_a_run_due_now_with_merged_payload(store: Store) -> 
         store, tenant.id, due_at=at(3600), payload={"region": "us", "n": 1}, pool="reports"
     )
     run = await store.jobs_trigger(
-        tenant.id, job.id, actor="carol", payload={"n": 2, "extra": True}, now=at(5)
+        tenant.id, job.id, actor=Actor("carol"), payload={"n": 2, "extra": True}, now=at(5)
     )
     assert (run.origin, run.state, run.due_at, run.fire_at, run.job_name) == (
         "trigger",
@@ -307,7 +308,7 @@ async def test_backfill_creates_the_past_occurrences_once(store: Store) -> None:
     job, scheduled = await recurring_job(store, tenant.id, due_at=at(3600))
     start, end = at(-5 * 3600 - 60), at(-3600)  # 4 whole hours: -5h … -2h
     runs = await store.jobs_backfill(
-        tenant.id, job.id, start=start, end=end, actor="dave", rate=2.0, now=T0
+        tenant.id, job.id, start=start, end=end, actor=Actor("dave"), rate=2.0, now=T0
     )
     expected = occurrences("0 * * * *", "America/New_York", start, end)
     assert [r.due_at for r in runs] == expected and len(expected) == 4

@@ -8,6 +8,7 @@ from datetime import timedelta
 
 import pytest
 
+from cronwheel.domain.audit import Actor
 from cronwheel.domain.errors import InUseError, NotFoundError, StaleFencingTokenError
 from cronwheel.domain.model import Event
 from cronwheel.domain.states import RunState
@@ -44,7 +45,7 @@ async def test_a_deleted_job_takes_its_runs_attempts_and_run_events_and_leaves_i
     assert len(await store.attempts_list(tenant.id, run_id=run.id)) == 1
 
     deleted = await store.jobs_delete(
-        tenant.id, job.id, actor="k1", role="operator", reason="obsolete", now=at(3)
+        tenant.id, job.id, actor=Actor("k1", role="operator"), reason="obsolete", now=at(3)
     )
     assert (deleted.id, deleted.name, deleted.runs, deleted.stopped) == (job.id, job.name, 1, [])
     assert deleted.attempted == [run.id] and deleted.at == at(3)
@@ -172,7 +173,7 @@ async def test_a_tenant_with_live_jobs_is_refused_until_they_are_over(store: Sto
     )
     await register_worker(store, tenant.id)
     deleted = await store.tenants_delete(
-        tenant.id, actor="admin", role="admin", reason="team left", now=at(3)
+        tenant.id, actor=Actor("admin", role="admin"), reason="team left", now=at(3)
     )
     assert (deleted.name, deleted.jobs, deleted.runs, deleted.api_keys, deleted.workers) == (
         tenant.name,

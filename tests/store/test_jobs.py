@@ -6,6 +6,7 @@ import uuid
 
 import pytest
 
+from cronwheel.domain.audit import Actor
 from cronwheel.domain.errors import (
     IdempotencyConflictError,
     IllegalTransitionError,
@@ -291,7 +292,7 @@ async def test_jobs_cancel_cancels_pending_runs(store: Store) -> None:
     tenant = await make_tenant(store)
     job, run = await create_job(store, tenant.id, due_at=at(60))
     cancelled = await store.jobs_cancel(
-        tenant.id, job.id, actor="bob", reason="no longer needed", now=at(5)
+        tenant.id, job.id, actor=Actor("bob"), reason="no longer needed", now=at(5)
     )
     assert cancelled.state is JobState.CANCELLED
     assert cancelled.next_due_at is None

@@ -16,6 +16,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from cronwheel.domain.audit import Actor
 from cronwheel.domain.states import TRANSITIONS, RunState
 from cronwheel.scheduler import Clock, SchedulerNode
 from cronwheel.settings import Settings
@@ -138,7 +139,7 @@ async def test_a_schedule_that_does_not_parse_quarantines_its_run_alone(store: S
 
     # Fixed by hand and redriven, the job fires again and its next occurrence follows.
     await _corrupt(store, jobs, job.id, schedule={"cron": "0 * * * *"})
-    redriven = await store.runs_redrive(poisoned.id, run.id, actor="operator", now=at(5))
+    redriven = await store.runs_redrive(poisoned.id, run.id, actor=Actor("operator"), now=at(5))
     assert redriven.quarantined_at is None
     assert await store.runs_quarantined(poisoned.id) == []
     time.value = at(6)
@@ -155,14 +156,14 @@ async def test_a_huge_catch_up_window_after_pause_and_resume(store: Store) -> No
     job, run = await create_job(
         store, poisoned.id, due_at=T0, schedule={"cron": "0 * * * *", "catch_up": "replay"}
     )
-    await store.jobs_pause(poisoned.id, job.id, actor="tester", now=at(-10))
+    await store.jobs_pause(poisoned.id, job.id, actor=Actor("tester"), now=at(-10))
     await _corrupt(
         store,
         jobs,
         job.id,
         schedule={"cron": "0 * * * *", "catch_up": "replay", "catch_up_window": 1e300},
     )
-    await store.jobs_resume(poisoned.id, job.id, actor="tester", now=at(7200))
+    await store.jobs_resume(poisoned.id, job.id, actor=Actor("tester"), now=at(7200))
     [waiting] = await create_jobs(store, other.id, 1, due_at=at(7200))
     node = _node(store, FakeTime(at(7200)))
 

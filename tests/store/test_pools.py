@@ -7,6 +7,7 @@ import uuid
 
 import pytest
 
+from cronwheel.domain.audit import Actor
 from cronwheel.domain.errors import ValidationError
 from cronwheel.domain.pools import PoolStatus
 from cronwheel.store import Store
@@ -26,9 +27,9 @@ async def test_pools_set_and_get_record_who_changed_what(store: Store) -> None:
     never = await store.pools_get("gpu")
     assert (never.name, never.p0_reserved_share, never.updated_at) == ("gpu", None, None)
 
-    first = await store.pools_set("gpu", p0_reserved_share=0.25, actor="admin", now=at(1))
+    first = await store.pools_set("gpu", p0_reserved_share=0.25, actor=Actor("admin"), now=at(1))
     assert (first.p0_reserved_share, first.updated_at) == (0.25, at(1))
-    again = await store.pools_set("gpu", p0_reserved_share=None, actor="admin", now=at(2))
+    again = await store.pools_set("gpu", p0_reserved_share=None, actor=Actor("admin"), now=at(2))
     assert again.p0_reserved_share is None
     read = await store.pools_get("gpu")
     assert (read.p0_reserved_share, read.updated_at) == (None, at(2))

@@ -9,6 +9,7 @@ from datetime import timedelta
 
 import pytest
 
+from cronwheel.domain.audit import Actor
 from cronwheel.domain.errors import NotFoundError, ValidationError
 from cronwheel.domain.model import Run
 from cronwheel.domain.states import JobState, RunState
@@ -70,7 +71,7 @@ async def test_by_ids_sends_back_only_dead_letters(store: Store) -> None:
     batch = await store.runs_redrive_many(
         tenant.id,
         run_ids=[pending.id, dead[1].id, unknown, foreign.id, dead[0].id, dead[1].id],
-        actor="ops@example",
+        actor=Actor("ops@example"),
         reason="disk replaced",
         now=at(10),
     )
@@ -232,11 +233,11 @@ async def test_bad_arguments_change_nothing(store: Store) -> None:
 async def test_single_redrive_shares_the_write(store: Store) -> None:
     tenant = await make_tenant(store)
     [run] = await new_dead_letters(store, tenant.id, 1)
-    sent = await store.runs_redrive(tenant.id, run.id, actor="a", reason="r", now=at(10))
+    sent = await store.runs_redrive(tenant.id, run.id, actor=Actor("a"), reason="r", now=at(10))
     [batch_twin] = await new_dead_letters(store, tenant.id, 1)
     [twin] = (
         await store.runs_redrive_many(
-            tenant.id, run_ids=[batch_twin.id], actor="a", reason="r", now=at(10)
+            tenant.id, run_ids=[batch_twin.id], actor=Actor("a"), reason="r", now=at(10)
         )
     ).runs
     same = ("state", "fire_at", "finished_at", "reason", "attempt", "max_attempts")

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from sqlalchemy.exc import IntegrityError
 
+from cronwheel.domain.audit import Actor
 from cronwheel.domain.errors import IllegalTransitionError, ValidationError
 from cronwheel.domain.states import AttemptState, RunState
 from cronwheel.store import CompleteItem, FailItem, HeartbeatItem, RunFilter, Store
@@ -89,7 +90,7 @@ async def test_runs_cancel_scheduled_run(store: Store) -> None:
     tenant = await make_tenant(store)
     _job, run = await create_job(store, tenant.id, due_at=at(60))
     cancelled = await store.runs_cancel(
-        tenant.id, run.id, actor="carol", reason="duplicate", now=at(5)
+        tenant.id, run.id, actor=Actor("carol"), reason="duplicate", now=at(5)
     )
     assert cancelled.state is RunState.CANCELLED
     assert cancelled.finished_at == at(5)
@@ -114,7 +115,7 @@ async def test_runs_cancel_scheduled_run(store: Store) -> None:
 async def test_runs_cancel_running_run_is_cooperative(store: Store) -> None:
     tenant = await make_tenant(store)
     run, attempt = await leased_run(store, tenant.id)
-    asked = await store.runs_cancel(tenant.id, run.id, actor="carol", now=at(1))
+    asked = await store.runs_cancel(tenant.id, run.id, actor=Actor("carol"), now=at(1))
     assert asked.state is RunState.RUNNING
     assert asked.finished_at is None
 

@@ -6,6 +6,7 @@ import uuid
 
 import pytest
 
+from cronwheel.domain.audit import Actor
 from cronwheel.domain.errors import ConflictError, NotFoundError, ValidationError
 from cronwheel.store import Store
 from cronwheel.store.schema import api_keys
@@ -15,7 +16,7 @@ from .helpers import T0, at, engine_of, make_tenant
 
 async def test_tenant_create_get_and_duplicate_name(store: Store) -> None:
     tenant = await store.tenants_create(
-        name="acme", limits={"max_concurrent_runs": 5}, actor="admin", now=T0
+        name="acme", limits={"max_concurrent_runs": 5}, actor=Actor("admin"), now=T0
     )
     assert tenant.name == "acme"
     assert tenant.limits == {"max_concurrent_runs": 5}
@@ -66,7 +67,7 @@ async def test_tenants_list_pages_without_gaps_or_duplicates(store: Store) -> No
 async def test_tenants_update_limits_and_webhook_secret(store: Store) -> None:
     tenant = await make_tenant(store, weight=1.0)
     updated = await store.tenants_update(
-        tenant.id, limits={"max_concurrent_runs": 3, "weight": 2.0}, actor="ops", now=at(5)
+        tenant.id, limits={"max_concurrent_runs": 3, "weight": 2.0}, actor=Actor("ops"), now=at(5)
     )
     assert updated.id == tenant.id
     assert updated.limits == {"max_concurrent_runs": 3, "weight": 2.0}

@@ -28,6 +28,7 @@ from cronwheel.api.rate_limits import RateLimitMiddleware
 from cronwheel.api.routers import (
     alerts,
     attempts,
+    audit,
     health,
     jobs,
     logs,
@@ -223,7 +224,8 @@ def create_app(settings: Settings, store: Store, *, log_store: LogStore | None =
 
     # A request's route is found by trying each router in turn: the hottest first.
     routers: list[APIRouter] = [
-        m.router for m in (jobs, tenants, runs, alerts, workers, attempts, pools, logs, health)
+        m.router
+        for m in (jobs, tenants, runs, alerts, workers, attempts, pools, logs, audit, health)
     ]
     routers.append(runs.dead_letters)
     for router in routers:

@@ -40,14 +40,15 @@ import logging
 import secrets
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, MutableMapping
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 from fastapi import Depends, Header, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from cronwheel.api.errors import TenantRequiredError
+from cronwheel.domain.audit import Actor
 from cronwheel.domain.errors import AuthError, NotFoundError, PermissionDeniedError
 from cronwheel.domain.model import ApiKey
 from cronwheel.settings import Settings
@@ -58,15 +59,18 @@ __all__ = [
     "KEY_CACHE_TTL",
     "KEY_PREFIX",
     "MAX_KEY_LENGTH",
+    "REQUEST_ID_HEADER",
     "TENANT_HEADER",
     "KeyCache",
     "Principal",
     "TenantScope",
+    "actor_of",
     "authenticate",
     "bearer_token",
     "generate_key",
     "hash_key",
     "may_read_metrics",
+    "request_id_of",
     "require_admin",
     "require_metrics_reader",
     "require_worker",
@@ -83,6 +87,11 @@ KEY_CACHE_TTL = 5.0
 TENANT_HEADER = "Cronwheel-Tenant"
 _NEGATIVE_TTL = 1.0
 MAX_KEY_LENGTH = 256
+# Names a request in the audit trail: the client's own (``X-Request-Id``), or one the
+# API makes; the answer carries it back either way.
+REQUEST_ID_HEADER = "X-Request-Id"
+_REQUEST_ID_MAX = 200
+_REQUEST_ID_SCOPE = "cronwheel.request_id"
 
 
 def hash_key(key: str) -> str:
@@ -120,6 +129,38 @@ class TenantScope:
 
     principal: Principal
     tenant_id: uuid.UUID
+
+
+def request_id_of(scope: MutableMapping[str, Any]) -> str | None:
+    """The request's id, made once per request (``X-Request-Id`` when the client sent
+    a usable one); None when the client sent one that is not: at most 200 printable
+    ASCII characters."""
+    found = scope.get(_REQUEST_ID_SCOPE)
+    if found is not None:
+        return str(found)
+    given: str
+    for name, value in scope.get("headers", ()):
+        if name == b"x-request-id":
+            given = value.decode("latin-1")
+            if not 0 < len(given) <= _REQUEST_ID_MAX or not (
+                given.isascii() and given.isprintable()
+            ):
+                return None
+            break
+    else:
+        given = uuid.uuid4().hex
+    scope[_REQUEST_ID_SCOPE] = given
+    return given
+
+
+def actor_of(request: Request, principal: Principal) -> Actor:
+    """Who is changing something, as the history and the audit trail record it."""
+    return Actor(
+        name=principal.actor,
+        role=principal.role,
+        key_id=principal.key_id,
+        request_id=request_id_of(request.scope),
+    )
 
 
 class KeyCache:

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from cronwheel.api.auth import bearer_token, may_read_metrics
+from cronwheel.api.auth import REQUEST_ID_HEADER, bearer_token, may_read_metrics, request_id_of
 from cronwheel.api.errors import error_response
 from cronwheel.domain.pools import priority_class
 from cronwheel.domain.states import RunState
@@ -111,7 +111,9 @@ _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"
 class MetricsMiddleware:
     """Counts every HTTP request by its route *template* (``/v1/jobs/{job_id}``), never
     by its raw path, so label cardinality stays bounded. Every answer says how long the
-    server took to start it, in ``Server-Timing: app;dur=<ms>``."""
+    server took to start it, in ``Server-Timing: app;dur=<ms>``, and carries the
+    request's id (``X-Request-Id``, the one the audit trail records): a request whose
+    own id is unusable is answered 400."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -122,6 +124,7 @@ class MetricsMiddleware:
             return
         status = 500
         started = time.perf_counter()
+        request_id = request_id_of(scope)
 
         async def send_wrapper(message: Message) -> None:
             nonlocal status
@@ -129,11 +132,21 @@ class MetricsMiddleware:
                 status = int(message["status"])
                 took = f"app;dur={(time.perf_counter() - started) * 1000:.3f}"
                 headers = [*message.get("headers", ()), (b"server-timing", took.encode())]
+                if request_id is not None:
+                    headers.append((b"x-request-id", request_id.encode()))
                 message = {**message, "headers": headers}
             await send(message)
 
+        app = self.app
+        if request_id is None:
+            app = error_response(
+                400,
+                "invalid_request_id",
+                f"{REQUEST_ID_HEADER} must be 1 to 200 printable ASCII characters",
+                field=REQUEST_ID_HEADER,
+            )
         try:
-            await self.app(scope, receive, send_wrapper)
+            await app(scope, receive, send_wrapper)
         finally:
             route = scope.get("route")
             template = getattr(route, "path", None) or "unmatched"

@@ -3,9 +3,10 @@
 Exit codes: 0 success, 1 an error (printed in red on stderr), 2 a usage error.
 
 The root app is here; each group of commands has its module (``jobs``, ``runs``,
-``tenants``, ``workers``, ``pools``, ``schedule``, ``dlq``, ``alerts``; ``server`` for the
-processes and the database), sharing ``options`` (the connection options and the client
-they make) and ``output`` (consoles, tables, errors and exit codes).
+``tenants``, ``workers``, ``pools``, ``schedule``, ``dlq``, ``alerts``, ``audit``;
+``server`` for the processes and the database), sharing ``options`` (the connection
+options and the client they make) and ``output`` (consoles, tables, errors and exit
+codes).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Annotated
 import typer
 
 from cronwheel.cli.alerts import alerts
+from cronwheel.cli.audit import audit
 from cronwheel.cli.dlq import dlq_app
 from cronwheel.cli.jobs import jobs_app
 from cronwheel.cli.output import command_group, console
@@ -66,6 +68,7 @@ app.add_typer(schedule_app, name="schedule")
 app.add_typer(dlq_app, name="dlq")
 app.add_typer(db_app, name="db")
 app.command("alerts")(alerts)
+app.command("audit")(audit)
 app.command()(server)
 app.command()(api)
 app.command()(scheduler)

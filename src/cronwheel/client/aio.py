@@ -25,6 +25,7 @@ from cronwheel.domain.spec import TenantLimits
 
 __all__ = [
     "AsyncAlerts",
+    "AsyncAudit",
     "AsyncClient",
     "AsyncJobs",
     "AsyncPools",
@@ -62,6 +63,7 @@ class AsyncClient(BaseClient):
         self.alerts = AsyncAlerts(self)
         self.workers = AsyncWorkers(self)
         self.pools = AsyncPools(self)
+        self.audit = AsyncAudit(self)
 
     def with_tenant(self, tenant: Id | None) -> AsyncClient:
         other = object.__new__(AsyncClient)
@@ -73,6 +75,7 @@ class AsyncClient(BaseClient):
         other.alerts = AsyncAlerts(other)
         other.workers = AsyncWorkers(other)
         other.pools = AsyncPools(other)
+        other.audit = AsyncAudit(other)
         return other
 
     async def send(self, call: Call, *, read_timeout: float | None = None) -> Any:
@@ -338,6 +341,48 @@ class AsyncRuns(_AsyncResource):
             cursor = page.get("next_cursor")
             if not cursor:
                 return
+
+
+class AsyncAudit(_AsyncResource):
+    async def list(
+        self,
+        *,
+        actor: str | None = None,
+        action: str | None = None,
+        target_kind: str | None = None,
+        target: Id | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        cursor: str | None = None,
+        limit: int | None = None,
+    ) -> Page[Json]:
+        return await self._page(
+            Calls.audit_list(actor, action, target_kind, target, since, until, cursor, limit)
+        )
+
+    async def iter(
+        self,
+        *,
+        actor: str | None = None,
+        action: str | None = None,
+        target_kind: str | None = None,
+        target: Id | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        page_size: int | None = None,
+    ) -> AsyncIterator[Json]:
+        cursor: str | None = None
+        while True:
+            page = await self._page(
+                Calls.audit_list(
+                    actor, action, target_kind, target, since, until, cursor, page_size
+                )
+            )
+            for item in page.items:
+                yield item
+            if not page.next_cursor:
+                return
+            cursor = page.next_cursor
 
 
 class AsyncAlerts(_AsyncResource):

@@ -239,6 +239,29 @@ class Calls:
         return Call("GET", f"/v1/runs/{_seg(run_id)}/logs", params=params)
 
     @staticmethod
+    def audit_list(
+        actor: str | None,
+        action: str | None,
+        target_kind: str | None,
+        target: Id | None,
+        since: datetime | None,
+        until: datetime | None,
+        cursor: str | None,
+        limit: int | None,
+    ) -> Call:
+        params = query_params(
+            actor=actor,
+            action=action,
+            target_kind=target_kind,
+            target=target,
+            since=since,
+            until=until,
+            cursor=cursor,
+            limit=limit,
+        )
+        return Call("GET", "/v1/audit", params=params)
+
+    @staticmethod
     def alerts_list() -> Call:
         return Call("GET", "/v1/alerts")
 

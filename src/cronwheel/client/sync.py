@@ -22,7 +22,7 @@ from cronwheel.client.errors import ApiError
 from cronwheel.domain.model import Page
 from cronwheel.domain.spec import TenantLimits
 
-__all__ = ["Alerts", "Client", "Jobs", "Pools", "Runs", "Tenants", "Workers"]
+__all__ = ["Alerts", "Audit", "Client", "Jobs", "Pools", "Runs", "Tenants", "Workers"]
 
 _Items = list[Json]  # inside the resources, ``list`` is their method
 
@@ -54,6 +54,7 @@ class Client(BaseClient):
         self.alerts = Alerts(self)
         self.workers = Workers(self)
         self.pools = Pools(self)
+        self.audit = Audit(self)
 
     def with_tenant(self, tenant: Id | None) -> Client:
         """A view of this client acting for ``tenant``, sharing its connections."""
@@ -65,6 +66,7 @@ class Client(BaseClient):
         other.alerts = Alerts(other)
         other.workers = Workers(other)
         other.pools = Pools(other)
+        other.audit = Audit(other)
         return other
 
     def send(self, call: Call) -> Any:
@@ -350,6 +352,50 @@ class Runs(_Resource):
             cursor = page.get("next_cursor")
             if not cursor:
                 return
+
+
+class Audit(_Resource):
+    def list(
+        self,
+        *,
+        actor: str | None = None,
+        action: str | None = None,
+        target_kind: str | None = None,
+        target: Id | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        cursor: str | None = None,
+        limit: int | None = None,
+    ) -> Page[Json]:
+        """The audit trail, newest first: who (``actor``, ``role``, ``key_id``,
+        ``request_id``) did what (``action`` to ``target_kind``/``target_id``, the
+        ``before`` and ``after`` of what changed), when and why."""
+        return self._page(
+            Calls.audit_list(actor, action, target_kind, target, since, until, cursor, limit)
+        )
+
+    def iter(
+        self,
+        *,
+        actor: str | None = None,
+        action: str | None = None,
+        target_kind: str | None = None,
+        target: Id | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        page_size: int | None = None,
+    ) -> Iterator[Json]:
+        cursor: str | None = None
+        while True:
+            page = self._page(
+                Calls.audit_list(
+                    actor, action, target_kind, target, since, until, cursor, page_size
+                )
+            )
+            yield from page.items
+            if not page.next_cursor:
+                return
+            cursor = page.next_cursor
 
 
 class Alerts(_Resource):

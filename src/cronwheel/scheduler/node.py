@@ -7,7 +7,7 @@ runs in batches, and ends attempts whose lease or deadline passed.
                                                               ▼
           ┌──────────────────────────── run_once() ◀─── wake: timer | notification | stop
           │  renew leases (every ttl/3) — lost shards leave the window
-          │  expire attempts (every expire_interval)
+          │  expire attempts (every expire_interval); audit retention (hourly)
           │  check routing (every route_check_interval): dispatched runs that no
           │  live worker can take get the reason recorded
           │  refill the window when its horizon comes near; poll for stragglers
@@ -54,6 +54,8 @@ __all__ = ["QUARANTINE_PER_PASS", "Clock", "SchedulerNode", "default_node_id"]  
 
 log = logging.getLogger("cronwheel.scheduler")
 
+# How often the node that owns shard 0 removes audit records past their retention.
+_AUDIT_EXPIRE_EVERY = timedelta(hours=1)
 # A release pass that found every ready queue full waits this many release intervals.
 _FULL_PAUSE = 5
 # A pass that dispatches a burst ahead takes with it the bursts due up to this share of
@@ -96,6 +98,7 @@ class SchedulerNode:
         self._next_lease = datetime.min.replace(tzinfo=UTC)
         self._next_expire = datetime.min.replace(tzinfo=UTC)
         self._next_route_check = datetime.min.replace(tzinfo=UTC)
+        self._next_audit_expire = datetime.min.replace(tzinfo=UTC)
         self._next_poll = datetime.min.replace(tzinfo=UTC)
         self._next_clock = datetime.min.replace(tzinfo=UTC)
         self._next_release: datetime | None = None
@@ -153,6 +156,10 @@ class SchedulerNode:
         if now >= self._next_route_check:
             self._next_route_check = now + timedelta(seconds=self.settings.route_check_interval)
             await self._check_routing()
+        if now >= self._next_audit_expire:
+            self._next_audit_expire = now + _AUDIT_EXPIRE_EVERY
+            if 0 in self.shards:  # one node's chore, as expiry is
+                await self._expire_audit()
         now = self.clock.now()
         horizon = self.window.horizon
         if horizon is None or now + self._lead + self._window / 2 >= horizon:
@@ -273,6 +280,21 @@ class SchedulerNode:
             await self._quarantine("expire", [item[1]], exc)
 
         return sum(await isolate(candidates, expire, quarantine, budget=self._pass_budget))
+
+    async def _expire_audit(self) -> None:
+        """Audit retention: a failure is logged and tried again in an hour; it never
+        holds up firing."""
+        try:
+            removed = await self.store.audit_expire(
+                retention_days=self.settings.audit_retention_days, now=self.clock.store_now()
+            )
+        except Exception:
+            log.warning(
+                "audit retention failed", exc_info=True, extra={"event": "audit_expire_failed"}
+            )
+            return
+        if removed:
+            log.info("audit records expired", extra={"event": "audit_expired", "count": removed})
 
     async def _check_routing(self) -> None:
         """Record why dispatched runs of our shards wait when no live worker can take

@@ -18,6 +18,10 @@ Conventions:
   takes its state precondition from the move (``statements.may``, ``Move.sql``) and
   appends an event in the same transaction; a rejected transition writes nothing.
 - Batch methods take and return lists: one statement per batch, never one per run.
+- Every method that changes something on request takes ``actor``
+  (``domain.audit.Actor``) and appends one audit record in the change's own
+  transaction (``audit_list`` reads them); without an actor the change is recorded in
+  the history (events) only.
 - Every method that adds runs on request — ``jobs_create_many``, ``jobs_trigger``,
   ``jobs_backfill``, ``runs_redrive``, ``runs_redrive_many`` — raises
   :class:`TenantLimitError` and writes nothing when the tenant would end with more
@@ -33,6 +37,7 @@ from collections.abc import Callable, Sequence
 from datetime import date, datetime
 from typing import Any
 
+from cronwheel.domain.audit import Actor, AuditRecord
 from cronwheel.domain.model import (
     ApiKey,
     Attempt,
@@ -126,7 +131,7 @@ class Store(SchedulerSide, WorkerSide):
         *,
         name: str,
         limits: dict[str, Any],
-        actor: str | None = None,
+        actor: Actor | None = None,
         now: datetime | None = None,
     ) -> Tenant:
         """Create a tenant. A duplicate name raises :class:`ConflictError`."""
@@ -156,7 +161,7 @@ class Store(SchedulerSide, WorkerSide):
         tenant_id: uuid.UUID,
         *,
         limits: dict[str, Any],
-        actor: str | None = None,
+        actor: Actor | None = None,
         now: datetime | None = None,
     ) -> Tenant: ...
 
@@ -166,7 +171,7 @@ class Store(SchedulerSide, WorkerSide):
 
     @abstractmethod
     async def tenants_webhook_secret_rotate(
-        self, tenant_id: uuid.UUID, *, actor: str | None = None, now: datetime | None = None
+        self, tenant_id: uuid.UUID, *, actor: Actor | None = None, now: datetime | None = None
     ) -> str:
         """Replace the tenant's webhook secret with a new random one and return it; the
         event ``tenant.webhook_secret_rotated`` records who (never the secret)."""
@@ -177,8 +182,7 @@ class Store(SchedulerSide, WorkerSide):
         tenant_id: uuid.UUID,
         *,
         force: bool = False,
-        actor: str | None = None,
-        role: str | None = None,
+        actor: Actor | None = None,
         reason: str | None = None,
         now: datetime | None = None,
     ) -> TenantDeleted:
@@ -198,6 +202,7 @@ class Store(SchedulerSide, WorkerSide):
         role: str,
         key_hash: str,
         prefix: str,
+        actor: Actor | None = None,
         now: datetime | None = None,
     ) -> ApiKey:
         """Store a key by its hash (the key itself is never stored)."""
@@ -244,7 +249,7 @@ class Store(SchedulerSide, WorkerSide):
         tenant_id: uuid.UUID,
         key_id: uuid.UUID,
         *,
-        actor: str | None = None,
+        actor: Actor | None = None,
         reason: str | None = None,
         now: datetime | None = None,
     ) -> ApiKey:
@@ -305,7 +310,7 @@ class Store(SchedulerSide, WorkerSide):
         tenant_id: uuid.UUID,
         job_id: uuid.UUID,
         *,
-        actor: str | None = None,
+        actor: Actor | None = None,
         reason: str | None = None,
         now: datetime | None = None,
     ) -> Job:
@@ -320,8 +325,7 @@ class Store(SchedulerSide, WorkerSide):
         job_id: uuid.UUID,
         *,
         force: bool = False,
-        actor: str | None = None,
-        role: str | None = None,
+        actor: Actor | None = None,
         reason: str | None = None,
         now: datetime | None = None,
     ) -> JobDeleted:
@@ -340,7 +344,7 @@ class Store(SchedulerSide, WorkerSide):
         tenant_id: uuid.UUID,
         job_id: uuid.UUID,
         *,
-        actor: str | None = None,
+        actor: Actor | None = None,
         reason: str | None = None,
         now: datetime | None = None,
     ) -> Job:
@@ -357,7 +361,7 @@ class Store(SchedulerSide, WorkerSide):
         tenant_id: uuid.UUID,
         job_id: uuid.UUID,
         *,
-        actor: str | None = None,
+        actor: Actor | None = None,
         reason: str | None = None,
         now: datetime | None = None,
     ) -> Job:
@@ -373,7 +377,7 @@ class Store(SchedulerSide, WorkerSide):
         tenant_id: uuid.UUID,
         job_id: uuid.UUID,
         *,
-        actor: str | None = None,
+        actor: Actor | None = None,
         payload: dict[str, Any] | None = None,
         now: datetime | None = None,
     ) -> Run:
@@ -392,7 +396,7 @@ class Store(SchedulerSide, WorkerSide):
         *,
         start: datetime,
         end: datetime,
-        actor: str | None = None,
+        actor: Actor | None = None,
         rate: float = 10.0,
         limit: int = 10_000,
         now: datetime | None = None,
@@ -430,7 +434,7 @@ class Store(SchedulerSide, WorkerSide):
         tenant_id: uuid.UUID,
         run_id: uuid.UUID,
         *,
-        actor: str | None = None,
+        actor: Actor | None = None,
         reason: str | None = None,
         now: datetime | None = None,
     ) -> Run:
@@ -444,7 +448,7 @@ class Store(SchedulerSide, WorkerSide):
         run_id: uuid.UUID,
         *,
         move: Move = REDRIVE,
-        actor: str | None = None,
+        actor: Actor | None = None,
         reason: str | None = None,
         now: datetime | None = None,
     ) -> Run:
@@ -462,7 +466,7 @@ class Store(SchedulerSide, WorkerSide):
         run_ids: Sequence[uuid.UUID] | None = None,
         job_id: uuid.UUID | None = None,
         limit: int = REDRIVE_BATCH_MAX,
-        actor: str | None = None,
+        actor: Actor | None = None,
         reason: str | None = None,
         now: datetime | None = None,
     ) -> RedriveBatch:
@@ -492,7 +496,7 @@ class Store(SchedulerSide, WorkerSide):
         name: str,
         *,
         p0_reserved_share: float | None,
-        actor: str | None = None,
+        actor: Actor | None = None,
         now: datetime | None = None,
     ) -> Pool:
         """Set the pool's share of worker slots kept for P0 runs (0..1; None: the
@@ -539,6 +543,30 @@ class Store(SchedulerSide, WorkerSide):
         Index bounded (see ``store/sql/pools.py``)."""
 
     # -- events --------------------------------------------------------------------
+
+    @abstractmethod
+    async def audit_list(
+        self,
+        tenant_id: uuid.UUID | None,
+        *,
+        actor: str | None = None,
+        action: str | None = None,
+        target_kind: str | None = None,
+        target_id: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        cursor: str | None = None,
+        limit: int = 100,
+    ) -> Page[AuditRecord]:
+        """The audit trail, newest first: a tenant's records (``None``: every record,
+        the changes to no one tenant among them), each filter an exact match, ``since``
+        inclusive and ``until`` exclusive. ``ValidationError`` for a malformed cursor or
+        an empty time range."""
+
+    @abstractmethod
+    async def audit_expire(self, *, retention_days: int, now: datetime | None = None) -> int:
+        """Retention, the only way audit records leave: delete those made more than
+        ``retention_days`` before ``now``, in bounded batches; how many went."""
 
     @abstractmethod
     async def events_list(

@@ -40,7 +40,7 @@ from cronwheel.domain.model import (
     Worker,
 )
 from cronwheel.store.rows import EVENT_COLUMNS, NEW_JOB_COLUMNS, NEW_RUN_COLUMNS
-from cronwheel.store.schema import log_chunks, shard_leases
+from cronwheel.store.schema import audit, log_chunks, shard_leases
 from cronwheel.store.values import CompleteItem, Grant, HeartbeatItem, LeaseRenewal, ReadyQueue
 
 __all__ = [
@@ -329,6 +329,15 @@ class Driver(ABC):
         if dropped:
             await conn.execute(log_chunks.delete().where(log_chunks.c.day < before))
         return dropped
+
+    # -- the audit trail ---------------------------------------------------------------
+
+    async def audit_delete(self, conn: AsyncConnection, *, before: datetime, limit: int) -> int:
+        """Delete up to ``limit`` of the oldest audit records made before ``before``:
+        retention, the only way a record leaves; how many went."""
+        oldest = sa.select(audit.c.id).where(audit.c.at < before).order_by(audit.c.at).limit(limit)
+        result = await conn.execute(audit.delete().where(audit.c.id.in_(oldest.scalar_subquery())))
+        return int(result.rowcount)
 
     # -- events ----------------------------------------------------------------------
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from sqlalchemy.engine import Row
 
+from cronwheel.domain.audit import AuditRecord
 from cronwheel.domain.errors import IllegalTransitionError, ValidationError
 from cronwheel.domain.model import Attempt, Event, Job, Run, Tenant, Worker
 from cronwheel.domain.states import AttemptState, JobState, RunState, illegal_transitions
@@ -21,6 +22,7 @@ __all__ = [
     "NEW_JOB_COLUMNS",
     "NEW_RUN_COLUMNS",
     "attempt_from",
+    "audit_from",
     "event_from",
     "event_record",
     "event_row",
@@ -375,6 +377,24 @@ def attempt_from(row: Row[Any]) -> Attempt:
         progress_deadline=row.progress_deadline,
         progress_at=row.progress_at,
         progress_details=row.progress_details,
+    )
+
+
+def audit_from(row: Row[Any]) -> AuditRecord:
+    return AuditRecord(
+        id=row.id,
+        at=row.at,
+        tenant_id=row.tenant_id,
+        actor=row.actor,
+        role=row.role,
+        key_id=row.key_id,
+        request_id=row.request_id,
+        action=row.action,
+        target_kind=row.target_kind,
+        target_id=row.target_id,
+        reason=row.reason,
+        before=row.before,
+        after=row.after,
     )
 
 

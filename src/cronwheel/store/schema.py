@@ -18,6 +18,7 @@ from cronwheel.domain.sharding import NUM_SHARDS
 from cronwheel.domain.states import TERMINAL_STATES, AttemptState, RunState
 
 __all__ = [
+    "AUDIT_RETENTION_SETTING",
     "FENCING_SEQUENCE",
     "NO_RESERVATION",
     "NUM_SHARDS",
@@ -32,6 +33,7 @@ __all__ = [
     "api_keys",
     "attempt_tombstones",
     "attempts",
+    "audit",
     "counters",
     "events",
     "fair_clocks",
@@ -406,6 +408,38 @@ events = sa.Table(
     sa.Column("data", Json),
     sa.Index("ix_events_run", "tenant_id", "run_id", "id"),
     sa.Index("ix_events_tenant", "tenant_id", "id"),
+)
+
+# The audit trail (``domain/audit.py``): one record per change, written with it. No key
+# to the tenant: records outlive what they name, and leave only by retention. On
+# PostgreSQL a trigger (migration 0017) refuses every UPDATE, TRUNCATE and DELETE of it
+# but a retention's, whose transaction sets ``AUDIT_RETENTION_SETTING`` to ``on``.
+AUDIT_RETENTION_SETTING = "cronwheel.audit_retention"
+audit = sa.Table(
+    "audit",
+    metadata,
+    sa.Column(
+        "id",
+        sa.BigInteger().with_variant(sa.Integer, "sqlite"),
+        primary_key=True,
+        autoincrement=True,
+    ),
+    sa.Column("at", UtcDateTime, nullable=False),
+    sa.Column("tenant_id", Uuid),
+    sa.Column("actor", sa.String(200), nullable=False),
+    sa.Column("role", sa.String(20)),
+    sa.Column("key_id", Uuid),
+    sa.Column("request_id", sa.String(200)),
+    sa.Column("action", sa.String(60), nullable=False),
+    sa.Column("target_kind", sa.String(20), nullable=False),
+    sa.Column("target_id", sa.String(200)),
+    sa.Column("reason", sa.Text),
+    sa.Column("before", Json),
+    sa.Column("after", Json),
+    # A tenant's trail, newest first; one target's; and what retention removes.
+    sa.Index("ix_audit_tenant", "tenant_id", "id"),
+    sa.Index("ix_audit_target", "target_id", "id"),
+    sa.Index("ix_audit_at", "at"),
 )
 
 workers = sa.Table(

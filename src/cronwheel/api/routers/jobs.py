@@ -14,7 +14,13 @@ from fastapi import APIRouter, Body, Depends, Header, Query, Request, Response, 
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from cronwheel.api.auth import TenantScope, tenant_reader, tenant_writer, tenant_writer_of
+from cronwheel.api.auth import (
+    TenantScope,
+    actor_of,
+    tenant_reader,
+    tenant_writer,
+    tenant_writer_of,
+)
 from cronwheel.api.inputs import FORCE_QUERY, REASON_QUERY, parse_id
 from cronwheel.api.jsonbody import MISSING, StrictJsonRoute, solved_by, validated
 from cronwheel.api.redaction import redact_webhook, refuse_redacted
@@ -327,7 +333,7 @@ async def cancel_job(
     job = await api_state(request).store.jobs_cancel(
         scope.tenant_id,
         parse_id(job_id, "job"),
-        actor=scope.principal.actor,
+        actor=actor_of(request, scope.principal),
         reason=body.reason if body else None,
     )
     return job_out(job)
@@ -363,8 +369,7 @@ async def delete_job(
         scope.tenant_id,
         parse_id(job_id, "job"),
         force=force,
-        actor=scope.principal.actor,
-        role=scope.principal.role,
+        actor=actor_of(request, scope.principal),
         reason=reason,
     )
     await delete_logs(request, scope.tenant_id, deleted.attempted)
@@ -394,7 +399,7 @@ async def pause_job(
     job = await api_state(request).store.jobs_pause(
         scope.tenant_id,
         parse_id(job_id, "job"),
-        actor=scope.principal.actor,
+        actor=actor_of(request, scope.principal),
         reason=body.reason if body else None,
     )
     return job_out(job)
@@ -417,7 +422,7 @@ async def resume_job(
     job = await api_state(request).store.jobs_resume(
         scope.tenant_id,
         parse_id(job_id, "job"),
-        actor=scope.principal.actor,
+        actor=actor_of(request, scope.principal),
         reason=body.reason if body else None,
     )
     return job_out(job)
@@ -446,7 +451,7 @@ async def trigger_job(
         merged = {**job.template.payload, **payload}
         check_json_size(merged, limit=state.settings.max_payload_bytes, field="payload")
     run = await state.store.jobs_trigger(
-        scope.tenant_id, ident, actor=scope.principal.actor, payload=payload
+        scope.tenant_id, ident, actor=actor_of(request, scope.principal), payload=payload
     )
     return run_out(run)
 
@@ -473,7 +478,7 @@ async def backfill_job(
         start=body.start,
         end=body.end,
         rate=body.rate,
-        actor=scope.principal.actor,
+        actor=actor_of(request, scope.principal),
     )
     return BackfillOut(created=len(runs), runs=[r.id for r in runs])
 

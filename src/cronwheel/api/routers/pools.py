@@ -9,7 +9,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Request
 
-from cronwheel.api.auth import Principal, require_admin, tenant_or_every_reader
+from cronwheel.api.auth import Principal, actor_of, require_admin, tenant_or_every_reader
 from cronwheel.api.jsonbody import StrictJsonRoute
 from cronwheel.api.pool_schemas import PoolList, PoolOut, PoolUpdate, pool_out
 from cronwheel.api.schemas import ERROR_RESPONSES
@@ -74,6 +74,6 @@ async def set_pool(
     (who, the share and the one before). Answers the pool as the admin sees it."""
     state = api_state(request)
     await state.store.pools_set(
-        name, p0_reserved_share=body.p0_reserved_share, actor=principal.actor
+        name, p0_reserved_share=body.p0_reserved_share, actor=actor_of(request, principal)
     )
     return await _one(state, None, name)

@@ -10,7 +10,7 @@ from typing import Any
 
 from fastapi import APIRouter, Body, Depends, Query, Request
 
-from cronwheel.api.auth import TenantScope, tenant_reader, tenant_writer
+from cronwheel.api.auth import TenantScope, actor_of, tenant_reader, tenant_writer
 from cronwheel.api.inputs import parse_id
 from cronwheel.api.jsonbody import StrictJsonRoute
 from cronwheel.api.redaction import redact_webhook
@@ -229,7 +229,7 @@ async def cancel_run(
     run = await api_state(request).store.runs_cancel(
         scope.tenant_id,
         parse_id(run_id, "run"),
-        actor=scope.principal.actor,
+        actor=actor_of(request, scope.principal),
         reason=body.reason if body else None,
     )
     return run_out(run)
@@ -257,7 +257,7 @@ async def redrive_run(
         scope.tenant_id,
         parse_id(run_id, "run"),
         move=REDRIVE,
-        actor=scope.principal.actor,
+        actor=actor_of(request, scope.principal),
         reason=(body.reason if body else None) or "redriven",
     )
     return run_out(run)
@@ -279,7 +279,7 @@ async def retry_run(
         scope.tenant_id,
         parse_id(run_id, "run"),
         move=RETRY,
-        actor=scope.principal.actor,
+        actor=actor_of(request, scope.principal),
         reason=(body.reason if body else None) or "retried",
     )
     return run_out(run)
@@ -340,7 +340,7 @@ async def redrive_dead_letters(
         run_ids=body.run_ids,
         job_id=body.job_id,
         limit=body.limit,
-        actor=scope.principal.actor,
+        actor=actor_of(request, scope.principal),
         reason=body.reason or "redriven",
     )
     return DeadLetterRedriveOut(

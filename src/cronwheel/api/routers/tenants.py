@@ -8,7 +8,7 @@ import uuid
 
 from fastapi import APIRouter, Depends, Query, Request, status
 
-from cronwheel.api.auth import Principal, authenticate, generate_key, require_admin
+from cronwheel.api.auth import Principal, actor_of, authenticate, generate_key, require_admin
 from cronwheel.api.inputs import FORCE_QUERY, REASON_QUERY, parse_id
 from cronwheel.api.jsonbody import StrictJsonRoute
 from cronwheel.api.routers.logs import delete_logs
@@ -57,10 +57,11 @@ async def create_tenant(
     """Creates the tenant and an operator key for it; the key is shown only here."""
     store = api_state(request).store
     limits = (body.limits or TenantLimits()).model_dump(mode="json")
-    tenant = await store.tenants_create(name=body.name, limits=limits, actor=principal.actor)
+    actor = actor_of(request, principal)
+    tenant = await store.tenants_create(name=body.name, limits=limits, actor=actor)
     key, key_hash, prefix = generate_key()
     record = await store.api_keys_create(
-        tenant.id, role="operator", key_hash=key_hash, prefix=prefix
+        tenant.id, role="operator", key_hash=key_hash, prefix=prefix, actor=actor
     )
     return TenantCreated(
         id=tenant.id,
@@ -108,7 +109,7 @@ async def update_tenant(
     known = {k: v for k, v in current.limits.items() if k in TenantLimits.model_fields}
     merged = TenantLimits.model_validate({**known, **body.limits.model_dump(exclude_unset=True)})
     tenant = await store.tenants_update(
-        tid, limits=merged.model_dump(mode="json"), actor=principal.actor
+        tid, limits=merged.model_dump(mode="json"), actor=actor_of(request, principal)
     )
     # This node at once; the others within key_rates.LIMITS_TTL.
     api_state(request).key_rates.forget_tenant(tid)
@@ -142,7 +143,7 @@ async def delete_tenant(
     state = api_state(request)
     tid = parse_id(tenant_id, "tenant")
     deleted = await state.store.tenants_delete(
-        tid, force=force, actor=principal.actor, role=principal.role, reason=reason
+        tid, force=force, actor=actor_of(request, principal), reason=reason
     )
     state.key_cache.forget_tenant(tid)
     state.key_rates.forget_tenant(tid)
@@ -171,7 +172,11 @@ async def create_key(
     tenant = await store.tenants_get(parse_id(tenant_id, "tenant"))
     key, key_hash, prefix = generate_key()
     record = await store.api_keys_create(
-        tenant.id, role=body.role, key_hash=key_hash, prefix=prefix
+        tenant.id,
+        role=body.role,
+        key_hash=key_hash,
+        prefix=prefix,
+        actor=actor_of(request, principal),
     )
     return KeyCreated(
         id=record.id,
@@ -231,7 +236,9 @@ async def revoke_key(
     tid = parse_id(tenant_id, "tenant")
     kid = parse_id(key_id, "API key")
     await state.store.tenants_get(tid)  # unknown: 404
-    key = await state.store.api_keys_revoke(tid, kid, actor=principal.actor, reason=reason)
+    key = await state.store.api_keys_revoke(
+        tid, kid, actor=actor_of(request, principal), reason=reason
+    )
     # This node at once; the others when the revocation's notice reaches them.
     state.key_cache.forget(key.id)
     return key_out(key, tid)
@@ -277,6 +284,6 @@ async def rotate_webhook_secret(
     trail. The admin key, or the tenant's own operator key."""
     tid = await _secret_keeper(request, principal, tenant_id)
     secret = await api_state(request).store.tenants_webhook_secret_rotate(
-        tid, actor=principal.actor
+        tid, actor=actor_of(request, principal)
     )
     return WebhookSecretOut(tenant_id=tid, webhook_secret=secret)

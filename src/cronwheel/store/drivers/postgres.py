@@ -41,7 +41,7 @@ from cronwheel.store.drivers.postgres_jobs import (
     notify_chunks,
 )
 from cronwheel.store.notices import CHANNEL_KEYS_REVOKED, CHANNEL_RUNS_NEW, CHANNEL_RUNS_READY
-from cronwheel.store.schema import runs
+from cronwheel.store.schema import AUDIT_RETENTION_SETTING, runs
 from cronwheel.store.values import CompleteItem, Grant, HeartbeatItem, LeaseRenewal, ReadyQueue
 
 __all__ = ["PostgresDriver"]
@@ -308,6 +308,14 @@ class PostgresDriver(Driver):
                     f" TO ('{(day + timedelta(days=1)).isoformat()}')"
                 )
             )
+
+    async def audit_delete(self, conn: AsyncConnection, *, before: datetime, limit: int) -> int:
+        # The table's trigger lets a DELETE through only in a transaction that says it
+        # is retention's (migration 0017).
+        await conn.execute(
+            sa.text("SELECT set_config(:name, 'on', true)"), {"name": AUDIT_RETENTION_SETTING}
+        )
+        return await super().audit_delete(conn, before=before, limit=limit)
 
     async def log_days_drop(self, conn: AsyncConnection, *, before: date) -> list[date]:
         # Retention drops whole partitions: no row-by-row delete, no vacuum behind it.

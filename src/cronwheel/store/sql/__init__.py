@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from cronwheel.store.sql.admission import AdmissionMixin
 from cronwheel.store.sql.attempts import AttemptsMixin
+from cronwheel.store.sql.audit import AuditMixin
 from cronwheel.store.sql.deletion import DeletionMixin
 from cronwheel.store.sql.events import EventsMixin
 from cronwheel.store.sql.expiry import ExpiryMixin
@@ -33,6 +34,7 @@ class SqlStore(
     ExpiryMixin,
     RoutingMixin,
     EventsMixin,
+    AuditMixin,
     LogsMixin,
     DeletionMixin,
     AdmissionMixin,

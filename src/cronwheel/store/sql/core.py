@@ -14,15 +14,17 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
+from pydantic_core import to_jsonable_python
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from cronwheel.domain.audit import Actor
 from cronwheel.domain.errors import NotFoundError, StoreUnavailableError
 from cronwheel.domain.states import ACTIVE_STATES, CANCEL, RunState
 from cronwheel.store.base import Store, Subscription
 from cronwheel.store.driver import Driver
 from cronwheel.store.rows import event_row
-from cronwheel.store.schema import UtcDateTime, jobs, runs, tenants
+from cronwheel.store.schema import UtcDateTime, audit, jobs, runs, tenants
 from cronwheel.store.values import Migrated
 
 __all__ = ["MIGRATIONS_DIR", "LocalSubscription", "SqlCore", "jobs_select"]
@@ -253,6 +255,42 @@ class SqlCore(Store):
 
     async def _insert_events(self, conn: AsyncConnection, rows: Sequence[dict[str, Any]]) -> None:
         await self.driver.events_insert(conn, rows)
+
+    async def _audit(
+        self,
+        conn: AsyncConnection,
+        actor: Actor | None,
+        *,
+        at: datetime,
+        tenant_id: uuid.UUID | None,
+        action: str,
+        target_kind: str,
+        target_id: uuid.UUID | str | None,
+        reason: str | None = None,
+        before: dict[str, Any] | None = None,
+        after: dict[str, Any] | None = None,
+    ) -> None:
+        """Append the audit record of a change, in the change's own transaction
+        (``domain/audit.py``). A change nobody asked for (``actor`` None: the system's
+        own, or a test's) is recorded in the history only."""
+        if actor is None:
+            return
+        await conn.execute(
+            audit.insert().values(
+                at=at,
+                tenant_id=tenant_id,
+                actor=actor.name,
+                role=actor.role,
+                key_id=actor.key_id,
+                request_id=actor.request_id,
+                action=action,
+                target_kind=target_kind,
+                target_id=None if target_id is None else str(target_id),
+                reason=reason,
+                before=None if before is None else to_jsonable_python(before),
+                after=None if after is None else to_jsonable_python(after),
+            )
+        )
 
     async def _lock_live_runs(
         self, conn: AsyncConnection, tenant_id: uuid.UUID, where: sa.ColumnElement[bool]

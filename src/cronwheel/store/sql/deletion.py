@@ -4,9 +4,10 @@ What goes and what stays::
 
     jobs_delete      the job, its runs, their attempts and their run events
     tenants_delete   the tenant, its API keys, workers, jobs, runs, attempts, run events
-    stays            the audit trail: every event not tied to a run (``job.created``,
-                     ``job.cancelled``, ``tenant.created`` …) and the deletion's own
-                     ``job.deleted`` / ``tenant.deleted`` event (who, when, why, what)
+    stays            every event not tied to a run (``job.created``, ``job.cancelled``,
+                     ``tenant.created`` …) and the deletion's own ``job.deleted`` /
+                     ``tenant.deleted`` event (who, when, why, what); and the audit
+                     trail, which only retention shortens (``domain/audit.py``)
 
 The rule an operator expects: what is still going is not deleted by accident. A job
 with a run in progress (DISPATCHED or RUNNING) is refused (:class:`InUseError`, naming
@@ -33,6 +34,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from cronwheel.domain.audit import Actor, name_of
 from cronwheel.domain.bounds import TIMEOUT_MAX
 from cronwheel.domain.errors import InUseError
 from cronwheel.domain.states import AttemptState, JobState, RunState
@@ -90,8 +92,7 @@ class DeletionMixin(SqlCore):
         job_id: uuid.UUID,
         *,
         force: bool = False,
-        actor: str | None = None,
-        role: str | None = None,
+        actor: Actor | None = None,
         reason: str | None = None,
         now: datetime | None = None,
     ) -> JobDeleted:
@@ -123,18 +124,30 @@ class DeletionMixin(SqlCore):
                         kind="job.deleted",
                         tenant_id=tenant_id,
                         job_id=job_id,
-                        actor=actor,
+                        actor=name_of(actor),
                         reason=reason,
                         data={
                             "name": job.name,
                             "state": job.state,
-                            "role": role,
+                            "role": actor and actor.role,
                             "force": force,
                             "runs": count,
                             "stopped": [{"id": str(i), "state": s} for i, s in stopped[:100]],
                         },
                     )
                 ],
+            )
+            await self._audit(
+                conn,
+                actor,
+                at=at,
+                tenant_id=tenant_id,
+                action="job.delete",
+                target_kind="job",
+                target_id=job_id,
+                reason=reason,
+                before={"name": job.name, "state": job.state},
+                after={"force": force, "runs_deleted": count, "runs_stopped": len(stopped)},
             )
         return JobDeleted(
             id=job_id, name=job.name, at=at, runs=count, stopped=stopped, attempted=attempted
@@ -145,8 +158,7 @@ class DeletionMixin(SqlCore):
         tenant_id: uuid.UUID,
         *,
         force: bool = False,
-        actor: str | None = None,
-        role: str | None = None,
+        actor: Actor | None = None,
         reason: str | None = None,
         now: datetime | None = None,
     ) -> TenantDeleted:
@@ -219,17 +231,29 @@ class DeletionMixin(SqlCore):
                         at=at,
                         kind="tenant.deleted",
                         tenant_id=tenant_id,
-                        actor=actor,
+                        actor=name_of(actor),
                         reason=reason,
                         data={
                             "name": tenant.name,
-                            "role": role,
+                            "role": actor and actor.role,
                             "force": force,
                             "runs": run_count,
                             **counts,
                         },
                     )
                 ],
+            )
+            await self._audit(
+                conn,
+                actor,
+                at=at,
+                tenant_id=tenant_id,
+                action="tenant.delete",
+                target_kind="tenant",
+                target_id=tenant_id,
+                reason=reason,
+                before={"name": tenant.name},
+                after={"force": force, "runs_deleted": run_count, **counts},
             )
         return TenantDeleted(
             id=tenant_id,

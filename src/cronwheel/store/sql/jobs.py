@@ -26,6 +26,7 @@ import hashlib
 import itertools
 import json
 import uuid
+from collections import Counter
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple, cast
@@ -34,6 +35,7 @@ import sqlalchemy as sa
 from pydantic import BaseModel
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from cronwheel.domain.audit import Actor, name_of
 from cronwheel.domain.errors import (
     ConflictError,
     IdempotencyConflictError,
@@ -100,6 +102,9 @@ _YIELD_EVERY = 4
 
 
 _RESUMED_REASON = "resumed after pause"
+
+# The audit trail's verb for a job moved into each state.
+_VERBS = {JobState.CANCELLED: "cancel", JobState.PAUSED: "pause", JobState.ACTIVE: "resume"}
 
 # New runs that fire later than this are announced within _NOTICE_WAIT seconds, not at
 # once: their notices share a statement with those of the creates that follow.
@@ -509,21 +514,25 @@ class JobsMixin(SqlCore):
         tenant_id: uuid.UUID,
         job_id: uuid.UUID,
         *,
-        actor: str | None = None,
+        actor: Actor | None = None,
         reason: str | None = None,
         now: datetime | None = None,
     ) -> Job:
+        by = name_of(actor)
         async with self._write() as conn:
             at = await self._now(conn, now)
             await self._lock_live_runs(conn, tenant_id, runs.c.job_id == job_id)
+            current = await self._job_for_update(conn, tenant_id, job_id)
+            if current.state not in (JobState.ACTIVE, JobState.PAUSED):
+                raise IllegalTransitionError(
+                    f"job {job_id} is {current.state.value} and cannot be cancelled",
+                    source=current.state.value,
+                    target=JobState.CANCELLED.value,
+                )
             row = (
                 await conn.execute(
                     jobs.update()
-                    .where(
-                        jobs.c.tenant_id == tenant_id,
-                        jobs.c.id == job_id,
-                        jobs.c.state.in_([JobState.ACTIVE.value, JobState.PAUSED.value]),
-                    )
+                    .where(jobs.c.tenant_id == tenant_id, jobs.c.id == job_id)
                     .values(
                         state=JobState.CANCELLED.value,
                         next_due_at=None,
@@ -532,33 +541,36 @@ class JobsMixin(SqlCore):
                     )
                     .returning(*jobs.c)
                 )
-            ).first()
-            if row is None:
-                current = await self.jobs_get(tenant_id, job_id)  # raises NotFoundError
-                raise IllegalTransitionError(
-                    f"job {job_id} is {current.state.value} and cannot be cancelled",
-                    source=current.state.value,
-                    target=JobState.CANCELLED.value,
-                )
+            ).one()
             events_out = [
                 event_row(
                     at=at,
                     kind="job.cancelled",
                     tenant_id=tenant_id,
                     job_id=job_id,
-                    actor=actor,
+                    actor=by,
                     reason=reason,
                 )
             ]
-            events_out += await self._cancel_runs(
+            cancelled = await self._cancel_runs(
                 conn,
                 tenant_id,
                 sa.and_(runs.c.job_id == job_id),
                 at=at,
-                actor=actor,
+                actor=by,
                 reason=reason or "job cancelled",
             )
-            await self._insert_events(conn, events_out)
+            await self._insert_events(conn, events_out + cancelled)
+            await self._audit_job_state(
+                conn,
+                actor,
+                tenant_id,
+                job_id,
+                move=(current.state, JobState.CANCELLED),
+                at=at,
+                reason=reason,
+                run_events=cancelled,
+            )
         return job_from(row)
 
     async def jobs_pause(
@@ -566,10 +578,11 @@ class JobsMixin(SqlCore):
         tenant_id: uuid.UUID,
         job_id: uuid.UUID,
         *,
-        actor: str | None = None,
+        actor: Actor | None = None,
         reason: str | None = None,
         now: datetime | None = None,
     ) -> Job:
+        by = name_of(actor)
         async with self._write() as conn:
             at = await self._now(conn, now)
             await self._job_move(conn, tenant_id, job_id, JobState.ACTIVE, JobState.PAUSED, at)
@@ -579,7 +592,7 @@ class JobsMixin(SqlCore):
                     kind="job.paused",
                     tenant_id=tenant_id,
                     job_id=job_id,
-                    actor=actor,
+                    actor=by,
                     reason=reason,
                 )
             ]
@@ -616,12 +629,22 @@ class JobsMixin(SqlCore):
                         run_id=r.id,
                         from_state=source.value,
                         to_state=RunState.SCHEDULED.value,
-                        actor=actor,
+                        actor=by,
                         reason=_PAUSED_REASON,
                     )
                     for r in moved
                 ]
             await self._insert_events(conn, out)
+            await self._audit_job_state(
+                conn,
+                actor,
+                tenant_id,
+                job_id,
+                move=(JobState.ACTIVE, JobState.PAUSED),
+                at=at,
+                reason=reason,
+                run_events=out[1:],
+            )
             return await self._job_read(conn, tenant_id, job_id)
 
     async def jobs_resume(
@@ -629,10 +652,11 @@ class JobsMixin(SqlCore):
         tenant_id: uuid.UUID,
         job_id: uuid.UUID,
         *,
-        actor: str | None = None,
+        actor: Actor | None = None,
         reason: str | None = None,
         now: datetime | None = None,
     ) -> Job:
+        by = name_of(actor)
         async with self._write() as conn:
             at = await self._now(conn, now)
             await self._job_move(conn, tenant_id, job_id, JobState.PAUSED, JobState.ACTIVE, at)
@@ -656,7 +680,7 @@ class JobsMixin(SqlCore):
                     kind="job.resumed",
                     tenant_id=tenant_id,
                     job_id=job_id,
-                    actor=actor,
+                    actor=by,
                     reason=reason,
                 )
             ]
@@ -669,12 +693,22 @@ class JobsMixin(SqlCore):
                     run_id=r.id,
                     from_state=RunState.SCHEDULED.value,
                     to_state=RunState.SCHEDULED.value,
-                    actor=actor,
+                    actor=by,
                     reason=_RESUMED_REASON,
                 )
                 for r in released
             ]
             await self._insert_events(conn, out)
+            await self._audit_job_state(
+                conn,
+                actor,
+                tenant_id,
+                job_id,
+                move=(JobState.PAUSED, JobState.ACTIVE),
+                at=at,
+                reason=reason,
+                run_events=out[1:],
+            )
             notices = [
                 announce(r.id, r.shard, fires[r.id])
                 for r in released
@@ -706,6 +740,38 @@ class JobsMixin(SqlCore):
             fires = {r.id: spread_instant(job_id, r.due_at, spread) for r in released}
             await update_each(conn, runs, [{"id": i, "fire_at": f} for i, f in fires.items()])
         return fires
+
+    async def _audit_job_state(
+        self,
+        conn: AsyncConnection,
+        actor: Actor | None,
+        tenant_id: uuid.UUID,
+        job_id: uuid.UUID,
+        *,
+        move: tuple[JobState, JobState],
+        at: datetime,
+        reason: str | None,
+        run_events: Sequence[dict[str, Any]],
+    ) -> None:
+        """The audit record of a job moved from one state to another, with how many of
+        its runs went where (``run_events``: the history the move appended for them)."""
+        moved = Counter(
+            e["to_state"] if e["kind"] == "run.transition" else e["kind"].removeprefix("run.")
+            for e in run_events
+        )
+        source, target = move
+        await self._audit(
+            conn,
+            actor,
+            at=at,
+            tenant_id=tenant_id,
+            action=f"job.{_VERBS[target]}",
+            target_kind="job",
+            target_id=job_id,
+            reason=reason,
+            before={"state": source.value},
+            after={"state": target.value, "runs": dict(moved)},
+        )
 
     async def _job_move(
         self,

@@ -24,6 +24,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from cronwheel.domain.admission import reserved_slots
+from cronwheel.domain.audit import Actor, name_of
 from cronwheel.domain.errors import ValidationError
 from cronwheel.domain.pools import (
     Pool,
@@ -142,7 +143,7 @@ class PoolsMixin(SqlCore):
         name: str,
         *,
         p0_reserved_share: float | None,
-        actor: str | None = None,
+        actor: Actor | None = None,
         now: datetime | None = None,
     ) -> Pool:
         share = p0_reserved_share
@@ -172,7 +173,7 @@ class PoolsMixin(SqlCore):
                         at=at,
                         kind="pool.updated",
                         tenant_id=None,
-                        actor=actor,
+                        actor=name_of(actor),
                         data={
                             "pool": name,
                             "p0_reserved_share": share,
@@ -180,6 +181,17 @@ class PoolsMixin(SqlCore):
                         },
                     )
                 ],
+            )
+            await self._audit(
+                conn,
+                actor,
+                at=at,
+                tenant_id=None,
+                action="pool.update",
+                target_kind="pool",
+                target_id=name,
+                before={"p0_reserved_share": None if before is None else before.p0_reserved_share},
+                after={"p0_reserved_share": share},
             )
         return Pool(name=name, p0_reserved_share=share, updated_at=at)
 

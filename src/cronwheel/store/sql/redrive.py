@@ -24,6 +24,7 @@ from datetime import datetime
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from cronwheel.domain.audit import Actor, name_of
 from cronwheel.domain.errors import IllegalTransitionError, ValidationError
 from cronwheel.domain.model import Run
 from cronwheel.domain.states import REDRIVE, JobState, Move, RunState
@@ -47,7 +48,7 @@ class RedriveMixin(SqlCore):
         run_id: uuid.UUID,
         *,
         move: Move = REDRIVE,
-        actor: str | None = None,
+        actor: Actor | None = None,
         reason: str | None = None,
         now: datetime | None = None,
     ) -> Run:
@@ -76,8 +77,20 @@ class RedriveMixin(SqlCore):
                 tenant_id,
                 {current.id: current.state},
                 at=at,
-                actor=actor,
+                actor=name_of(actor),
                 reason=reason or _DEFAULT_REASON,
+            )
+            await self._audit(
+                conn,
+                actor,
+                at=at,
+                tenant_id=tenant_id,
+                action=f"run.{move.name}",
+                target_kind="run",
+                target_id=run_id,
+                reason=reason,
+                before={"state": current.state},
+                after={"state": run.state.value},
             )
         return run
 
@@ -88,7 +101,7 @@ class RedriveMixin(SqlCore):
         run_ids: Sequence[uuid.UUID] | None = None,
         job_id: uuid.UUID | None = None,
         limit: int = REDRIVE_BATCH_MAX,
-        actor: str | None = None,
+        actor: Actor | None = None,
         reason: str | None = None,
         now: datetime | None = None,
     ) -> RedriveBatch:
@@ -127,9 +140,23 @@ class RedriveMixin(SqlCore):
                 tenant_id,
                 {r.id: r.state for r in locked},
                 at=at,
-                actor=actor,
+                actor=name_of(actor),
                 reason=reason or _DEFAULT_REASON,
             )
+            if sent:
+                await self._audit(
+                    conn,
+                    actor,
+                    at=at,
+                    tenant_id=tenant_id,
+                    action="run.redrive",
+                    # A job's dead letters, or the runs named.
+                    target_kind="run" if job_id is None else "job",
+                    target_id=job_id,
+                    reason=reason,
+                    before={"state": RunState.DEAD_LETTER.value},
+                    after={"state": RunState.SCHEDULED.value, "runs": [r.id for r in sent]},
+                )
             # Those sent back are SCHEDULED now: any match left is a dead letter the
             # limit cut off.
             more = len(locked) == limit and (

@@ -9,6 +9,7 @@ from datetime import datetime
 
 import sqlalchemy as sa
 
+from cronwheel.domain.audit import Actor, name_of
 from cronwheel.domain.errors import IllegalTransitionError
 from cronwheel.domain.model import DueRun, Page, Run
 from cronwheel.domain.states import ACTIVE_STATES, RunState
@@ -71,7 +72,7 @@ class RunsMixin(SqlCore):
         tenant_id: uuid.UUID,
         run_id: uuid.UUID,
         *,
-        actor: str | None = None,
+        actor: Actor | None = None,
         reason: str | None = None,
         now: datetime | None = None,
     ) -> Run:
@@ -98,11 +99,24 @@ class RunsMixin(SqlCore):
                 tenant_id,
                 runs.c.id == run_id,
                 at=at,
-                actor=actor,
+                actor=name_of(actor),
                 reason=reason or "cancelled by request",
             )
             await self._insert_events(conn, rows)
             row = (await conn.execute(sa.select(*runs.c).where(runs.c.id == run_id))).one()
+            # A running run is asked to stop: it stays RUNNING until its handler ends.
+            await self._audit(
+                conn,
+                actor,
+                at=at,
+                tenant_id=tenant_id,
+                action="run.cancel",
+                target_kind="run",
+                target_id=run_id,
+                reason=reason,
+                before={"state": current.state},
+                after={"state": row.state, "cancel_requested": row.cancel_requested},
+            )
         return run_from(row)
 
     async def runs_count_by_state(self) -> dict[str, int]:

@@ -10,6 +10,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 
+from cronwheel.domain.audit import Actor, changed, name_of
 from cronwheel.domain.errors import ConflictError, ValidationError
 from cronwheel.domain.model import ApiKey, Page, Tenant
 from cronwheel.ids import new_id
@@ -29,7 +30,7 @@ class TenantsMixin(SqlCore):
         *,
         name: str,
         limits: dict[str, Any],
-        actor: str | None = None,
+        actor: Actor | None = None,
         now: datetime | None = None,
     ) -> Tenant:
         try:
@@ -55,10 +56,20 @@ class TenantsMixin(SqlCore):
                             at=at,
                             kind="tenant.created",
                             tenant_id=row.id,
-                            actor=actor,
+                            actor=name_of(actor),
                             data={"name": name},
                         )
                     ],
+                )
+                await self._audit(
+                    conn,
+                    actor,
+                    at=at,
+                    tenant_id=row.id,
+                    action="tenant.create",
+                    target_kind="tenant",
+                    target_id=row.id,
+                    after={"name": name, "limits": limits},
                 )
         except IntegrityError:
             raise ConflictError(f"a tenant named {name!r} exists", field="name") from None
@@ -93,11 +104,18 @@ class TenantsMixin(SqlCore):
         tenant_id: uuid.UUID,
         *,
         limits: dict[str, Any],
-        actor: str | None = None,
+        actor: Actor | None = None,
         now: datetime | None = None,
     ) -> Tenant:
         async with self._write() as conn:
             at = await self._now(conn, now)
+            old = (
+                await conn.execute(
+                    sa.select(tenants.c.limits).where(tenants.c.id == tenant_id).with_for_update()
+                )
+            ).first()
+            if old is None:
+                raise self._not_found("tenant", tenant_id)
             row = (
                 await conn.execute(
                     tenants.update()
@@ -105,9 +123,7 @@ class TenantsMixin(SqlCore):
                     .values(limits=limits)
                     .returning(*tenants.c)
                 )
-            ).first()
-            if row is None:
-                raise self._not_found("tenant", tenant_id)
+            ).one()
             await self._insert_events(
                 conn,
                 [
@@ -115,10 +131,22 @@ class TenantsMixin(SqlCore):
                         at=at,
                         kind="tenant.updated",
                         tenant_id=tenant_id,
-                        actor=actor,
+                        actor=name_of(actor),
                         data={"limits": limits},
                     )
                 ],
+            )
+            before, after = changed(dict(old.limits), limits)
+            await self._audit(
+                conn,
+                actor,
+                at=at,
+                tenant_id=tenant_id,
+                action="tenant.update",
+                target_kind="tenant",
+                target_id=tenant_id,
+                before={"limits": before},
+                after={"limits": after},
             )
         return tenant_from(row)
 
@@ -134,7 +162,7 @@ class TenantsMixin(SqlCore):
         return str(secret)
 
     async def tenants_webhook_secret_rotate(
-        self, tenant_id: uuid.UUID, *, actor: str | None = None, now: datetime | None = None
+        self, tenant_id: uuid.UUID, *, actor: Actor | None = None, now: datetime | None = None
     ) -> str:
         secret = secrets.token_urlsafe(32)
         async with self._write() as conn:
@@ -156,9 +184,19 @@ class TenantsMixin(SqlCore):
                         at=at,
                         kind="tenant.webhook_secret_rotated",
                         tenant_id=tenant_id,
-                        actor=actor,
+                        actor=name_of(actor),
                     )
                 ],
+            )
+            # The secrets themselves are never recorded.
+            await self._audit(
+                conn,
+                actor,
+                at=at,
+                tenant_id=tenant_id,
+                action="tenant.rotate_webhook_secret",
+                target_kind="tenant",
+                target_id=tenant_id,
             )
         return secret
 
@@ -171,6 +209,7 @@ class TenantsMixin(SqlCore):
         role: str,
         key_hash: str,
         prefix: str,
+        actor: Actor | None = None,
         now: datetime | None = None,
     ) -> ApiKey:
         if role not in ("admin", "operator", "viewer", "worker"):
@@ -202,9 +241,20 @@ class TenantsMixin(SqlCore):
                         at=at,
                         kind="api_key.created",
                         tenant_id=tenant_id,
+                        actor=name_of(actor),
                         data={"key_id": str(row.id), "role": role, "prefix": prefix},
                     )
                 ],
+            )
+            await self._audit(
+                conn,
+                actor,
+                at=at,
+                tenant_id=tenant_id,
+                action="key.create",
+                target_kind="key",
+                target_id=row.id,
+                after={"role": role, "prefix": prefix},
             )
         return _key_from(row)
 
@@ -281,7 +331,7 @@ class TenantsMixin(SqlCore):
         tenant_id: uuid.UUID,
         key_id: uuid.UUID,
         *,
-        actor: str | None = None,
+        actor: Actor | None = None,
         reason: str | None = None,
         now: datetime | None = None,
     ) -> ApiKey:
@@ -308,11 +358,23 @@ class TenantsMixin(SqlCore):
                         at=at,
                         kind="api_key.revoked",
                         tenant_id=tenant_id,
-                        actor=actor,
+                        actor=name_of(actor),
                         reason=reason,
                         data={"key_id": str(row.id), "role": row.role, "prefix": row.prefix},
                     )
                 ],
+            )
+            await self._audit(
+                conn,
+                actor,
+                at=at,
+                tenant_id=tenant_id,
+                action="key.revoke",
+                target_kind="key",
+                target_id=row.id,
+                reason=reason,
+                before={"revoked_at": None},
+                after={"revoked_at": at},
             )
             await self._notify(conn, CHANNEL_KEYS_REVOKED, [key_revoked(row.id)])
         return _key_from(row)

@@ -12,6 +12,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from cronwheel.domain.audit import Actor, name_of
 from cronwheel.domain.bounds import BACKFILL_RATE_MAX, BACKFILL_RATE_MIN
 from cronwheel.domain.errors import IllegalTransitionError, ValidationError
 from cronwheel.domain.model import Run
@@ -70,7 +71,7 @@ class TriggersMixin(JobsMixin):
         tenant_id: uuid.UUID,
         job_id: uuid.UUID,
         *,
-        actor: str | None = None,
+        actor: Actor | None = None,
         payload: dict[str, Any] | None = None,
         now: datetime | None = None,
     ) -> Run:
@@ -125,7 +126,7 @@ class TriggersMixin(JobsMixin):
                         tenant_id=tenant_id,
                         job_id=job_id,
                         run_id=run.id,
-                        actor=actor,
+                        actor=name_of(actor),
                         data={"payload_keys": sorted(payload or {})},
                     ),
                     event_row(
@@ -135,10 +136,20 @@ class TriggersMixin(JobsMixin):
                         job_id=job_id,
                         run_id=run.id,
                         to_state=RunState.SCHEDULED.value,
-                        actor=actor,
+                        actor=name_of(actor),
                         reason="triggered",
                     ),
                 ],
+            )
+            await self._audit(
+                conn,
+                actor,
+                at=at,
+                tenant_id=tenant_id,
+                action="job.trigger",
+                target_kind="job",
+                target_id=job_id,
+                after={"run_id": run.id, "payload": payload or {}},
             )
             await self._notify(conn, CHANNEL_RUNS_NEW, [announce(run.id, shard, run.fire_at)])
         return run
@@ -150,7 +161,7 @@ class TriggersMixin(JobsMixin):
         *,
         start: datetime,
         end: datetime,
-        actor: str | None = None,
+        actor: Actor | None = None,
         rate: float = 10.0,
         limit: int = 10_000,
         now: datetime | None = None,
@@ -211,20 +222,21 @@ class TriggersMixin(JobsMixin):
             await pending_admit(
                 conn, tenant_id, limit=max_pending, adding=len(created), counted=True
             )
+            backfilled = {
+                "from": start.astimezone(UTC).isoformat(),
+                "to": end.astimezone(UTC).isoformat(),
+                "occurrences": len(found),
+                "created": len(created),
+                "rate": rate,
+            }
             out = [
                 event_row(
                     at=at,
                     kind="job.backfilled",
                     tenant_id=tenant_id,
                     job_id=job_id,
-                    actor=actor,
-                    data={
-                        "from": start.astimezone(UTC).isoformat(),
-                        "to": end.astimezone(UTC).isoformat(),
-                        "occurrences": len(found),
-                        "created": len(created),
-                        "rate": rate,
-                    },
+                    actor=name_of(actor),
+                    data=backfilled,
                 )
             ]
             out += [
@@ -235,12 +247,22 @@ class TriggersMixin(JobsMixin):
                     job_id=job_id,
                     run_id=run.id,
                     to_state=RunState.SCHEDULED.value,
-                    actor=actor,
+                    actor=name_of(actor),
                     reason="backfill",
                 )
                 for run in created
             ]
             await self._insert_events(conn, out)
+            await self._audit(
+                conn,
+                actor,
+                at=at,
+                tenant_id=tenant_id,
+                action="job.backfill",
+                target_kind="job",
+                target_id=job_id,
+                after=backfilled,
+            )
             notices = [
                 announce(run.id, shard, run.fire_at)
                 for run in created
