@@ -43,7 +43,8 @@ async def test_changes_carry_key_role_and_request_id(api: Driver) -> None:
     made = r.headers["x-request-id"]  # none sent: the API names the request itself
     assert made
 
-    resume, pause = await trail(api, t.headers, target_kind="job")
+    resume, pause, created = await trail(api, t.headers, target_kind="job")
+    assert created["action"] == "job.create"
     key_id = (await api.client.get(f"/v1/tenants/{t.id}/keys", headers=api.admin)).json()["items"][
         0
     ]["id"]
@@ -149,8 +150,12 @@ async def test_the_async_sdk_reads_the_trail(server: tuple[str, dict[str, Any]])
         job = await client.jobs.create(name="j", schedule={"delay": 600}, task="t")
         await client.jobs.cancel(job["id"], reason="bye")
         page = await client.audit.list(target=job["id"])
-        assert [(r["action"], r["reason"]) for r in page.items] == [("job.cancel", "bye")]
-        assert [r["id"] async for r in client.audit.iter(target=job["id"])] == [page.items[0]["id"]]
+        assert [(r["action"], r["reason"]) for r in page.items] == [
+            ("job.cancel", "bye"),
+            ("job.create", None),
+        ]
+        every = [r["id"] async for r in client.audit.iter(target=job["id"], page_size=1)]
+        assert every == [r["id"] for r in page.items]
 
 
 def cli(url: str, key: str, *args: str) -> Any:
@@ -176,3 +181,32 @@ def test_the_cli_shows_the_trail(server: tuple[str, dict[str, Any]]) -> None:
     assert bad.exit_code == 2 and "--since" in bad.output
     refused = cli(url, tenant["api_key"], "audit", "--cursor", "nope")
     assert refused.exit_code == 1 and "cursor" in refused.output
+
+
+async def test_creations_are_audited_per_request(api: Driver) -> None:
+    t = await api.tenant()
+    r = await api.client.post(
+        "/v1/jobs",
+        json={"name": "one", "schedule": {"delay": 600}, "task": "t"},
+        headers={**t.headers, "X-Request-Id": "create-1"},
+    )
+    assert r.status_code == 201, r.text
+    one = r.json()
+    jobs = [{"name": f"b{i}", "schedule": {"delay": 600}, "task": "t"} for i in range(3)]
+    r = await api.client.post(
+        "/v1/jobs/batch",
+        json={"jobs": jobs},
+        headers={**t.headers, "X-Request-Id": "create-many"},
+    )
+    assert r.status_code == 201, r.text
+    made = [item["id"] for item in r.json()["items"]]
+    # A refused batch (the second job is bad) created nothing and left no record.
+    bad = [jobs[0], {"name": "x", "schedule": {"cron": "61 * * * *"}, "task": "t"}]
+    r = await api.client.post("/v1/jobs/batch", json={"jobs": bad}, headers=t.headers)
+    assert r.status_code == 422, r.text
+
+    many, single = await trail(api, t.headers, action="job.create")
+    assert (single["request_id"], single["target_id"]) == ("create-1", one["id"])
+    assert single["after"] == {"name": "one"} and single["role"] == "operator"
+    assert (many["request_id"], many["target_id"]) == ("create-many", None)
+    assert many["after"] == {"count": 3, "jobs": made}

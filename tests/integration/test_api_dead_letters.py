@@ -69,3 +69,42 @@ async def test_retry_a_cancelled_run_and_isolation(api, store: Store) -> None:
     viewer = await api.key(t, "viewer")
     r = await api.client.post(f"/v1/runs/{run_id}/retry", headers=viewer)
     assert r.status_code == 403
+
+
+async def _triggered_dead_letter(api, store: Store, tenant) -> tuple[str, str]:  # type: ignore[no-untyped-def]
+    """A recurring job (still active) and its triggered run, dead-lettered."""
+    job = await api.job(tenant, schedule={"interval": 3600}, retry={"max_attempts": 1})
+    r = await api.client.post(f"/v1/jobs/{job['id']}/trigger", headers=tenant.headers)
+    assert r.status_code == 201, r.text
+    await api.fire()
+    worker = await store.workers_register(
+        uuid.UUID(tenant.id), pool="default", capabilities=[], tags=[], capacity=1
+    )
+    [attempt] = await store.attempts_lease(worker=worker, max=1)
+    await store.attempts_fail_many(items=[FailItem(attempt.attempt_id, attempt.fencing_token, "x")])
+    return job["id"], r.json()["id"]
+
+
+async def test_the_job_decides_whether_a_dead_letter_goes_back(api, store: Store) -> None:  # type: ignore[no-untyped-def]
+    t = await api.tenant()
+    cancelled_job, refused = await _triggered_dead_letter(api, store, t)
+    r = await api.client.post(f"/v1/jobs/{cancelled_job}/cancel", headers=t.headers)
+    assert r.status_code == 200, r.text
+    before = await api.snapshot(t)
+    for action in ("redrive", "retry"):
+        r = await api.client.post(f"/v1/runs/{refused}/{action}", headers=t.headers)
+        assert r.status_code == 409, r.text
+        assert "its job is cancelled" in r.json()["error"]["message"]
+    r = await api.client.post(
+        "/v1/dead-letters/redrive", json={"run_ids": [refused]}, headers=t.headers
+    )
+    assert r.status_code == 200, r.text
+    assert r.json()["skipped"] == [{"run_id": refused, "reason": "its job is cancelled"}]
+    assert await api.snapshot(t) == before
+
+    paused_job, held = await _triggered_dead_letter(api, store, t)
+    r = await api.client.post(f"/v1/jobs/{paused_job}/pause", headers=t.headers)
+    assert r.status_code == 200, r.text
+    r = await api.client.post(f"/v1/runs/{held}/redrive", headers=t.headers)
+    assert r.status_code == 200, r.text
+    assert (r.json()["state"], r.json()["reason"]) == ("SCHEDULED", "job paused")

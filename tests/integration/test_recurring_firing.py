@@ -10,6 +10,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from cronwheel.domain.audit import Actor
 from cronwheel.domain.model import NewJob, Run
 from cronwheel.domain.spec import JobSpec
 from cronwheel.scheduler import Clock, SchedulerNode
@@ -114,7 +115,7 @@ async def test_a_gap_before_the_first_run_is_recorded_at_creation(store: Store) 
     spec = JobSpec.model_validate({"name": "g", "schedule": schedule, "task": "noop"})
     settings = Settings(max_horizon_days=3650, past_grace_seconds=0)
     [(job, run, created)] = await store.jobs_create_many(
-        tenant.id, jobs=[_new_job(settings.job_limits, spec, now, actor="tester")], now=now
+        tenant.id, jobs=[_new_job(settings.job_limits, spec, now, actor=Actor("tester"))], now=now
     )
     assert created and run is not None
     assert run.state.value == "SCHEDULED" and run.due_local == "2026-03-09T02:30:00-04:00"

@@ -11,6 +11,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from cronwheel.domain.audit import Actor
 from cronwheel.domain.model import Event, FiredRun, Job, LeasedAttempt, NewJob, Run, Tenant, Worker
 from cronwheel.domain.sharding import NUM_SHARDS
 from cronwheel.domain.spec import JobSpec
@@ -80,7 +81,7 @@ def new_job(
     *,
     due_at: datetime | None = T0,
     idempotency_key: str | None = None,
-    actor: str | None = "tester",
+    actor: Actor | None = Actor("tester", role="operator"),
     **fields: Any,
 ) -> NewJob:
     return NewJob(

@@ -10,18 +10,20 @@ import pytest
 import sqlalchemy as sa
 
 from cronwheel.domain.audit import Actor, AuditRecord
-from cronwheel.domain.errors import IllegalTransitionError, ValidationError
+from cronwheel.domain.errors import IllegalTransitionError, NotFoundError, ValidationError
 from cronwheel.domain.states import RunState
 from cronwheel.store import Store
 
-from .helpers import T0, at, create_job, engine_of, make_tenant
+from .helpers import T0, at, create_job, engine_of, make_tenant, new_job
 
 ALICE = Actor("k-alice", role="operator", key_id=uuid.uuid4(), request_id="req-1")
 BOB = Actor("admin", role="admin", request_id="req-2")
 
 
 async def _trail(store: Store, tenant_id: uuid.UUID | None) -> list[AuditRecord]:
-    return (await store.audit_list(tenant_id, limit=500)).items
+    """The trail without the jobs' creations (``test_creations_are_audited``)."""
+    items = (await store.audit_list(tenant_id, limit=500)).items
+    return [r for r in items if r.action != "job.create"]
 
 
 async def test_job_controls_leave_one_record_each(store: Store) -> None:
@@ -50,6 +52,34 @@ async def test_job_controls_leave_one_record_each(store: Store) -> None:
     assert cancel.before == {"state": "active"}
     assert cancel.after == {"state": "cancelled", "runs": {RunState.CANCELLED.value: 1}}
     assert cancel.id > resume.id > pause.id
+
+
+async def test_creations_are_audited_one_record_per_request(store: Store) -> None:
+    tenant = await make_tenant(store)
+    one, _run = await create_job(store, tenant.id, due_at=at(60), actor=ALICE)
+    # One request of many jobs (through COPY, in parts) is one record naming them all.
+    batch = await store.jobs_create_many(
+        tenant.id, jobs=[new_job(due_at=at(60), actor=BOB) for _ in range(300)], now=at(1)
+    )
+    # A key's replay creates nothing: no record.
+    keyed = new_job(due_at=at(60), actor=ALICE, idempotency_key="k")
+    await store.jobs_create_many(tenant.id, jobs=[keyed], now=at(2))
+    await store.jobs_create_many(tenant.id, jobs=[keyed], now=at(3))
+
+    keyed_made, many, single = (await store.audit_list(tenant.id, action="job.create")).items
+    assert (single.actor, single.request_id, single.target_id) == ("k-alice", "req-1", str(one.id))
+    assert single.after == {"name": one.name}
+    assert (many.actor, many.target_id, many.at) == ("admin", None, at(1))
+    assert many.after == {"count": 300, "jobs": [str(job.id) for job, _, _ in batch]}
+    assert keyed_made.at == at(2)
+
+
+async def test_a_refused_creation_leaves_no_record(store: Store) -> None:
+    with pytest.raises(NotFoundError):
+        await store.jobs_create_many(
+            uuid.uuid4(), jobs=[new_job(due_at=at(60), actor=ALICE) for _ in range(200)], now=T0
+        )
+    assert (await store.audit_list(None)).items == []
 
 
 async def test_a_refused_change_leaves_no_record(store: Store) -> None:
@@ -122,16 +152,16 @@ async def test_the_trail_filters_and_pages_newest_first(store: Store) -> None:
         await store.jobs_pause(tenant.id, job.id, actor=ALICE if i % 2 else BOB, now=at(i))
     await store.jobs_pause(other.id, theirs.id, actor=ALICE, now=at(1))
 
-    page = await store.audit_list(tenant.id, limit=2)
+    page = await store.audit_list(tenant.id, action="job.pause", limit=2)
     assert [r.target_id for r in page.items] == [str(jobs[4].id), str(jobs[3].id)]
-    rest = await store.audit_list(tenant.id, cursor=page.next_cursor, limit=10)
+    rest = await store.audit_list(tenant.id, action="job.pause", cursor=page.next_cursor, limit=10)
     assert [r.target_id for r in rest.items] == [str(j.id) for j in reversed(jobs[:3])]
     assert rest.next_cursor is None
 
     by_alice = await store.audit_list(tenant.id, actor="k-alice")
     assert [r.target_id for r in by_alice.items] == [str(jobs[3].id), str(jobs[1].id)]
     one = await store.audit_list(tenant.id, target_kind="job", target_id=str(jobs[2].id))
-    assert [r.at for r in one.items] == [at(2)]
+    assert [(r.action, r.at) for r in one.items] == [("job.pause", at(2)), ("job.create", T0)]
     window = await store.audit_list(tenant.id, since=at(1), until=at(3))
     assert [r.at for r in window.items] == [at(2), at(1)]
     assert (await store.audit_list(tenant.id, action="job.cancel")).items == []
@@ -153,7 +183,7 @@ async def test_retention_removes_only_older_records(store: Store) -> None:
     for day, job in enumerate(jobs):
         await store.jobs_pause(tenant.id, job.id, actor=ALICE, now=T0 + timedelta(days=day * 10))
     removed = await store.audit_expire(retention_days=15, now=T0 + timedelta(days=26))
-    assert removed == 2
+    assert removed == 2 + 3  # and the jobs' creations, at T0
     [kept] = await _trail(store, tenant.id)
     assert kept.target_id == str(jobs[2].id)
     assert await store.audit_expire(retention_days=15, now=T0 + timedelta(days=26)) == 0

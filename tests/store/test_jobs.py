@@ -48,7 +48,7 @@ async def test_create_job_writes_job_first_run_and_events(store: Store) -> None:
         heartbeat_timeout=20,
     )
     [(job, run, created)] = await store.jobs_create_many(
-        tenant.id, jobs=[new_job(spec, due_at=at(60), actor="alice")], now=T0
+        tenant.id, jobs=[new_job(spec, due_at=at(60), actor=Actor("alice"))], now=T0
     )
     assert created
     assert run is not None

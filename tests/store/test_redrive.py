@@ -10,14 +10,16 @@ from datetime import timedelta
 import pytest
 
 from cronwheel.domain.audit import Actor
-from cronwheel.domain.errors import NotFoundError, ValidationError
+from cronwheel.domain.errors import IllegalTransitionError, NotFoundError, ValidationError
 from cronwheel.domain.model import Run
-from cronwheel.domain.states import JobState, RunState
+from cronwheel.domain.states import REDRIVE, RETRY, JobState, RunState
 from cronwheel.ids import new_id
 from cronwheel.store import FailItem, Store
+from cronwheel.store.schema import PARKED_FIRE_AT
 from cronwheel.store.values import REDRIVE_BATCH_MAX
 
 from .helpers import (
+    ALL_SHARDS,
     T0,
     at,
     create_job,
@@ -83,7 +85,11 @@ async def test_by_ids_sends_back_only_dead_letters(store: Store) -> None:
         assert (run.attempt, run.max_attempts) == (1, 2)
         assert run == await store.runs_get(tenant.id, run.id)
     # Every other id is reported, in the order given, with what was found.
-    assert batch.skipped == {pending.id: "SCHEDULED", unknown: None, foreign.id: None}
+    assert batch.skipped == {
+        pending.id: "not a dead letter: SCHEDULED",
+        unknown: "not found",
+        foreign.id: "not found",
+    }
     assert batch.more is False
     assert await store.runs_get(tenant.id, pending.id) == before
     assert (await store.runs_get(other.id, foreign.id)).state is RunState.DEAD_LETTER
@@ -135,7 +141,7 @@ async def test_by_job_and_all_of_a_tenant(store: Store) -> None:
         tenant.id, run_ids=[r.id for r in dead], job_id=dead[0].job_id, now=at(13)
     )
     assert [r.id for r in batch.runs] == [dead[0].id]
-    assert batch.skipped == {dead[1].id: "DEAD_LETTER"}
+    assert batch.skipped == {dead[1].id: "over the limit"}
 
 
 async def test_an_unknown_or_foreign_job_is_not_found(store: Store) -> None:
@@ -165,7 +171,7 @@ async def test_limit_takes_the_oldest_and_says_more_remain(store: Store) -> None
         tenant.id, run_ids=[r.id for r in reversed(dead)], limit=1, now=at(12)
     )
     assert [r.id for r in cut.runs] == [dead[0].id]
-    assert cut.skipped == {dead[2].id: "DEAD_LETTER", dead[1].id: "DEAD_LETTER"}
+    assert cut.skipped == {dead[2].id: "over the limit", dead[1].id: "over the limit"}
     assert cut.more is True
     assert await states(store, tenant.id, dead) == [
         RunState.SCHEDULED,
@@ -251,3 +257,55 @@ async def test_single_redrive_shares_the_write(store: Store) -> None:
         many.actor,
         many.reason,
     )
+
+
+# -- the run's job decides: cancelled runs nothing more, paused holds -----------------
+
+
+async def recurring_dead_letters(store: Store, tenant_id: uuid.UUID, count: int) -> list[Run]:
+    """Dead letters of recurring jobs (each job is still active: its next occurrence
+    was made when the first fired), in id order."""
+    runs = await create_jobs(
+        store,
+        tenant_id,
+        count,
+        retry=ONE_TRY,
+        schedule={"interval": 600, "start": T0.isoformat()},
+    )
+    return await dead_letters(store, tenant_id, runs)
+
+
+async def test_a_cancelled_jobs_dead_letter_is_not_sent_back(store: Store) -> None:
+    tenant = await make_tenant(store)
+    run, other = await recurring_dead_letters(store, tenant.id, 2)
+    await store.jobs_cancel(tenant.id, run.job_id, now=at(3))
+    for move in (REDRIVE, RETRY):
+        with pytest.raises(IllegalTransitionError, match="its job is cancelled"):
+            await store.runs_redrive(tenant.id, run.id, move=move, now=at(4))
+    batch = await store.runs_redrive_many(tenant.id, run_ids=[run.id, other.id], now=at(4))
+    assert [r.id for r in batch.runs] == [other.id]
+    assert batch.skipped == {run.id: "its job is cancelled"}
+    # Nor left over for "all": a client redriving until nothing is left stops.
+    everything = await store.runs_redrive_many(tenant.id, now=at(5))
+    assert (everything.runs, everything.more) == ([], False)
+    assert await states(store, tenant.id, [run]) == [RunState.DEAD_LETTER]
+
+
+async def test_a_paused_jobs_dead_letter_goes_back_held_until_resume(store: Store) -> None:
+    tenant = await make_tenant(store)
+    one, two = await recurring_dead_letters(store, tenant.id, 2)
+    for run in (one, two):
+        await store.jobs_pause(tenant.id, run.job_id, now=at(3))
+    sent = await store.runs_redrive(tenant.id, one.id, now=at(4))
+    [also] = (await store.runs_redrive_many(tenant.id, run_ids=[two.id], now=at(4))).runs
+    for held in (sent, also):
+        assert held.state is RunState.SCHEDULED
+        assert (held.fire_at, held.reason) == (PARKED_FIRE_AT, "job paused")
+    # Not due while the job is paused ...
+    due = await store.runs_due_scan(shards=ALL_SHARDS, until=at(10**6))
+    assert {d.id for d in due} & {one.id, two.id} == set()
+    assert "run.parked" in [e.kind for e in await events_of(store, tenant.id, run_id=one.id)]
+    # ... due at its own instant (past: at once) when it resumes.
+    await store.jobs_resume(tenant.id, one.job_id, now=at(5))
+    due = await store.runs_due_scan(shards=ALL_SHARDS, until=at(6))
+    assert one.id in {d.id for d in due} and two.id not in {d.id for d in due}

@@ -6,6 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from cronwheel.domain.audit import Actor
 from cronwheel.domain.errors import CronwheelError, PayloadTooLargeError
 from cronwheel.domain.new_job import JobLimits, new_job
 from cronwheel.domain.spec import JobSpec
@@ -22,12 +23,12 @@ def test_the_first_due_instant_and_its_local_time() -> None:
         _spec(schedule={"cron": "30 9 * * *", "timezone": "Europe/Paris"}),
         now=NOW,
         limits=JobLimits(),
-        actor="api:key",
+        actor=Actor("api:key"),
         idempotency_key="k",
     )
     assert made.first_due_at == datetime(2026, 3, 8, 8, 30, tzinfo=UTC)
     assert made.due_local == "2026-03-08T09:30:00+01:00"
-    assert (made.actor, made.idempotency_key, made.skipped) == ("api:key", "k", ())
+    assert (made.actor, made.idempotency_key, made.skipped) == (Actor("api:key"), "k", ())
 
 
 def test_the_wall_times_a_gap_skips_before_the_first_run_are_listed() -> None:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Generic, TypeVar
 
+from cronwheel.domain.audit import Actor
 from cronwheel.domain.states import AttemptState, JobState, RunState
 from cronwheel.domain.template import RunTemplate
 
@@ -82,7 +83,7 @@ class NewJob:
     spec: Any  # cronwheel.domain.spec.JobSpec
     first_due_at: datetime | None  # None: nothing to materialise yet
     idempotency_key: str | None = None
-    actor: str | None = None
+    actor: Actor | None = None  # who creates it (``domain/audit.py``)
     due_local: str | None = None
     # Occurrences between the job's creation and its first run that do not run: recorded
     # SKIPPED with the job, so none is lost silently.

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from cronwheel.domain.audit import Actor
 from cronwheel.domain.errors import PayloadTooLargeError
 from cronwheel.domain.model import NewJob, SkippedOccurrence
 from cronwheel.domain.spec import CronSchedule, JobSpec
@@ -52,7 +53,7 @@ def new_job(
     *,
     now: datetime,
     limits: JobLimits,
-    actor: str | None = None,
+    actor: Actor | None = None,
     idempotency_key: str | None = None,
 ) -> NewJob:
     """The job to create from ``spec`` at ``now`` (the database clock's instant)."""

@@ -39,7 +39,7 @@ from cronwheel.domain.model import (
     ReservationsStarted,
     Worker,
 )
-from cronwheel.store.rows import EVENT_COLUMNS, NEW_JOB_COLUMNS, NEW_RUN_COLUMNS
+from cronwheel.store.rows import AUDIT_COLUMNS, EVENT_COLUMNS, NEW_JOB_COLUMNS, NEW_RUN_COLUMNS
 from cronwheel.store.schema import audit, log_chunks, shard_leases
 from cronwheel.store.values import CompleteItem, Grant, HeartbeatItem, LeaseRenewal, ReadyQueue
 
@@ -75,28 +75,31 @@ JobsInserted = Literal["inserted", "limited", "no_tenant"]
 
 @dataclass(frozen=True, slots=True)
 class NewJobRows:
-    """The rows of new jobs (``jobs``), their first and skipped runs (``runs``) and their
-    events, each a record of values in the order of its table's columns here
-    (:data:`COLUMNS`): no row is a dictionary, so a driver that copies them in (COPY)
-    sends them as they are."""
+    """The rows of new jobs (``jobs``), their first and skipped runs (``runs``), their
+    events and the audit records of their creation (``audit``), each a record of values
+    in the order of its table's columns here (:data:`COLUMNS`): no row is a dictionary,
+    so a driver that copies them in (COPY) sends them as they are."""
 
     jobs: Sequence[Sequence[Any]]
     runs: Sequence[Sequence[Any]]
     events: Sequence[Sequence[Any]]
+    audit: Sequence[Sequence[Any]] = ()
 
     COLUMNS: ClassVar[dict[str, tuple[str, ...]]] = {
         "jobs": NEW_JOB_COLUMNS,
         "runs": NEW_RUN_COLUMNS,
         "events": EVENT_COLUMNS,
+        "audit": AUDIT_COLUMNS,
     }
+    TABLES: ClassVar[tuple[str, ...]] = ("jobs", "runs", "events", "audit")
 
     def tables(self) -> list[tuple[str, tuple[str, ...], Sequence[Sequence[Any]]]]:
         """Each table with rows — its name, columns and records — in the order they go
         in (a run refers to its job)."""
         return [
             (name, self.COLUMNS[name], records)
-            for name, records in (("jobs", self.jobs), ("runs", self.runs), ("events", self.events))
-            if records
+            for name in self.TABLES
+            if (records := getattr(self, name))
         ]
 
     def dicts(self, table: str) -> list[dict[str, Any]]:
@@ -111,6 +114,7 @@ class NewJobRows:
             jobs=[row for p in parts for row in p.jobs],
             runs=[row for p in parts for row in p.runs],
             events=[row for p in parts for row in p.events],
+            audit=[row for p in parts for row in p.audit],
         )
 
 
@@ -333,10 +337,12 @@ class Driver(ABC):
     # -- the audit trail ---------------------------------------------------------------
 
     async def audit_delete(self, conn: AsyncConnection, *, before: datetime, limit: int) -> int:
-        """Delete up to ``limit`` of the oldest audit records made before ``before``:
-        retention, the only way a record leaves; how many went."""
-        oldest = sa.select(audit.c.id).where(audit.c.at < before).order_by(audit.c.at).limit(limit)
-        result = await conn.execute(audit.delete().where(audit.c.id.in_(oldest.scalar_subquery())))
+        """Delete those of the ``limit`` oldest audit records (by id, the order they
+        were made in) made before ``before``: retention, the only way a record leaves;
+        how many went. Fewer than ``limit`` means the oldest left are young enough."""
+        oldest = sa.select(audit.c.id, audit.c.at).order_by(audit.c.id).limit(limit).subquery()
+        expired = sa.select(oldest.c.id).where(oldest.c.at < before)
+        result = await conn.execute(audit.delete().where(audit.c.id.in_(expired)))
         return int(result.rowcount)
 
     # -- events ----------------------------------------------------------------------

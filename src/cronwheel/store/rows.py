@@ -8,21 +8,24 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
+from pydantic_core import to_jsonable_python
 from sqlalchemy.engine import Row
 
-from cronwheel.domain.audit import AuditRecord
+from cronwheel.domain.audit import Actor, AuditRecord
 from cronwheel.domain.errors import IllegalTransitionError, ValidationError
 from cronwheel.domain.model import Attempt, Event, Job, Run, Tenant, Worker
 from cronwheel.domain.states import AttemptState, JobState, RunState, illegal_transitions
 from cronwheel.domain.template import RunTemplate
 
 __all__ = [
+    "AUDIT_COLUMNS",
     "EVENT_COLUMNS",
     "EVENT_SHARED",
     "NEW_JOB_COLUMNS",
     "NEW_RUN_COLUMNS",
     "attempt_from",
     "audit_from",
+    "audit_record",
     "event_from",
     "event_record",
     "event_row",
@@ -93,6 +96,53 @@ def event_record(
         run_id,
         attempt_id,
         data,
+    )
+
+
+# An audit record's columns, in the order of :func:`audit_record`.
+AUDIT_COLUMNS = (
+    "at",
+    "tenant_id",
+    "actor",
+    "role",
+    "key_id",
+    "request_id",
+    "action",
+    "target_kind",
+    "target_id",
+    "reason",
+    "before",
+    "after",
+)
+
+
+def audit_record(
+    actor: Actor,
+    *,
+    at: datetime,
+    tenant_id: uuid.UUID | None,
+    action: str,
+    target_kind: str,
+    target_id: uuid.UUID | str | None,
+    reason: str | None = None,
+    before: dict[str, Any] | None = None,
+    after: dict[str, Any] | None = None,
+) -> tuple[Any, ...]:
+    """An audit record's values (``domain/audit.py``), in the order of
+    :data:`AUDIT_COLUMNS`; ``before`` and ``after`` as JSON values."""
+    return (
+        at,
+        tenant_id,
+        actor.name,
+        actor.role,
+        actor.key_id,
+        actor.request_id,
+        action,
+        target_kind,
+        None if target_id is None else str(target_id),
+        reason,
+        None if before is None else to_jsonable_python(before),
+        None if after is None else to_jsonable_python(after),
     )
 
 

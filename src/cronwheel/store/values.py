@@ -97,9 +97,9 @@ class RedriveBatch:
     """What one ``runs_redrive_many`` did."""
 
     runs: list[Run]  # sent back, in id order
-    # Each named id that was not sent back, with its state; None: the tenant has no such
-    # run. A DEAD_LETTER one was left out by the limit.
-    skipped: dict[uuid.UUID, str | None]
+    # Each named id that was not sent back, with why: "not found" (the tenant has no
+    # such run), "not a dead letter: <state>", "its job is cancelled", "over the limit".
+    skipped: dict[uuid.UUID, str]
     more: bool  # dead letters matching the selection remain (the limit cut the batch)
 
 

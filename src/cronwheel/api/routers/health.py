@@ -41,6 +41,7 @@ _LINKS = {
     "alerts": "/v1/alerts",
     "workers": "/v1/workers",
     "pools": "/v1/pools",
+    "audit": "/v1/audit",
 }
 
 

@@ -44,6 +44,7 @@ from cronwheel.api.schemas import (
     TriggerRequest,
 )
 from cronwheel.api.state import api_state
+from cronwheel.domain.audit import Actor
 from cronwheel.domain.errors import CronwheelError, ValidationError
 from cronwheel.domain.model import Job, NewJob
 from cronwheel.domain.new_job import JobLimits, check_json_size, new_job
@@ -213,7 +214,7 @@ async def create_job(
         state.settings.job_limits,
         spec,
         now,
-        actor=scope.principal.actor,
+        actor=actor_of(request, scope.principal),
         idempotency_key=idempotency_key,
     )
     job, run, created = await state.creates.create(scope.tenant_id, new, now=now)
@@ -229,7 +230,7 @@ def _new_job(
     spec: JobSpec,
     now: datetime,
     *,
-    actor: str,
+    actor: Actor,
     idempotency_key: str | None = None,
 ) -> NewJob:
     refuse_redacted(spec)
@@ -237,7 +238,7 @@ def _new_job(
 
 
 def _new_jobs(
-    specs: Sequence[JobSpec], limits: JobLimits, now: datetime, *, actor: str
+    specs: Sequence[JobSpec], limits: JobLimits, now: datetime, *, actor: Actor
 ) -> Iterator[NewJob]:
     """The batch's jobs one by one; the error of one names its place (``jobs.3.…``)."""
     for index, spec in enumerate(specs):
@@ -276,7 +277,11 @@ async def create_jobs(
     Answers the jobs in the order given."""
     state = api_state(request)
     now = await state.store.db_now_estimate()
-    new = list(_new_jobs(body.jobs, state.settings.job_limits, now, actor=scope.principal.actor))
+    new = list(
+        _new_jobs(
+            body.jobs, state.settings.job_limits, now, actor=actor_of(request, scope.principal)
+        )
+    )
     made = await state.store.jobs_create_many_brief(scope.tenant_id, jobs=new, now=now)
     items = [job_fields(job, first_run_id=run_id) for job, run_id, _ in made]
     return fields_answer({"items": items, "next_cursor": None}, JobList, status.HTTP_201_CREATED)

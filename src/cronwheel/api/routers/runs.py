@@ -347,16 +347,7 @@ async def redrive_dead_letters(
         redriven=len(batch.runs),
         run_ids=[r.id for r in batch.runs],
         skipped=[
-            SkippedRun(run_id=run_id, reason=_skip_reason(state))
-            for run_id, state in batch.skipped.items()
+            SkippedRun(run_id=run_id, reason=reason) for run_id, reason in batch.skipped.items()
         ],
         more=batch.more,
     )
-
-
-def _skip_reason(state: str | None) -> str:
-    if state is None:
-        return "not found"
-    if state == RunState.DEAD_LETTER.value:
-        return "over the limit"
-    return f"not a dead letter: {state}"

@@ -54,7 +54,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.util import greenlet_spawn
 
 from cronwheel.store.driver import JobsInserted, NewJobRows
-from cronwheel.store.schema import events, jobs, runs
+from cronwheel.store.schema import audit, events, jobs, runs
 
 __all__ = [
     "COPY_FROM",
@@ -131,7 +131,10 @@ def _insert(table: str, columns: tuple[str, ...]) -> str:
 
 @functools.lru_cache(maxsize=16)
 def _statement(
-    job_columns: tuple[str, ...], run_columns: tuple[str, ...], event_columns: tuple[str, ...]
+    job_columns: tuple[str, ...],
+    run_columns: tuple[str, ...],
+    event_columns: tuple[str, ...],
+    audit_columns: tuple[str, ...],
 ) -> str:
     parts = [
         "tenant AS (SELECT limits FROM tenants WHERE id = $1 FOR KEY SHARE)",
@@ -142,6 +145,7 @@ def _statement(
         ("j", "jobs", job_columns),
         ("r", "runs", run_columns),
         ("e", "events", event_columns),
+        ("a", "audit", audit_columns),
     ):
         if columns:
             parts.append(f"{name} AS ({_insert(table, columns).format(param=param)})")
@@ -164,7 +168,7 @@ async def insert_jobs(
             return await _copy_jobs(conn, tenant_id=tenant_id, rows=rows, admitted=admitted)
     tables = rows.tables()
     columns = {name: names for name, names, _ in tables}
-    sql = _statement(*(columns.get(name, ()) for name in ("jobs", "runs", "events")))
+    sql = _statement(*(columns.get(name, ()) for name in NewJobRows.TABLES))
     found = await conn.fetchrow(
         sql, tenant_id, admitted, *(_document(rows.dicts(name)) for name, _, _ in tables)
     )
@@ -183,7 +187,7 @@ _TENANT = f"""SELECT limits ->> '{_LIMIT}' IS NOT NULL AS limited FROM tenants
 # The JSON columns of each table: their values are sent as JSON text.
 _JSON_COLUMNS = {
     table.name: frozenset(c.name for c in table.c if isinstance(c.type, sa.JSON))
-    for table in (jobs, runs, events)
+    for table in (jobs, runs, events, audit)
 }
 
 

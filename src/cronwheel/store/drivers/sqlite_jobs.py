@@ -10,7 +10,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from cronwheel.store.driver import Driver, JobsInserted, NewJobRows
-from cronwheel.store.schema import jobs, runs, tenants
+from cronwheel.store.schema import audit, jobs, runs, tenants
 
 __all__ = ["CoreJobs"]
 
@@ -39,4 +39,6 @@ class CoreJobs(Driver):
         if rows.runs:
             await conn.execute(runs.insert(), rows.dicts("runs"))
         await self.events_insert(conn, rows.dicts("events"))
+        if rows.audit:
+            await conn.execute(audit.insert(), rows.dicts("audit"))
         return "inserted"

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
-from pydantic_core import to_jsonable_python
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -23,7 +22,7 @@ from cronwheel.domain.errors import NotFoundError, StoreUnavailableError
 from cronwheel.domain.states import ACTIVE_STATES, CANCEL, RunState
 from cronwheel.store.base import Store, Subscription
 from cronwheel.store.driver import Driver
-from cronwheel.store.rows import event_row
+from cronwheel.store.rows import AUDIT_COLUMNS, audit_record, event_row
 from cronwheel.store.schema import UtcDateTime, audit, jobs, runs, tenants
 from cronwheel.store.values import Migrated
 
@@ -275,22 +274,18 @@ class SqlCore(Store):
         own, or a test's) is recorded in the history only."""
         if actor is None:
             return
-        await conn.execute(
-            audit.insert().values(
-                at=at,
-                tenant_id=tenant_id,
-                actor=actor.name,
-                role=actor.role,
-                key_id=actor.key_id,
-                request_id=actor.request_id,
-                action=action,
-                target_kind=target_kind,
-                target_id=None if target_id is None else str(target_id),
-                reason=reason,
-                before=None if before is None else to_jsonable_python(before),
-                after=None if after is None else to_jsonable_python(after),
-            )
+        record = audit_record(
+            actor,
+            at=at,
+            tenant_id=tenant_id,
+            action=action,
+            target_kind=target_kind,
+            target_id=target_id,
+            reason=reason,
+            before=before,
+            after=after,
         )
+        await conn.execute(audit.insert().values(dict(zip(AUDIT_COLUMNS, record, strict=True))))
 
     async def _lock_live_runs(
         self, conn: AsyncConnection, tenant_id: uuid.UUID, where: sa.ColumnElement[bool]

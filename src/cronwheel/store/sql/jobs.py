@@ -60,6 +60,7 @@ from cronwheel.store.notices import ANNOUNCE_HORIZON, CHANNEL_RUNS_NEW, announce
 from cronwheel.store.rows import (
     EVENT_SHARED,
     NEW_RUN_COLUMNS,
+    audit_record,
     event_record,
     event_row,
     job_from,
@@ -71,7 +72,7 @@ from cronwheel.store.rows import (
 from cronwheel.store.schema import PARKED_FIRE_AT, jobs, runs
 from cronwheel.store.sql.core import SqlCore, jobs_select
 from cronwheel.store.sql.pending import pending_admit, tenant_for_new_runs
-from cronwheel.store.sql.statements import update_each
+from cronwheel.store.sql.statements import PAUSED_REASON, update_each
 from cronwheel.timing.spread import spread_instant
 
 __all__ = ["JobsMixin", "stored_schedule"]
@@ -90,8 +91,6 @@ _SCHEDULE_MODELS: dict[str, type[BaseModel]] = {
     "interval": IntervalSchedule,
 }
 
-
-_PAUSED_REASON = "job paused"
 
 # A large batch's rows are made and inserted in parts of this many jobs, the database
 # inserting one part while the next is made: smaller parts overlap more of the two, but
@@ -148,12 +147,40 @@ class _NewJobs:
         self.notices: list[str] = []
         self.soonest: datetime | None = None  # the earliest fire time announced
         self.first_runs = 0
+        # By request (its actor): the jobs it created, each id and name, for its audit
+        # record: one per request, however many jobs it made.
+        self._created_by: dict[Actor, list[tuple[uuid.UUID, str]]] = {}
         # By actor: what a job's two creation events share (``EVENT_SHARED`` values),
         # each checked once, not once per job.
         self._created: dict[str | None, tuple[tuple[Any, ...], tuple[Any, ...]]] = {}
 
     def rows(self) -> NewJobRows:
-        return NewJobRows(jobs=self.jobs, runs=self.runs, events=self.events)
+        return NewJobRows(
+            jobs=self.jobs, runs=self.runs, events=self.events, audit=self.audit_records()
+        )
+
+    def audit_records(self) -> list[tuple[Any, ...]]:
+        """One audit record per request: ``job.create`` of its job, or of its batch."""
+        out = []
+        after: dict[str, Any]
+        for actor, made in self._created_by.items():
+            if len(made) == 1:
+                [(job_id, name)] = made
+                target, after = job_id, {"name": name}
+            else:
+                target, after = None, {"count": len(made), "jobs": [i for i, _ in made]}
+            out.append(
+                audit_record(
+                    actor,
+                    at=self.at,
+                    tenant_id=self.tenant_id,
+                    action="job.create",
+                    target_kind="job",
+                    target_id=target,
+                    after=after,
+                )
+            )
+        return out
 
     async def parts(
         self, new_jobs: Iterable[NewJob], out: list[_Made]
@@ -162,14 +189,19 @@ class _NewJobs:
         part as they are read, yielding to the loop every few jobs: a driver inserts
         one part while the next is made (``Driver.jobs_insert_alone``)."""
         jobs_in = iter(new_jobs)
-        while part := list(itertools.islice(jobs_in, _PART)):
+        part = list(itertools.islice(jobs_in, _PART))
+        while part:
             jobs_at, runs_at, events_at = len(self.jobs), len(self.runs), len(self.events)
             for index, nj in enumerate(part, 1):
                 out.append(self.add(nj, None))
                 if index % _YIELD_EVERY == 0:
                     await asyncio.sleep(0)
+            part = list(itertools.islice(jobs_in, _PART))
             yield NewJobRows(
-                jobs=self.jobs[jobs_at:], runs=self.runs[runs_at:], events=self.events[events_at:]
+                jobs=self.jobs[jobs_at:],
+                runs=self.runs[runs_at:],
+                events=self.events[events_at:],
+                audit=() if part else self.audit_records(),  # with the last part
             )
 
     def _creation_events(self, actor: str | None) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
@@ -196,7 +228,9 @@ class _NewJobs:
         # One dump for the template and the schedule: two cost twice.
         spec_json = spec.model_dump(mode="json")
         template = RunTemplate.of_spec_json(spec_json)
-        created, scheduled = self._creation_events(nj.actor)
+        created, scheduled = self._creation_events(name_of(nj.actor))
+        if nj.actor is not None:
+            self._created_by.setdefault(nj.actor, []).append((job_id, spec.name))
         # In the order of NEW_JOB_COLUMNS.
         self.jobs.append(
             (
@@ -301,7 +335,7 @@ class _NewJobs:
                 run_id=skipped_id,
                 from_state=source,
                 to_state=target.value,
-                actor=nj.actor,
+                actor=name_of(nj.actor),
                 reason=reason,
             )
             for source, target in (
@@ -615,7 +649,7 @@ class JobsMixin(SqlCore):
                             state=RunState.SCHEDULED.value,
                             fire_at=PARKED_FIRE_AT,
                             dispatched_at=None,
-                            reason=_PAUSED_REASON,
+                            reason=PAUSED_REASON,
                         )
                         .returning(runs.c.id)
                     )
@@ -630,7 +664,7 @@ class JobsMixin(SqlCore):
                         from_state=source.value,
                         to_state=RunState.SCHEDULED.value,
                         actor=by,
-                        reason=_PAUSED_REASON,
+                        reason=PAUSED_REASON,
                     )
                     for r in moved
                 ]

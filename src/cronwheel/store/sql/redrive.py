@@ -9,6 +9,12 @@ A run sent back starts a new series of attempts: its attempt count goes on, and 
 make its retry policy's ``max_attempts`` more. A finished one-off job is active again
 while the run is live (the attempts path finishes it when the run ends).
 
+The run's job decides what "again" means: a *cancelled* job runs nothing more, so its
+runs are not sent back (one named alone: 409; in a batch: skipped, "its job is
+cancelled"); a *paused* job's run is sent back parked, as the pause parked its other
+runs, and goes when the job resumes. The jobs are read locked (FOR SHARE) after their
+runs, so a pause or cancel committing meanwhile waits, and then sees the run.
+
 One path writes, whatever chose the runs: ``_runs_send_back`` takes runs the caller
 has locked and moves them all with one UPDATE, reopens their one-off jobs with one
 UPDATE and records them with one insert. Runs are locked before their jobs, the order
@@ -30,10 +36,10 @@ from cronwheel.domain.model import Run
 from cronwheel.domain.states import REDRIVE, JobState, Move, RunState
 from cronwheel.store.notices import CHANNEL_RUNS_NEW, announce
 from cronwheel.store.rows import event_row, run_from
-from cronwheel.store.schema import jobs, runs
+from cronwheel.store.schema import PARKED_FIRE_AT, jobs, runs
 from cronwheel.store.sql.core import SqlCore
 from cronwheel.store.sql.pending import pending_admit, tenant_for_new_runs
-from cronwheel.store.sql.statements import ONE_OFF_KINDS, may
+from cronwheel.store.sql.statements import ONE_OFF_KINDS, PAUSED_REASON, may
 from cronwheel.store.values import REDRIVE_BATCH_MAX, RedriveBatch
 
 __all__ = ["RedriveMixin"]
@@ -71,6 +77,14 @@ class RedriveMixin(SqlCore):
                     source=current.state,
                     target=RunState.SCHEDULED.value,
                 )
+            job_state = (await self._job_states(conn, tenant_id, [run_id]))[run_id]
+            if job_state == JobState.CANCELLED.value:
+                raise IllegalTransitionError(
+                    f"run {run_id} cannot be sent back: its job is cancelled and runs "
+                    "nothing more (trigger or create a job to run it again)",
+                    source=current.state,
+                    target=RunState.SCHEDULED.value,
+                )
             await pending_admit(conn, tenant_id, limit=max_pending, adding=1)
             [run] = await self._runs_send_back(
                 conn,
@@ -79,6 +93,7 @@ class RedriveMixin(SqlCore):
                 at=at,
                 actor=name_of(actor),
                 reason=reason or _DEFAULT_REASON,
+                parked={run_id} if job_state == JobState.PAUSED.value else set(),
             )
             await self._audit(
                 conn,
@@ -90,7 +105,7 @@ class RedriveMixin(SqlCore):
                 target_id=run_id,
                 reason=reason,
                 before={"state": current.state},
-                after={"state": run.state.value},
+                after={"state": run.state.value, "held": run.fire_at >= PARKED_FIRE_AT},
             )
         return run
 
@@ -115,7 +130,17 @@ class RedriveMixin(SqlCore):
                 f"run_ids: at most {REDRIVE_BATCH_MAX} ids at once, not {len(named)}",
                 field="run_ids",
             )
-        selected = [runs.c.tenant_id == tenant_id, may(REDRIVE)]
+        # A cancelled job's dead letters are not sent back: not even counted as left.
+        of_cancelled_job = (
+            sa.select(jobs.c.id)
+            .where(
+                jobs.c.tenant_id == runs.c.tenant_id,
+                jobs.c.id == runs.c.job_id,
+                jobs.c.state == JobState.CANCELLED.value,
+            )
+            .exists()
+        )
+        selected = [runs.c.tenant_id == tenant_id, may(REDRIVE), ~of_cancelled_job]
         if job_id is not None:
             selected.append(runs.c.job_id == job_id)
         if named is not None:
@@ -134,14 +159,20 @@ class RedriveMixin(SqlCore):
             locked = [] if named == [] else (await conn.execute(lock)).all()
             if not locked and job_id is not None:
                 await self._job_must_exist(conn, tenant_id, job_id)
-            await pending_admit(conn, tenant_id, limit=max_pending, adding=len(locked))
+            job_states = await self._job_states(conn, tenant_id, [r.id for r in locked])
+            # (A job cancelled between the selection and its lock: its runs stay.)
+            going = {
+                r.id: r.state for r in locked if job_states.get(r.id) != JobState.CANCELLED.value
+            }
+            await pending_admit(conn, tenant_id, limit=max_pending, adding=len(going))
             sent = await self._runs_send_back(
                 conn,
                 tenant_id,
-                {r.id: r.state for r in locked},
+                going,
                 at=at,
                 actor=name_of(actor),
                 reason=reason or _DEFAULT_REASON,
+                parked={i for i in going if job_states.get(i) == JobState.PAUSED.value},
             )
             if sent:
                 await self._audit(
@@ -163,10 +194,10 @@ class RedriveMixin(SqlCore):
                 (await conn.execute(sa.select(runs.c.id).where(*selected).limit(1))).first()
                 is not None
             )
-            skipped: dict[uuid.UUID, str | None] = {}
+            skipped: dict[uuid.UUID, str] = {}
             if named:
                 sent_ids = {r.id for r in sent}
-                skipped = await self._states_of(
+                skipped = await self._not_sent(
                     conn, tenant_id, [i for i in named if i not in sent_ids]
                 )
         return RedriveBatch(runs=sent, skipped=skipped, more=more)
@@ -180,12 +211,16 @@ class RedriveMixin(SqlCore):
         at: datetime,
         actor: str | None,
         reason: str,
+        parked: set[uuid.UUID],
     ) -> list[Run]:
         """Move the runs of ``sources`` (id → state, locked by the caller, checked to be
-        sent back) to SCHEDULED due ``at``, with a new series of attempts; reopen their
-        finished one-off jobs; record and announce them. Returns them in id order."""
+        sent back) to SCHEDULED due ``at`` — those of ``parked`` (their job is paused)
+        parked until it resumes —, with a new series of attempts; reopen their finished
+        one-off jobs; record them, and announce those that will fire. Returns them in id
+        order."""
         if not sources:
             return []
+        held = self.driver.id_in(runs.c.id, sorted(parked)) if parked else sa.false()
         # Each run's own policy, as copied from its job: no per-row round trip.
         series = sa.func.coalesce(runs.c.retry["max_attempts"].as_integer(), 1)
         rows = (
@@ -194,10 +229,10 @@ class RedriveMixin(SqlCore):
                 .where(runs.c.tenant_id == tenant_id, self.driver.id_in(runs.c.id, list(sources)))
                 .values(
                     state=RunState.SCHEDULED.value,
-                    fire_at=at,
+                    fire_at=sa.case((held, PARKED_FIRE_AT), else_=at),
                     finished_at=None,
                     cancel_requested=False,
-                    reason=reason,
+                    reason=sa.case((held, PAUSED_REASON), else_=reason),
                     max_attempts=runs.c.attempt + series,
                     quarantined_at=None,
                 )
@@ -231,25 +266,68 @@ class RedriveMixin(SqlCore):
                     reason=reason,
                 )
                 for run in sent
+            ]
+            + [
+                event_row(
+                    at=at,
+                    kind="run.parked",
+                    tenant_id=tenant_id,
+                    job_id=run.job_id,
+                    run_id=run.id,
+                    from_state=RunState.SCHEDULED.value,
+                    to_state=RunState.SCHEDULED.value,
+                    actor=actor,
+                    reason=PAUSED_REASON,
+                )
+                for run in sent
+                if run.id in parked
             ],
         )
-        await self._notify(conn, CHANNEL_RUNS_NEW, [announce(r.id, r.shard, at) for r in sent])
+        going = [announce(r.id, r.shard, at) for r in sent if r.id not in parked]
+        if going:
+            await self._notify(conn, CHANNEL_RUNS_NEW, going)
         return sent
 
-    async def _states_of(
+    async def _job_states(
         self, conn: AsyncConnection, tenant_id: uuid.UUID, run_ids: list[uuid.UUID]
-    ) -> dict[uuid.UUID, str | None]:
-        """Each of ``run_ids`` with its state, None for an id the tenant has no run of;
-        in the order given."""
+    ) -> dict[uuid.UUID, str]:
+        """The state of each run's job, the jobs locked (FOR SHARE, after their runs)
+        until the transaction ends: a pause or cancel waits for it, and then sees the
+        runs it sent back."""
         if not run_ids:
             return {}
         rows = await conn.execute(
-            sa.select(runs.c.id, runs.c.state).where(
-                runs.c.tenant_id == tenant_id, self.driver.id_in(runs.c.id, run_ids)
-            )
+            sa.select(runs.c.id, jobs.c.state)
+            .join(jobs, sa.and_(jobs.c.tenant_id == runs.c.tenant_id, jobs.c.id == runs.c.job_id))
+            .where(runs.c.tenant_id == tenant_id, self.driver.id_in(runs.c.id, run_ids))
+            .with_for_update(read=True, of=jobs)
         )
-        found: dict[uuid.UUID, str] = {r.id: r.state for r in rows}
-        return {i: found.get(i) for i in run_ids}
+        return {r.id: r.state for r in rows}
+
+    async def _not_sent(
+        self, conn: AsyncConnection, tenant_id: uuid.UUID, run_ids: list[uuid.UUID]
+    ) -> dict[uuid.UUID, str]:
+        """Why each of ``run_ids`` (named, not sent back) was not, in the order given."""
+        if not run_ids:
+            return {}
+        rows = await conn.execute(
+            sa.select(runs.c.id, runs.c.state, jobs.c.state.label("job_state"))
+            .join(jobs, sa.and_(jobs.c.tenant_id == runs.c.tenant_id, jobs.c.id == runs.c.job_id))
+            .where(runs.c.tenant_id == tenant_id, self.driver.id_in(runs.c.id, run_ids))
+        )
+        found = {r.id: r for r in rows}
+        out: dict[uuid.UUID, str] = {}
+        for run_id in run_ids:
+            row = found.get(run_id)
+            if row is None:
+                out[run_id] = "not found"
+            elif row.state != RunState.DEAD_LETTER.value:
+                out[run_id] = f"not a dead letter: {row.state}"
+            elif row.job_state == JobState.CANCELLED.value:
+                out[run_id] = "its job is cancelled"
+            else:
+                out[run_id] = "over the limit"
+        return out
 
     async def _job_must_exist(
         self, conn: AsyncConnection, tenant_id: uuid.UUID, job_id: uuid.UUID

@@ -18,6 +18,7 @@ from cronwheel.store.values import CompleteItem, FailItem, HeartbeatItem
 
 __all__ = [
     "ONE_OFF_KINDS",
+    "PAUSED_REASON",
     "attempts_end",
     "attempts_live",
     "free_shard_leases",
@@ -32,6 +33,8 @@ __all__ = [
 ]
 
 ONE_OFF_KINDS = ("at", "delay", "asap")
+# The reason a run of a paused job carries while it is parked (``store/sql/jobs.py``).
+PAUSED_REASON = "job paused"
 
 
 def may(move: Move, state: sa.ColumnElement[Any] = runs.c.state) -> sa.ColumnElement[bool]:

@@ -59,7 +59,6 @@ def upgrade() -> None:
     )
     op.create_index("ix_audit_tenant", "audit", ["tenant_id", "id"])
     op.create_index("ix_audit_target", "audit", ["target_id", "id"])
-    op.create_index("ix_audit_at", "audit", ["at"])
     if op.get_context().dialect.name == "postgresql":
         op.execute(_GUARD)
         op.execute(
