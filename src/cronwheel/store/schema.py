@@ -22,6 +22,7 @@ __all__ = [
     "FENCING_SEQUENCE",
     "NO_RESERVATION",
     "NUM_SHARDS",
+    "OPEN_OPERATION",
     "PARKED_FIRE_AT",
     "PROGRESS_LIVE",
     "QUARANTINED",
@@ -41,6 +42,7 @@ __all__ = [
     "jobs",
     "log_chunks",
     "metadata",
+    "operations",
     "pools",
     "rate_buckets",
     "runs",
@@ -440,6 +442,42 @@ audit = sa.Table(
     # every create writes a record, and an index on ``at`` would cost each one more.)
     sa.Index("ix_audit_tenant", "tenant_id", "id"),
     sa.Index("ix_audit_target", "target_id", "id"),
+)
+
+# Bulk operations (``domain/bulk.py``): what each was asked to do and how far it got. An
+# open one (pending, running) is claimed by an API node for ``lease_expires_at``.
+OPEN_OPERATION = "state IN ('pending', 'running')"
+operations = sa.Table(
+    "operations",
+    metadata,
+    sa.Column("id", Uuid, primary_key=True),
+    sa.Column("tenant_id", Uuid, sa.ForeignKey("tenants.id", ondelete="CASCADE"), nullable=False),
+    sa.Column("action", sa.String(20), nullable=False),
+    sa.Column("selector", Json, nullable=False),
+    sa.Column("reason", sa.Text),
+    sa.Column("actor", sa.String(200), nullable=False),
+    sa.Column("request_id", sa.String(200)),
+    sa.Column("state", sa.String(10), nullable=False),
+    sa.Column("accepted_at", UtcDateTime, nullable=False),
+    sa.Column("started_at", UtcDateTime),
+    sa.Column("finished_at", UtcDateTime),
+    sa.Column("matched", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("changed", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("skipped", Json, nullable=False),
+    sa.Column("details", Json, nullable=False),
+    # Where a step goes on from, for the actions whose rows stay selectable (trigger).
+    sa.Column("cursor", Uuid),
+    sa.Column("owner", sa.String(200)),
+    sa.Column("lease_expires_at", UtcDateTime),
+    sa.Column("error", sa.Text),
+    sa.CheckConstraint("state IN ('pending', 'running', 'done', 'failed')", name="state"),
+    sa.Index("ix_operations_tenant", "tenant_id", "id"),
+    sa.Index(
+        "ix_operations_open",
+        "accepted_at",
+        postgresql_where=sa.text(OPEN_OPERATION),
+        sqlite_where=sa.text(OPEN_OPERATION),
+    ),
 )
 
 workers = sa.Table(

@@ -15,7 +15,8 @@ On resume a parked run whose due instant has passed fires at once, late, and the
 job's catch-up policy decides what happens to it. A parked fire time is a value no
 real schedule produces, so ``fire_at >= PARKED_FIRE_AT`` is exactly "parked by a
 pause": triggered and backfilled runs of a paused job are never parked (they are
-explicit requests) and a resume leaves them alone.
+explicit requests) and a resume leaves them alone. The steps themselves, for any number
+of jobs at once, are ``store/sql/holds.py``'s (a bulk pause takes them too).
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ from cronwheel.domain.spec import (
     ScheduleSpec,
     schedule_kind,
 )
-from cronwheel.domain.states import PARK, JobState, RunState
+from cronwheel.domain.states import JobState, RunState
 from cronwheel.domain.template import RunTemplate
 from cronwheel.ids import new_id
 from cronwheel.store.driver import NewJobRows, given_instant
@@ -69,10 +70,10 @@ from cronwheel.store.rows import (
     run_from_mapping,
     uuid_cursor,
 )
-from cronwheel.store.schema import PARKED_FIRE_AT, jobs, runs
-from cronwheel.store.sql.core import SqlCore, jobs_select
+from cronwheel.store.schema import jobs, runs
+from cronwheel.store.sql.core import jobs_select
+from cronwheel.store.sql.holds import HoldsMixin
 from cronwheel.store.sql.pending import pending_admit, tenant_for_new_runs
-from cronwheel.store.sql.statements import PAUSED_REASON, update_each
 from cronwheel.timing.spread import spread_instant
 
 __all__ = ["JobsMixin", "stored_schedule"]
@@ -99,8 +100,6 @@ _SCHEDULE_MODELS: dict[str, type[BaseModel]] = {
 _PART = 128
 _YIELD_EVERY = 4
 
-
-_RESUMED_REASON = "resumed after pause"
 
 # The audit trail's verb for a job moved into each state.
 _VERBS = {JobState.CANCELLED: "cancel", JobState.PAUSED: "pause", JobState.ACTIVE: "resume"}
@@ -345,7 +344,7 @@ class _NewJobs:
         ]
 
 
-class JobsMixin(SqlCore):
+class JobsMixin(HoldsMixin):
     async def jobs_create_many(
         self,
         tenant_id: uuid.UUID,
@@ -620,55 +619,16 @@ class JobsMixin(SqlCore):
         async with self._write() as conn:
             at = await self._now(conn, now)
             await self._job_move(conn, tenant_id, job_id, JobState.ACTIVE, JobState.PAUSED, at)
-            out = [
-                event_row(
-                    at=at,
-                    kind="job.paused",
-                    tenant_id=tenant_id,
-                    job_id=job_id,
-                    actor=by,
-                    reason=reason,
-                )
-            ]
-            # SCHEDULED runs are parked in place, first: the DISPATCHED runs moved back
-            # next (PARK) must not be counted twice.
-            for source, kind in (
-                (RunState.SCHEDULED, "run.parked"),
-                (PARK.source, "run.transition"),
-            ):
-                moved = (
-                    await conn.execute(
-                        runs.update()
-                        .where(
-                            runs.c.tenant_id == tenant_id,
-                            runs.c.job_id == job_id,
-                            runs.c.state == source.value,
-                            runs.c.fire_at < PARKED_FIRE_AT,
-                        )
-                        .values(
-                            state=RunState.SCHEDULED.value,
-                            fire_at=PARKED_FIRE_AT,
-                            dispatched_at=None,
-                            reason=PAUSED_REASON,
-                        )
-                        .returning(runs.c.id)
-                    )
-                ).all()
-                out += [
-                    event_row(
-                        at=at,
-                        kind=kind,
-                        tenant_id=tenant_id,
-                        job_id=job_id,
-                        run_id=r.id,
-                        from_state=source.value,
-                        to_state=RunState.SCHEDULED.value,
-                        actor=by,
-                        reason=PAUSED_REASON,
-                    )
-                    for r in moved
-                ]
-            await self._insert_events(conn, out)
+            held = await self._jobs_hold(conn, tenant_id, [job_id], at=at, by=by)
+            paused = event_row(
+                at=at,
+                kind="job.paused",
+                tenant_id=tenant_id,
+                job_id=job_id,
+                actor=by,
+                reason=reason,
+            )
+            await self._insert_events(conn, [paused, *held])
             await self._audit_job_state(
                 conn,
                 actor,
@@ -677,7 +637,7 @@ class JobsMixin(SqlCore):
                 move=(JobState.ACTIVE, JobState.PAUSED),
                 at=at,
                 reason=reason,
-                run_events=out[1:],
+                run_events=held,
             )
             return await self._job_read(conn, tenant_id, job_id)
 
@@ -694,45 +654,16 @@ class JobsMixin(SqlCore):
         async with self._write() as conn:
             at = await self._now(conn, now)
             await self._job_move(conn, tenant_id, job_id, JobState.PAUSED, JobState.ACTIVE, at)
-            released = (
-                await conn.execute(
-                    runs.update()
-                    .where(
-                        runs.c.tenant_id == tenant_id,
-                        runs.c.job_id == job_id,
-                        runs.c.state == RunState.SCHEDULED.value,
-                        runs.c.fire_at >= PARKED_FIRE_AT,
-                    )
-                    .values(fire_at=runs.c.due_at, reason=_RESUMED_REASON)
-                    .returning(runs.c.id, runs.c.shard, runs.c.due_at)
-                )
-            ).all()
-            fires = await self._spread_fire_at(conn, tenant_id, job_id, released)
-            out = [
-                event_row(
-                    at=at,
-                    kind="job.resumed",
-                    tenant_id=tenant_id,
-                    job_id=job_id,
-                    actor=by,
-                    reason=reason,
-                )
-            ]
-            out += [
-                event_row(
-                    at=at,
-                    kind="run.unparked",
-                    tenant_id=tenant_id,
-                    job_id=job_id,
-                    run_id=r.id,
-                    from_state=RunState.SCHEDULED.value,
-                    to_state=RunState.SCHEDULED.value,
-                    actor=by,
-                    reason=_RESUMED_REASON,
-                )
-                for r in released
-            ]
-            await self._insert_events(conn, out)
+            released, notices = await self._jobs_release(conn, tenant_id, [job_id], at=at, by=by)
+            resumed = event_row(
+                at=at,
+                kind="job.resumed",
+                tenant_id=tenant_id,
+                job_id=job_id,
+                actor=by,
+                reason=reason,
+            )
+            await self._insert_events(conn, [resumed, *released])
             await self._audit_job_state(
                 conn,
                 actor,
@@ -741,39 +672,11 @@ class JobsMixin(SqlCore):
                 move=(JobState.PAUSED, JobState.ACTIVE),
                 at=at,
                 reason=reason,
-                run_events=out[1:],
+                run_events=released,
             )
-            notices = [
-                announce(r.id, r.shard, fires[r.id])
-                for r in released
-                if fires[r.id] < at + ANNOUNCE_HORIZON
-            ]
             if notices:
                 await self._notify(conn, CHANNEL_RUNS_NEW, notices)
             return await self._job_read(conn, tenant_id, job_id)
-
-    async def _spread_fire_at(
-        self,
-        conn: AsyncConnection,
-        tenant_id: uuid.UUID,
-        job_id: uuid.UUID,
-        released: Sequence[Any],
-    ) -> dict[uuid.UUID, datetime]:
-        """The fire times of runs a resume released (``id``, ``due_at``): their spread
-        instants, written over the due instants the release set when the job spreads."""
-        fires = {r.id: r.due_at for r in released}
-        if not released:
-            return fires
-        template = (
-            await conn.execute(
-                sa.select(jobs.c.template).where(jobs.c.tenant_id == tenant_id, jobs.c.id == job_id)
-            )
-        ).scalar_one()
-        spread = RunTemplate.from_json(template).spread
-        if spread > 0:
-            fires = {r.id: spread_instant(job_id, r.due_at, spread) for r in released}
-            await update_each(conn, runs, [{"id": i, "fire_at": f} for i, f in fires.items()])
-        return fires
 
     async def _audit_job_state(
         self,
