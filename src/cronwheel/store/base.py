@@ -38,6 +38,7 @@ from datetime import date, datetime
 from typing import Any
 
 from cronwheel.domain.audit import Actor, AuditRecord
+from cronwheel.domain.bulk import Operation, Selector
 from cronwheel.domain.model import (
     ApiKey,
     Attempt,
@@ -543,6 +544,55 @@ class Store(SchedulerSide, WorkerSide):
         Index bounded (see ``store/sql/pools.py``)."""
 
     # -- events --------------------------------------------------------------------
+
+    # -- bulk operations (domain/bulk.py) ---------------------------------------------
+
+    @abstractmethod
+    async def operations_create(
+        self,
+        tenant_id: uuid.UUID,
+        *,
+        action: str,
+        selector: Selector,
+        actor: Actor,
+        reason: str | None = None,
+        now: datetime | None = None,
+    ) -> Operation:
+        """Accept a bulk operation: PENDING, its audit record written, the API nodes
+        woken to claim it. ``ValidationError`` (nothing stored) for a selector that does
+        not fit the action or is empty without ``all``; NotFoundError for no tenant."""
+
+    @abstractmethod
+    async def operations_get(self, tenant_id: uuid.UUID, operation_id: uuid.UUID) -> Operation:
+        """One of the tenant's operations; NotFoundError otherwise."""
+
+    @abstractmethod
+    async def operations_list(
+        self, tenant_id: uuid.UUID, *, cursor: str | None = None, limit: int = 100
+    ) -> Page[Operation]:
+        """The tenant's operations, newest first."""
+
+    @abstractmethod
+    async def operations_claim(
+        self, *, owner: str, ttl: float, now: datetime | None = None
+    ) -> Operation | None:
+        """Take the oldest open operation nobody holds (never claimed, or its holder's
+        lease lapsed) for ``ttl`` seconds: RUNNING, held by ``owner``. None: none left."""
+
+    @abstractmethod
+    async def operations_step(
+        self, operation_id: uuid.UUID, *, owner: str, ttl: float, now: datetime | None = None
+    ) -> Operation:
+        """One step of an operation ``owner`` holds, in one transaction with its counts;
+        the lease renewed, DONE when nothing was left. ``LeaseLostError`` (a
+        ConflictError) when ``owner`` no longer holds it: nothing changed."""
+
+    @abstractmethod
+    async def operations_fail(
+        self, operation_id: uuid.UUID, *, owner: str, error: str, now: datetime | None = None
+    ) -> None:
+        """End an operation ``owner`` holds as FAILED with ``error``; what its steps did
+        stays done."""
 
     @abstractmethod
     async def audit_list(

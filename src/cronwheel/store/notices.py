@@ -13,6 +13,7 @@ from cronwheel.domain.model import DueRun
 __all__ = [
     "ANNOUNCE_HORIZON",
     "CHANNEL_KEYS_REVOKED",
+    "CHANNEL_OPERATIONS",
     "CHANNEL_RUNS_NEW",
     "CHANNEL_RUNS_READY",
     "announce",
@@ -31,6 +32,8 @@ CHANNEL_RUNS_NEW = "cw_runs_new"  # runs created or rescheduled to fire soon: "s
 CHANNEL_RUNS_READY = "cw_runs_ready"
 # An API key was revoked: "key id" (hex). Every API node drops it from its key cache.
 CHANNEL_KEYS_REVOKED = "cw_keys_revoked"
+# A bulk operation was accepted: "operation id". API nodes wake to claim it.
+CHANNEL_OPERATIONS = "cw_operations"
 _NOT_BEFORE = "\x1f"
 _MAX_INSTANTS = 32  # per notice: a batch spread wider is woken at evenly spaced ones
 

@@ -40,7 +40,12 @@ from cronwheel.store.drivers.postgres_jobs import (
     insert_jobs,
     notify_chunks,
 )
-from cronwheel.store.notices import CHANNEL_KEYS_REVOKED, CHANNEL_RUNS_NEW, CHANNEL_RUNS_READY
+from cronwheel.store.notices import (
+    CHANNEL_KEYS_REVOKED,
+    CHANNEL_OPERATIONS,
+    CHANNEL_RUNS_NEW,
+    CHANNEL_RUNS_READY,
+)
 from cronwheel.store.schema import AUDIT_RETENTION_SETTING, runs
 from cronwheel.store.values import CompleteItem, Grant, HeartbeatItem, LeaseRenewal, ReadyQueue
 
@@ -181,7 +186,12 @@ class PostgresDriver(Driver):
             try:
                 conn = await asyncpg.connect(dsn)
                 self._listener = conn
-                for channel in (CHANNEL_RUNS_NEW, CHANNEL_RUNS_READY, CHANNEL_KEYS_REVOKED):
+                for channel in (
+                    CHANNEL_RUNS_NEW,
+                    CHANNEL_RUNS_READY,
+                    CHANNEL_KEYS_REVOKED,
+                    CHANNEL_OPERATIONS,
+                ):
                     await conn.add_listener(channel, on_notify)
                 closed = asyncio.Event()
                 conn.add_termination_listener(lambda _c, done=closed: done.set())

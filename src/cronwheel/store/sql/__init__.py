@@ -5,6 +5,7 @@ from __future__ import annotations
 from cronwheel.store.sql.admission import AdmissionMixin
 from cronwheel.store.sql.attempts import AttemptsMixin
 from cronwheel.store.sql.audit import AuditMixin
+from cronwheel.store.sql.bulk import BulkMixin
 from cronwheel.store.sql.deletion import DeletionMixin
 from cronwheel.store.sql.events import EventsMixin
 from cronwheel.store.sql.expiry import ExpiryMixin
@@ -23,6 +24,7 @@ __all__ = ["SqlStore"]
 
 
 class SqlStore(
+    BulkMixin,  # and the triggers and redrive it takes steps of
     TenantsMixin,
     RateBucketsMixin,
     TriggersMixin,  # and JobsMixin, which it builds on

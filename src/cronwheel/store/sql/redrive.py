@@ -38,13 +38,24 @@ from cronwheel.store.notices import CHANNEL_RUNS_NEW, announce
 from cronwheel.store.rows import event_row, run_from
 from cronwheel.store.schema import PARKED_FIRE_AT, jobs, runs
 from cronwheel.store.sql.core import SqlCore
-from cronwheel.store.sql.pending import pending_admit, tenant_for_new_runs
+from cronwheel.store.sql.pending import PendingLimit, pending_admit, tenant_for_new_runs
 from cronwheel.store.sql.statements import ONE_OFF_KINDS, PAUSED_REASON, may
 from cronwheel.store.values import REDRIVE_BATCH_MAX, RedriveBatch
 
-__all__ = ["RedriveMixin"]
+__all__ = ["OF_CANCELLED_JOB", "RedriveMixin"]
 
 _DEFAULT_REASON = "sent back by request"
+
+# The runs whose job is cancelled: never sent back.
+OF_CANCELLED_JOB = (
+    sa.select(jobs.c.id)
+    .where(
+        jobs.c.tenant_id == runs.c.tenant_id,
+        jobs.c.id == runs.c.job_id,
+        jobs.c.state == JobState.CANCELLED.value,
+    )
+    .exists()
+)
 
 
 class RedriveMixin(SqlCore):
@@ -131,16 +142,7 @@ class RedriveMixin(SqlCore):
                 field="run_ids",
             )
         # A cancelled job's dead letters are not sent back: not even counted as left.
-        of_cancelled_job = (
-            sa.select(jobs.c.id)
-            .where(
-                jobs.c.tenant_id == runs.c.tenant_id,
-                jobs.c.id == runs.c.job_id,
-                jobs.c.state == JobState.CANCELLED.value,
-            )
-            .exists()
-        )
-        selected = [runs.c.tenant_id == tenant_id, may(REDRIVE), ~of_cancelled_job]
+        selected = [runs.c.tenant_id == tenant_id, may(REDRIVE), ~OF_CANCELLED_JOB]
         if job_id is not None:
             selected.append(runs.c.job_id == job_id)
         if named is not None:
@@ -159,20 +161,14 @@ class RedriveMixin(SqlCore):
             locked = [] if named == [] else (await conn.execute(lock)).all()
             if not locked and job_id is not None:
                 await self._job_must_exist(conn, tenant_id, job_id)
-            job_states = await self._job_states(conn, tenant_id, [r.id for r in locked])
-            # (A job cancelled between the selection and its lock: its runs stay.)
-            going = {
-                r.id: r.state for r in locked if job_states.get(r.id) != JobState.CANCELLED.value
-            }
-            await pending_admit(conn, tenant_id, limit=max_pending, adding=len(going))
-            sent = await self._runs_send_back(
+            sent = await self._redrive_locked(
                 conn,
                 tenant_id,
-                going,
+                {r.id: r.state for r in locked},
                 at=at,
-                actor=name_of(actor),
+                by=name_of(actor),
                 reason=reason or _DEFAULT_REASON,
-                parked={i for i in going if job_states.get(i) == JobState.PAUSED.value},
+                max_pending=max_pending,
             )
             if sent:
                 await self._audit(
@@ -201,6 +197,38 @@ class RedriveMixin(SqlCore):
                     conn, tenant_id, [i for i in named if i not in sent_ids]
                 )
         return RedriveBatch(runs=sent, skipped=skipped, more=more)
+
+    async def _redrive_locked(
+        self,
+        conn: AsyncConnection,
+        tenant_id: uuid.UUID,
+        locked: Mapping[uuid.UUID, str],
+        *,
+        at: datetime,
+        by: str | None,
+        reason: str,
+        max_pending: PendingLimit | None,
+    ) -> list[Run]:
+        """Send back the dead letters of ``locked`` (id → state, locked by the caller)
+        as their jobs allow (see the module's docstring), once the tenant's pending
+        limit admits them."""
+        job_states = await self._job_states(conn, tenant_id, list(locked))
+        # (A job cancelled between the selection and its lock: its runs stay.)
+        going = {
+            run_id: state
+            for run_id, state in locked.items()
+            if job_states.get(run_id) != JobState.CANCELLED.value
+        }
+        await pending_admit(conn, tenant_id, limit=max_pending, adding=len(going))
+        return await self._runs_send_back(
+            conn,
+            tenant_id,
+            going,
+            at=at,
+            actor=by,
+            reason=reason,
+            parked={i for i in going if job_states.get(i) == JobState.PAUSED.value},
+        )
 
     async def _runs_send_back(
         self,

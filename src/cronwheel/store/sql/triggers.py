@@ -15,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from cronwheel.domain.audit import Actor, name_of
 from cronwheel.domain.bounds import BACKFILL_RATE_MAX, BACKFILL_RATE_MIN
 from cronwheel.domain.errors import IllegalTransitionError, ValidationError
-from cronwheel.domain.model import Run
+from cronwheel.domain.model import Job, Run
 from cronwheel.domain.sharding import shard_of
 from cronwheel.domain.spec import (
     CronSchedule,
@@ -87,59 +87,8 @@ class TriggersMixin(JobsMixin):
                     target="triggered",
                 )
             await pending_admit(conn, tenant_id, limit=max_pending, adding=1)
-            template = job.template.with_payload(payload)
-            schedule = stored_schedule(job.kind, job.schedule)
-            shard = shard_of(tenant_id, job_id)
-            run_id = new_id()
-            for slot in range(_TRIGGER_SLOTS):
-                due = at + timedelta(microseconds=slot)
-                row = new_run_row(
-                    run_id=run_id,
-                    tenant_id=tenant_id,
-                    job_id=job_id,
-                    name=job.name,
-                    template=template,
-                    due_at=due,
-                    due_local=due_local(schedule, due),
-                    shard=shard,
-                    at=at,
-                    origin="trigger",
-                )
-                await conn.execute(self.driver.insert_ignore(runs, [row]))
-                created = await self._runs_by_id(conn, tenant_id, [run_id])
-                if created:
-                    break
-            else:
-                raise IllegalTransitionError(
-                    f"job {job_id} has a run due at every microsecond of the next "
-                    f"{_TRIGGER_SLOTS}: try again",
-                    source=job.state.value,
-                    target="triggered",
-                )
-            [run] = created
-            await self._insert_events(
-                conn,
-                [
-                    event_row(
-                        at=at,
-                        kind="job.triggered",
-                        tenant_id=tenant_id,
-                        job_id=job_id,
-                        run_id=run.id,
-                        actor=name_of(actor),
-                        data={"payload_keys": sorted(payload or {})},
-                    ),
-                    event_row(
-                        at=at,
-                        kind="run.transition",
-                        tenant_id=tenant_id,
-                        job_id=job_id,
-                        run_id=run.id,
-                        to_state=RunState.SCHEDULED.value,
-                        actor=name_of(actor),
-                        reason="triggered",
-                    ),
-                ],
+            run = await self._trigger_run(
+                conn, tenant_id, job, at=at, by=name_of(actor), payload=payload
             )
             await self._audit(
                 conn,
@@ -151,7 +100,76 @@ class TriggersMixin(JobsMixin):
                 target_id=job_id,
                 after={"run_id": run.id, "payload": payload or {}},
             )
-            await self._notify(conn, CHANNEL_RUNS_NEW, [announce(run.id, shard, run.fire_at)])
+        return run
+
+    async def _trigger_run(
+        self,
+        conn: AsyncConnection,
+        tenant_id: uuid.UUID,
+        job: Job,
+        *,
+        at: datetime,
+        by: str | None,
+        payload: dict[str, Any] | None = None,
+        reason: str = "triggered",
+    ) -> Run:
+        """A run of ``job`` (locked, not cancelled, admitted) due ``at``, with ``payload``
+        merged over the job's: recorded and announced."""
+        template = job.template.with_payload(payload)
+        schedule = stored_schedule(job.kind, job.schedule)
+        shard = shard_of(tenant_id, job.id)
+        run_id = new_id()
+        for slot in range(_TRIGGER_SLOTS):
+            due = at + timedelta(microseconds=slot)
+            row = new_run_row(
+                run_id=run_id,
+                tenant_id=tenant_id,
+                job_id=job.id,
+                name=job.name,
+                template=template,
+                due_at=due,
+                due_local=due_local(schedule, due),
+                shard=shard,
+                at=at,
+                origin="trigger",
+            )
+            await conn.execute(self.driver.insert_ignore(runs, [row]))
+            created = await self._runs_by_id(conn, tenant_id, [run_id])
+            if created:
+                break
+        else:
+            raise IllegalTransitionError(
+                f"job {job.id} has a run due at every microsecond of the next "
+                f"{_TRIGGER_SLOTS}: try again",
+                source=job.state.value,
+                target="triggered",
+            )
+        [run] = created
+        await self._insert_events(
+            conn,
+            [
+                event_row(
+                    at=at,
+                    kind="job.triggered",
+                    tenant_id=tenant_id,
+                    job_id=job.id,
+                    run_id=run.id,
+                    actor=by,
+                    data={"payload_keys": sorted(payload or {})},
+                ),
+                event_row(
+                    at=at,
+                    kind="run.transition",
+                    tenant_id=tenant_id,
+                    job_id=job.id,
+                    run_id=run.id,
+                    to_state=RunState.SCHEDULED.value,
+                    actor=by,
+                    reason=reason,
+                ),
+            ],
+        )
+        await self._notify(conn, CHANNEL_RUNS_NEW, [announce(run.id, shard, run.fire_at)])
         return run
 
     async def jobs_backfill(

@@ -1,0 +1,210 @@
+"""Bulk operations in the store: accepted (or refused, storing nothing), claimed under a
+lease, and carried out in steps, soonest-due first, on both backends."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from cronwheel.domain.audit import Actor
+from cronwheel.domain.bulk import Operation, OperationState, Selector
+from cronwheel.domain.errors import ValidationError
+from cronwheel.domain.states import JobState, RunState
+from cronwheel.store import Store
+from cronwheel.store.schema import PARKED_FIRE_AT
+from cronwheel.store.sql import bulk
+from cronwheel.store.sql.bulk import LeaseLostError
+
+from .helpers import T0, at, create_job, make_tenant
+from .test_redrive import recurring_dead_letters
+
+OPS = Actor("k-ops", role="operator", request_id="bulk-1")
+
+
+async def run_to_end(store: Store, op: Operation, *, now_s: float = 10) -> Operation:
+    """Claim ``op`` and take its steps until it is done."""
+    claimed = await store.operations_claim(owner="api-1", ttl=30, now=at(now_s))
+    assert claimed is not None and claimed.id == op.id
+    for _ in range(1000):
+        done = await store.operations_step(op.id, owner="api-1", ttl=30, now=at(now_s))
+        if done.state is OperationState.DONE:
+            return done
+    raise AssertionError("the operation never ended")
+
+
+@pytest.mark.parametrize(
+    ("action", "selector", "field"),
+    [
+        ("cancel", Selector(), "selector"),
+        ("cancel", Selector(all=True, pool="p"), "selector.all"),
+        ("pause", Selector(run_ids=(uuid.uuid4(),)), "selector.run_ids"),
+        ("pause", Selector(states=("SCHEDULED",)), "selector.states"),
+        ("cancel", Selector(states=("SUCCESS",)), "selector.states"),
+        ("redrive", Selector(states=("FAILED",)), "selector.states"),
+        ("explode", Selector(pool="p"), "action"),
+        ("cancel", Selector(due_after=at(5), due_before=at(5)), "selector.due_before"),
+    ],
+)
+async def test_a_bad_request_stores_nothing(
+    store: Store, action: str, selector: Selector, field: str
+) -> None:
+    tenant = await make_tenant(store)
+    with pytest.raises(ValidationError) as caught:
+        await store.operations_create(tenant.id, action=action, selector=selector, actor=OPS)
+    assert caught.value.field == field
+    assert (await store.operations_list(tenant.id)).items == []
+
+
+async def test_cancel_by_tag_soonest_due_first(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(bulk, "STEP", 2)
+    tenant = await make_tenant(store)
+    tagged = [
+        (await create_job(store, tenant.id, due_at=at(100 - i), tags=["billing"]))[1]
+        for i in range(5)
+    ]
+    _other_job, untouched = await create_job(store, tenant.id, due_at=at(50), tags=["ops"])
+    op = await store.operations_create(
+        tenant.id,
+        action="cancel",
+        selector=Selector(tags_all=("billing",)),
+        actor=OPS,
+        reason="bad deploy",
+        now=at(1),
+    )
+    assert op.state is OperationState.PENDING
+    await store.operations_claim(owner="api-1", ttl=30, now=at(2))
+    first = await store.operations_step(op.id, owner="api-1", ttl=30, now=at(2))
+    # The two due soonest went first.
+    soonest = sorted(tagged, key=lambda r: r.fire_at)[:2]
+    states = {r.id: (await store.runs_get(tenant.id, r.id)).state for r in tagged}
+    assert {i for i, s in states.items() if s is RunState.CANCELLED} == {r.id for r in soonest}
+    assert (first.state, first.matched, first.changed) == (OperationState.RUNNING, 2, 2)
+    done = await run_to_end_claimed(store, op)
+    assert (done.matched, done.changed, done.skipped) == (5, 5, {})
+    for r in tagged:
+        run = await store.runs_get(tenant.id, r.id)
+        assert (run.state, run.reason) == (RunState.CANCELLED, "bad deploy")
+    assert (await store.runs_get(tenant.id, untouched.id)).state is RunState.SCHEDULED
+    [record] = (await store.audit_list(tenant.id, action="bulk.cancel")).items
+    assert (record.target_id, record.request_id) == (str(op.id), "bulk-1")
+    assert record.after == {"selector": {"tags_all": ["billing"]}}
+
+
+async def run_to_end_claimed(store: Store, op: Operation) -> Operation:
+    for _ in range(1000):
+        step = await store.operations_step(op.id, owner="api-1", ttl=30, now=at(3))
+        if step.state is OperationState.DONE:
+            return step
+    raise AssertionError("the operation never ended")
+
+
+async def test_named_ids_of_another_tenant_are_not_found_and_untouched(store: Store) -> None:
+    tenant, other = await make_tenant(store), await make_tenant(store)
+    _job, mine = await create_job(store, tenant.id, due_at=at(60))
+    _theirs_job, theirs = await create_job(store, other.id, due_at=at(60))
+    _done_job, finished = await create_job(store, tenant.id, due_at=at(60))
+    await store.runs_cancel(tenant.id, finished.id, now=at(0))
+    op = await store.operations_create(
+        tenant.id,
+        action="cancel",
+        selector=Selector(run_ids=(mine.id, theirs.id, finished.id)),
+        actor=OPS,
+        now=at(1),
+    )
+    done = await run_to_end(store, op)
+    assert (done.matched, done.changed) == (3, 1)
+    assert done.skipped == {"not found": 1, "cancelled": 1}
+    assert (await store.runs_get(other.id, theirs.id)).state is RunState.SCHEDULED
+
+
+async def test_pause_and_resume_by_name_prefix(store: Store) -> None:
+    tenant = await make_tenant(store)
+    nightly = [
+        await create_job(store, tenant.id, due_at=at(60), name=f"nightly-{i}") for i in range(3)
+    ]
+    _hourly, kept = await create_job(store, tenant.id, due_at=at(60), name="hourly")
+    pause = await store.operations_create(
+        tenant.id, action="pause", selector=Selector(name_prefix="nightly-"), actor=OPS, now=at(1)
+    )
+    done = await run_to_end(store, pause)
+    assert (done.matched, done.changed) == (3, 3)
+    for job, run in nightly:
+        assert (await store.jobs_get(tenant.id, job.id)).state is JobState.PAUSED
+        assert (await store.runs_get(tenant.id, run.id)).fire_at == PARKED_FIRE_AT
+    assert (await store.runs_get(tenant.id, kept.id)).fire_at == at(60)
+    resume = await store.operations_create(
+        tenant.id, action="resume", selector=Selector(name_prefix="nightly-"), actor=OPS, now=at(11)
+    )
+    done = await run_to_end(store, resume, now_s=12)
+    assert (done.matched, done.changed) == (3, 3)
+    for job, run in nightly:
+        assert (await store.jobs_get(tenant.id, job.id)).state is JobState.ACTIVE
+        assert (await store.runs_get(tenant.id, run.id)).fire_at == at(60)
+
+
+async def test_the_selection_is_what_matched_when_accepted(store: Store) -> None:
+    tenant = await make_tenant(store)
+    before, _run = await create_job(store, tenant.id, due_at=at(600), now=T0, tags=["t"])
+    op = await store.operations_create(
+        tenant.id, action="pause", selector=Selector(tags_any=("t", "u")), actor=OPS, now=at(1)
+    )
+    later, _run = await create_job(store, tenant.id, due_at=at(600), now=at(2), tags=["t"])
+    await run_to_end(store, op)
+    assert (await store.jobs_get(tenant.id, before.id)).state is JobState.PAUSED
+    assert (await store.jobs_get(tenant.id, later.id)).state is JobState.ACTIVE
+
+
+async def test_redrive_and_trigger(store: Store) -> None:
+    tenant = await make_tenant(store)
+    dead = await recurring_dead_letters(store, tenant.id, 3)
+    await store.jobs_cancel(tenant.id, dead[0].job_id, now=at(3))
+    redrive = await store.operations_create(
+        tenant.id,
+        action="redrive",
+        selector=Selector(run_ids=tuple(r.id for r in dead)),
+        actor=OPS,
+        now=at(4),
+    )
+    done = await run_to_end(store, redrive)
+    assert (done.matched, done.changed, done.skipped) == (3, 2, {"job cancelled": 1})
+    states = [(await store.runs_get(tenant.id, r.id)).state for r in dead]
+    assert states == [RunState.DEAD_LETTER, RunState.SCHEDULED, RunState.SCHEDULED]
+
+    trigger = await store.operations_create(
+        tenant.id,
+        action="trigger",
+        selector=Selector(job_ids=tuple(r.job_id for r in dead)),
+        actor=OPS,
+        now=at(20),
+    )
+    done = await run_to_end(store, trigger, now_s=21)
+    # The cancelled job is not triggered.
+    assert (done.matched, done.changed, done.skipped) == (3, 2, {"cancelled": 1})
+    page = await store.runs_list(tenant.id, limit=100)
+    triggered = [r for r in page.items if r.origin == "trigger"]
+    assert sorted(r.job_id for r in triggered) == sorted(r.job_id for r in dead[1:])
+
+
+async def test_only_the_holder_steps_and_a_lapsed_lease_is_taken_over(store: Store) -> None:
+    tenant = await make_tenant(store)
+    await create_job(store, tenant.id, due_at=at(60), tags=["x"])
+    op = await store.operations_create(
+        tenant.id, action="cancel", selector=Selector(tags_all=("x",)), actor=OPS, now=at(1)
+    )
+    assert (await store.operations_claim(owner="api-1", ttl=5, now=at(2))) is not None
+    assert await store.operations_claim(owner="api-2", ttl=5, now=at(3)) is None
+    with pytest.raises(LeaseLostError):
+        await store.operations_step(op.id, owner="api-2", ttl=5, now=at(3))
+    # api-1 went silent: after its lease, api-2 takes the operation over and ends it.
+    taken = await store.operations_claim(owner="api-2", ttl=5, now=at(8))
+    assert taken is not None and taken.id == op.id
+    with pytest.raises(LeaseLostError):
+        await store.operations_step(op.id, owner="api-1", ttl=5, now=at(8))
+    last = await store.operations_step(op.id, owner="api-2", ttl=5, now=at(9))
+    while last.state is not OperationState.DONE:
+        last = await store.operations_step(op.id, owner="api-2", ttl=5, now=at(9))
+    assert last.changed == 1
+    assert await store.operations_claim(owner="api-3", ttl=5, now=at(20)) is None
