@@ -8,13 +8,12 @@ import uuid
 import pytest
 
 from cronwheel.domain.audit import Actor
-from cronwheel.domain.bulk import Operation, OperationState, Selector
+from cronwheel.domain.bulk import LeaseLostError, Operation, OperationState, Selector
 from cronwheel.domain.errors import ValidationError
 from cronwheel.domain.states import JobState, RunState
 from cronwheel.store import Store
 from cronwheel.store.schema import PARKED_FIRE_AT
 from cronwheel.store.sql import bulk
-from cronwheel.store.sql.bulk import LeaseLostError
 
 from .helpers import T0, at, create_job, make_tenant
 from .test_redrive import recurring_dead_letters
@@ -143,6 +142,17 @@ async def test_pause_and_resume_by_name_prefix(store: Store) -> None:
     for job, run in nightly:
         assert (await store.jobs_get(tenant.id, job.id)).state is JobState.ACTIVE
         assert (await store.runs_get(tenant.id, run.id)).fire_at == at(60)
+
+
+async def test_an_empty_list_of_ids_selects_nothing(store: Store) -> None:
+    tenant = await make_tenant(store)
+    _job, run = await create_job(store, tenant.id, due_at=at(60))
+    op = await store.operations_create(
+        tenant.id, action="cancel", selector=Selector(run_ids=()), actor=OPS, now=at(1)
+    )
+    done = await run_to_end(store, op)
+    assert (done.matched, done.changed) == (0, 0)
+    assert (await store.runs_get(tenant.id, run.id)).state is RunState.SCHEDULED
 
 
 async def test_the_selection_is_what_matched_when_accepted(store: Store) -> None:

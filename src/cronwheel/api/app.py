@@ -29,6 +29,7 @@ from cronwheel.api.routers import (
     alerts,
     attempts,
     audit,
+    bulk,
     health,
     jobs,
     logs,
@@ -184,9 +185,11 @@ def create_app(settings: Settings, store: Store, *, log_store: LogStore | None =
             state.key_cache.follow_revocations(subscribed), name="cronwheel-api-key-revocations"
         )
         await subscribed.wait()
+        state.operations.start()
         try:
             yield
         finally:
+            await state.operations.close()
             revocations.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await revocations
@@ -225,7 +228,7 @@ def create_app(settings: Settings, store: Store, *, log_store: LogStore | None =
     # A request's route is found by trying each router in turn: the hottest first.
     routers: list[APIRouter] = [
         m.router
-        for m in (jobs, tenants, runs, alerts, workers, attempts, pools, logs, audit, health)
+        for m in (jobs, tenants, runs, alerts, workers, attempts, pools, logs, audit, bulk, health)
     ]
     routers.append(runs.dead_letters)
     for router in routers:

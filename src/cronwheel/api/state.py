@@ -18,6 +18,7 @@ from cronwheel.api.creation import CreateBatcher
 from cronwheel.api.key_rates import SharedKeyRates
 from cronwheel.api.metrics import RunsByStateRefresher
 from cronwheel.api.notifier import ReadyNotifier
+from cronwheel.api.operations import OperationRunner
 from cronwheel.domain.model import Worker
 from cronwheel.settings import Settings
 from cronwheel.store.base import Store
@@ -67,9 +68,12 @@ class ApiState:
     starts: StartsFirst = field(default_factory=lambda: StartsFirst())
     # Single creates of a tenant arriving together are stored together.
     creates: CreateBatcher = field(init=False)
+    # Carries out bulk operations (started with the app).
+    operations: OperationRunner = field(init=False)
 
     def __post_init__(self) -> None:
         self.creates = CreateBatcher(self.store)
+        self.operations = OperationRunner(self.store)
 
 
 class StartsFirst:

@@ -36,13 +36,14 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from cronwheel.domain.errors import ValidationError
+from cronwheel.domain.errors import ConflictError, ValidationError
 
 __all__ = [
     "ACTIONS",
     "JOB_ACTIONS",
     "RUN_ACTIONS",
     "SELECTED_IDS_MAX",
+    "LeaseLostError",
     "Operation",
     "OperationState",
     "Selector",
@@ -52,6 +53,10 @@ RUN_ACTIONS = ("cancel", "redrive")
 JOB_ACTIONS = ("pause", "resume", "trigger")
 ACTIONS = RUN_ACTIONS + JOB_ACTIONS
 SELECTED_IDS_MAX = 10_000
+
+
+class LeaseLostError(ConflictError):
+    """The operation is no longer this node's: another claimed it, or it ended."""
 
 
 class OperationState(StrEnum):
@@ -113,8 +118,8 @@ class Selector:
                 field="selector.all",
             )
         if action in JOB_ACTIONS:
-            for name in ("run_ids", "states"):
-                if getattr(self, name):
+            for name, given in (("run_ids", self.run_ids is not None), ("states", self.states)):
+                if given:
                     raise ValidationError(
                         f"{name} selects runs, and {action} acts on jobs", field=f"selector.{name}"
                     )
@@ -132,7 +137,8 @@ class Selector:
         out: dict[str, Any] = {}
         for name in Selector.__dataclass_fields__:
             value = getattr(self, name)
-            if value in (None, (), False):
+            # An empty list of ids is a condition (it selects nothing), not its absence.
+            if value is None or value is False or (value == () and not name.endswith("_ids")):
                 continue
             if isinstance(value, tuple):
                 value = [str(v) for v in value]

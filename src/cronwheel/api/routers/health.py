@@ -42,6 +42,7 @@ _LINKS = {
     "workers": "/v1/workers",
     "pools": "/v1/pools",
     "audit": "/v1/audit",
+    "operations": "/v1/operations",
 }
 
 

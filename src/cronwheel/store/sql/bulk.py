@@ -18,8 +18,14 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from cronwheel.domain.audit import Actor
-from cronwheel.domain.bulk import JOB_ACTIONS, Operation, OperationState, Selector
-from cronwheel.domain.errors import ConflictError, ValidationError
+from cronwheel.domain.bulk import (
+    JOB_ACTIONS,
+    LeaseLostError,
+    Operation,
+    OperationState,
+    Selector,
+)
+from cronwheel.domain.errors import ValidationError
 from cronwheel.domain.model import Page
 from cronwheel.domain.states import JobState, RunState
 from cronwheel.ids import new_id
@@ -30,7 +36,7 @@ from cronwheel.store.sql.pending import pending_admit, tenant_for_new_runs
 from cronwheel.store.sql.redrive import OF_CANCELLED_JOB, RedriveMixin
 from cronwheel.store.sql.triggers import TriggersMixin
 
-__all__ = ["STEP", "BulkMixin", "LeaseLostError"]
+__all__ = ["STEP", "BulkMixin"]
 
 STEP = 1_000  # rows per step
 _TRIGGER_STEP = 200  # a trigger writes a run and two events per job, one by one
@@ -41,10 +47,6 @@ _CANCELLABLE = sa.or_(
     sa.and_(runs.c.state == RunState.RUNNING.value, runs.c.cancel_requested.is_(sa.false())),
 )
 _CANCEL_STATES = (RunState.SCHEDULED.value, RunState.DISPATCHED.value, RunState.RUNNING.value)
-
-
-class LeaseLostError(ConflictError):
-    """The operation is no longer this node's: another claimed it, or it ended."""
 
 
 class BulkMixin(TriggersMixin, RedriveMixin):

@@ -1,0 +1,150 @@
+"""Bulk operations over HTTP, on both backends: 202 at once, carried out by the API's own
+runner, followed at /v1/operations/{id}; bad input is a JSON 4xx and changes nothing;
+another tenant's ids are "not found" and untouched."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from cronwheel.testing import wait_until_async
+
+Driver = Any  # the integration conftest's ``api`` fixture
+
+
+async def finished(api: Driver, headers: dict[str, str], location: str) -> dict[str, Any]:
+    """The operation at ``location`` once it is done (or failed)."""
+    last: dict[str, Any] = {}
+
+    async def over() -> bool:
+        nonlocal last
+        r = await api.client.get(location, headers=headers)
+        assert r.status_code == 200, r.text
+        last = r.json()
+        return last["state"] in ("done", "failed")
+
+    await wait_until_async(over, 20, what="the operation to end", interval=0.02)
+    return last
+
+
+async def test_bulk_cancel_by_tag(api: Driver) -> None:
+    t = await api.tenant()
+    billing = [
+        await api.job(t, name=f"b{i}", schedule={"delay": 600}, tags=["billing"]) for i in range(3)
+    ]
+    other = await api.job(t, name="o", schedule={"delay": 600}, tags=["ops"])
+    r = await api.client.post(
+        "/v1/bulk/cancel",
+        json={"selector": {"tags_all": ["billing"]}, "reason": "bad deploy"},
+        headers={**t.headers, "X-Request-Id": "bulk-7"},
+    )
+    assert r.status_code == 202, r.text
+    accepted = r.json()
+    assert accepted["state"] in ("pending", "running", "done")
+    assert r.headers["location"] == f"/v1/operations/{accepted['id']}"
+    done = await finished(api, t.headers, r.headers["location"])
+    assert done["state"] == "done", done
+    assert (done["matched"], done["changed"], done["skipped"]) == (3, 3, {})
+    assert done["selector"] == {"tags_all": ["billing"]} and done["reason"] == "bad deploy"
+    for job in billing:
+        run = (await api.client.get(f"/v1/runs/{job['first_run_id']}", headers=t.headers)).json()
+        assert (run["state"], run["reason"]) == ("CANCELLED", "bad deploy")
+    run = (await api.client.get(f"/v1/runs/{other['first_run_id']}", headers=t.headers)).json()
+    assert run["state"] == "SCHEDULED"
+    # Who asked, in the audit trail; the operation in the tenant's list.
+    r = await api.client.get("/v1/audit", params={"action": "bulk.cancel"}, headers=t.headers)
+    [record] = r.json()["items"]
+    assert (record["target_id"], record["request_id"]) == (accepted["id"], "bulk-7")
+    listed = (await api.client.get("/v1/operations", headers=t.headers)).json()["items"]
+    assert [o["id"] for o in listed] == [accepted["id"]]
+
+
+async def test_pause_everything_and_resume_it(api: Driver) -> None:
+    t = await api.tenant()
+    jobs = [await api.job(t, name=f"j{i}", schedule={"delay": 600}) for i in range(2)]
+    r = await api.client.post("/v1/bulk/pause", json={"all": True}, headers=t.headers)
+    assert r.status_code == 202, r.text
+    done = await finished(api, t.headers, r.headers["location"])
+    assert (done["state"], done["changed"]) == ("done", 2)
+    for job in jobs:
+        got = (await api.client.get(f"/v1/jobs/{job['id']}", headers=t.headers)).json()
+        assert got["state"] == "paused"
+    r = await api.client.post(
+        "/v1/bulk/resume", json={"selector": {"job_ids": [jobs[0]["id"]]}}, headers=t.headers
+    )
+    done = await finished(api, t.headers, r.headers["location"])
+    assert (done["changed"], done["skipped"]) == (1, {})
+    states = [
+        (await api.client.get(f"/v1/jobs/{j['id']}", headers=t.headers)).json()["state"]
+        for j in jobs
+    ]
+    assert states == ["active", "paused"]
+
+
+async def test_another_tenants_ids_are_not_found_and_untouched(api: Driver) -> None:
+    t, other = await api.tenant(), await api.tenant()
+    mine = await api.job(t, schedule={"delay": 600})
+    theirs = await api.job(other, schedule={"delay": 600})
+    r = await api.client.post(
+        "/v1/bulk/cancel",
+        json={"selector": {"run_ids": [mine["first_run_id"], theirs["first_run_id"]]}},
+        headers=t.headers,
+    )
+    done = await finished(api, t.headers, r.headers["location"])
+    assert (done["matched"], done["changed"], done["skipped"]) == (2, 1, {"not found": 1})
+    run = await api.client.get(f"/v1/runs/{theirs['first_run_id']}", headers=other.headers)
+    assert run.json()["state"] == "SCHEDULED"
+    # Nor can the other tenant read the operation.
+    r = await api.client.get(r.headers["location"], headers=other.headers)
+    assert r.status_code == 404, r.text
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        ("/v1/bulk/cancel", {"selector": {"tag": "x"}}, "tag"),
+        ("/v1/bulk/cancel", {}, "selector"),
+        ("/v1/bulk/cancel", {"selector": {}, "reason": "oops"}, "selector"),
+        ("/v1/bulk/pause", {"all": True, "selector": {"pool": "p"}}, "selector.all"),
+        ("/v1/bulk/pause", {"selector": {"run_ids": []}}, "selector.run_ids"),
+        ("/v1/bulk/cancel", {"selector": {"states": ["SUCCESS"]}}, "states"),
+        ("/v1/bulk/redrive", {"selector": {"states": ["RUNNING"]}}, "selector.states"),
+        ("/v1/bulk/cancel", {"selector": {"job_ids": ["nope"]}}, "job_ids"),
+        ("/v1/bulk/cancel", {"all": "yes"}, "all"),
+        ("/v1/bulk/explode", {"all": True}, "action"),
+        (
+            "/v1/bulk/cancel",
+            {
+                "selector": {
+                    "due_after": "2031-01-02T00:00:00Z",
+                    "due_before": "2031-01-01T00:00:00Z",
+                }
+            },
+            "selector.due_before",
+        ),
+    ],
+)
+async def test_bad_requests_change_nothing(
+    api: Driver, path: str, body: dict[str, Any], field: str
+) -> None:
+    t = await api.tenant()
+    await api.job(t, schedule={"delay": 600})
+    before = await api.snapshot(t)
+    r = await api.client.post(path, json=body, headers=t.headers)
+    assert r.status_code == 422, r.text
+    assert field in r.text
+    assert await api.snapshot(t) == before
+    assert (await api.client.get("/v1/operations", headers=t.headers)).json()["items"] == []
+
+
+async def test_who_may_do_what(api: Driver) -> None:
+    t = await api.tenant()
+    viewer = await api.key(t, "viewer")
+    r = await api.client.post("/v1/bulk/pause", json={"all": True}, headers=viewer)
+    assert r.status_code == 403, r.text
+    r = await api.client.get("/v1/operations", headers=viewer)
+    assert r.status_code == 200, r.text
+    # A malformed id names no operation, as everywhere in the API.
+    r = await api.client.get("/v1/operations/not-an-id", headers=t.headers)
+    assert r.status_code == 404, r.text
