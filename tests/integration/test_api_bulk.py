@@ -4,10 +4,18 @@ another tenant's ids are "not found" and untouched."""
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from typer.testing import CliRunner
 
+from conftest import ADMIN_KEY
+from cronwheel import AsyncClient, Client
+from cronwheel.cli import app as cli_app
+from cronwheel.runtime import BackgroundRuntime, Runtime
+from cronwheel.settings import Settings
 from cronwheel.testing import wait_until_async
 
 Driver = Any  # the integration conftest's ``api`` fixture
@@ -148,3 +156,58 @@ async def test_who_may_do_what(api: Driver) -> None:
     # A malformed id names no operation, as everywhere in the API.
     r = await api.client.get("/v1/operations/not-an-id", headers=t.headers)
     assert r.status_code == 404, r.text
+
+
+# -- the SDK and the CLI against a real server ---------------------------------------------
+
+
+@pytest.fixture
+def server(store_url: str, tmp_path: Any) -> Iterator[tuple[str, dict[str, Any]]]:
+    settings = Settings(database_url=store_url, data_dir=tmp_path, port=0, admin_key=ADMIN_KEY)
+    with (
+        BackgroundRuntime(Runtime(settings, scheduler=False)) as running,
+        Client(running.url, api_key=ADMIN_KEY) as admin,
+    ):
+        yield running.url, admin.tenants.create(f"bulk-{uuid.uuid4().hex[:6]}")
+
+
+def cli(url: str, key: str, *args: str) -> Any:
+    env = {"CRONWHEEL_URL": url, "CRONWHEEL_API_KEY": key, "COLUMNS": "200"}
+    return CliRunner().invoke(cli_app, list(args), env=env)
+
+
+def test_the_cli_cancels_by_tag_and_shows_the_counts(server: tuple[str, dict[str, Any]]) -> None:
+    url, tenant = server
+    with Client(url, api_key=tenant["api_key"]) as client:
+        made = [
+            client.jobs.create(name=f"b{i}", schedule={"delay": 600}, task="t", tags=["billing"])
+            for i in range(3)
+        ]
+    done = cli(url, tenant["api_key"], "bulk", "cancel", "--tag", "billing", "--reason", "oops")
+    assert done.exit_code == 0, done.output
+    shown = {
+        cells[0]: cells[1]
+        for line in done.stdout.splitlines()
+        if len(cells := [c.strip() for c in line.strip("│ ").split("│")]) == 2
+    }
+    assert (shown["state"], shown["matched"], shown["changed"]) == ("done", "3", "3")
+    with Client(url, api_key=tenant["api_key"]) as client:
+        states = {client.runs.get(job["first_run_id"])["state"] for job in made}
+    assert states == {"CANCELLED"}
+    listed = cli(url, tenant["api_key"], "operations", "list")
+    assert listed.exit_code == 0 and "operations (1)" in listed.stdout and "cancel" in listed.stdout
+
+    refused = cli(url, tenant["api_key"], "bulk", "pause")
+    assert refused.exit_code == 1 and "empty selector" in refused.output
+    bad = cli(url, tenant["api_key"], "bulk", "cancel", "--id", "nope")
+    assert bad.exit_code == 2 and "--id" in bad.output
+
+
+async def test_the_async_sdk_pauses_and_waits(server: tuple[str, dict[str, Any]]) -> None:
+    url, tenant = server
+    async with AsyncClient(url, api_key=tenant["api_key"]) as client:
+        job = await client.jobs.create(name="nightly", schedule={"delay": 600}, task="t")
+        op = await client.bulk("pause", job_ids=[job["id"]], reason="freeze")
+        done = await client.operations.wait(op["id"], timeout=20)
+        assert (done["state"], done["changed"]) == ("done", 1)
+        assert (await client.jobs.get(job["id"]))["state"] == "paused"

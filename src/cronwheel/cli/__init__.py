@@ -3,7 +3,8 @@
 Exit codes: 0 success, 1 an error (printed in red on stderr), 2 a usage error.
 
 The root app is here; each group of commands has its module (``jobs``, ``runs``,
-``tenants``, ``workers``, ``pools``, ``schedule``, ``dlq``, ``alerts``, ``audit``;
+``tenants``, ``workers``, ``pools``, ``schedule``, ``dlq``, ``alerts``, ``audit``,
+``bulk`` and ``operations``;
 ``server`` for the processes and the database), sharing ``options`` (the connection
 options and the client they make) and ``output`` (consoles, tables, errors and exit
 codes).
@@ -17,6 +18,7 @@ import typer
 
 from cronwheel.cli.alerts import alerts
 from cronwheel.cli.audit import audit
+from cronwheel.cli.bulk import bulk_app, operations_app
 from cronwheel.cli.dlq import dlq_app
 from cronwheel.cli.jobs import jobs_app
 from cronwheel.cli.output import command_group, console
@@ -66,6 +68,8 @@ app.add_typer(workers_app, name="workers")
 app.add_typer(pools_app, name="pools")
 app.add_typer(schedule_app, name="schedule")
 app.add_typer(dlq_app, name="dlq")
+app.add_typer(bulk_app, name="bulk")
+app.add_typer(operations_app, name="operations")
 app.add_typer(db_app, name="db")
 app.command("alerts")(alerts)
 app.command("audit")(audit)

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
@@ -26,8 +28,10 @@ from cronwheel.domain.spec import TenantLimits
 __all__ = [
     "AsyncAlerts",
     "AsyncAudit",
+    "AsyncBulk",
     "AsyncClient",
     "AsyncJobs",
+    "AsyncOperations",
     "AsyncPools",
     "AsyncRuns",
     "AsyncTenants",
@@ -64,6 +68,8 @@ class AsyncClient(BaseClient):
         self.workers = AsyncWorkers(self)
         self.pools = AsyncPools(self)
         self.audit = AsyncAudit(self)
+        self.bulk = AsyncBulk(self)
+        self.operations = AsyncOperations(self)
 
     def with_tenant(self, tenant: Id | None) -> AsyncClient:
         other = object.__new__(AsyncClient)
@@ -76,6 +82,8 @@ class AsyncClient(BaseClient):
         other.workers = AsyncWorkers(other)
         other.pools = AsyncPools(other)
         other.audit = AsyncAudit(other)
+        other.bulk = AsyncBulk(other)
+        other.operations = AsyncOperations(other)
         return other
 
     async def send(self, call: Call, *, read_timeout: float | None = None) -> Any:
@@ -341,6 +349,39 @@ class AsyncRuns(_AsyncResource):
             cursor = page.get("next_cursor")
             if not cursor:
                 return
+
+
+class AsyncBulk(_AsyncResource):
+    async def __call__(
+        self,
+        action: str,
+        *,
+        everything: bool = False,
+        reason: str | None = None,
+        **selector: Any,
+    ) -> Json:
+        return await self._one(Calls.bulk(action, selector, everything, reason))
+
+
+class AsyncOperations(_AsyncResource):
+    async def get(self, operation_id: Id) -> Json:
+        return await self._one(Calls.operations_get(operation_id))
+
+    async def list(self, *, cursor: str | None = None, limit: int | None = None) -> Page[Json]:
+        return await self._page(Calls.operations_list(cursor, limit))
+
+    async def wait(
+        self, operation_id: Id, *, timeout: float = 300.0, interval: float = 0.25
+    ) -> Json:
+        """The operation once it is done or failed; ``TimeoutError`` after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            op = await self.get(operation_id)
+            if op.get("state") in ("done", "failed"):
+                return op
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"operation {operation_id} still {op.get('state')}")
+            await asyncio.sleep(interval)
 
 
 class AsyncAudit(_AsyncResource):

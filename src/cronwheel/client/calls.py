@@ -239,6 +239,25 @@ class Calls:
         return Call("GET", f"/v1/runs/{_seg(run_id)}/logs", params=params)
 
     @staticmethod
+    def bulk(
+        action: str, selector: Mapping[str, Any], everything: bool, reason: str | None
+    ) -> Call:
+        body: dict[str, Any] = {"selector": _body(dict(selector))}
+        if everything:
+            body["all"] = True
+        if reason is not None:
+            body["reason"] = reason
+        return Call("POST", f"/v1/bulk/{_seg(action)}", json=body)
+
+    @staticmethod
+    def operations_get(operation_id: Id) -> Call:
+        return Call("GET", f"/v1/operations/{_seg(operation_id)}")
+
+    @staticmethod
+    def operations_list(cursor: str | None, limit: int | None) -> Call:
+        return Call("GET", "/v1/operations", params=query_params(cursor=cursor, limit=limit))
+
+    @staticmethod
     def audit_list(
         actor: str | None,
         action: str | None,

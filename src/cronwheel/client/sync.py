@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
 from typing import Any, Self, cast
@@ -22,7 +23,18 @@ from cronwheel.client.errors import ApiError
 from cronwheel.domain.model import Page
 from cronwheel.domain.spec import TenantLimits
 
-__all__ = ["Alerts", "Audit", "Client", "Jobs", "Pools", "Runs", "Tenants", "Workers"]
+__all__ = [
+    "Alerts",
+    "Audit",
+    "Bulk",
+    "Client",
+    "Jobs",
+    "Operations",
+    "Pools",
+    "Runs",
+    "Tenants",
+    "Workers",
+]
 
 _Items = list[Json]  # inside the resources, ``list`` is their method
 
@@ -55,6 +67,8 @@ class Client(BaseClient):
         self.workers = Workers(self)
         self.pools = Pools(self)
         self.audit = Audit(self)
+        self.bulk = Bulk(self)
+        self.operations = Operations(self)
 
     def with_tenant(self, tenant: Id | None) -> Client:
         """A view of this client acting for ``tenant``, sharing its connections."""
@@ -67,6 +81,8 @@ class Client(BaseClient):
         other.workers = Workers(other)
         other.pools = Pools(other)
         other.audit = Audit(other)
+        other.bulk = Bulk(other)
+        other.operations = Operations(other)
         return other
 
     def send(self, call: Call) -> Any:
@@ -352,6 +368,53 @@ class Runs(_Resource):
             cursor = page.get("next_cursor")
             if not cursor:
                 return
+
+
+class Bulk(_Resource):
+    def __call__(
+        self,
+        action: str,
+        *,
+        everything: bool = False,
+        reason: str | None = None,
+        **selector: Any,
+    ) -> Json:
+        """Act on every job or run ``selector`` matches (``job_ids``, ``run_ids``,
+        ``tags_all``, ``tags_any``, ``pool``, ``name_prefix``, ``states``, ``due_after``,
+        ``due_before``; ``everything=True`` for all the tenant's): ``action`` is cancel,
+        pause, resume, redrive or trigger. Accepted at once: the answer is the operation,
+        to follow with ``operations.get`` or ``operations.wait``."""
+        return self._one(Calls.bulk(action, selector, everything, reason))
+
+
+class Operations(_Resource):
+    def get(self, operation_id: Id) -> Json:
+        return self._one(Calls.operations_get(operation_id))
+
+    def list(self, *, cursor: str | None = None, limit: int | None = None) -> Page[Json]:
+        """The tenant's bulk operations, newest first."""
+        return self._page(Calls.operations_list(cursor, limit))
+
+    def wait(
+        self,
+        operation_id: Id,
+        *,
+        timeout: float = 300.0,
+        interval: float = 0.25,
+        progress: Callable[[Json], None] | None = None,
+    ) -> Json:
+        """The operation once it is done or failed (``progress`` sees it after each
+        look); ``TimeoutError`` after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            op = self.get(operation_id)
+            if progress is not None:
+                progress(op)
+            if op.get("state") in ("done", "failed"):
+                return op
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"operation {operation_id} still {op.get('state')}")
+            time.sleep(interval)
 
 
 class Audit(_Resource):
