@@ -15,8 +15,18 @@ from cronwheel.store import Store
 from cronwheel.store.schema import PARKED_FIRE_AT
 from cronwheel.store.sql import bulk
 
-from .helpers import T0, at, create_job, make_tenant
+from .helpers import (
+    ALL_SHARDS,
+    NODE,
+    T0,
+    at,
+    create_job,
+    hold_all_shards,
+    make_tenant,
+    register_worker,
+)
 from .test_redrive import recurring_dead_letters
+from .test_reservations import _ahead_run
 
 OPS = Actor("k-ops", role="operator", request_id="bulk-1")
 
@@ -218,3 +228,43 @@ async def test_only_the_holder_steps_and_a_lapsed_lease_is_taken_over(store: Sto
         last = await store.operations_step(op.id, owner="api-2", ttl=5, now=at(9))
     assert last.changed == 1
     assert await store.operations_claim(owner="api-3", ttl=5, now=at(20)) is None
+
+
+# -- what a node or a worker already holds ----------------------------------------------
+
+
+async def test_a_bulk_cancel_or_pause_wins_over_a_reservation(store: Store) -> None:
+    tenant = await make_tenant(store)
+    worker = await register_worker(store, tenant.id)
+    cancelled = await _ahead_run(store, tenant.id, tags=["c"])
+    [first] = await store.attempts_lease(worker=worker, max=10, ahead=5, now=at(1))
+    paused = await _ahead_run(store, tenant.id, tags=["p"])
+    [second] = await store.attempts_lease(worker=worker, max=10, ahead=5, now=at(1))
+    for action, tag in (("cancel", "c"), ("pause", "p")):
+        op = await store.operations_create(
+            tenant.id, action=action, selector=Selector(tags_all=(tag,)), actor=OPS, now=at(2)
+        )
+        await run_to_end(store, op, now_s=2)
+    started = await store.attempts_start_many(
+        worker_id=worker.id, tokens=[first.fencing_token, second.fencing_token], now=at(3)
+    )
+    assert sorted(started.refused) == sorted([first.fencing_token, second.fencing_token])
+    assert (await store.runs_get(tenant.id, cancelled.id)).state is RunState.CANCELLED
+    held = await store.runs_get(tenant.id, paused.id)
+    assert (held.state, held.fire_at) == (RunState.SCHEDULED, PARKED_FIRE_AT)
+
+
+async def test_a_run_in_a_nodes_window_does_not_fire_once_cancelled(store: Store) -> None:
+    tenant = await make_tenant(store)
+    _job, run = await create_job(store, tenant.id, due_at=at(5), tags=["w"])
+    # A node read it into its window (it holds the id and the instant) ...
+    await hold_all_shards(store, now=at(0))
+    [due] = [
+        d for d in await store.runs_due_scan(shards=ALL_SHARDS, until=at(30)) if d.id == run.id
+    ]
+    op = await store.operations_create(
+        tenant.id, action="cancel", selector=Selector(tags_all=("w",)), actor=OPS, now=at(1)
+    )
+    await run_to_end(store, op, now_s=1)
+    # ... and fires it at its instant: nothing goes.
+    assert await store.runs_fire(run_ids=[due.id], node_id=NODE, now=at(5), lead=0) == []
