@@ -224,6 +224,12 @@ class Driver(ABC):
         of their own)."""
         return None
 
+    async def plan_each(self, conn: AsyncConnection) -> None:
+        """Have the statements of ``conn``'s transaction planned for the values they are
+        given, never by a plan cached for any values (for statements whose best plan
+        depends on how many rows they name)."""
+        return None
+
     @abstractmethod
     async def db_now(self, conn: AsyncConnection) -> datetime:
         """The database clock, the one time authority."""

@@ -270,6 +270,9 @@ class PostgresDriver(Driver):
 
     # -- what dialects say differently -------------------------------------------------
 
+    async def plan_each(self, conn: AsyncConnection) -> None:
+        await conn.execute(sa.text("SET LOCAL plan_cache_mode = force_custom_plan"))
+
     def id_in(self, column: sa.ColumnElement[Any], ids: Sequence[Any]) -> sa.ColumnElement[bool]:
         return column == sa.any_(sa.bindparam(None, list(ids), type_=postgresql.ARRAY(column.type)))
 

@@ -170,6 +170,10 @@ class BulkMixin(TriggersMixin, RedriveMixin):
         self, operation_id: uuid.UUID, *, owner: str, ttl: float, now: datetime | None = None
     ) -> Operation:
         async with self._write() as conn:
+            # A step's statements are planned for their own rows: a plan cached for any
+            # values, made while the statistics still saw the tables before a burst of
+            # new runs, cost a step of 1,000 runs 0.4 to 9 s instead of 0.07.
+            await self.driver.plan_each(conn)
             at = await self._now(conn, now)
             row = (
                 await conn.execute(
