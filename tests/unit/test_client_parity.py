@@ -58,6 +58,8 @@ def _twins() -> dict[Any, Any]:
 
 def _as_sync(hint: Any, twins: dict[Any, Any]) -> Any:
     """``hint`` with every async type replaced by its sync twin, and no ``Awaitable``."""
+    if isinstance(hint, list):  # a Callable's parameters
+        return [_as_sync(h, twins) for h in hint]
     origin, args = get_origin(hint), get_args(hint)
     if origin is None:
         return twins.get(hint, hint)

@@ -4,15 +4,16 @@
 
     accepted here (wake) ─┐
     notice from any node ─┼──▶ claim the oldest open operation nobody holds ──▶ none: wait
-    every second (poll) ──┘        │                                            (wake, poll)
+    every 5 s (poll) ─────┘        │                                            (wake, poll)
                                    ▼
                       steps until done, the lease renewed by each ──▶ claim the next
                         lease lost: another node has it ── stop here
                         a step fails: the operation FAILED, with the error
 
 Every API node runs one; the lease (``ttl``) makes one node carry each operation, and
-another take it over when that node stops (after the lease lapses). The operation the
-node itself accepted is claimed at once, without waiting for its notice.
+another take it over when that node stops (after the lease lapses: within ``ttl`` plus
+``poll``). The operation the node itself accepted is claimed at once, without waiting
+for its notice; the poll costs one read when nothing is open.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ log = logging.getLogger("cronwheel.api")
 
 class OperationRunner:
     def __init__(
-        self, store: Store, *, ttl: float = 10.0, poll: float = 1.0, owner: str | None = None
+        self, store: Store, *, ttl: float = 10.0, poll: float = 5.0, owner: str | None = None
     ) -> None:
         self.store = store
         self.ttl = ttl
@@ -52,10 +53,12 @@ class OperationRunner:
         self._task = asyncio.create_task(self._run(), name="cronwheel-operations")
 
     async def close(self) -> None:
+        """Stop: an operation under way is left to its lease (another node, or this one
+        when it starts again, goes on with it)."""
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._task), 2.0)
 
     async def run_once(self) -> bool:
         """Claim one open operation and carry it out (or as far as this node holds

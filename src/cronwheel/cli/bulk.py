@@ -31,7 +31,7 @@ from cronwheel.cli.output import (
     table,
 )
 
-__all__ = ["bulk_app", "operations_app"]
+__all__ = ["bulk_app", "operations_app", "operations_list", "operations_show"]
 
 bulk_app = command_group(
     "Act on every job or run a selector matches: cancel, pause, resume, redrive, trigger. "

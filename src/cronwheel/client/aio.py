@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
 from typing import Any, Self, cast
@@ -371,12 +371,20 @@ class AsyncOperations(_AsyncResource):
         return await self._page(Calls.operations_list(cursor, limit))
 
     async def wait(
-        self, operation_id: Id, *, timeout: float = 300.0, interval: float = 0.25
+        self,
+        operation_id: Id,
+        *,
+        timeout: float = 300.0,
+        interval: float = 0.25,
+        progress: Callable[[Json], None] | None = None,
     ) -> Json:
-        """The operation once it is done or failed; ``TimeoutError`` after ``timeout``."""
+        """The operation once it is done or failed (``progress`` sees it after each
+        look); ``TimeoutError`` after ``timeout`` seconds."""
         deadline = time.monotonic() + timeout
         while True:
             op = await self.get(operation_id)
+            if progress is not None:
+                progress(op)
             if op.get("state") in ("done", "failed"):
                 return op
             if time.monotonic() >= deadline:

@@ -29,7 +29,7 @@ from cronwheel.domain.errors import ValidationError
 from cronwheel.domain.model import Page
 from cronwheel.domain.states import JobState, RunState
 from cronwheel.ids import new_id
-from cronwheel.store.notices import CHANNEL_OPERATIONS, CHANNEL_RUNS_NEW
+from cronwheel.store.notices import CHANNEL_OPERATIONS
 from cronwheel.store.rows import event_row, job_from, uuid_cursor
 from cronwheel.store.schema import OPEN_OPERATION, jobs, operations, runs
 from cronwheel.store.sql.pending import pending_admit, tenant_for_new_runs
@@ -133,6 +133,16 @@ class BulkMixin(TriggersMixin, RedriveMixin):
     async def operations_claim(
         self, *, owner: str, ttl: float, now: datetime | None = None
     ) -> Operation | None:
+        # Nearly always there is none: a read (the open ones' small index) says so
+        # without a write transaction, for every API node, every few seconds.
+        async with self._read() as conn:
+            anything = (
+                await conn.execute(
+                    sa.select(operations.c.id).where(sa.text(OPEN_OPERATION)).limit(1)
+                )
+            ).first()
+        if anything is None:
+            return None
         async with self._write() as conn:
             at = await self._now(conn, now)
             free = (
@@ -266,15 +276,9 @@ class BulkMixin(TriggersMixin, RedriveMixin):
                 )
                 for job_id in moved
             ]
-            if op.action == "pause":
-                events += await self._jobs_hold(conn, op.tenant_id, moved, at=at, by=by)
-            else:
-                released, notices = await self._jobs_release(
-                    conn, op.tenant_id, moved, at=at, by=by
-                )
-                events += released
-                if notices:
-                    await self._notify(conn, CHANNEL_RUNS_NEW, notices)
+            events += await self._jobs_flip(
+                conn, op.tenant_id, moved, pause=op.action == "pause", at=at, by=by
+            )
             await self._insert_events(conn, events)
             tally.add(len(ids), len(moved), {f"no longer {source.value}": len(ids) - len(moved)})
             return False

@@ -26,7 +26,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from cronwheel.domain.states import PARK, JobState, RunState
 from cronwheel.domain.template import RunTemplate
-from cronwheel.store.notices import ANNOUNCE_HORIZON, announce
+from cronwheel.store.notices import ANNOUNCE_HORIZON, CHANNEL_RUNS_NEW, announce
 from cronwheel.store.rows import event_row
 from cronwheel.store.schema import PARKED_FIRE_AT, jobs, runs
 from cronwheel.store.sql.core import SqlCore
@@ -64,6 +64,25 @@ class HoldsMixin(SqlCore):
             .returning(jobs.c.id)
         )
         return sorted(r.id for r in moved)
+
+    async def _jobs_flip(
+        self,
+        conn: AsyncConnection,
+        tenant_id: uuid.UUID,
+        job_ids: Sequence[uuid.UUID],
+        *,
+        pause: bool,
+        at: datetime,
+        by: str | None,
+    ) -> list[dict[str, Any]]:
+        """The runs of ``job_ids`` (just paused, or resumed) held, or released and
+        announced: the events of the runs moved."""
+        if pause:
+            return await self._jobs_hold(conn, tenant_id, job_ids, at=at, by=by)
+        events, notices = await self._jobs_release(conn, tenant_id, job_ids, at=at, by=by)
+        if notices:
+            await self._notify(conn, CHANNEL_RUNS_NEW, notices)
+        return events
 
     async def _jobs_hold(
         self,

@@ -615,31 +615,9 @@ class JobsMixin(HoldsMixin):
         reason: str | None = None,
         now: datetime | None = None,
     ) -> Job:
-        by = name_of(actor)
-        async with self._write() as conn:
-            at = await self._now(conn, now)
-            await self._job_move(conn, tenant_id, job_id, JobState.ACTIVE, JobState.PAUSED, at)
-            held = await self._jobs_hold(conn, tenant_id, [job_id], at=at, by=by)
-            paused = event_row(
-                at=at,
-                kind="job.paused",
-                tenant_id=tenant_id,
-                job_id=job_id,
-                actor=by,
-                reason=reason,
-            )
-            await self._insert_events(conn, [paused, *held])
-            await self._audit_job_state(
-                conn,
-                actor,
-                tenant_id,
-                job_id,
-                move=(JobState.ACTIVE, JobState.PAUSED),
-                at=at,
-                reason=reason,
-                run_events=held,
-            )
-            return await self._job_read(conn, tenant_id, job_id)
+        return await self._job_hold(
+            tenant_id, job_id, pause=True, actor=actor, reason=reason, now=now
+        )
 
     async def jobs_resume(
         self,
@@ -650,32 +628,46 @@ class JobsMixin(HoldsMixin):
         reason: str | None = None,
         now: datetime | None = None,
     ) -> Job:
+        return await self._job_hold(
+            tenant_id, job_id, pause=False, actor=actor, reason=reason, now=now
+        )
+
+    async def _job_hold(
+        self,
+        tenant_id: uuid.UUID,
+        job_id: uuid.UUID,
+        *,
+        pause: bool,
+        actor: Actor | None,
+        reason: str | None,
+        now: datetime | None,
+    ) -> Job:
+        """Pause (or resume) one job: its runs held (or released), recorded."""
+        move = (JobState.ACTIVE, JobState.PAUSED) if pause else (JobState.PAUSED, JobState.ACTIVE)
         by = name_of(actor)
         async with self._write() as conn:
             at = await self._now(conn, now)
-            await self._job_move(conn, tenant_id, job_id, JobState.PAUSED, JobState.ACTIVE, at)
-            released, notices = await self._jobs_release(conn, tenant_id, [job_id], at=at, by=by)
-            resumed = event_row(
+            await self._job_move(conn, tenant_id, job_id, *move, at)
+            moved = await self._jobs_flip(conn, tenant_id, [job_id], pause=pause, at=at, by=by)
+            changed = event_row(
                 at=at,
-                kind="job.resumed",
+                kind="job.paused" if pause else "job.resumed",
                 tenant_id=tenant_id,
                 job_id=job_id,
                 actor=by,
                 reason=reason,
             )
-            await self._insert_events(conn, [resumed, *released])
+            await self._insert_events(conn, [changed, *moved])
             await self._audit_job_state(
                 conn,
                 actor,
                 tenant_id,
                 job_id,
-                move=(JobState.PAUSED, JobState.ACTIVE),
+                move=move,
                 at=at,
                 reason=reason,
-                run_events=released,
+                run_events=moved,
             )
-            if notices:
-                await self._notify(conn, CHANNEL_RUNS_NEW, notices)
             return await self._job_read(conn, tenant_id, job_id)
 
     async def _audit_job_state(
