@@ -498,13 +498,16 @@ async def test_the_node_owning_shard_0_applies_audit_retention(store: Store) -> 
     time = FakeTime(T0 + timedelta(days=14) - timedelta(minutes=30))
     node = SchedulerNode(store, settings, node_id="node-a", clock=Clock(time, offset=timedelta(0)))
     await node.run_once()
+    await node.chores_done()
     assert 0 in node.shards
     [kept] = (await store.audit_list(tenant.id)).items
     assert kept.after == {"limits": {"weight": 3.0}}
     # Hourly: a record that expires meanwhile waits for the next hour's pass.
     time.value += timedelta(minutes=40)
     await node.run_once()
+    await node.chores_done()
     assert len((await store.audit_list(tenant.id)).items) == 1
     time.value += timedelta(minutes=30)
     await node.run_once()
+    await node.chores_done()
     assert (await store.audit_list(tenant.id)).items == []

@@ -11,7 +11,7 @@ from cronwheel.domain.audit import Actor
 from cronwheel.domain.bulk import LeaseLostError, Operation, OperationState, Selector
 from cronwheel.domain.errors import ValidationError
 from cronwheel.domain.states import JobState, RunState
-from cronwheel.store import Store
+from cronwheel.store import FailItem, Store
 from cronwheel.store.schema import PARKED_FIRE_AT
 from cronwheel.store.sql import bulk
 
@@ -21,6 +21,7 @@ from .helpers import (
     T0,
     at,
     create_job,
+    fire,
     hold_all_shards,
     make_tenant,
     register_worker,
@@ -268,3 +269,65 @@ async def test_a_run_in_a_nodes_window_does_not_fire_once_cancelled(store: Store
     await run_to_end(store, op, now_s=1)
     # ... and fires it at its instant: nothing goes.
     assert await store.runs_fire(run_ids=[due.id], node_id=NODE, now=at(5), lead=0) == []
+
+
+async def test_a_run_redriven_that_dies_again_is_not_taken_twice(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(bulk, "STEP", 1)
+    tenant = await make_tenant(store)
+    first, second = await recurring_dead_letters(store, tenant.id, 2)
+    op = await store.operations_create(
+        tenant.id,
+        action="redrive",
+        selector=Selector(run_ids=(first.id, second.id)),
+        actor=OPS,
+        now=at(4),
+    )
+    await store.operations_claim(owner="api-1", ttl=30, now=at(10))
+    await store.operations_step(op.id, owner="api-1", ttl=30, now=at(10))
+    # The first one sent back dies again before the next step.
+    again = await store.runs_get(tenant.id, first.id)
+    assert again.state is RunState.SCHEDULED
+    await fire(store, [again], now=at(11))
+    worker = await register_worker(store, tenant.id)
+    [attempt] = await store.attempts_lease(worker=worker, max=10, now=at(11))
+    await store.attempts_fail_many(
+        items=[FailItem(attempt.attempt_id, attempt.fencing_token, "still broken")], now=at(12)
+    )
+    done = await run_to_end_claimed(store, op)
+    assert (done.matched, done.changed) == (2, 2)
+    assert (await store.runs_get(tenant.id, first.id)).state is RunState.DEAD_LETTER
+    assert (await store.runs_get(tenant.id, second.id)).state is RunState.SCHEDULED
+
+
+async def test_a_due_range_selects_jobs_by_their_pending_run(store: Store) -> None:
+    tenant = await make_tenant(store)
+    # First due at T0 + 600, the pending run of each job: its next due instant.
+    soon, _run = await create_job(store, tenant.id, due_at=at(600), name="soon")
+    late, _run = await create_job(store, tenant.id, due_at=at(5000), name="late")
+    op = await store.operations_create(
+        tenant.id,
+        action="pause",
+        selector=Selector(due_after=at(300), due_before=at(900)),
+        actor=OPS,
+        now=at(1),
+    )
+    done = await run_to_end(store, op)
+    assert (done.matched, done.changed) == (1, 1)
+    assert (await store.jobs_get(tenant.id, soon.id)).state is JobState.PAUSED
+    assert (await store.jobs_get(tenant.id, late.id)).state is JobState.ACTIVE
+
+
+async def test_a_job_changed_since_acceptance_is_left_as_it_is(store: Store) -> None:
+    tenant = await make_tenant(store)
+    job, _run = await create_job(store, tenant.id, due_at=at(600), tags=["x"])
+    op = await store.operations_create(
+        tenant.id, action="pause", selector=Selector(tags_all=("x",)), actor=OPS, now=at(1)
+    )
+    # Someone pauses and resumes it meanwhile: their resume stands.
+    await store.jobs_pause(tenant.id, job.id, now=at(2))
+    await store.jobs_resume(tenant.id, job.id, now=at(3))
+    done = await run_to_end(store, op, now_s=4)
+    assert done.changed == 0
+    assert (await store.jobs_get(tenant.id, job.id)).state is JobState.ACTIVE

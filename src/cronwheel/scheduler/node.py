@@ -99,6 +99,8 @@ class SchedulerNode:
         self._next_expire = datetime.min.replace(tzinfo=UTC)
         self._next_route_check = datetime.min.replace(tzinfo=UTC)
         self._next_audit_expire = datetime.min.replace(tzinfo=UTC)
+        # Audit retention runs beside the passes: a long trail must not hold up firing.
+        self._audit_expiry: asyncio.Task[None] | None = None
         self._next_poll = datetime.min.replace(tzinfo=UTC)
         self._next_clock = datetime.min.replace(tzinfo=UTC)
         self._next_release: datetime | None = None
@@ -133,6 +135,8 @@ class SchedulerNode:
         finally:
             stopping.cancel()
             self._subscription.close()
+            if self._audit_expiry is not None:
+                self._audit_expiry.cancel()
             await self._release()
 
     async def run_once(self) -> int:
@@ -158,8 +162,11 @@ class SchedulerNode:
             await self._check_routing()
         if now >= self._next_audit_expire:
             self._next_audit_expire = now + _AUDIT_EXPIRE_EVERY
-            if 0 in self.shards:  # one node's chore, as expiry is
-                await self._expire_audit()
+            # One node's chore, as expiry is; never two at once.
+            if 0 in self.shards and (self._audit_expiry is None or self._audit_expiry.done()):
+                self._audit_expiry = asyncio.create_task(
+                    self._expire_audit(), name="cronwheel-audit-retention"
+                )
         now = self.clock.now()
         horizon = self.window.horizon
         if horizon is None or now + self._lead + self._window / 2 >= horizon:
@@ -280,6 +287,11 @@ class SchedulerNode:
             await self._quarantine("expire", [item[1]], exc)
 
         return sum(await isolate(candidates, expire, quarantine, budget=self._pass_budget))
+
+    async def chores_done(self) -> None:
+        """Wait for the chores running beside the passes (audit retention) to end."""
+        if self._audit_expiry is not None:
+            await asyncio.wait({self._audit_expiry})
 
     async def _expire_audit(self) -> None:
         """Audit retention: a failure is logged and tried again in an hour; it never

@@ -335,7 +335,7 @@ def uuid_cursor(cursor: str | None) -> uuid.UUID | None:
 def int_cursor(cursor: str | None) -> int | None:
     if cursor is None:
         return None
-    if not cursor.isdigit():
+    if not (cursor.isascii() and cursor.isdigit()) or len(cursor) > 18:
         raise ValidationError("malformed cursor", field="cursor")
     return int(cursor)
 

@@ -248,18 +248,19 @@ class BulkMixin(TriggersMixin, RedriveMixin):
                 if op.action == "pause"
                 else (JobState.PAUSED, JobState.ACTIVE)
             )
-            ids = (
-                (
-                    await conn.execute(
-                        sa.select(jobs.c.id)
-                        .where(*where, jobs.c.state == source.value)
-                        .order_by(jobs.c.next_due_at.asc().nulls_last(), jobs.c.id)
-                        .limit(STEP)
-                    )
+            # A job changed since (paused, resumed, edited by someone else) is left as
+            # it is: the selection is what matched when the operation was accepted.
+            unchanged = (
+                sa.select(jobs.c.id)
+                .where(
+                    *where,
+                    jobs.c.state == source.value,
+                    jobs.c.updated_at <= op.accepted_at,
                 )
-                .scalars()
-                .all()
+                .order_by(jobs.c.id)
+                .limit(STEP)
             )
+            ids = (await conn.execute(unchanged)).scalars().all()
             if not ids:
                 return True
             moved = await self._jobs_move(conn, op.tenant_id, ids, source, target, at)
@@ -309,7 +310,12 @@ class BulkMixin(TriggersMixin, RedriveMixin):
             tally.add(len(ids), cancelled, {"finished meanwhile": len(ids) - len(events)})
             tally.details["asked_to_stop"] = tally.details.get("asked_to_stop", 0) + asked
             return False
-        # redrive: dead letters, in id order (the order runs are locked in)
+        # redrive: dead letters, in id order (the order runs are locked in), from where
+        # the last step left off: a run sent back that dies again is not taken twice.
+        # The tenant first, as every path that adds runs locks it.
+        max_pending = await tenant_for_new_runs(conn, op.tenant_id)
+        if op.cursor is not None:
+            where = [*where, runs.c.id > op.cursor]
         locked = (
             await conn.execute(
                 sa.select(runs.c.id, runs.c.state)
@@ -321,7 +327,6 @@ class BulkMixin(TriggersMixin, RedriveMixin):
         ).all()
         if not locked:
             return True
-        max_pending = await tenant_for_new_runs(conn, op.tenant_id)
         sent = await self._redrive_locked(
             conn,
             op.tenant_id,
@@ -332,6 +337,7 @@ class BulkMixin(TriggersMixin, RedriveMixin):
             max_pending=max_pending,
         )
         tally.add(len(locked), len(sent), {"job cancelled": len(locked) - len(sent)})
+        tally.cursor = locked[-1].id
         return False
 
     async def _trigger_step(
@@ -360,7 +366,12 @@ class BulkMixin(TriggersMixin, RedriveMixin):
         await pending_admit(conn, op.tenant_id, limit=max_pending, adding=len(rows))
         for row in rows:
             await self._trigger_run(
-                conn, op.tenant_id, job_from(row), at=at, by=op.actor, reason="triggered in bulk"
+                conn,
+                op.tenant_id,
+                job_from(row),
+                at=at,
+                by=op.actor,
+                reason=op.reason or "triggered in bulk",
             )
         tally.add(len(rows), len(rows), {})
         tally.cursor = rows[-1].id
@@ -436,10 +447,18 @@ class BulkMixin(TriggersMixin, RedriveMixin):
             where.append(jobs.c.template["pool"].as_string() == s.pool)
         if s.name_prefix is not None:
             where.append(self.driver.starts_with(jobs.c.name, s.name_prefix))
-        if s.due_after is not None:
-            where.append(jobs.c.next_due_at >= s.due_after)
-        if s.due_before is not None:
-            where.append(jobs.c.next_due_at < s.due_before)
+        if s.due_after is not None or s.due_before is not None:
+            # A job's next run: its pending run (jobs.next_due_at is its first only).
+            pending = [
+                runs.c.tenant_id == tenant_id,
+                runs.c.job_id == jobs.c.id,
+                runs.c.state.in_([RunState.SCHEDULED.value, RunState.DISPATCHED.value]),
+            ]
+            if s.due_after is not None:
+                pending.append(runs.c.due_at >= s.due_after)
+            if s.due_before is not None:
+                pending.append(runs.c.due_at < s.due_before)
+            where.append(sa.select(runs.c.id).where(*pending).exists())
         return where
 
 

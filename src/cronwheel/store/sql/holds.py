@@ -53,6 +53,14 @@ class HoldsMixin(SqlCore):
         if not job_ids:
             return []
         await self._lock_live_runs(conn, tenant_id, self.driver.id_in(runs.c.job_id, job_ids))
+        # The jobs in id order too: an UPDATE of many takes them in whatever order its
+        # plan reads them, and a redrive of their runs locks them in id order.
+        await conn.execute(
+            sa.select(jobs.c.id)
+            .where(jobs.c.tenant_id == tenant_id, self.driver.id_in(jobs.c.id, list(job_ids)))
+            .order_by(jobs.c.id)
+            .with_for_update()
+        )
         moved = await conn.execute(
             jobs.update()
             .where(

@@ -319,16 +319,18 @@ class RedriveMixin(SqlCore):
     async def _job_states(
         self, conn: AsyncConnection, tenant_id: uuid.UUID, run_ids: list[uuid.UUID]
     ) -> dict[uuid.UUID, str]:
-        """The state of each run's job, the jobs locked (FOR SHARE, after their runs)
+        """The state of each run's job, the jobs locked (after their runs, in id order)
         until the transaction ends: a pause or cancel waits for it, and then sees the
-        runs it sent back."""
+        runs it sent back. FOR NO KEY UPDATE, not SHARE: two redrives that both reopen a
+        finished job would each hold a share and wait for the other's to update it."""
         if not run_ids:
             return {}
         rows = await conn.execute(
             sa.select(runs.c.id, jobs.c.state)
             .join(jobs, sa.and_(jobs.c.tenant_id == runs.c.tenant_id, jobs.c.id == runs.c.job_id))
             .where(runs.c.tenant_id == tenant_id, self.driver.id_in(runs.c.id, run_ids))
-            .with_for_update(read=True, of=jobs)
+            .order_by(jobs.c.id)
+            .with_for_update(key_share=True, of=jobs)
         )
         return {r.id: r.state for r in rows}
 

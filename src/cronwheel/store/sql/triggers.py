@@ -98,7 +98,8 @@ class TriggersMixin(JobsMixin):
                 action="job.trigger",
                 target_kind="job",
                 target_id=job_id,
-                after={"run_id": run.id, "payload": payload or {}},
+                # The payload's keys, as the history has them: values may be secrets.
+                after={"run_id": run.id, "payload_keys": sorted(payload or {})},
             )
         return run
 
