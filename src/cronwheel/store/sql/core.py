@@ -208,7 +208,11 @@ class SqlCore(Store):
                 try:
                     yield conn
                 finally:
-                    conn.info.pop("cw_pending", None)
+                    # A connection cut off mid-statement (a cancelled task) refuses even
+                    # this until rolled back: its error must not replace the
+                    # cancellation. (Each transaction sets its own list anyway.)
+                    with contextlib.suppress(DBAPIError, sa.exc.InvalidRequestError):
+                        conn.info.pop("cw_pending", None)
         except Exception as exc:
             if self.driver.transient(exc):
                 raise StoreUnavailableError(f"the database failed, try again: {exc}") from exc
