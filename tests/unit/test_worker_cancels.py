@@ -51,3 +51,21 @@ async def test_a_cancel_heard_before_its_lease_arrived_is_told_on_arrival(
     assert failure.attempt_id == early.attempt_id
     assert "before it started" in failure.error
     assert session.cancels._known() == [early.fencing_token]  # held, its cancel known
+
+
+async def test_a_cancelled_handler_tells_nothing_of_how_long_handlers_take(
+    harness: Harness,
+) -> None:
+    """Prefetch follows the handlers' mean duration: one stopped by a cancel would make
+    long handlers look short, and runs would wait behind busy slots."""
+    session = harness.session
+    first, second = lease(0), lease(1)
+    session._receive(first)
+    await asyncio.sleep(0)  # the handler begins
+    session.cancels._hear(TokenRef(first.attempt_id, first.fencing_token))
+    await harness.until_idle()
+    assert session._duration is None and session._prefetch() == 0
+    harness.gate.set()
+    session._receive(second)
+    await harness.until_idle()
+    assert session._duration is not None  # one that ran its course counts

@@ -628,7 +628,11 @@ class WorkerSession:
         finally:
             held.finished = True
             self.running -= 1
-            self._ended(time.monotonic() - started)
+            if not held.ctx.cancel_requested:
+                # One stopped early (cancelled, its lease lost) tells nothing of how long
+                # its task takes: counted, a mass cancel would make long handlers look
+                # short, and prefetch would hold runs behind busy slots.
+                self._ended(time.monotonic() - started)
             self._slot_free.set()
             self._fill_slots()
         took = time.monotonic() - started
