@@ -2,7 +2,8 @@
 directory of its own (two machines behind a balancer): whatever one is told, the other
 knows — the admin key one of them made, the log lines a worker sent through one (read,
 and followed with ``cronwheel runs logs --follow``, through the other), a key revoked
-through one (although keys are cached for five minutes)."""
+through one (although keys are cached for five minutes), a cancel asked of one (the
+running handler of a worker connected to the other hears of it without a heartbeat)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from cronwheel.testing import NOT_YET, Cluster, free_port
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 
 SHOWN = re.compile(r"admin key \(shown once[^)]*\): (\S+)")
+HERE = Path(__file__).resolve().parent
 
 
 async def test_two_api_nodes_share_the_admin_key_logs_and_revocations(
@@ -145,6 +147,73 @@ async def test_two_api_nodes_share_the_admin_key_logs_and_revocations(
 
             await cluster.wait_until(refused_by_b, 3.0, what="node B to refuse the revoked key")
             assert (await http.get(f"{b}/v1/jobs", headers=operator)).status_code == 200
+    finally:
+        cluster.stop()
+        await store.close()
+
+
+async def test_a_cancel_through_one_node_reaches_a_worker_on_the_other(
+    pg_url: str, tmp_path: Path
+) -> None:
+    # Heartbeats an hour apart: only the cancels long-poll, woken across processes by
+    # LISTEN/NOTIFY, can tell the handler within the test.
+    cluster = Cluster(
+        database_url=pg_url,
+        workdir=tmp_path,
+        python_path=[HERE],
+        extra_env={"CRONWHEEL_HEARTBEAT_INTERVAL": "3600", "CRONWHEEL_API_POOL_SIZE": "4"},
+    )
+    urls = {"a": cluster.url, "b": f"http://127.0.0.1:{free_port()}"}
+    for name, url in urls.items():
+        cluster.start(name, "api", "--port", url.rsplit(":", 1)[1])
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    store = create_store(pg_url)
+    await store.open()
+    try:
+        async with httpx.AsyncClient(timeout=30) as http:
+
+            async def ready() -> bool:
+                answers = [await http.get(f"{url}/readyz") for url in urls.values()]
+                return all(r.status_code == 200 for r in answers)
+
+            await cluster.wait_until(ready, 60, what="both API nodes to be ready", not_yet=NOT_YET)
+            _, operator_key, worker_key = await cluster.tenant("t")  # through node A
+            operator = {"Authorization": f"Bearer {operator_key}"}
+            job = {
+                "name": "j",
+                "schedule": {"asap": True},
+                "task": "fault.hang",
+                "heartbeat_timeout": 3600,
+                "payload": {"dir": str(marks)},
+            }
+            r = await http.post(f"{urls['a']}/v1/jobs", json=job, headers=operator)
+            assert r.status_code == 201, r.text
+            run_id = r.json()["first_run_id"]
+            await store.shard_leases_acquire(node_id="t", shards=range(256), ttl=60)
+            due = await store.runs_due_scan(
+                shards=range(256), until=await store.db_now() + timedelta(seconds=1)
+            )
+            assert len(await store.runs_fire(run_ids=[d.id for d in due], node_id="t")) == 1
+            # The worker talks to node A only.
+            cluster.start_worker("w", worker_key, pool="default", module="fault_tasks")
+            await cluster.wait_until(
+                lambda: (marks / f"{run_id}.1.started").exists(), 60, what="the handler to begin"
+            )
+
+            r = await http.post(f"{urls['b']}/v1/runs/{run_id}/cancel", headers=operator)
+            assert r.status_code == 200 and r.json()["state"] == "RUNNING", r.text
+            await cluster.wait_until(
+                lambda: (marks / f"{run_id}.1.cancelled").exists(),
+                60,
+                what="the handler to hear of the cancel made through node B",
+            )
+
+            async def cancelled() -> bool:
+                r = await http.get(f"{urls['b']}/v1/runs/{run_id}", headers=operator)
+                return r.json()["state"] == "CANCELLED"
+
+            await cluster.wait_until(cancelled, 30, what="the run to end CANCELLED")
     finally:
         cluster.stop()
         await store.close()

@@ -36,6 +36,9 @@ BODIES: list[type[BaseModel]] = [
     ws.LeasedAttemptOut,
     ws.StartRequest,
     ws.StartOut,
+    ws.CancelsRequest,
+    ws.CancelsOut,
+    ws.CancelOut,
     ws.HeartbeatRequest,
     ws.HeartbeatOut,
     ws.CompleteRequest,
@@ -71,8 +74,9 @@ def _protocol_routes() -> list[tuple[str, str]]:
 
 
 def test_the_routes_are_found() -> None:
-    """register, lease, start, deregister; heartbeat, complete, fail, release, logs, batch"""
-    assert len(_protocol_routes()) >= 10
+    """register, lease, start, cancels, deregister; heartbeat, complete, fail, release,
+    logs, batch"""
+    assert len(_protocol_routes()) >= 11
 
 
 @pytest.mark.parametrize(("method", "path"), _protocol_routes())

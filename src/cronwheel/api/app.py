@@ -133,13 +133,14 @@ class BodyLimitMiddleware:
 
 
 async def stop_long_polls(app: FastAPI) -> None:
-    """Answer every waiting lease long-poll now (empty) and let no new one wait.
+    """Answer every waiting long-poll (lease, cancels) now and let no new one wait.
 
     Call it before stopping the HTTP server: a server shutting down gracefully waits for
     open requests, and a long-poll could otherwise hold it for ``lease_wait_max``.
     """
     state: ApiState = app.state.api
     await state.notifier.close()
+    await state.cancels.close()
 
 
 def default_log_store(settings: Settings, store: Store) -> LogStore:
@@ -194,6 +195,7 @@ def create_app(settings: Settings, store: Store, *, log_store: LogStore | None =
             with contextlib.suppress(asyncio.CancelledError):
                 await revocations
             await state.notifier.close()
+            await state.cancels.close()
 
     # The docs pages (/docs, /redoc) load their scripts and styles from the package
     # (under /static-offline-docs), never from a CDN: they work without internet.

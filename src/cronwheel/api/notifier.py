@@ -1,48 +1,55 @@
-"""The wake-up fan-out that lets lease long-polls answer as soon as a run is ready."""
+"""The wake-up fan-outs that let long-polls answer as soon as there is something for
+them: a lease as soon as a run is ready (:class:`ReadyNotifier`), a worker's cancels
+long-poll as soon as a run it is running is asked to stop (:class:`CancelNotifier`).
+
+Each is one subscription to one channel per app, fanned out to the long-polls waiting
+on the key a notice names (a pool, a worker). Notices are only hints: a long-poll also
+reads the store when it starts and when its wait ends, and what it misses reaches the
+worker by another call (a lease by its re-poll, a cancel by the next heartbeat)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Hashable, Iterable
 from datetime import datetime
+from typing import Generic, TypeVar
 
 from cronwheel.clock import Clock
 from cronwheel.store.base import Store, Subscription
-from cronwheel.store.notices import CHANNEL_RUNS_READY, parse_ready_notice
+from cronwheel.store.notices import (
+    CHANNEL_CANCELS,
+    CHANNEL_RUNS_READY,
+    parse_cancels_notice,
+    parse_ready_notice,
+)
 
-__all__ = ["ReadyNotifier"]
+__all__ = ["CancelNotifier", "ReadyNotifier", "Wakeups"]
 
 log = logging.getLogger("cronwheel.api")
 
+K = TypeVar("K", bound=Hashable)
 
-class ReadyNotifier:
-    """One subscription to :data:`CHANNEL_RUNS_READY` per app, fanned out to every lease
-    long-poll waiting on the pool named in the notification.
 
-    A waiter takes a *ticket* (an event) before it tries to lease, so a notification
-    that lands between its empty lease and its wait still wakes it. Notifications are
-    only hints: waiters re-poll the store on a timer as well. A notice of runs
-    dispatched ahead of their instant wakes the pool's waiters at that instant, by the
-    database's clock (the offset is measured as the scheduler does), and at once those
-    that lease ahead (reservations).
-    """
+class Wakeups(ABC, Generic[K]):
+    """Long-polls waiting on keys, woken by the notices of ``channel``.
 
-    # Seconds between offset measurements. Workers begin reserved runs by the time
-    # this process tells them, and each reading narrows the earlier ones (``Clock``):
-    # a first one taken while the process was busy is made good within seconds.
-    CLOCK_CHECK = 5.0
+    A waiter takes a *ticket* (an event) before it reads the store, so a notice that
+    lands between its empty read and its wait still wakes it."""
+
+    channel: str
+    name: str  # in the log events of the subscription
 
     def __init__(self, store: Store) -> None:
         self._store = store
-        self._tickets: dict[tuple[str, bool], asyncio.Event] = {}
+        self._tickets: dict[K, asyncio.Event] = {}
         self._task: asyncio.Task[None] | None = None
         self._subscription: Subscription | None = None
         self._waiting = 0
         self._closed = False
-        self._clock = Clock()
-        self._next_clock = 0.0
-        self._timers: dict[tuple[str, datetime], asyncio.TimerHandle] = {}
 
     @property
     def closed(self) -> bool:
@@ -54,20 +61,12 @@ class ReadyNotifier:
         """How many long-polls are blocked right now."""
         return self._waiting
 
-    def ticket(self, pool: str, *, ahead: bool = False) -> asyncio.Event:
-        """What a waiter on ``pool`` waits on; ``ahead``: it leases ahead, so runs
-        dispatched ahead of their instant wake it at once."""
+    def _ticket(self, key: K) -> asyncio.Event:
         self._start()
-        event = self._tickets.get((pool, ahead))
+        event = self._tickets.get(key)
         if event is None:
-            event = self._tickets[(pool, ahead)] = asyncio.Event()
+            event = self._tickets[key] = asyncio.Event()
         return event
-
-    async def now(self) -> datetime:
-        """The database's time as this process reckons it: the local clock corrected
-        by an offset measured at most ``CLOCK_CHECK`` seconds ago."""
-        await self._check_clock()
-        return self._clock.now()
 
     async def wait(self, ticket: asyncio.Event, timeout: float) -> None:
         self._waiting += 1
@@ -78,15 +77,9 @@ class ReadyNotifier:
         finally:
             self._waiting -= 1
 
-    def wake(self, pools: list[str] | None = None, *, only_ahead: bool = False) -> None:
-        """Wake the waiters of ``pools`` (every waiter when None); ``only_ahead``: only
-        those that lease ahead."""
-        keys = (
-            list(self._tickets)
-            if pools is None
-            else [(p, a) for p in pools for a in ((True,) if only_ahead else (False, True))]
-        )
-        for key in keys:
+    def _wake_keys(self, keys: Iterable[K] | None) -> None:
+        """Wake the waiters of ``keys`` (every waiter when None)."""
+        for key in list(self._tickets) if keys is None else keys:
             event = self._tickets.pop(key, None)
             if event is not None:
                 event.set()
@@ -96,29 +89,97 @@ class ReadyNotifier:
             self._task = None  # it died: start another
         if self._task is None and not self._closed:
             self._task = asyncio.get_running_loop().create_task(
-                self._listen(), name="cronwheel-api-ready-notifier"
+                self._listen(), name=f"cronwheel-api-{self.name}-notifier"
             )
 
     async def _listen(self) -> None:
         while True:
             try:
                 if self._subscription is None:
-                    self._subscription = self._store.subscribe(CHANNEL_RUNS_READY)
-                await self._check_clock()  # leases tell workers the time by it
+                    self._subscription = self._store.subscribe(self.channel)
+                await self._between_waits()
                 payloads = await self._subscription.wait(5.0)
                 if payloads:
                     await self._on_notices(payloads)
             except asyncio.CancelledError:
                 raise
             except Exception:
-                # Waiters still re-poll on their timer; retry the subscription later.
+                # Waiters still read the store when they start and when their wait
+                # ends; retry the subscription later.
                 log.warning(
-                    "ready subscription failed",
+                    "%s subscription failed",
+                    self.name,
                     exc_info=True,
-                    extra={"event": "api.ready_subscription_failed"},
+                    extra={"event": f"api.{self.name}_subscription_failed"},
                 )
                 self._drop_subscription()
                 await asyncio.sleep(1.0)
+
+    async def _between_waits(self) -> None:
+        """What the listener does every few seconds, notices or not."""
+
+    @abstractmethod
+    async def _on_notices(self, payloads: list[str]) -> None: ...
+
+    def _drop_subscription(self) -> None:
+        if self._subscription is not None:
+            with contextlib.suppress(Exception):
+                self._subscription.close()
+            self._subscription = None
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        self._drop_subscription()
+        self._wake_keys(None)
+
+
+class ReadyNotifier(Wakeups[tuple[str, bool]]):
+    """Lease long-polls, woken by :data:`CHANNEL_RUNS_READY` per pool; they also re-poll
+    the store on a timer. A notice of runs dispatched ahead of their instant wakes the
+    pool's waiters at that instant, by the database's clock (the offset is measured as
+    the scheduler does), and at once those that lease ahead (reservations).
+    """
+
+    channel = CHANNEL_RUNS_READY
+    name = "ready"
+    # Seconds between offset measurements. Workers begin reserved runs by the time
+    # this process tells them, and each reading narrows the earlier ones (``Clock``):
+    # a first one taken while the process was busy is made good within seconds.
+    CLOCK_CHECK = 5.0
+
+    def __init__(self, store: Store) -> None:
+        super().__init__(store)
+        self._clock = Clock()
+        self._next_clock = 0.0
+        self._timers: dict[tuple[str, datetime], asyncio.TimerHandle] = {}
+
+    def ticket(self, pool: str, *, ahead: bool = False) -> asyncio.Event:
+        """What a waiter on ``pool`` waits on; ``ahead``: it leases ahead, so runs
+        dispatched ahead of their instant wake it at once."""
+        return self._ticket((pool, ahead))
+
+    async def now(self) -> datetime:
+        """The database's time as this process reckons it: the local clock corrected
+        by an offset measured at most ``CLOCK_CHECK`` seconds ago."""
+        await self._check_clock()
+        return self._clock.now()
+
+    def wake(self, pools: list[str] | None = None, *, only_ahead: bool = False) -> None:
+        """Wake the waiters of ``pools`` (every waiter when None); ``only_ahead``: only
+        those that lease ahead."""
+        self._wake_keys(
+            None
+            if pools is None
+            else [(p, a) for p in pools for a in ((True,) if only_ahead else (False, True))]
+        )
+
+    async def _between_waits(self) -> None:
+        await self._check_clock()  # leases tell workers the time by it
 
     async def _on_notices(self, payloads: list[str]) -> None:
         now_pools: list[str] = []
@@ -161,21 +222,34 @@ class ReadyNotifier:
         self._timers.pop(key, None)
         self.wake([key[0]])
 
-    def _drop_subscription(self) -> None:
-        if self._subscription is not None:
-            with contextlib.suppress(Exception):
-                self._subscription.close()
-            self._subscription = None
-
     async def close(self) -> None:
-        self._closed = True
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-        self._drop_subscription()
         for timer in self._timers.values():
             timer.cancel()
         self._timers.clear()
-        self.wake()
+        await super().close()
+
+
+class CancelNotifier(Wakeups[uuid.UUID]):
+    """Workers' cancels long-polls, woken by :data:`CHANNEL_CANCELS` when a run one of
+    them is running is asked to stop — through this API node or any other."""
+
+    channel = CHANNEL_CANCELS
+    name = "cancels"
+
+    def ticket(self, worker_id: uuid.UUID) -> asyncio.Event:
+        """What the cancels long-polls of ``worker_id`` wait on."""
+        return self._ticket(worker_id)
+
+    def wake(self, worker_ids: Iterable[uuid.UUID] | None = None) -> None:
+        """Wake the long-polls of ``worker_ids`` (every one when None)."""
+        self._wake_keys(worker_ids)
+
+    async def _on_notices(self, payloads: list[str]) -> None:
+        workers: set[uuid.UUID] = set()
+        for payload in payloads:
+            try:
+                workers.add(parse_cancels_notice(payload))
+            except ValueError:
+                self.wake()  # unreadable: everyone looks
+                return
+        self.wake(workers)

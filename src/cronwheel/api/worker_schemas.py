@@ -34,6 +34,9 @@ __all__ = [
     "AttemptResultOut",
     "BatchOut",
     "BatchRequest",
+    "CancelOut",
+    "CancelsOut",
+    "CancelsRequest",
     "CompleteItemIn",
     "CompleteRequest",
     "FailItemIn",
@@ -111,6 +114,11 @@ class WorkerRegistered(ResponseModel):
         default=0.0,
         description="how long before its instant a reservation may be started (the run "
         "begins at its instant; 0: at the instant only)",
+    )
+    cancels_poll: bool = Field(
+        default=False,
+        description="the server answers `POST /v1/workers/{id}/cancels`, a long-poll that "
+        "tells of a cancel as soon as it is asked (false, or absent: heartbeats only)",
     )
 
 
@@ -235,6 +243,35 @@ class LeaseOut(ResponseModel):
         "p0_reserved_share of its capacity): a lease asking for no more runs than this "
         "gets P0 runs only, so a worker that has only these free should ask again as soon "
         "as another slot frees rather than long-poll",
+    )
+
+
+class CancelsRequest(RequestModel):
+    wait: Seconds = Field(
+        default=0.0,
+        ge=0,
+        le=3600,
+        description="seconds to long-poll when no cancel is pending (at most the server's "
+        "`lease_wait_max`)",
+    )
+    known: list[FencingToken] = Field(
+        default_factory=list,
+        max_length=10_000,
+        description="fencing tokens whose cancel the worker already knows of: left out of "
+        "the answer",
+    )
+
+
+class CancelOut(ResponseModel):
+    attempt_id: uuid.UUID
+    run_id: uuid.UUID
+    fencing_token: int
+
+
+class CancelsOut(ResponseModel):
+    cancels: list[CancelOut] = Field(
+        description="the worker's running attempts whose run was asked to stop, but those "
+        "in `known`: stop each handler as a heartbeat's `cancel_requested` says"
     )
 
 

@@ -17,6 +17,7 @@ __all__ = [
     "ApiKey",
     "Attempt",
     "AttemptOutcome",
+    "CancelRequest",
     "DueRun",
     "Event",
     "FiredRun",
@@ -223,6 +224,15 @@ class AttemptOutcome:
     lease_expires_at: datetime | None = None
     cancel_requested: bool = False
     run_state: RunState | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CancelRequest:
+    """A live attempt whose run a user (or ``overlap: cancel_previous``) asked to stop."""
+
+    attempt_id: uuid.UUID
+    run_id: uuid.UUID
+    fencing_token: int
 
 
 @dataclass(frozen=True, slots=True)

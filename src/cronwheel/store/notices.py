@@ -12,13 +12,16 @@ from cronwheel.domain.model import DueRun
 
 __all__ = [
     "ANNOUNCE_HORIZON",
+    "CHANNEL_CANCELS",
     "CHANNEL_KEYS_REVOKED",
     "CHANNEL_OPERATIONS",
     "CHANNEL_RUNS_NEW",
     "CHANNEL_RUNS_READY",
     "announce",
+    "cancels_notice",
     "key_revoked",
     "parse_announcement",
+    "parse_cancels_notice",
     "parse_key_revoked",
     "parse_ready_notice",
     "ready_notices",
@@ -34,6 +37,9 @@ CHANNEL_RUNS_READY = "cw_runs_ready"
 CHANNEL_KEYS_REVOKED = "cw_keys_revoked"
 # A bulk operation was accepted: "operation id". API nodes wake to claim it.
 CHANNEL_OPERATIONS = "cw_operations"
+# A cancel was requested of attempts a worker is running: "worker id" (hex). The API
+# nodes answer that worker's cancels long-poll.
+CHANNEL_CANCELS = "cw_cancels"
 _NOT_BEFORE = "\x1f"
 _MAX_INSTANTS = 32  # per notice: a batch spread wider is woken at evenly spaced ones
 
@@ -96,4 +102,14 @@ def key_revoked(key_id: uuid.UUID) -> str:
 
 def parse_key_revoked(payload: str) -> uuid.UUID:
     """The key a CHANNEL_KEYS_REVOKED payload names; ValueError when it is unreadable."""
+    return uuid.UUID(hex=payload)
+
+
+def cancels_notice(worker_id: uuid.UUID) -> str:
+    """The payload of a CHANNEL_CANCELS notification."""
+    return worker_id.hex
+
+
+def parse_cancels_notice(payload: str) -> uuid.UUID:
+    """The worker a CHANNEL_CANCELS payload names; ValueError when it is unreadable."""
     return uuid.UUID(hex=payload)

@@ -12,6 +12,7 @@ from datetime import datetime
 from cronwheel.domain.model import (
     Attempt,
     AttemptOutcome,
+    CancelRequest,
     LeasedAttempt,
     Page,
     ReservationsStarted,
@@ -246,6 +247,18 @@ class WorkerSide(ABC):
         ``released: worker deregistered``; its reservations are released too. Returns
         one ok outcome per released attempt or reservation (empty for an unknown worker
         or one holding nothing)."""
+
+    @abstractmethod
+    async def attempts_cancel_requested(
+        self, *, worker_id: uuid.UUID, tenant_id: uuid.UUID | None = None
+    ) -> list[CancelRequest]:
+        """The worker's live (RUNNING) attempts whose run was asked to stop — a cancel of
+        the run, of its job, in bulk, or ``overlap: cancel_previous`` — with ``tenant_id``
+        only that tenant's, by fencing token. What a heartbeat answers as
+        ``cancel_requested``, for every attempt of the worker in one read that writes
+        nothing. Every change that asks a running run to stop notifies the workers
+        running it on ``CHANNEL_CANCELS`` once it commits (a wake-up: this read is the
+        truth)."""
 
     @abstractmethod
     async def attempts_get_live(

@@ -1,6 +1,6 @@
 """The HTTP worker protocol, as typed calls: register, lease (long-poll), the batch
-endpoint that carries heartbeats, completions, failures and releases together, and
-deregister.
+endpoint that carries heartbeats, completions, failures and releases together, the
+cancels long-poll, and deregister.
 
 Any worker written in Python — the SDK's :class:`~cronwheel.worker.Worker`, the
 built-in webhook worker — speaks the protocol through :class:`WorkerProtocol`, so the
@@ -48,6 +48,7 @@ class Registration:
     lease_wait_max: float | None = None  # the longest long-poll the server accepts
     lease_ahead_max: float = 0.0  # how far ahead the server lets it reserve runs
     start_ahead_max: float = 0.0  # how long before its instant it may start a reservation
+    cancels_poll: bool = False  # the server answers the cancels long-poll
 
 
 @dataclass(frozen=True, slots=True)
@@ -323,6 +324,7 @@ class WorkerProtocol:
                 ),
                 lease_ahead_max=float(data.get("lease_ahead_max") or 0.0),
                 start_ahead_max=float(data.get("start_ahead_max") or 0.0),
+                cancels_poll=data.get("cancels_poll") is True,
             ),
         )
 
@@ -385,6 +387,25 @@ class WorkerProtocol:
                 not_yet=[int(t) for t in data["not_yet"]],
                 refused=[int(t) for t in data["refused"]],
             ),
+        )
+
+    async def cancels(
+        self, worker_id: str, *, wait: float, known: Sequence[int] = ()
+    ) -> list[TokenRef]:
+        """The worker's running attempts whose run was asked to stop, but those whose
+        token is in ``known``; the server answers as soon as there is one, or after
+        ``wait`` seconds with none."""
+        call = Call(
+            "POST",
+            f"/v1/workers/{quote(worker_id, safe='')}/cancels",
+            json={"wait": wait, "known": list(known)},
+        )
+        data = await self.client.send(call, read_timeout=wait + _LONG_POLL_MARGIN)
+        return _parsed(
+            "cancels",
+            lambda: [
+                TokenRef(str(c["attempt_id"]), int(c["fencing_token"])) for c in data["cancels"]
+            ],
         )
 
     async def deregister(self, worker_id: str, *, timeout: float) -> int:

@@ -20,8 +20,8 @@ took times the number due at that instant, never more than the server allows
 instant) go as early as the server allows: every worker starts its share at once, so
 what one worker measured of its own starts says little of how long all of them take.
 A cancel or pause that reaches the server before the start wins; after it, it is a
-cancel of a running run — which still wins if the worker learns of it by a heartbeat
-before the instant.
+cancel of a running run — which still wins if the worker learns of it (by its cancels
+long-poll or a heartbeat) before the instant.
 """
 
 from __future__ import annotations

@@ -17,7 +17,8 @@ The worker declares its handlers' task names when it registers: the server lease
 runs of those tasks only (and, with ``tags``, runs whose route tags it carries). It
 leases as many runs as it has free slots in one long-poll, runs async handlers on its
 event loop and sync ones in a thread pool, sends one heartbeat request per interval
-for everything it holds, and reports outcomes in batches.
+for everything it holds, keeps one long-poll open that tells it of a cancel as soon as
+it is asked, and reports outcomes in batches.
 """
 
 from __future__ import annotations

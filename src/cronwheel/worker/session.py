@@ -9,6 +9,8 @@ Three loops share the attempts the worker holds::
                                                                          (at once when big)
     heartbeater: ONE batch request per interval for every held attempt; learns of
     cancel requests and of lost leases
+    cancels long-poll: open while attempts are held; learns of a cancel request as soon
+    as it is made (``cancels.py``)
 
 An attempt stays *held* from its lease until the server has acknowledged its outcome,
 so a completion delayed by a network error keeps its lease alive meanwhile.
@@ -49,6 +51,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from cronwheel.client import ApiError
+from cronwheel.worker.cancels import Cancels
 from cronwheel.worker.held import (
     CancelReason,
     DeadlineExceeded,
@@ -187,6 +190,12 @@ class WorkerSession:
         self._executor = ThreadPoolExecutor(
             max_workers=config.concurrency, thread_name_prefix="cronwheel-task"
         )
+        self.cancels = Cancels(
+            protocol,
+            held=lambda: self.held,
+            on_cancel=self._cancel_requested,
+            backoff_max=config.backoff_max,
+        )
         self._task_log = logging.getLogger(TASK_LOGGER)
         self.logs = LogShipper(protocol, config.log_shipping)
         self._starter: asyncio.Task[None] | None = None
@@ -201,6 +210,9 @@ class WorkerSession:
             background = [
                 asyncio.create_task(self.outbox.run(), name="cronwheel-flush"),
                 asyncio.create_task(self._heartbeat_loop(), name="cronwheel-heartbeat"),
+                asyncio.create_task(
+                    self.cancels.run(lambda: self.worker_id), name="cronwheel-cancels"
+                ),
             ]
             self._starter = asyncio.create_task(
                 self.reservations.run(lambda: self.worker_id), name="cronwheel-start"
@@ -272,6 +284,8 @@ class WorkerSession:
                 reg.lease_ahead_max,
             )
             self.reservations.start_ahead_max = reg.start_ahead_max
+            self.cancels.offered = reg.cancels_poll
+            self.cancels.wait = self.lease_wait
             log_event(
                 logging.INFO,
                 "worker.registered",
@@ -549,6 +563,8 @@ class WorkerSession:
         held = Held(lease=lease, ctx=ctx)
         self.held[lease.attempt_id] = held
         self._held_changed.set()
+        if self.cancels.holding(held):  # cancelled before its lease answer arrived
+            self._cancel_requested(held)
         return held
 
     def _run(self, held: Held) -> None:
@@ -612,7 +628,11 @@ class WorkerSession:
         finally:
             held.finished = True
             self.running -= 1
-            self._ended(time.monotonic() - started)
+            if not held.ctx.cancel_requested:
+                # One stopped early (cancelled, its lease lost) tells nothing of how long
+                # its task takes: counted, a mass cancel would make long handlers look
+                # short, and prefetch would hold runs behind busy slots.
+                self._ended(time.monotonic() - started)
             self._slot_free.set()
             self._fill_slots()
         took = time.monotonic() - started

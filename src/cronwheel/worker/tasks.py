@@ -80,9 +80,10 @@ class TaskContext:
 
     @property
     def cancel_requested(self) -> bool:
-        """True once the handler should stop: the run was cancelled (learned on the next
-        heartbeat), its lease was lost, or the worker is shutting down past its grace
-        period. Async handlers are also cancelled; sync ones should check this."""
+        """True once the handler should stop: the run was cancelled (learned as soon as
+        it is asked, or at the latest on the next heartbeat), its lease was lost, or the
+        worker is shutting down past its grace period. Async handlers are also
+        cancelled; sync ones should check this (or wait with :meth:`wait_cancelled`)."""
         return self._cancel.is_set()
 
     def request_cancel(self) -> None:

@@ -1,6 +1,6 @@
-"""The worker protocol: register, lease (long-poll), start reservations, deregister;
-and the list of workers operators read (the calls about attempts are in
-``attempts.py``).
+"""The worker protocol: register, lease (long-poll), start reservations, the cancels
+long-poll, deregister; and the list of workers operators read (the calls about
+attempts are in ``attempts.py``).
 
 Every call about an attempt carries its fencing token; a stale one (the lease was lost
 and the run handed to someone else) answers 409 ``stale_fencing_token`` and changes
@@ -26,6 +26,9 @@ from cronwheel.api.routers.attempts import instant_text, json_response
 from cronwheel.api.schemas import ERROR_RESPONSES, ErrorResponse
 from cronwheel.api.state import ApiState, api_state
 from cronwheel.api.worker_schemas import (
+    CancelOut,
+    CancelsOut,
+    CancelsRequest,
     LeasedAttemptOut,
     LeaseOut,
     LeaseRequest,
@@ -96,6 +99,7 @@ async def register_worker(
         lease_wait_max=state.settings.lease_wait_max,
         lease_ahead_max=state.settings.lease_ahead_max,
         start_ahead_max=state.settings.start_ahead_max,
+        cancels_poll=True,
     )
 
 
@@ -328,6 +332,61 @@ async def start(
     )
 
 
+@router.post(
+    "/v1/workers/{worker_id}/cancels",
+    summary="Hear of cancels of running attempts (long-poll)",
+    responses=_GONE,
+)
+async def cancels(
+    worker_id: str,
+    body: CancelsRequest,
+    request: Request,
+    principal: Principal = Depends(require_worker),
+) -> CancelsOut:
+    """The worker's running attempts whose run was asked to stop (a cancel of the run,
+    of its job, in bulk, or ``overlap: cancel_previous``), but those whose fencing token
+    is in ``known``: what heartbeats answer as ``cancel_requested``, without waiting for
+    the next one. When there is none, waits up to ``wait`` seconds and answers as soon
+    as one is asked for, through any API node; an empty list means none came. A
+    deregistered worker gets 410 ``worker_deregistered``."""
+    state = api_state(request)
+    if body.wait > state.settings.lease_wait_max:
+        raise ValidationError(
+            f"wait: at most {state.settings.lease_wait_max:g} seconds", field="wait"
+        )
+    worker = await _own_worker(state, principal, worker_id)
+    known = set(body.known)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + body.wait
+    while True:
+        # The ticket is taken before reading so that a cancel committed in between
+        # wakes us.
+        ticket = state.cancels.ticket(worker.id) if body.wait > 0 else None
+        pending = [
+            c
+            for c in await state.store.attempts_cancel_requested(
+                worker_id=worker.id, tenant_id=worker.tenant_id
+            )
+            if c.fencing_token not in known
+        ]
+        remaining = deadline - loop.time()
+        if pending or ticket is None or remaining <= 0 or state.cancels.closed:
+            break
+        if await request.is_disconnected():
+            break
+        # No re-poll on a timer: a cancel whose notice is lost reaches the worker by
+        # its next heartbeat.
+        await state.cancels.wait(ticket, remaining)
+        # Deregistered through this node meanwhile (which wakes us): 410, as a lease.
+        worker = await _own_worker(state, principal, worker_id)
+    return CancelsOut(
+        cancels=[
+            CancelOut(attempt_id=c.attempt_id, run_id=c.run_id, fencing_token=c.fencing_token)
+            for c in pending
+        ]
+    )
+
+
 @router.delete(
     "/v1/workers/{worker_id}",
     summary="Deregister a worker",
@@ -355,8 +414,10 @@ async def deregister_worker(
     # release below finds everything the worker was ever handed.
     await state.store.workers_deregister(worker.id)
     state.workers.put(worker.id, await state.store.workers_get(worker.id))
-    # Its long-polls waiting here lease again at once, and are refused.
+    # Its long-polls waiting here lease (or look for cancels) again at once, and are
+    # refused.
     state.notifier.wake([worker.pool])
+    state.cancels.wake([worker.id])
     # The worker's own tenant scopes the release: every attempt of a tenant's worker is
     # that tenant's, and a worker serving every tenant may hold attempts of any.
     released = await state.store.attempts_release_by_worker(

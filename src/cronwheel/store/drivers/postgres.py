@@ -41,6 +41,7 @@ from cronwheel.store.drivers.postgres_jobs import (
     notify_chunks,
 )
 from cronwheel.store.notices import (
+    CHANNEL_CANCELS,
     CHANNEL_KEYS_REVOKED,
     CHANNEL_OPERATIONS,
     CHANNEL_RUNS_NEW,
@@ -191,6 +192,7 @@ class PostgresDriver(Driver):
                     CHANNEL_RUNS_READY,
                     CHANNEL_KEYS_REVOKED,
                     CHANNEL_OPERATIONS,
+                    CHANNEL_CANCELS,
                 ):
                     await conn.add_listener(channel, on_notify)
                 closed = asyncio.Event()

@@ -28,6 +28,7 @@ from cronwheel.domain.errors import (
 from cronwheel.domain.model import (
     Attempt,
     AttemptOutcome,
+    CancelRequest,
     LeasedAttempt,
     ReservationsStarted,
     Worker,
@@ -242,6 +243,30 @@ class AttemptsMixin(WorkersMixin, RetriesMixin):
         if rest:  # reservations that never started: handed back as they are
             released.update(await self._unreserve(conn, rest, tenant_id))
         return await self._resolve(conn, items, released, tenant_id)
+
+    async def attempts_cancel_requested(
+        self, *, worker_id: uuid.UUID, tenant_id: uuid.UUID | None = None
+    ) -> list[CancelRequest]:
+        # The worker's live attempts by their partial index (a few, its slots' worth),
+        # each run by its key.
+        stmt = (
+            sa.select(attempts.c.id, attempts.c.run_id, attempts.c.fencing_token)
+            .join(
+                runs,
+                sa.and_(runs.c.tenant_id == attempts.c.tenant_id, runs.c.id == attempts.c.run_id),
+            )
+            .where(
+                attempts.c.worker_id == worker_id,
+                attempts.c.state == AttemptState.RUNNING.value,
+                runs.c.cancel_requested.is_(sa.true()),
+            )
+            .order_by(attempts.c.fencing_token)
+        )
+        if tenant_id is not None:
+            stmt = stmt.where(attempts.c.tenant_id == tenant_id)
+        async with self._read() as conn:
+            rows = (await conn.execute(stmt)).all()
+        return [CancelRequest(r.id, r.run_id, r.fencing_token) for r in rows]
 
     async def attempts_get_live(
         self,

@@ -19,11 +19,12 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from cronwheel.domain.audit import Actor
 from cronwheel.domain.errors import NotFoundError, StoreUnavailableError
-from cronwheel.domain.states import ACTIVE_STATES, CANCEL, RunState
+from cronwheel.domain.states import ACTIVE_STATES, CANCEL, AttemptState, RunState
 from cronwheel.store.base import Store, Subscription
 from cronwheel.store.driver import Driver
+from cronwheel.store.notices import CHANNEL_CANCELS, cancels_notice
 from cronwheel.store.rows import AUDIT_COLUMNS, audit_record, event_row
-from cronwheel.store.schema import UtcDateTime, audit, jobs, runs, tenants
+from cronwheel.store.schema import UtcDateTime, attempts, audit, jobs, runs, tenants
 from cronwheel.store.values import Migrated
 
 __all__ = ["MIGRATIONS_DIR", "LocalSubscription", "SqlCore", "jobs_select"]
@@ -208,7 +209,11 @@ class SqlCore(Store):
                 try:
                     yield conn
                 finally:
-                    conn.info.pop("cw_pending", None)
+                    # A connection cut off mid-statement (a cancelled task) refuses even
+                    # this until rolled back: its error must not replace the
+                    # cancellation. (Each transaction sets its own list anyway.)
+                    with contextlib.suppress(DBAPIError, sa.exc.InvalidRequestError):
+                        conn.info.pop("cw_pending", None)
         except Exception as exc:
             if self.driver.transient(exc):
                 raise StoreUnavailableError(f"the database failed, try again: {exc}") from exc
@@ -315,7 +320,10 @@ class SqlCore(Store):
         actor: str | None,
         reason: str,
     ) -> list[dict[str, Any]]:
-        """Cancel the selected runs not yet started, and ask running ones to stop."""
+        """Cancel the selected runs not yet started, and ask running ones to stop: the
+        workers running them are notified (``CHANNEL_CANCELS``) once this commits, and
+        learn of it from their cancels long-poll — or, the notice lost, their next
+        heartbeat."""
         out: list[dict[str, Any]] = []
         for source in CANCEL.source_values:
             cancelled = (
@@ -353,6 +361,8 @@ class SqlCore(Store):
                 .returning(runs.c.id, runs.c.job_id)
             )
         ).all()
+        if requested:
+            await self._notify_holders(conn, tenant_id, [r.id for r in requested])
         out += [
             event_row(
                 at=at,
@@ -366,6 +376,26 @@ class SqlCore(Store):
             for r in requested
         ]
         return out
+
+    async def _notify_holders(
+        self, conn: AsyncConnection, tenant_id: uuid.UUID, run_ids: Sequence[uuid.UUID]
+    ) -> None:
+        """Notify the workers running ``run_ids`` that they have a cancel to hear of."""
+        holders = (
+            await conn.execute(
+                sa.select(attempts.c.worker_id)
+                .distinct()
+                .where(
+                    attempts.c.tenant_id == tenant_id,
+                    self.driver.id_in(attempts.c.run_id, run_ids),
+                    attempts.c.state == AttemptState.RUNNING.value,
+                    attempts.c.worker_id.is_not(None),
+                )
+            )
+        ).scalars()
+        notices = sorted(cancels_notice(w) for w in holders)
+        if notices:
+            await self._notify(conn, CHANNEL_CANCELS, notices)
 
     @staticmethod
     def _not_found(kind: str, ident: Any) -> NotFoundError:
