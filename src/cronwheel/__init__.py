@@ -6,6 +6,12 @@
 
 from __future__ import annotations
 
-from cronwheel.client import ApiConnectionError, ApiError, AsyncClient, Client
+from cronwheel.client import (
+    ApiConnectionError,
+    ApiError,
+    AsyncClient,
+    Client,
+    PreconditionFailedError,
+)
 
-__all__ = ["ApiConnectionError", "ApiError", "AsyncClient", "Client"]
+__all__ = ["ApiConnectionError", "ApiError", "AsyncClient", "Client", "PreconditionFailedError"]

@@ -14,7 +14,7 @@ import pytest
 from asgi_lifespan import LifespanManager
 from fastapi import FastAPI
 
-from cronwheel import ApiError, AsyncClient
+from cronwheel import ApiError, AsyncClient, PreconditionFailedError
 from cronwheel.api import create_app
 from cronwheel.settings import Settings
 from cronwheel.store import Store
@@ -322,3 +322,22 @@ async def test_concurrent_single_creates_each_get_their_own_answer(
     assert len({a["id"] for i, a in enumerate(answers) if i != 3}) == 11
     stored = (await operator.jobs.list(name_prefix="c-", limit=100)).items
     assert len(stored) == 10
+
+
+async def test_update_edits_a_job_conditionally(operator: AsyncClient) -> None:
+    job = await operator.jobs.create(
+        name="edit-me", schedule={"delay": 600}, task="t", payload={"n": 1}, tags=["a"]
+    )
+    edited = await operator.jobs.update(
+        job["id"], if_version=job["version"], reason="more", payload={"n": 2}, tags=None
+    )
+    assert (edited["version"], edited["payload"], edited["tags"]) == (2, {"n": 2}, [])
+    [run] = (await operator.runs.list(job_id=job["id"])).items
+    assert run["payload"] == {"n": 2}  # the pending run follows
+    with pytest.raises(PreconditionFailedError) as info:
+        await operator.jobs.update(job["id"], if_version=1, priority=0)
+    assert (info.value.status, info.value.current_version) == (412, 2)
+    with pytest.raises(ApiError) as bad:
+        await operator.jobs.update(job["id"], priority=9)
+    assert (bad.value.status, bad.value.field) == (422, "priority")
+    assert (await operator.jobs.get(job["id"]))["version"] == 2

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from cronwheel import ApiError, Client
+from cronwheel import ApiError, Client, PreconditionFailedError
 from cronwheel.runtime import BackgroundRuntime, Runtime
 from cronwheel.settings import Settings
 
@@ -87,3 +87,22 @@ def test_blocking_create_many(server: BackgroundRuntime) -> None:
         assert [j is None for j in done.jobs] == [False, False, True, False, False]
         assert done.errors[2].status == 422
         assert len(client.jobs.list(name_prefix="s-").items) == 4
+
+
+def test_blocking_update(server: BackgroundRuntime) -> None:
+    with Client(server.url, api_key=ADMIN_KEY) as admin:
+        tenant = admin.tenants.create("sync-edit")
+    with Client(server.url, api_key=tenant["api_key"]) as client:
+        job = client.jobs.create(name="e", schedule={"cron": "0 0 1 1 *"}, task="t")
+        edited = client.jobs.update(
+            job["id"], if_version=1, schedule={"cron": "0 6 * * *", "timezone": "Asia/Tokyo"}
+        )
+        assert edited["schedule"]["timezone"] == "Asia/Tokyo" and edited["version"] == 2
+        assert edited["next_due_at"] != job["next_due_at"]
+        with pytest.raises(PreconditionFailedError) as info:
+            client.jobs.update(job["id"], if_version=1, name="late")
+        assert info.value.current_version == 2
+        client.jobs.cancel(job["id"])
+        with pytest.raises(ApiError) as over:
+            client.jobs.update(job["id"], name="late")
+        assert (over.value.status, over.value.code) == (409, "illegal_transition")

@@ -131,3 +131,29 @@ async def test_unreachable_server_is_a_connection_error_async() -> None:
     async with AsyncClient(f"http://127.0.0.1:{_closed_port()}", api_key="k") as client:
         with pytest.raises(ApiConnectionError):
             await client.runs.get("x")
+
+
+def test_a_412_is_a_precondition_failure_naming_the_current_version() -> None:
+    from cronwheel import PreconditionFailedError
+
+    body = {
+        "error": {
+            "code": "precondition_failed",
+            "message": "job j is at version 4, not 3",
+            "details": {"current_version": 4},
+        }
+    }
+    exc = error_from_response(_response(412, json=body))
+    assert isinstance(exc, PreconditionFailedError) and isinstance(exc, ApiError)
+    assert (exc.status, exc.code, exc.current_version) == (412, "precondition_failed", 4)
+    # Not ours (a proxy's page): an ApiError all the same, no version to name.
+    other = error_from_response(_response(412, text="<html>precondition</html>"))
+    assert not isinstance(other, PreconditionFailedError) and other.status == 412
+
+
+def test_an_edit_names_its_version_and_sends_null_as_a_value() -> None:
+    call = Calls.jobs_update("j/1", {"payload": {"a": 1}, "tags": None}, 3, "why")
+    assert (call.method, call.path) == ("PATCH", "/v1/jobs/j%2F1")
+    assert call.json == {"payload": {"a": 1}, "tags": None, "reason": "why"}
+    assert call.headers == {"If-Match": '"3"'}
+    assert Calls.jobs_update("j", {"pool": "p"}, None, None).headers == {}

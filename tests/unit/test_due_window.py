@@ -85,3 +85,42 @@ def test_a_run_held_for_its_instant_is_never_handed_out_ahead() -> None:
     assert [r.id for r in window.pop_due(T0 + timedelta(seconds=3), LEAD)] == [kept[0].id]
     assert [r.id for r in window.pop_due(T0 + timedelta(seconds=4), LEAD)] == [alone[0].id]
     assert len(window) == 0
+
+
+def test_a_run_pushed_at_another_instant_moves_there() -> None:
+    """A run's fire time changed (its job edited) while the window held it: pushed again
+    at its new instant — announced, or read by a poll — it is held there only."""
+    window = DueWindow()
+    [run] = _runs(20, 1)
+    [other] = _runs(20, 1)
+    window.push([run, other])
+    earlier = DueRun(id=run.id, shard=run.shard, fire_at=T0 + timedelta(seconds=5))
+    assert window.push([earlier]) == 0  # moved, not new
+    assert len(window) == 2 and window.next_fire_at() == earlier.fire_at
+    assert window.pop_due(T0 + timedelta(seconds=5)) == [earlier]
+    later = DueRun(id=other.id, shard=other.shard, fire_at=T0 + timedelta(seconds=40))
+    window.push([later])
+    assert window.pop_due(T0 + timedelta(seconds=20)) == []
+    assert window.pop_due(T0 + timedelta(seconds=40)) == [later]
+    assert len(window) == 0 and window.next_fire_at() is None
+
+
+def test_a_notices_millisecond_is_not_a_move() -> None:
+    # Notices carry whole milliseconds; the run read exactly stays where it is held.
+    window = DueWindow()
+    exact = DueRun(id=uuid.uuid4(), shard=0, fire_at=T0 + timedelta(microseconds=1500))
+    window.push([DueRun(id=exact.id, shard=0, fire_at=T0 + timedelta(milliseconds=1))])
+    assert window.push([exact]) == 0
+    assert window.pop_due(T0 + timedelta(milliseconds=1)) == [
+        DueRun(id=exact.id, shard=0, fire_at=T0 + timedelta(milliseconds=1))
+    ]
+
+
+def test_a_burst_left_by_a_moved_run_still_goes_ahead() -> None:
+    window = DueWindow(burst=2)
+    burst = _runs(3, 2)
+    window.push(burst)
+    moved = DueRun(id=burst[0].id, shard=0, fire_at=T0 + timedelta(seconds=30))
+    window.push([moved])
+    assert [r.id for r in window.pop_due(T0, LEAD)] == [burst[1].id]
+    assert len(window) == 1

@@ -31,6 +31,7 @@ from cronwheel.api.routers import (
     audit,
     bulk,
     health,
+    job_edit,
     jobs,
     logs,
     pools,
@@ -230,7 +231,20 @@ def create_app(settings: Settings, store: Store, *, log_store: LogStore | None =
     # A request's route is found by trying each router in turn: the hottest first.
     routers: list[APIRouter] = [
         m.router
-        for m in (jobs, tenants, runs, alerts, workers, attempts, pools, logs, audit, bulk, health)
+        for m in (
+            jobs,
+            job_edit,
+            tenants,
+            runs,
+            alerts,
+            workers,
+            attempts,
+            pools,
+            logs,
+            audit,
+            bulk,
+            health,
+        )
     ]
     routers.append(runs.dead_letters)
     for router in routers:

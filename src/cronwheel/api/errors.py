@@ -29,6 +29,7 @@ from starlette.routing import Route
 from cronwheel.domain.errors import (
     AuthError,
     CronwheelError,
+    StaleVersionError,
     StoreUnavailableError,
     TenantLimitError,
 )
@@ -160,6 +161,9 @@ async def _cronwheel_error(request: Request, exc: Exception) -> JSONResponse:
     elif isinstance(exc, StoreUnavailableError):
         # Overload or a failover: the same request may well succeed in a moment.
         headers = {"Retry-After": "1"}
+    elif isinstance(exc, StaleVersionError) and "current_version" in exc.details:
+        # The version it is at, as a read of it would tag it.
+        headers = {"ETag": f'"{exc.details["current_version"]}"'}
     elif isinstance(exc, TenantLimitError):
         # Once per refused request, by tenant name, as leasing counts its holds.
         details = exc.details

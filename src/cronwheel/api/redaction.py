@@ -6,37 +6,23 @@ would otherwise read them back. So every answer that shows a job or a run shows 
 header *name* with the value replaced by :data:`REDACTED`; the store keeps the real
 values, and the one reader that needs them, the webhook worker, gets them in its lease
 answer (worker role only). A job created with the marker as a header value is refused:
-it is a read answer sent back, and would send the marker to the receiver.
+it is a read answer sent back, and would send the marker to the receiver. (The marker
+and the redaction itself are the domain's, ``domain.spec``: a job's recorded history
+hides the values too.)
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 from cronwheel.domain.errors import ValidationError
-from cronwheel.domain.spec import JobSpec
+from cronwheel.domain.spec import REDACTED, JobSpec, redact_webhook
 
 __all__ = ["REDACTED", "WEBHOOK_OUT_DESCRIPTION", "redact_webhook", "refuse_redacted"]
-
-REDACTED = "[redacted]"
 
 WEBHOOK_OUT_DESCRIPTION = (
     "the webhook (`url`, `method`, `headers`) instead of a task, or null; header values "
     f"are write-only: each is shown as `{REDACTED}` (the names are kept), and only the "
     "webhook worker's lease answer carries the real values (see docs/webhooks.md)"
 )
-
-
-def redact_webhook(webhook: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """``webhook`` as answers show it: every header value replaced by the marker."""
-    if webhook is None:
-        return None
-    shown = dict(webhook)
-    headers = shown.get("headers")
-    if headers:
-        shown["headers"] = dict.fromkeys(headers, REDACTED)
-    return shown
 
 
 def refuse_redacted(spec: JobSpec, *, field: str = "webhook.headers") -> None:

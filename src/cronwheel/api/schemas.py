@@ -7,11 +7,12 @@ UTC with ``Z``; where a time zone applies the local form with its offset sits be
 
 from __future__ import annotations
 
+import copy
 import uuid
 from datetime import UTC, datetime
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Optional
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, create_model
 
 from cronwheel.api.redaction import WEBHOOK_OUT_DESCRIPTION
 from cronwheel.domain.bounds import (
@@ -22,7 +23,7 @@ from cronwheel.domain.bounds import (
     Integer,
     Seconds,
 )
-from cronwheel.domain.spec import TenantLimits
+from cronwheel.domain.spec import JobSpec, TenantLimits, parse_schedule
 from cronwheel.store.values import REDRIVE_BATCH_MAX
 
 __all__ = [
@@ -45,6 +46,8 @@ __all__ = [
     "JobDeletedOut",
     "JobList",
     "JobOut",
+    "JobPatch",
+    "JobPatchBase",
     "KeyCreate",
     "KeyCreated",
     "KeyList",
@@ -307,6 +310,51 @@ class JobControlRequest(RequestModel):
     reason: str | None = Field(
         default=None, max_length=1000, description="recorded in the job's history"
     )
+
+
+class JobPatchBase(RequestModel):
+    """A partial job: any of the fields a job is created with. Each field given replaces
+    the job's whole (`schedule`, `payload`, `retry` and `webhook` included: nothing is
+    merged inside them); `null` sets it back to its default. At least one field."""
+
+    model_config = ConfigDict(json_schema_extra={"minProperties": 1})
+
+    reason: str | None = Field(
+        default=None,
+        max_length=1000,
+        description="why: recorded in the job's history and the audit trail (not a field "
+        "of the job; the `reason` query parameter says the same)",
+    )
+
+
+def _patch_schedule(value: Any) -> Any:
+    # As a new job's: the schedule's model picked by its key, so errors name its fields.
+    return None if value is None else parse_schedule(value)
+
+
+def _job_patch() -> type[JobPatchBase]:
+    """:class:`JobPatchBase` with every field of ``JobSpec``, each optional: the same
+    types and bounds, validated field by field as a new job's are (the job they make is
+    validated whole afterwards)."""
+    fields: dict[str, Any] = {}
+    for name, info in JobSpec.model_fields.items():
+        optional = copy.copy(info)
+        optional.default, optional.default_factory = None, None
+        # The field's own bounds and checks apply to a value, never to null.
+        value: Any = info.annotation
+        if info.metadata:
+            value = Annotated[(value, *info.metadata)]
+            optional.metadata = []
+        if name == "schedule":
+            value = Annotated[value, BeforeValidator(_patch_schedule)]
+        fields[name] = (Optional[value], optional)  # noqa: UP045 - a value, not a hint
+    return create_model("JobPatch", __base__=JobPatchBase, **fields)
+
+
+if TYPE_CHECKING:
+    JobPatch = JobPatchBase
+else:
+    JobPatch = _job_patch()
 
 
 class TriggerRequest(RequestModel):

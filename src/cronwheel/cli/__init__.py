@@ -2,10 +2,10 @@
 
 Exit codes: 0 success, 1 an error (printed in red on stderr), 2 a usage error.
 
-The root app is here; each group of commands has its module (``jobs``, ``runs``,
-``tenants``, ``workers``, ``pools``, ``schedule``, ``dlq``, ``alerts``, ``audit``,
-``bulk`` and ``operations``;
-``server`` for the processes and the database), sharing ``options`` (the connection
+The root app is here; each group of commands has its module (``jobs``, and
+``job_edit`` for ``jobs edit``; ``runs``, ``tenants``, ``workers``, ``pools``,
+``schedule``, ``dlq``, ``alerts``, ``audit``, ``bulk`` and ``operations``; ``server``
+for the processes and the database), sharing ``options`` (the connection
 options and the client they make) and ``output`` (consoles, tables, errors and exit
 codes).
 """
@@ -20,6 +20,7 @@ from cronwheel.cli.alerts import alerts
 from cronwheel.cli.audit import audit
 from cronwheel.cli.bulk import bulk_app, operations_app
 from cronwheel.cli.dlq import dlq_app
+from cronwheel.cli.job_edit import jobs_edit
 from cronwheel.cli.jobs import jobs_app
 from cronwheel.cli.output import command_group, console
 from cronwheel.cli.pools import pools_app
@@ -61,6 +62,7 @@ def _root(
 
 
 # --help lists the commands in the order they are added here, then the groups.
+jobs_app.command("edit")(jobs_edit)
 app.add_typer(jobs_app, name="jobs")
 app.add_typer(runs_app, name="runs")
 app.add_typer(tenants_app, name="tenants")

@@ -56,10 +56,12 @@ __all__ = [
     "jobs_resume",
     "jobs_show",
     "jobs_trigger",
+    "webhook_spec",
 ]
 
 jobs_app = command_group(
-    "Create, list, preview and control jobs (cancel, pause, resume, trigger, backfill, delete)."
+    "Create, list, preview, edit and control jobs (cancel, pause, resume, trigger, backfill, "
+    "delete)."
 )
 
 IdArg = Annotated[str, typer.Argument(help="The job id.")]
@@ -95,6 +97,12 @@ def _target(
             if given:
                 raise typer.BadParameter("applies to --webhook only", param_hint=f"'{flag}'")
         return {"task": task}
+    return {"webhook": webhook_spec(webhook, headers, method)}
+
+
+def webhook_spec(url: str, headers: list[str], method: WebhookMethod | None) -> dict[str, Any]:
+    """The webhook ``--webhook``, ``--header`` (NAME=VALUE each) and ``--method``
+    describe; a usage error for a header that is not NAME=VALUE."""
     named: dict[str, str] = {}
     for item in headers:
         name, sep, value = item.partition("=")
@@ -103,10 +111,10 @@ def _target(
                 f"{item!r} is not NAME=VALUE (e.g. Authorization=Bearer …)", param_hint="'--header'"
             )
         named[name.strip()] = value
-    spec: dict[str, Any] = {"url": webhook, "headers": named}
+    spec: dict[str, Any] = {"url": url, "headers": named}
     if method is not None:
         spec["method"] = method.value
-    return {"webhook": spec}
+    return spec
 
 
 @jobs_app.command("create")

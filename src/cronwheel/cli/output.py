@@ -108,6 +108,8 @@ def handle_errors() -> Iterator[None]:
             )
         if exc.code == "in_use":
             hint = " — --force ends what is in progress"
+        elif exc.code == "precondition_failed":
+            hint = " — it changed since it was read: look again, then run the command again"
         elif exc.status == 401:
             hint = " — check --api-key / CRONWHEEL_API_KEY"
         elif exc.status == 0:

@@ -21,7 +21,9 @@ OpenAPI schema; lists come back as :class:`~cronwheel.domain.model.Page`.
         for run in client.runs.iter(job_id=job["id"]):
             print(run["state"])
 
-``jobs.create_many`` creates jobs by the thousand and says, job by job, what was
+``jobs.update`` edits a job (``if_version=`` makes the edit conditional on the job's
+version: :class:`PreconditionFailedError` when it moved on). ``jobs.create_many``
+creates jobs by the thousand and says, job by job, what was
 created and what failed and why (:class:`CreatedMany`).
 
 The modules: ``errors`` (:class:`ApiError` and what raises it), ``calls`` (each
@@ -45,7 +47,12 @@ from cronwheel.client.aio import (
 from cronwheel.client.base import DEFAULT_TIMEOUT, TENANT_HEADER
 from cronwheel.client.batches import CreatedMany
 from cronwheel.client.calls import Call, Id, Json
-from cronwheel.client.errors import ApiConnectionError, ApiError, error_from_response
+from cronwheel.client.errors import (
+    ApiConnectionError,
+    ApiError,
+    PreconditionFailedError,
+    error_from_response,
+)
 from cronwheel.client.sync import Alerts, Client, Jobs, Pools, Runs, Tenants, Workers
 
 __all__ = [
@@ -68,6 +75,7 @@ __all__ = [
     "Jobs",
     "Json",
     "Pools",
+    "PreconditionFailedError",
     "Runs",
     "Tenants",
     "Workers",

@@ -232,6 +232,22 @@ class AsyncJobs(_AsyncResource):
                 return
             cursor = page.next_cursor
 
+    async def update(
+        self,
+        job_id: Id,
+        *,
+        if_version: int | None = None,
+        reason: str | None = None,
+        **fields: Any,
+    ) -> Json:
+        """Edit the job: each of ``fields`` (any field ``create`` takes: ``schedule``,
+        ``payload``, ``pool``, ``priority``, …) replaces the job's whole; None sets one
+        back to its default. With ``if_version`` (the job's ``version``), only while the
+        job is still that version, else :class:`PreconditionFailedError` (412; its
+        ``current_version``) and nothing changes. The job's pending run follows at once
+        (docs/editing-jobs.md); answers the job."""
+        return await self._one(Calls.jobs_update(job_id, fields, if_version, reason))
+
     async def cancel(self, job_id: Id, *, reason: str | None = None) -> Json:
         return await self._one(Calls.jobs_cancel(job_id, reason))
 

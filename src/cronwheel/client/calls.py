@@ -143,6 +143,17 @@ class Calls:
         return Call("GET", "/v1/jobs", params=params)
 
     @staticmethod
+    def jobs_update(
+        job_id: Id, fields: Mapping[str, Any], if_version: int | None, reason: str | None
+    ) -> Call:
+        # None is a value here (back to the default): sent as null.
+        body: Json = {k: to_jsonable_python(v, by_alias=True) for k, v in fields.items()}
+        if reason is not None:
+            body["reason"] = reason
+        headers = {} if if_version is None else {"If-Match": f'"{if_version}"'}
+        return Call("PATCH", f"/v1/jobs/{_seg(job_id)}", json=body, headers=headers)
+
+    @staticmethod
     def jobs_cancel(job_id: Id, reason: str | None) -> Call:
         body = {} if reason is None else {"reason": reason}
         return Call("POST", f"/v1/jobs/{_seg(job_id)}/cancel", json=body)

@@ -9,7 +9,7 @@ import httpx
 
 from cronwheel.domain.errors import CronwheelError
 
-__all__ = ["ApiConnectionError", "ApiError", "error_from_response"]
+__all__ = ["ApiConnectionError", "ApiError", "PreconditionFailedError", "error_from_response"]
 
 _ERROR_TEXT_LIMIT = 300
 
@@ -47,6 +47,16 @@ class ApiConnectionError(ApiError, ConnectionError):
         super().__init__(0, code, message)
 
 
+class PreconditionFailedError(ApiError):
+    """412 ``precondition_failed``: the version named (``if_version``) is no longer the
+    resource's; nothing changed. ``current_version`` is the one it is at now."""
+
+    @property
+    def current_version(self) -> int | None:
+        value = self.details.get("current_version")
+        return value if isinstance(value, int) else None
+
+
 def error_from_response(response: httpx.Response) -> ApiError:
     """The :class:`ApiError` an error response stands for, whatever produced it: the
     API's JSON error, a framework's validation answer, or a proxy's HTML page."""
@@ -59,7 +69,8 @@ def error_from_response(response: httpx.Response) -> ApiError:
         error = body.get("error")
         if isinstance(error, dict) and "message" in error:
             details = error.get("details")
-            return ApiError(
+            kind = PreconditionFailedError if status == 412 else ApiError
+            return kind(
                 status,
                 str(error.get("code") or f"http_{status}"),
                 str(error["message"]),

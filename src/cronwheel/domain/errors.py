@@ -15,6 +15,7 @@
      │    ├── StaleFencingTokenError               stale_fencing_token
      │    ├── IdempotencyConflictError             idempotency_conflict
      │    └── InUseError                           in_use
+     ├── StaleVersionError                    412  precondition_failed
      ├── RateLimitedError                     429  rate_limited
      ├── TenantLimitError                     429  limit_exceeded
      └── StoreUnavailableError(ConnectionError) 503 store_unavailable
@@ -37,6 +38,7 @@ __all__ = [
     "PermissionDeniedError",
     "RateLimitedError",
     "StaleFencingTokenError",
+    "StaleVersionError",
     "StoreUnavailableError",
     "TenantLimitError",
     "ValidationError",
@@ -129,6 +131,15 @@ class InUseError(ConflictError):
     jobs) without ``force``: the message and details name what is in the way."""
 
     code = "in_use"
+
+
+class StaleVersionError(CronwheelError):
+    """A conditional change named a version of its target (``If-Match``) that is no
+    longer the current one: someone changed it since it was read. ``details`` names the
+    ``current_version``; nothing was changed. Read it again, then decide."""
+
+    status = 412
+    code = "precondition_failed"
 
 
 class RateLimitedError(CronwheelError):

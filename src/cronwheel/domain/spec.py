@@ -7,6 +7,7 @@ forbid unknown fields so that a typo is an error, never silently ignored.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -42,6 +43,8 @@ from cronwheel.domain.bounds import (
 __all__ = [
     "MAX_CRON_LENGTH",
     "MAX_RETRY_AFTER",
+    "ONE_OFF_KINDS",
+    "REDACTED",
     "WEBHOOK_CAPABILITY",
     "AsapSchedule",
     "AtSchedule",
@@ -53,6 +56,8 @@ __all__ = [
     "ScheduleSpec",
     "TenantLimits",
     "WebhookSpec",
+    "parse_schedule",
+    "redact_webhook",
     "schedule_kind",
     "utc_iso",
 ]
@@ -149,6 +154,10 @@ _SCHEDULE_KEYS: dict[str, type[_Strict]] = {
 _SCHEDULE_MODELS = tuple(_SCHEDULE_KEYS.values())
 
 
+ONE_OFF_KINDS = ("at", "delay", "asap")
+"""The kinds of schedule with one run; ``cron`` and ``interval`` recur."""
+
+
 def schedule_kind(spec: ScheduleSpec) -> str:
     """``at`` | ``delay`` | ``asap`` | ``cron`` | ``interval``."""
     for key, model in _SCHEDULE_KEYS.items():
@@ -157,8 +166,9 @@ def schedule_kind(spec: ScheduleSpec) -> str:
     raise TypeError(f"not a schedule: {spec!r}")
 
 
-def _parse_schedule(value: Any) -> Any:
-    """Pick the schedule model by its one distinguishing key, so errors name it."""
+def parse_schedule(value: Any) -> Any:
+    """Pick the schedule model by its one distinguishing key, so errors name it (a
+    model passes as it is)."""
     if isinstance(value, BaseModel):
         return value
     if not isinstance(value, dict):
@@ -220,6 +230,23 @@ class WebhookSpec(_Strict):
             if len(text) > 8192:
                 raise ValueError(f"the value of header {name!r} is longer than 8192 characters")
         return value
+
+
+REDACTED = "[redacted]"
+"""What every answer and every recorded change shows in place of a webhook header's
+value: the values are write-only (they carry the receiver's credentials)."""
+
+
+def redact_webhook(webhook: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """``webhook`` (a :class:`WebhookSpec`'s JSON) as it may be shown: every header
+    value replaced by :data:`REDACTED`, the names kept."""
+    if webhook is None:
+        return None
+    shown = dict(webhook)
+    headers = shown.get("headers")
+    if headers:
+        shown["headers"] = dict.fromkeys(headers, REDACTED)
+    return shown
 
 
 class JobSpec(_Strict):
@@ -301,7 +328,7 @@ class JobSpec(_Strict):
         # The model its key names, validated once: handed to the union instead, it
         # would be checked against every member again (and read attribute by attribute
         # where FastAPI validates bodies ``from_attributes``).
-        parsed = _parse_schedule(value)
+        parsed = parse_schedule(value)
         return parsed if isinstance(parsed, _SCHEDULE_MODELS) else handler(parsed)
 
     @model_validator(mode="before")

@@ -17,8 +17,11 @@ Invariants:
 - ``horizon`` is the instant up to which the window holds *every* SCHEDULED run of the
   node's shards (as of the last refill, plus every notification since). Runs due later
   are not in memory; a refill extends the horizon before it is reached.
-- A run id is in the window at most once. Entries are hints: firing re-checks the
-  state in the database, so a run cancelled meanwhile is simply not fired.
+- A run id is in the window at most once, at the last fire time pushed for it: a run
+  pushed again at another instant (its job edited: announced with its new fire time,
+  or read so by a poll) moves there. Entries are hints: firing re-checks the state and
+  the fire time in the database, so a run cancelled or moved later meanwhile is simply
+  not fired.
 - Runs are kept by instant. An instant with at least ``burst`` runs (a top-of-the-hour
   spike; by default any run) is also on the burst heap, and is handed out ``lead``
   early: dispatched ahead, its runs can be reserved by workers before it comes.
@@ -38,6 +41,10 @@ from cronwheel.domain.model import DueRun
 
 __all__ = ["DueWindow"]
 
+# Notices carry fire times in whole milliseconds, scans exact ones: a run held at a fire
+# time this close to the one pushed again is held where it is.
+_NOTICE_PRECISION = timedelta(milliseconds=1)
+
 
 class DueWindow:
     """``burst``: an instant with at least this many runs is a *burst*, and
@@ -50,7 +57,7 @@ class DueWindow:
         self._runs: dict[datetime, list[tuple[uuid.UUID, int]]] = {}  # instant -> runs
         self._bursts: list[datetime] = []  # heap of instants that reached ``burst`` runs
         self._ahead: dict[datetime, int] = {}  # instant -> its runs that may go ahead
-        self._ids: set[uuid.UUID] = set()
+        self._held: dict[uuid.UUID, datetime] = {}  # run -> the instant it is held at
         self._at_instant: set[uuid.UUID] = set()  # held runs that go at their instant only
         self.horizon: datetime | None = None
         # When the last refill stopped at its limit inside one instant (a burst larger
@@ -58,22 +65,26 @@ class DueWindow:
         self.horizon_id: uuid.UUID | None = None
 
     def __len__(self) -> int:
-        return len(self._ids)
+        return len(self._held)
 
     def push(self, runs: Iterable[DueRun], *, at_instant: bool = False) -> int:
-        """Add runs not yet held (``at_instant``: never to be handed out ahead); returns
-        how many were new."""
+        """Add runs not yet held (``at_instant``: never to be handed out ahead), and move
+        those held at another instant to theirs; returns how many were new."""
         added = 0
         for run in runs:
-            if run.id in self._ids:
+            held_at = self._held.get(run.id)
+            if held_at is not None and abs(held_at - run.fire_at) < _NOTICE_PRECISION:
                 continue
-            self._ids.add(run.id)
+            if held_at is not None:
+                self._unhold(run.id, held_at)
+            else:
+                added += 1
+            self._held[run.id] = run.fire_at
             at = self._runs.get(run.fire_at)
             if at is None:
                 at = self._runs[run.fire_at] = []
                 heapq.heappush(self._instants, run.fire_at)
             at.append((run.id, run.shard))
-            added += 1
             if at_instant:
                 self._at_instant.add(run.id)
                 continue
@@ -81,6 +92,21 @@ class DueWindow:
             if ahead == self.burst:
                 heapq.heappush(self._bursts, run.fire_at)
         return added
+
+    def _unhold(self, run_id: uuid.UUID, at: datetime) -> None:
+        """Take a held run off its instant (to hold it at another). An instant left
+        with fewer runs than a burst stays on the burst heap: it goes ahead all the
+        same, which firing allows."""
+        held = [r for r in self._runs.get(at, []) if r[0] != run_id]
+        if held:
+            self._runs[at] = held
+        else:
+            self._runs.pop(at, None)
+            self._ahead.pop(at, None)
+        if run_id in self._at_instant:
+            self._at_instant.discard(run_id)
+        elif held and at in self._ahead:
+            self._ahead[at] -= 1
 
     def _top(self, heap: list[datetime]) -> datetime | None:
         """The earliest instant of ``heap`` still holding runs (others are dropped)."""
@@ -123,7 +149,7 @@ class DueWindow:
             if ahead and run_id in self._at_instant:
                 stay.append((run_id, shard))
                 continue
-            self._ids.discard(run_id)
+            del self._held[run_id]
             self._at_instant.discard(run_id)
             out.append(DueRun(id=run_id, shard=shard, fire_at=at))
         if stay:
@@ -139,7 +165,7 @@ class DueWindow:
             for run_id, shard in runs
             if shard not in shards
         ]
-        self._instants, self._runs, self._bursts, self._ids = [], {}, [], set()
+        self._instants, self._runs, self._bursts, self._held = [], {}, [], {}
         self._ahead, self._at_instant = {}, set()
         self.push(run for run, late in kept if not late)
         self.push((run for run, late in kept if late), at_instant=True)

@@ -39,6 +39,7 @@ from typing import Any
 
 from cronwheel.domain.audit import Actor, AuditRecord
 from cronwheel.domain.bulk import Operation, Selector
+from cronwheel.domain.job_edit import JobEdit
 from cronwheel.domain.model import (
     ApiKey,
     Attempt,
@@ -371,6 +372,38 @@ class Store(SchedulerSide, WorkerSide):
         instant has passed and the job's catch-up policy decides what happens to what
         was missed; runs due soon are announced on :data:`CHANNEL_RUNS_NEW`. Resuming a
         job that is not paused raises :class:`IllegalTransitionError`."""
+
+    @abstractmethod
+    async def jobs_update(
+        self,
+        tenant_id: uuid.UUID,
+        job_id: uuid.UUID,
+        *,
+        edit: JobEdit,
+        actor: Actor | None = None,
+        reason: str | None = None,
+        now: datetime | None = None,
+    ) -> Job:
+        """Apply ``edit`` (``domain.job_edit``): the job becomes ``edit.spec``, its
+        version one more, in one conditional UPDATE — only while it is still at
+        ``edit.version`` and active or paused. Otherwise nothing changes and it raises
+        :class:`NotFoundError`, :class:`IllegalTransitionError` (the job is over) or
+        :class:`StaleVersionError` (``details.current_version``): of two edits made
+        from one version, exactly one applies.
+
+        In the same transaction the job's pending occurrence — its SCHEDULED run of
+        origin ``once``/``schedule`` not yet tried, parked or not — follows: when the
+        occurrences change (``edit.occurrence``) it moves, the same run, to the first
+        occurrence of the new schedule from ``now`` that no other run of the job has
+        (event ``run.rescheduled``; created when there was none; a paused job's stays
+        parked), and any other such run ends SKIPPED ("job edited"); when the template
+        changes (``edit.rewrites``) its template columns are rewritten (``run.edited``).
+        Every other run — dispatched (ahead of its instant, reserved or not), running,
+        triggered, backfilled, replayed, retried — keeps what it was made with. A
+        one-off job whose run was dispatched or tried cannot change its schedule:
+        :class:`ConflictError`, nothing changed. The event ``job.edited`` records
+        ``edit.before`` / ``edit.after``, the audit record (``job.edit``) the same;
+        runs now due soon are announced on :data:`CHANNEL_RUNS_NEW`."""
 
     @abstractmethod
     async def jobs_trigger(

@@ -23,6 +23,7 @@ __all__ = [
     "EVENT_SHARED",
     "NEW_JOB_COLUMNS",
     "NEW_RUN_COLUMNS",
+    "RUN_TEMPLATE_COLUMNS",
     "attempt_from",
     "audit_from",
     "audit_record",
@@ -36,6 +37,7 @@ __all__ = [
     "new_run_row",
     "run_from",
     "run_from_mapping",
+    "run_template_values",
     "tenant_from",
     "uuid_cursor",
     "worker_from",
@@ -285,6 +287,47 @@ def new_run_record(
         reason,
         finished_at,
     )
+
+
+# The columns a run copies from its job — its name and template — so leasing needs no
+# join: what an edit of the job rewrites on its pending occurrence.
+RUN_TEMPLATE_COLUMNS = (
+    "job_name",
+    "priority",
+    "pool",
+    "requires",
+    "tags",
+    "route_tags",
+    "task",
+    "webhook",
+    "payload",
+    "max_attempts",
+    "retry",
+    "timeout",
+    "heartbeat_timeout",
+    "progress_timeout",
+)
+
+
+def run_template_values(name: str, template: RunTemplate) -> dict[str, Any]:
+    """:data:`RUN_TEMPLATE_COLUMNS` of a run of the job ``name`` with ``template``, as
+    :func:`new_run_record` writes them (a test holds the two together)."""
+    return {
+        "job_name": name,
+        "priority": template.priority,
+        "pool": template.pool,
+        "requires": template.requires,
+        "tags": template.tags,
+        "route_tags": template.route_tags,
+        "task": template.task,
+        "webhook": template.webhook,
+        "payload": template.payload,
+        "max_attempts": template.max_attempts,
+        "retry": template.retry,
+        "timeout": template.timeout,
+        "heartbeat_timeout": template.heartbeat_timeout,
+        "progress_timeout": template.progress_timeout,
+    }
 
 
 def new_run_row(

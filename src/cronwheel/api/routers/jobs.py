@@ -62,8 +62,11 @@ from cronwheel.timing import due_local, iter_occurrences
 from cronwheel.timing.spread import spread_instant
 
 __all__ = [
+    "ETAG_HEADER",
     "JobBatch",
+    "etag",
     "fields_answer",
+    "job_answer",
     "job_fields",
     "job_out",
     "preview_items",
@@ -145,6 +148,27 @@ def _uuid_text(value: Any) -> str:
 
 def job_out(job: Job, *, first_run_id: Any = None) -> JobOut:
     return JobOut.model_validate(job_fields(job, first_run_id=first_run_id))
+
+
+ETAG_HEADER: dict[str, Any] = {
+    "ETag": {
+        "description": 'the job\'s version, quoted (`"3"`): send it in `If-Match` to edit '
+        "the job only while it is still this version (`PATCH /v1/jobs/{id}`)",
+        "schema": {"type": "string"},
+    }
+}
+
+
+def etag(version: int) -> str:
+    """The ``ETag`` of a job at ``version``: the version, quoted."""
+    return f'"{version}"'
+
+
+def job_answer(job: Job, status_code: int = status.HTTP_200_OK) -> Response:
+    """The job as :class:`JobOut`, its version as ``ETag``."""
+    answer = fields_answer(job_fields(job), JobOut, status_code)
+    answer.headers["ETag"] = etag(job.version)
+    return answer
 
 
 # The two creation routes solve their parameters by hand (``solved_by``), exactly as
@@ -314,12 +338,18 @@ async def list_jobs(
     return JobList(items=[job_out(j) for j in page.items], next_cursor=page.next_cursor)
 
 
-@router.get("/{job_id}", summary="Read a job")
+@router.get(
+    "/{job_id}",
+    summary="Read a job",
+    response_model=JobOut,
+    responses={200: {"description": "The job", "headers": ETAG_HEADER}},
+)
 async def get_job(
     job_id: str, request: Request, scope: TenantScope = Depends(tenant_reader)
-) -> JobOut:
+) -> Response:
+    """The job; its version is the `ETag` (`If-Match` of an edit)."""
     job = await api_state(request).store.jobs_get(scope.tenant_id, parse_id(job_id, "job"))
-    return job_out(job)
+    return job_answer(job)
 
 
 @router.post(

@@ -7,6 +7,7 @@ from cronwheel.store.sql.attempts import AttemptsMixin
 from cronwheel.store.sql.audit import AuditMixin
 from cronwheel.store.sql.bulk import BulkMixin
 from cronwheel.store.sql.deletion import DeletionMixin
+from cronwheel.store.sql.edits import EditsMixin
 from cronwheel.store.sql.events import EventsMixin
 from cronwheel.store.sql.expiry import ExpiryMixin
 from cronwheel.store.sql.firing import FiringMixin
@@ -28,6 +29,7 @@ class SqlStore(
     TenantsMixin,
     RateBucketsMixin,
     TriggersMixin,  # and JobsMixin, which it builds on
+    EditsMixin,
     RunsMixin,
     RedriveMixin,
     FiringMixin,

@@ -11,6 +11,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from cronwheel.domain.spec import ONE_OFF_KINDS
 from cronwheel.domain.states import AttemptState, JobState, Move, RunState
 from cronwheel.store.driver import Driver, lease_fence
 from cronwheel.store.schema import attempts, jobs, runs, shard_leases, workers
@@ -32,7 +33,6 @@ __all__ = [
     "workers_live",
 ]
 
-ONE_OFF_KINDS = ("at", "delay", "asap")
 # The reason a run of a paused job carries while it is parked (``store/sql/jobs.py``).
 PAUSED_REASON = "job paused"
 
