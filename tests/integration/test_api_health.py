@@ -187,7 +187,7 @@ async def test_a_wrong_method_is_answered_with_every_method_of_the_resource(api)
         ("DELETE", "/v1/jobs", {"GET", "POST"}),
         ("OPTIONS", "/v1/tenants", {"GET", "POST"}),
         ("PUT", f"/v1/tenants/{t.id}", {"DELETE", "GET", "PATCH"}),
-        ("PUT", f"/v1/jobs/{job['id']}", {"DELETE", "GET"}),
+        ("PUT", f"/v1/jobs/{job['id']}", {"DELETE", "GET", "PATCH"}),
         ("GET", "/v1/workers/x", {"DELETE"}),
         # The literal path is the resource, not a job named "batch".
         ("OPTIONS", "/v1/jobs/batch", {"POST"}),
