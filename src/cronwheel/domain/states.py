@@ -19,7 +19,8 @@ Who moves runs into and out of each state:
 
 - SCHEDULED: created by the API (one-off jobs), by the scheduler (the next cron
   occurrence), by a retry, or by a redrive. Left when the scheduler fires it, when it
-  is skipped (catch-up / overlap policy) or cancelled.
+  is skipped (catch-up / overlap policy, or its job edited to a schedule with no place
+  for it) or cancelled.
 - DISPATCHED: entered only by the scheduler firing a due run (one conditional UPDATE
   per batch), or by a worker shutting down that hands a leased run back. Left when a
   worker leases it, when it is cancelled, or back to SCHEDULED when its job is paused
@@ -128,7 +129,7 @@ def _move(name: str, sources: Iterable[RunState], targets: Iterable[RunState]) -
 _S, _D, _R = RunState.SCHEDULED, RunState.DISPATCHED, RunState.RUNNING
 
 FIRE = _move("fire", {_S}, {_D})
-SKIP = _move("skip", {_S}, {RunState.SKIPPED})  # catch-up or overlap policy
+SKIP = _move("skip", {_S}, {RunState.SKIPPED})  # catch-up or overlap policy; a job edit
 # A running run is not moved by a cancel: it is asked to stop, and ends by FINISH/FAIL.
 CANCEL = _move("cancel", {_S, _D}, {RunState.CANCELLED})
 PARK = _move("park", {_D}, {_S})  # its job paused before a worker took it
