@@ -185,8 +185,8 @@ async def test_a_schedule_edit_moves_the_pending_run_to_the_new_next_occurrence(
         EDITED_REASON,
     )
     assert last.data == {
-        "before": {"due_at": T0.isoformat()},
-        "after": {"due_at": at(900).isoformat()},
+        "before": {"due_at": T0.isoformat(), "fire_at": T0.isoformat()},
+        "after": {"due_at": at(900).isoformat(), "fire_at": at(900).isoformat()},
     }
     [data] = [e.data for e in await job_events(store, job, "job.edited")]
     assert data["before"] == {"schedule": {**job.schedule}}

@@ -25,7 +25,10 @@ from typing import Any
 
 import pytest
 
+from cronwheel.domain.job_edit import job_edit, patched, spec_json
 from cronwheel.domain.model import LeasedAttempt, Run, Tenant, Worker
+from cronwheel.domain.new_job import JobLimits
+from cronwheel.domain.spec import JobSpec
 from cronwheel.store import Store, create_store
 from cronwheel.store.values import CompleteItem, HeartbeatItem, RunFilter
 from pg_server import pg_admin, pg_connect, pg_url
@@ -236,6 +239,16 @@ async def _pause_job(store: Store, world: World) -> Operation:
     return lambda: store.jobs_pause(world.small.id, job_id, now=T0)
 
 
+async def _edit_job(store: Store, world: World, **patch: Any) -> Operation:
+    """An edit of a job with a dispatched run and a pending one (which it moves or
+    rewrites)."""
+    job_id = await _job_with_runs(store, world)
+    job = await store.jobs_get(world.small.id, job_id)
+    spec = JobSpec.model_validate(patched(spec_json(job), patch))
+    change = job_edit(job, spec, now=T0, limits=JobLimits(max_horizon=timedelta(days=3650)))
+    return lambda: store.jobs_update(world.small.id, job_id, edit=change, now=T0)
+
+
 async def _delete_job(store: Store, world: World) -> Operation:
     job_id = await _job_with_runs(store, world)
     return lambda: store.jobs_delete(world.small.id, job_id, force=True, now=T0)
@@ -290,6 +303,8 @@ OPERATIONS: list[tuple[str, Setup]] = [
     ("scheduler: fire and next occurrence", _fire),
     ("jobs: cancel", _cancel_job),
     ("jobs: pause", _pause_job),
+    ("jobs: edit the schedule", lambda s, w: _edit_job(s, w, schedule={"cron": "*/2 * * * *"})),
+    ("jobs: edit the template", lambda s, w: _edit_job(s, w, payload={"edited": True})),
     ("jobs: delete", _delete_job),
     ("runs: cancel", _cancel_run),
     ("runs: redrive dead letters", _redrive_dead),

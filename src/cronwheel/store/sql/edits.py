@@ -255,8 +255,8 @@ class EditsMixin(JobsMixin):
                 values["reason"] = PAUSED_REASON
             await conn.execute(runs.update().where(runs.c.id == keep.id).values(values))
             moved = {
-                "before": {"due_at": keep.due_at.isoformat()},
-                "after": {"due_at": due.isoformat()},
+                "before": {"due_at": keep.due_at.isoformat(), "fire_at": keep.fire_at.isoformat()},
+                "after": {"due_at": due.isoformat(), "fire_at": fire_at.isoformat()},
             }
             changes.event(
                 keep.id,
