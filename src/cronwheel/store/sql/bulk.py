@@ -403,7 +403,7 @@ class BulkMixin(TriggersMixin, RedriveMixin):
         )
         eligible = _ELIGIBLE[op.action] if table is runs or op.action in JOB_ACTIONS else None
         why: Counter[str] = Counter()
-        for ident in named:
+        for ident in dict.fromkeys(named):  # an id named twice counts once
             now_in = found.get(ident)
             if now_in is None:
                 why["not found"] += 1
