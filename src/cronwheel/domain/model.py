@@ -105,6 +105,8 @@ class Job:
     created_at: datetime
     updated_at: datetime
     idempotency_key: str | None = None
+    # Its ``future`` overrides as a new run takes them (``jobs.overrides``); None: none.
+    overlay: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +147,10 @@ class Run:
     quarantined_at: datetime | None = None
     # Only a worker whose tags include every one of these leases the run.
     route_tags: list[str] = field(default_factory=list)
+    # The overrides that made its payload, timeout, priority and pool what they are, in
+    # the merge order (``domain/overrides.py``), and what those were before them.
+    override_ids: list[uuid.UUID] = field(default_factory=list)
+    base: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -50,6 +50,7 @@ from cronwheel.domain.model import (
     Run,
     Tenant,
 )
+from cronwheel.domain.overrides import Override, OverrideScope
 from cronwheel.domain.pools import Pool, PoolCapacity, PoolStatus
 from cronwheel.domain.states import REDRIVE, Move
 from cronwheel.store.scheduler_side import SchedulerSide
@@ -445,6 +446,61 @@ class Store(SchedulerSide, WorkerSide):
         ``start < end <= now``; ``schedule`` for a one-off job; ``to`` when the range
         holds more than ``limit`` occurrences. A cancelled job raises
         :class:`IllegalTransitionError`."""
+
+    # -- overrides (``domain/overrides.py``) ----------------------------------------
+
+    @abstractmethod
+    async def overrides_create(
+        self,
+        tenant_id: uuid.UUID,
+        *,
+        scope: OverrideScope,
+        job_id: uuid.UUID | None = None,
+        run_id: uuid.UUID | None = None,
+        payload: dict[str, Any] | None = None,
+        timeout: float | None = None,
+        priority: int | None = None,
+        pool: str | None = None,
+        reason: str | None = None,
+        actor: Actor | None = None,
+        max_payload_bytes: int | None = None,
+        now: datetime | None = None,
+    ) -> tuple[Override, list[uuid.UUID]]:
+        """Make an override of ``job_id`` (scope ``next`` or ``future``) or of
+        ``run_id`` (scope ``run``) and apply it, at once, to the runs it reaches: answers
+        it and their ids. NotFoundError for no such job or run; ConflictError for a run
+        that started, a ``next`` with no unstarted occurrence, or a job at its limit of
+        overrides; IllegalTransitionError for a job that is over; ValidationError (or
+        PayloadTooLargeError) for values no run may take. Nothing is stored then."""
+
+    @abstractmethod
+    async def overrides_remove(
+        self,
+        tenant_id: uuid.UUID,
+        override_id: uuid.UUID,
+        *,
+        job_id: uuid.UUID | None = None,
+        run_id: uuid.UUID | None = None,
+        actor: Actor | None = None,
+        reason: str | None = None,
+        now: datetime | None = None,
+    ) -> tuple[Override, list[uuid.UUID]]:
+        """Remove an active override (of ``job_id`` or bound to ``run_id`` when given):
+        the unstarted runs it reached are made again without it. ConflictError for one
+        already removed or consumed (its run started with it)."""
+
+    @abstractmethod
+    async def overrides_list(
+        self,
+        tenant_id: uuid.UUID,
+        *,
+        job_id: uuid.UUID | None = None,
+        run_id: uuid.UUID | None = None,
+        ended: bool = False,
+    ) -> list[Override]: ...
+
+    @abstractmethod
+    async def overrides_get(self, tenant_id: uuid.UUID, override_id: uuid.UUID) -> Override: ...
 
     # -- runs ----------------------------------------------------------------------
 

@@ -404,6 +404,7 @@ def job_from(row: Row[Any]) -> Job:
         created_at=row.created_at,
         updated_at=row.updated_at,
         idempotency_key=row.idempotency_key,
+        overlay=row.overrides,
     )
 
 
@@ -448,7 +449,14 @@ def run_from_mapping(m: Mapping[Any, Any]) -> Run:
         progress_timeout=m["progress_timeout"],
         quarantined_at=m.get("quarantined_at"),
         route_tags=list(m.get("route_tags") or []),
+        **_overlay(m.get("overrides")),
     )
+
+
+def _overlay(value: Mapping[str, Any] | None) -> dict[str, Any]:
+    if not value:
+        return {}
+    return {"override_ids": [uuid.UUID(i) for i in value["ids"]], "base": value["base"]}
 
 
 def attempt_from(row: Row[Any]) -> Attempt:

@@ -29,6 +29,7 @@ __all__ = [
     "READY",
     "RESERVED",
     "Json",
+    "OptionalJson",
     "UtcDateTime",
     "Uuid",
     "api_keys",
@@ -43,6 +44,7 @@ __all__ = [
     "log_chunks",
     "metadata",
     "operations",
+    "overrides",
     "pools",
     "rate_buckets",
     "runs",
@@ -77,6 +79,11 @@ class UtcDateTime(sa.TypeDecorator[datetime]):
 
 
 Json = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
+# A JSON column whose Python None is SQL NULL (``Json`` writes a given None as JSON
+# ``null``): for values that are either there or not.
+OptionalJson = sa.JSON(none_as_null=True).with_variant(
+    postgresql.JSONB(none_as_null=True), "postgresql"
+)
 Uuid = sa.Uuid(as_uuid=True)
 
 metadata = sa.MetaData(
@@ -149,6 +156,10 @@ jobs = sa.Table(
     sa.Column("request_hash", sa.String(64)),
     sa.Column("created_at", UtcDateTime, nullable=False),
     sa.Column("updated_at", UtcDateTime, nullable=False),
+    # The job's ``future`` overrides as a new run takes them (``domain/overrides.py``):
+    # ``{"ids": [...], "base": {...}, "fields": {...}}``, the fields the base becomes;
+    # None (nearly every job) for none.
+    sa.Column("overrides", OptionalJson),
     # Only the jobs created with a key (migration 0016): a keyless job adds no entry,
     # and no look-up by tenant alone can take this index.
     sa.Index(
@@ -250,6 +261,10 @@ runs = sa.Table(
     sa.Column("dispatched_at", UtcDateTime),
     sa.Column("started_at", UtcDateTime),
     sa.Column("finished_at", UtcDateTime),
+    # The overrides that reached the run (``domain/overrides.py``): ``{"ids": [...] in
+    # the merge order, "base": {...}}``, what its own columns were before them. None for
+    # none.
+    sa.Column("overrides", OptionalJson),
     sa.UniqueConstraint("tenant_id", "job_id", "due_at"),
     # Keys lead with the tenant, as indexes do: deleting a job looks its runs up by
     # (tenant, job), within the tenant (migration 0015).
@@ -478,6 +493,31 @@ operations = sa.Table(
         postgresql_where=sa.text(OPEN_OPERATION),
         sqlite_where=sa.text(OPEN_OPERATION),
     ),
+)
+
+overrides = sa.Table(
+    "overrides",
+    metadata,
+    sa.Column("id", Uuid, primary_key=True),
+    sa.Column("tenant_id", Uuid, nullable=False),
+    sa.Column("job_id", Uuid, nullable=False),
+    # The run a ``run`` or ``next`` override is bound to; None for ``future``.
+    sa.Column("run_id", Uuid),
+    sa.Column("scope", sa.String(10), nullable=False),
+    sa.Column("payload", OptionalJson),  # a merge-patch over the payload
+    sa.Column("timeout", sa.Float),
+    sa.Column("priority", sa.SmallInteger),
+    sa.Column("pool", sa.String(100)),
+    sa.Column("reason", sa.Text),
+    sa.Column("created_by", sa.String(200)),
+    sa.Column("created_at", UtcDateTime, nullable=False),
+    sa.Column("removed_by", sa.String(200)),
+    sa.Column("removed_at", UtcDateTime),
+    sa.ForeignKeyConstraint(
+        ["tenant_id", "job_id"], ["jobs.tenant_id", "jobs.id"], ondelete="CASCADE"
+    ),
+    sa.CheckConstraint("scope IN ('run', 'next', 'future')", name="scope"),
+    sa.Index("ix_overrides_job", "tenant_id", "job_id", "id"),
 )
 
 workers = sa.Table(

@@ -184,18 +184,22 @@ ins AS (
     INSERT INTO runs (id, tenant_id, job_id, job_name, origin, shard, state, due_at, due_local,
                       fire_at, priority, pool, requires, tags, route_tags, task, webhook,
                       payload, attempt, max_attempts, retry, timeout, heartbeat_timeout,
-                      progress_timeout, reason, created_at, dispatched_at, finished_at)
+                      progress_timeout, reason, created_at, dispatched_at, finished_at,
+                      overrides)
     SELECT v.id, r.tenant_id, r.job_id, r.job_name, v.origin, r.shard, v.state, v.due_at,
-           v.due_local, {SPREAD_AT}, (j.template->>'priority')::smallint, j.template->>'pool',
+           v.due_local, {SPREAD_AT}, (o.f->>'priority')::smallint, o.f->>'pool',
            j.template->'requires', j.template->'tags',
            COALESCE(j.template->'route_tags', '[]'::jsonb), j.template->>'task',
-           NULLIF(j.template->'webhook', 'null'::jsonb), j.template->'payload', 0,
+           NULLIF(j.template->'webhook', 'null'::jsonb), o.f->'payload', 0,
            (j.template->'retry'->>'max_attempts')::int, j.template->'retry',
-           (j.template->>'timeout')::float8, (j.template->>'heartbeat_timeout')::float8,
+           (o.f->>'timeout')::float8, (j.template->>'heartbeat_timeout')::float8,
            (j.template->>'progress_timeout')::float8, v.reason, $1,
            CASE WHEN v.state = 'DISPATCHED' THEN $1::timestamptz END,
-           CASE WHEN v.state = 'SKIPPED' THEN $1::timestamptz END
-    FROM v JOIN runs r ON r.id = v.source JOIN jobs j ON j.id = r.job_id
+           CASE WHEN v.state = 'SKIPPED' THEN $1::timestamptz END,
+           j.overrides - 'fields'
+    FROM v JOIN runs r ON r.id = v.source JOIN jobs j ON j.id = r.job_id,
+         -- the fields an override may set: the job's future overrides' (overlay.py)
+         LATERAL (SELECT COALESCE(j.overrides->'fields', j.template) AS f) o
     ON CONFLICT DO NOTHING
     RETURNING id, tenant_id, job_id, state, reason, shard, fire_at, pool
 ),

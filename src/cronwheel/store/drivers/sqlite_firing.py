@@ -32,6 +32,7 @@ from cronwheel.store.schema import (
     scheduler_nodes,
     shard_leases,
 )
+from cronwheel.store.sql.overlay import job_overlaid
 from cronwheel.store.sql.statements import (
     insert_ignoring,
     may,
@@ -171,30 +172,36 @@ class CoreFiring(Driver):
         if not planned:
             return []
         job_ids = list({sources[p.source].job_id for p in planned})
-        templates = {
-            j.id: RunTemplate.from_json(j.template)
+        made = {
+            j.id: j
             for j in await conn.execute(
-                sa.select(jobs.c.id, jobs.c.template).where(self.id_in(jobs.c.id, job_ids))
+                sa.select(jobs.c.id, jobs.c.template, jobs.c.overrides).where(
+                    self.id_in(jobs.c.id, job_ids)
+                )
             )
         }
+        templates = {i: RunTemplate.from_json(j.template) for i, j in made.items()}
         rows: list[dict[str, Any]] = []
         for p in planned:
             run = sources[p.source]
             state = RunState(p.state)
             rows.append(
-                new_run_row(
-                    run_id=p.id,
-                    tenant_id=run.tenant_id,
-                    job_id=run.job_id,
-                    name=run.job_name,
-                    template=templates[run.job_id],
-                    due_at=p.due_at,
-                    due_local=p.due_local,
-                    shard=run.shard,
-                    at=at,
-                    origin=p.origin,
-                    state=state,
-                    fire_at=spread_instant(run.job_id, p.due_at, templates[run.job_id].spread),
+                job_overlaid(
+                    new_run_row(
+                        run_id=p.id,
+                        tenant_id=run.tenant_id,
+                        job_id=run.job_id,
+                        name=run.job_name,
+                        template=templates[run.job_id],
+                        due_at=p.due_at,
+                        due_local=p.due_local,
+                        shard=run.shard,
+                        at=at,
+                        origin=p.origin,
+                        state=state,
+                        fire_at=spread_instant(run.job_id, p.due_at, templates[run.job_id].spread),
+                    ),
+                    made[run.job_id].overrides,
                 )
                 | {
                     "reason": p.reason,

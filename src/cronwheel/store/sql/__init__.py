@@ -12,6 +12,7 @@ from cronwheel.store.sql.events import EventsMixin
 from cronwheel.store.sql.expiry import ExpiryMixin
 from cronwheel.store.sql.firing import FiringMixin
 from cronwheel.store.sql.logs import LogsMixin
+from cronwheel.store.sql.overrides import OverridesMixin
 from cronwheel.store.sql.pools import PoolsMixin
 from cronwheel.store.sql.rate_buckets import RateBucketsMixin
 from cronwheel.store.sql.redrive import RedriveMixin
@@ -30,6 +31,7 @@ class SqlStore(
     RateBucketsMixin,
     TriggersMixin,  # and JobsMixin, which it builds on
     EditsMixin,
+    OverridesMixin,
     RunsMixin,
     RedriveMixin,
     FiringMixin,

@@ -59,6 +59,7 @@ from cronwheel.store.rows import (
 )
 from cronwheel.store.schema import PARKED_FIRE_AT, jobs, runs
 from cronwheel.store.sql.jobs import JobsMixin, stored_schedule
+from cronwheel.store.sql.overlay import job_overlay_written, runs_overlaid, template_fields
 from cronwheel.store.sql.statements import PAUSED_REASON, insert_ignoring, may
 from cronwheel.timing import due_local, iter_occurrences
 from cronwheel.timing.spread import spread_instant
@@ -125,6 +126,8 @@ class EditsMixin(JobsMixin):
                 await self._pending_moved(conn, job, edit, changes)
             elif edit.rewrites:
                 await self._pending_rewritten(conn, job, changes)
+            if edit.occurrence is not None or edit.rewrites:
+                await self._overrides_kept(conn, job, changes)
             edited = event_row(
                 at=at,
                 kind="job.edited",
@@ -191,6 +194,26 @@ class EditsMixin(JobsMixin):
             f"job {job_id} is at version {current.version}, not {edit.version}: it changed "
             "since it was read; read it again and edit what it is now",
             current_version=current.version,
+        )
+
+    async def _overrides_kept(self, conn: AsyncConnection, job: Job, changes: _Changes) -> None:
+        """The job's overrides on its new template: its ``future`` ones as new runs
+        take them, and the pending occurrence's own made again over the template's
+        fields (``overlay.py``)."""
+        futures = await job_overlay_written(conn, job)
+        pending = [p.id for p in await self._pending(conn, job)]
+        if not pending:
+            return
+        where = self.driver.id_in(runs.c.id, pending)
+        if not futures:
+            where = sa.and_(where, runs.c.overrides.is_not(None))
+        await runs_overlaid(
+            conn,
+            self.driver,
+            job.tenant_id,
+            where,
+            add=futures,
+            rebase=template_fields(job.template),
         )
 
     async def _pending(self, conn: AsyncConnection, job: Job) -> list[_Pending]:

@@ -27,6 +27,7 @@ from cronwheel.store.notices import ANNOUNCE_HORIZON, CHANNEL_RUNS_NEW, announce
 from cronwheel.store.rows import event_row, new_run_row, run_from
 from cronwheel.store.schema import runs
 from cronwheel.store.sql.jobs import JobsMixin, stored_schedule
+from cronwheel.store.sql.overlay import future_overrides, overlaid_rows
 from cronwheel.store.sql.pending import pending_admit, tenant_for_new_runs
 from cronwheel.timing import due_local, iter_occurrences
 
@@ -120,6 +121,7 @@ class TriggersMixin(JobsMixin):
         schedule = stored_schedule(job.kind, job.schedule)
         shard = shard_of(tenant_id, job.id)
         run_id = new_id()
+        futures = await future_overrides(conn, job) if job.overlay else []
         for slot in range(_TRIGGER_SLOTS):
             due = at + timedelta(microseconds=slot)
             row = new_run_row(
@@ -134,6 +136,7 @@ class TriggersMixin(JobsMixin):
                 at=at,
                 origin="trigger",
             )
+            overlaid_rows([row], futures)
             await conn.execute(self.driver.insert_ignore(runs, [row]))
             created = await self._runs_by_id(conn, tenant_id, [run_id])
             if created:
@@ -233,6 +236,7 @@ class TriggersMixin(JobsMixin):
                 )
                 row["reason"] = occurrence.reason
                 rows.append(row)
+            overlaid_rows(rows, await future_overrides(conn, job) if job.overlay else [])
             for chunk in _chunks(rows):
                 await conn.execute(self.driver.insert_ignore(runs, chunk))
             # An occurrence that already had a run kept it: what exists under the new
