@@ -34,6 +34,7 @@ from cronwheel.api.routers import (
     job_edit,
     jobs,
     logs,
+    overrides,
     pools,
     runs,
     tenants,
@@ -243,6 +244,7 @@ def create_app(settings: Settings, store: Store, *, log_store: LogStore | None =
             logs,
             audit,
             bulk,
+            overrides,
             health,
         )
     ]

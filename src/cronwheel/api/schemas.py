@@ -428,7 +428,15 @@ class RunOut(ResponseModel):
     )
     task: str | None
     webhook: dict[str, Any] | None = Field(description=WEBHOOK_OUT_DESCRIPTION)
-    payload: dict[str, Any]
+    payload: dict[str, Any] = Field(
+        description="what the run is (or was) dispatched with: its job's, with the "
+        "overrides in `override_ids` applied"
+    )
+    override_ids: list[uuid.UUID] = Field(
+        default_factory=list,
+        description="the overrides that made its payload, timeout, priority and pool, in "
+        "the merge order (GET /v1/runs/{id}/overrides shows them)",
+    )
     attempt: int = Field(description="attempts made so far")
     max_attempts: int
     timeout: float

@@ -77,6 +77,7 @@ def run_fields(run: Run) -> dict[str, object]:
         "route_tags": run.route_tags,
         "task": run.task,
         "webhook": redact_webhook(run.webhook),
+        "override_ids": run.override_ids,
         "payload": run.payload,
         "attempt": run.attempt,
         "max_attempts": run.max_attempts,

@@ -30,7 +30,7 @@ from cronwheel.domain.states import JobState, RunState
 from cronwheel.ids import new_id
 from cronwheel.store.notices import CHANNEL_RUNS_READY, ready_notices
 from cronwheel.store.rows import event_row
-from cronwheel.store.schema import overrides, runs
+from cronwheel.store.schema import jobs, overrides, runs
 from cronwheel.store.sql.jobs import JobsMixin
 from cronwheel.store.sql.overlay import (
     UNSTARTED,
@@ -239,7 +239,15 @@ class OverridesMixin(JobsMixin):
                 )
             else:
                 assert job_id is not None
-                await self._job_read(conn, tenant_id, job_id)  # or not found
+                found_job = (
+                    await conn.execute(
+                        sa.select(jobs.c.id).where(
+                            jobs.c.tenant_id == tenant_id, jobs.c.id == job_id
+                        )
+                    )
+                ).first()
+                if found_job is None:
+                    raise self._not_found("job", job_id)
                 which = overrides.c.job_id == job_id
             rows = await conn.execute(_with_run().where(overrides.c.tenant_id == tenant_id, which))
             found = [override_from(r, _status(r)) for r in rows]
