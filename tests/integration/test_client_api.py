@@ -128,6 +128,31 @@ async def test_run_cancel(operator: AsyncClient) -> None:
     assert run["state"] == "CANCELLED"
 
 
+async def test_overrides_round_trip(operator: AsyncClient) -> None:
+    job = await operator.jobs.create(
+        name="o", schedule={"delay": 600}, task="t", payload={"a": 1, "b": 2}
+    )
+    run_id = job["first_run_id"]
+    # A None inside the payload patch is sent: it removes the key.
+    made = await operator.overrides.create(
+        job_id=job["id"], scope="next", payload={"b": None, "c": 3}, pool="gpu"
+    )
+    assert (made["run_id"], made["runs"]) == (run_id, [run_id])
+    run = await operator.runs.get(run_id)
+    assert (run["payload"], run["pool"], run["override_ids"]) == (
+        {"a": 1, "c": 3},
+        "gpu",
+        [made["id"]],
+    )
+    assert [o["id"] for o in await operator.overrides.list(run_id=run_id)] == [made["id"]]
+    removed = await operator.overrides.remove(made["id"], job_id=job["id"], reason="done")
+    assert removed["status"] == "removed"
+    assert await operator.overrides.remove_all(job["id"]) == []
+    assert (await operator.runs.get(run_id))["payload"] == {"a": 1, "b": 2}
+    with pytest.raises(ValueError, match="not both"):
+        await operator.overrides.list(job_id=job["id"], run_id=run_id)
+
+
 async def test_validation_errors_name_the_field(operator: AsyncClient) -> None:
     with pytest.raises(ApiError) as info:
         await operator.jobs.create(name="bad", schedule={"delay": 5}, task="t", priority=9)

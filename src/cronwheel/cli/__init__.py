@@ -23,6 +23,7 @@ from cronwheel.cli.dlq import dlq_app
 from cronwheel.cli.job_edit import jobs_edit
 from cronwheel.cli.jobs import jobs_app
 from cronwheel.cli.output import command_group, console
+from cronwheel.cli.overrides import overrides_app
 from cronwheel.cli.pools import pools_app
 from cronwheel.cli.runs import runs_app
 from cronwheel.cli.schedule import schedule_app
@@ -72,6 +73,7 @@ app.add_typer(schedule_app, name="schedule")
 app.add_typer(dlq_app, name="dlq")
 app.add_typer(bulk_app, name="bulk")
 app.add_typer(operations_app, name="operations")
+app.add_typer(overrides_app, name="overrides")
 app.add_typer(db_app, name="db")
 app.command("alerts")(alerts)
 app.command("audit")(audit)

@@ -61,6 +61,18 @@ class AsyncClient(BaseClient):
             transport=transport,
         )
         self._owns_http = True
+        self._add_resources()
+
+    def with_tenant(self, tenant: Id | None) -> AsyncClient:
+        other = object.__new__(AsyncClient)
+        other.__dict__.update(self.__dict__)
+        other.tenant = None if tenant is None else str(tenant)
+        other._owns_http = False
+        other._add_resources()
+        return other
+
+    def _add_resources(self) -> None:
+        """The resources, each bound to this client (or view)."""
         self.tenants = AsyncTenants(self)
         self.jobs = AsyncJobs(self)
         self.runs = AsyncRuns(self)
@@ -70,21 +82,7 @@ class AsyncClient(BaseClient):
         self.audit = AsyncAudit(self)
         self.bulk = AsyncBulk(self)
         self.operations = AsyncOperations(self)
-
-    def with_tenant(self, tenant: Id | None) -> AsyncClient:
-        other = object.__new__(AsyncClient)
-        other.__dict__.update(self.__dict__)
-        other.tenant = None if tenant is None else str(tenant)
-        other._owns_http = False
-        other.tenants = AsyncTenants(other)
-        other.jobs, other.runs = AsyncJobs(other), AsyncRuns(other)
-        other.alerts = AsyncAlerts(other)
-        other.workers = AsyncWorkers(other)
-        other.pools = AsyncPools(other)
-        other.audit = AsyncAudit(other)
-        other.bulk = AsyncBulk(other)
-        other.operations = AsyncOperations(other)
-        return other
+        self.overrides = AsyncOverrides(self)
 
     async def send(self, call: Call, *, read_timeout: float | None = None) -> Any:
         """Send ``call``; ``read_timeout`` overrides the client's (long polls need more)."""
@@ -377,6 +375,42 @@ class AsyncBulk(_AsyncResource):
         **selector: Any,
     ) -> Json:
         return await self._one(Calls.bulk(action, selector, everything, reason))
+
+
+class AsyncOverrides(_AsyncResource):
+    async def create(
+        self,
+        *,
+        job_id: Id | None = None,
+        run_id: Id | None = None,
+        scope: str | None = None,
+        payload: Mapping[str, Any] | None = None,
+        timeout: float | None = None,
+        priority: int | None = None,
+        pool: str | None = None,
+        reason: str | None = None,
+    ) -> Json:
+        values = {"payload": payload, "timeout": timeout, "priority": priority,
+                  "pool": pool, "reason": reason}  # fmt: skip
+        return await self._one(Calls.overrides_create(job_id, run_id, scope, values))
+
+    async def list(
+        self, *, job_id: Id | None = None, run_id: Id | None = None, ended: bool = False
+    ) -> _Items:
+        return read_items(await self._one(Calls.overrides_list(job_id, run_id, ended)))
+
+    async def remove(
+        self,
+        override_id: Id,
+        *,
+        job_id: Id | None = None,
+        run_id: Id | None = None,
+        reason: str | None = None,
+    ) -> Json:
+        return await self._one(Calls.overrides_remove(override_id, job_id, run_id, reason))
+
+    async def remove_all(self, job_id: Id, *, reason: str | None = None) -> _Items:
+        return read_items(await self._one(Calls.overrides_remove(None, job_id, None, reason)))
 
 
 class AsyncOperations(_AsyncResource):

@@ -55,6 +55,15 @@ def _body(value: Any) -> Any:
     return to_jsonable_python(value, by_alias=True, exclude_none=True)
 
 
+def _overrides_of(job_id: Id | None, run_id: Id | None) -> str:
+    """The overrides of a job or of a run: exactly one is named."""
+    if (job_id is None) == (run_id is None):
+        raise ValueError("name the job (job_id) or the run (run_id), not both")
+    if run_id is not None:
+        return f"/v1/runs/{_seg(run_id)}/overrides"
+    return f"/v1/jobs/{_seg(job_id or '')}/overrides"
+
+
 def _limits(limits: Mapping[str, Any] | TenantLimits) -> Json:
     """Tenant limits as sent: the fields named (a model: the fields set), None
     included, for None clears a limit."""
@@ -259,6 +268,30 @@ class Calls:
         if reason is not None:
             body["reason"] = reason
         return Call("POST", f"/v1/bulk/{_seg(action)}", json=body)
+
+    @staticmethod
+    def overrides_create(
+        job_id: Id | None, run_id: Id | None, scope: str | None, values: Mapping[str, Any]
+    ) -> Call:
+        # A payload's nulls are the merge-patch's "remove this key": sent as they are.
+        body: Json = {k: to_jsonable_python(v) for k, v in values.items() if v is not None}
+        if scope is not None:
+            body["scope"] = scope
+        return Call("POST", f"{_overrides_of(job_id, run_id)}", json=body)
+
+    @staticmethod
+    def overrides_list(job_id: Id | None, run_id: Id | None, ended: bool) -> Call:
+        params = query_params(ended="true") if ended else {}
+        return Call("GET", _overrides_of(job_id, run_id), params=params)
+
+    @staticmethod
+    def overrides_remove(
+        override_id: Id | None, job_id: Id | None, run_id: Id | None, reason: str | None
+    ) -> Call:
+        path = _overrides_of(job_id, run_id)
+        if override_id is not None:
+            path += f"/{_seg(override_id)}"
+        return Call("DELETE", path, params=query_params(reason=reason))
 
     @staticmethod
     def operations_get(operation_id: Id) -> Call:

@@ -60,6 +60,19 @@ class Client(BaseClient):
             transport=transport,
         )
         self._owns_http = True
+        self._add_resources()
+
+    def with_tenant(self, tenant: Id | None) -> Client:
+        """A view of this client acting for ``tenant``, sharing its connections."""
+        other = object.__new__(Client)
+        other.__dict__.update(self.__dict__)
+        other.tenant = None if tenant is None else str(tenant)
+        other._owns_http = False
+        other._add_resources()
+        return other
+
+    def _add_resources(self) -> None:
+        """The resources, each bound to this client (or view)."""
         self.tenants = Tenants(self)
         self.jobs = Jobs(self)
         self.runs = Runs(self)
@@ -69,21 +82,7 @@ class Client(BaseClient):
         self.audit = Audit(self)
         self.bulk = Bulk(self)
         self.operations = Operations(self)
-
-    def with_tenant(self, tenant: Id | None) -> Client:
-        """A view of this client acting for ``tenant``, sharing its connections."""
-        other = object.__new__(Client)
-        other.__dict__.update(self.__dict__)
-        other.tenant = None if tenant is None else str(tenant)
-        other._owns_http = False
-        other.tenants, other.jobs, other.runs = Tenants(other), Jobs(other), Runs(other)
-        other.alerts = Alerts(other)
-        other.workers = Workers(other)
-        other.pools = Pools(other)
-        other.audit = Audit(other)
-        other.bulk = Bulk(other)
-        other.operations = Operations(other)
-        return other
+        self.overrides = Overrides(self)
 
     def send(self, call: Call) -> Any:
         try:
@@ -401,6 +400,51 @@ class Bulk(_Resource):
         pause, resume, redrive or trigger. Accepted at once: the answer is the operation,
         to follow with ``operations.get`` or ``operations.wait``."""
         return self._one(Calls.bulk(action, selector, everything, reason))
+
+
+class Overrides(_Resource):
+    def create(
+        self,
+        *,
+        job_id: Id | None = None,
+        run_id: Id | None = None,
+        scope: str | None = None,
+        payload: Mapping[str, Any] | None = None,
+        timeout: float | None = None,
+        priority: int | None = None,
+        pool: str | None = None,
+        reason: str | None = None,
+    ) -> Json:
+        """Override the payload (a JSON merge-patch: a None value removes its key),
+        timeout, priority or pool of one run not started yet (``run_id``), or of a job's
+        ``scope="next"`` occurrence or ``"future"`` runs (``job_id``), at once; the job
+        itself is not changed. Answers the override, ``runs`` the ones it changed."""
+        values = {"payload": payload, "timeout": timeout, "priority": priority,
+                  "pool": pool, "reason": reason}  # fmt: skip
+        return self._one(Calls.overrides_create(job_id, run_id, scope, values))
+
+    def list(
+        self, *, job_id: Id | None = None, run_id: Id | None = None, ended: bool = False
+    ) -> _Items:
+        """A job's overrides, or those that made a run, in the merge order: the active
+        ones, or every one with ``ended``."""
+        return read_items(self._one(Calls.overrides_list(job_id, run_id, ended)))
+
+    def remove(
+        self,
+        override_id: Id,
+        *,
+        job_id: Id | None = None,
+        run_id: Id | None = None,
+        reason: str | None = None,
+    ) -> Json:
+        """Remove an active override of the job, or one bound to the run: the runs
+        not started yet that it changed are made again without it."""
+        return self._one(Calls.overrides_remove(override_id, job_id, run_id, reason))
+
+    def remove_all(self, job_id: Id, *, reason: str | None = None) -> _Items:
+        """Remove every active override of the job; answers them."""
+        return read_items(self._one(Calls.overrides_remove(None, job_id, None, reason)))
 
 
 class Operations(_Resource):
