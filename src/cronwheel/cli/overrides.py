@@ -30,7 +30,13 @@ from cronwheel.cli.output import (
     table,
 )
 
-__all__ = ["overrides_app"]
+__all__ = [
+    "overrides_add",
+    "overrides_app",
+    "overrides_clear",
+    "overrides_list",
+    "overrides_remove",
+]
 
 overrides_app = command_group(
     "Runtime overrides of a job's next or future runs, or of one run: add, list, remove, "

@@ -32,6 +32,7 @@ __all__ = [
     "AsyncClient",
     "AsyncJobs",
     "AsyncOperations",
+    "AsyncOverrides",
     "AsyncPools",
     "AsyncRuns",
     "AsyncTenants",

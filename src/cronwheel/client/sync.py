@@ -30,6 +30,7 @@ __all__ = [
     "Client",
     "Jobs",
     "Operations",
+    "Overrides",
     "Pools",
     "Runs",
     "Tenants",
