@@ -146,6 +146,35 @@ async def test_bad_requests_change_nothing(
     assert (await api.client.get("/v1/operations", headers=t.headers)).json()["items"] == []
 
 
+async def test_a_tenant_at_its_limit_of_open_operations_gets_a_429(api: Driver) -> None:
+    state = api.app.state.api
+    # Nothing carries the operations out here: they stay open.
+    await state.operations.close()
+    state.settings.max_open_operations = 2
+    t, other = await api.tenant(), await api.tenant()
+    await api.job(t, schedule={"delay": 600}, tags=["x"])
+    for _ in range(2):
+        r = await api.client.post(
+            "/v1/bulk/cancel", json={"selector": {"tags_all": ["x"]}}, headers=t.headers
+        )
+        assert r.status_code == 202, r.text
+    before = await api.snapshot(t)
+    r = await api.client.post("/v1/bulk/pause", json={"all": True}, headers=t.headers)
+    assert r.status_code == 429, r.text
+    error = r.json()["error"]
+    assert error["code"] == "limit_exceeded"
+    assert error["details"] == {"limit": "max_open_operations", "open": 2, "max": 2}
+    assert "max_open_operations" in error["message"]
+    assert await api.snapshot(t) == before
+    listed = (await api.client.get("/v1/operations", headers=t.headers)).json()["items"]
+    assert len(listed) == 2
+    audited = await api.client.get("/v1/audit", params={"action": "bulk.pause"}, headers=t.headers)
+    assert audited.json()["items"] == []
+    # Another tenant has a count of its own.
+    r = await api.client.post("/v1/bulk/pause", json={"all": True}, headers=other.headers)
+    assert r.status_code == 202, r.text
+
+
 async def test_who_may_do_what(api: Driver) -> None:
     t = await api.tenant()
     viewer = await api.key(t, "viewer")
