@@ -16,6 +16,7 @@ from cronwheel import AsyncClient, Client
 from cronwheel.cli import app as cli_app
 from cronwheel.runtime import BackgroundRuntime, Runtime
 from cronwheel.settings import Settings
+from cronwheel.store.sql import bulk
 from cronwheel.testing import wait_until_async
 
 Driver = Any  # the integration conftest's ``api`` fixture
@@ -144,6 +145,27 @@ async def test_bad_requests_change_nothing(
     assert field in r.text
     assert await api.snapshot(t) == before
     assert (await api.client.get("/v1/operations", headers=t.headers)).json()["items"] == []
+
+
+async def test_another_tenants_small_operation_ends_while_a_large_one_runs(
+    api: Driver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One run a step: the large operation takes 41 steps, the small one 2.
+    monkeypatch.setattr(bulk, "STEP", 1)
+    big, small = await api.tenant(), await api.tenant()
+    for i in range(40):
+        await api.job(big, name=f"b{i}", schedule={"delay": 600}, tags=["x"])
+    await api.job(small, name="s", schedule={"delay": 600}, tags=["x"])
+    body = {"selector": {"tags_all": ["x"]}}
+    large = await api.client.post("/v1/bulk/cancel", json=body, headers=big.headers)
+    assert large.status_code == 202, large.text
+    r = await api.client.post("/v1/bulk/cancel", json=body, headers=small.headers)
+    done = await finished(api, small.headers, r.headers["location"])
+    assert (done["state"], done["changed"]) == ("done", 1)
+    still = (await api.client.get(large.headers["location"], headers=big.headers)).json()
+    assert still["state"] == "running" and still["changed"] < 40, still
+    done = await finished(api, big.headers, large.headers["location"])
+    assert (done["state"], done["changed"]) == ("done", 40)
 
 
 async def test_a_tenant_at_its_limit_of_open_operations_gets_a_429(api: Driver) -> None:

@@ -95,3 +95,15 @@ def test_a_failure_tells_clients_only_what_the_api_would() -> None:
         assert "db-7" not in message and "10.0.0.7" not in message
         assert message.startswith("stopped by an internal error")
         assert str(operation) in message
+
+
+def test_a_tenant_with_a_step_under_way_is_passed_over() -> None:
+    turns = Turns()
+    a1, a2, b = op(A, 0), op(A, 1), op(B, 2)
+    for o in (a1, a2, b):
+        turns.add(o)
+    assert turns.next() == a1
+    # A's step is under way: the next lane takes B's, and none is left for a third.
+    assert turns.next(busy={A}) == b
+    assert turns.next(busy={A, B}) is None
+    assert turns.next(busy={B}) == a2

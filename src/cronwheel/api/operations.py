@@ -7,8 +7,9 @@
     every 5 s (poll) ─────┘        each tenant's oldest before anyone's second)
                                    │
                                    ▼
-                      one step of the held operation whose turn it is ──┐
-                        (Turns: tenants in turn, a tenant's ops in turn)│
+                      a step of the held operation whose turn it is ────┐
+                        (Turns: tenants in turn, a tenant's ops in turn;│
+                        up to ``lanes`` tenants' steps at once)         │
                         done: dropped                                   │
                         lease lost: another node has it, dropped        │
                         a step fails: FAILED, with a message fit for    │
@@ -25,7 +26,10 @@ Why turns: a step is one transaction of at most ``STEP`` rows, soonest due first
 what matters for "no selected run dispatched 5 s after the 202" is that every operation
 gets its next step soon, whatever else is under way. Carried out one after the other, a
 cancel of 100,000 runs (15 s) kept every operation accepted after it waiting; in turns,
-a new operation's first step comes after at most one step of each other tenant.
+a new operation's first step comes after at most one step of each other tenant. And
+since a step of one tenant's operation touches none of another's rows, two go at once
+(``lanes``), each on its own connection: another tenant's operation then costs a large
+one little of its pace.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 from dataclasses import dataclass
 
 from cronwheel.clock import Clock
@@ -101,8 +105,11 @@ class Turns:
         return True
 
     def update(self, op: Operation) -> None:
-        """``op`` as its last step left it."""
-        self._held[op.id].op = op
+        """``op`` as its last step left it (if still held: its lease may have been found
+        lost while the step was under way)."""
+        held = self._held.get(op.id)
+        if held is not None:
+            held.op = op
 
     def drop(self, operation_id: uuid.UUID) -> None:
         held = self._held.pop(operation_id, None)
@@ -122,13 +129,15 @@ class Turns:
             self.drop(operation_id)
         return lost
 
-    def next(self) -> Operation | None:
-        """The operation to step now (its turn taken), or None when none is held."""
-        if not self._held:
-            return None
+    def next(self, busy: Container[uuid.UUID] = ()) -> Operation | None:
+        """The operation to step now (its turn taken), or None when none is held but
+        of the ``busy`` tenants (those with a step under way)."""
         by_tenant: dict[uuid.UUID, list[_Held]] = {}
         for held in self._held.values():
-            by_tenant.setdefault(held.op.tenant_id, []).append(held)
+            if held.op.tenant_id not in busy:
+                by_tenant.setdefault(held.op.tenant_id, []).append(held)
+        if not by_tenant:
+            return None
         tenant = min(
             by_tenant,
             key=lambda t: (
@@ -153,15 +162,18 @@ class OperationRunner:
         ttl: float = 10.0,
         poll: float = 5.0,
         capacity: int = 32,
+        lanes: int = 2,
         owner: str | None = None,
         clock: Clock | None = None,
     ) -> None:
         """``capacity``: the operations this node holds at once (the rest wait for
-        another node, or for one of these to end)."""
+        another node, or for one of these to end); ``lanes``: the steps (of different
+        tenants) under way at once."""
         self.store = store
         self.ttl = ttl
         self.poll = poll
         self.capacity = capacity
+        self.lanes = lanes
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}"
         self.clock = clock or Clock()
         self.turns = Turns()
@@ -222,10 +234,10 @@ class OperationRunner:
                 extra={"event": "operation_lost", "operation": str(operation_id)},
             )
 
-    async def step(self) -> Operation | None:
-        """One step of the held operation whose turn it is: the operation after it
-        (None: none held, or it was lost)."""
-        op = self.turns.next()
+    async def step(self, op: Operation | None = None) -> Operation | None:
+        """One step of ``op``, by default the held operation whose turn it is: the
+        operation after it (None: none held, or it was lost)."""
+        op = op or self.turns.next()
         if op is None:
             return None
         try:
@@ -267,38 +279,69 @@ class OperationRunner:
         )
         return op
 
-    async def run_once(self) -> bool:
+    async def look(self) -> None:
         """Claim operations if woken, holding none, or the poll is due; renew the
-        leases when due; take one step. False when no operation is held."""
+        leases held when due."""
         now = _monotonic()
         if self._wake.is_set() or not self.turns or now >= self._next_look:
             await self.claim()
+        if self.turns and now >= self._next_renew:
+            await self.renew()
+
+    async def run_once(self) -> bool:
+        """:meth:`look`, then one step. False when no operation is held."""
+        await self.look()
         if not self.turns:
             return False
-        if now >= self._next_renew:
-            await self.renew()
         await self.step()
         return True
 
     async def _run(self) -> None:
+        """Steps of up to ``lanes`` tenants at once, each on its connection (they touch
+        rows of different tenants); a tenant's own steps one at a time."""
         listening = asyncio.create_task(self._listen(), name="cronwheel-operations-notices")
+        under_way: dict[asyncio.Task[Operation | None], uuid.UUID] = {}
         try:
             while True:
                 try:
-                    if await self.run_once():
-                        continue
+                    await self.look()
                 except Exception:
                     log.warning(
                         "operations pass failed",
                         exc_info=True,
                         extra={"event": "operations_error"},
                     )
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), self.poll)
+                while len(under_way) < self.lanes:
+                    op = self.turns.next(busy=set(under_way.values()))
+                    if op is None:
+                        break
+                    under_way[asyncio.create_task(self.step(op))] = op.tenant_id
+                woken = asyncio.ensure_future(self._wake.wait())
+                ended, _ = await asyncio.wait(
+                    {*under_way, woken},
+                    timeout=None if under_way else self.poll,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                woken.cancel()
+                failed = False
+                for task in [t for t in under_way if t in ended]:
+                    del under_way[task]
+                    if task.exception() is not None:
+                        failed = True
+                        log.warning(
+                            "operation step failed",
+                            exc_info=task.exception(),
+                            extra={"event": "operations_error"},
+                        )
+                if failed:
+                    # The database away, most likely: the operation stays held, and is
+                    # stepped again in a moment rather than at once.
+                    await asyncio.sleep(1.0)
         finally:
             listening.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await listening
+            for task in under_way:
+                task.cancel()
+            await asyncio.gather(listening, *under_way, return_exceptions=True)
 
     async def _listen(self) -> None:
         """Notices of operations accepted on any node wake the loop (between steps
