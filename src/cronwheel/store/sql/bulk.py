@@ -42,7 +42,6 @@ from cronwheel.store.sql.triggers import TriggersMixin
 __all__ = ["STEP", "BulkMixin"]
 
 STEP = 1_000  # rows per step
-_OPEN_LIMIT = "max_open_operations"
 _TRIGGER_STEP = 200  # a trigger writes a run and two events per job, one by one
 
 # What a cancel takes: runs not started, and running ones not yet asked to stop.
