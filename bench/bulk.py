@@ -7,7 +7,10 @@ lets them fire for a while. Then, each in turn:
 
 * **pause**: ``POST /v1/bulk/pause`` of the first tenant's P tagged jobs;
 * **cancel**: C one-off runs of the first tenant, due at R a second from a few seconds
-  on (tagged ``doomed``), then ``POST /v1/bulk/cancel`` of them once they fire.
+  on (tagged ``doomed``), then ``POST /v1/bulk/cancel`` of them once they fire;
+* **a neighbour's pause**, unless ``--no-neighbour``: a second after the cancel's 202,
+  while it is under way, ``POST /v1/bulk/pause`` of every job of the second tenant —
+  measured the same way: it must not wait for the first tenant's cancel to end.
 
 For each it reports, on the database's clock: how long after the 202 (the operation's
 ``accepted_at``) the last selected run was dispatched, how many selected runs were
@@ -78,16 +81,21 @@ def recurring(name: str, start: datetime, interval: float, tags: list[str]) -> d
 
 
 async def operate(
-    cluster: Cluster, key: str, action: str, selector: dict[str, Any]
+    cluster: Cluster,
+    key: str,
+    action: str,
+    selector: dict[str, Any],
+    *,
+    everything: bool = False,
 ) -> tuple[dict[str, Any], float]:
     """Send the bulk request and follow it to its end: the operation, and the seconds
     the 202 took at the client."""
+    body: dict[str, Any] = {"reason": "bench"}
+    body |= {"all": True} if everything else {"selector": selector}
     async with httpx.AsyncClient(base_url=cluster.url, timeout=60) as client:
         headers = {"Authorization": f"Bearer {key}"}
         t0 = time.perf_counter()
-        r = await client.post(
-            f"/v1/bulk/{action}", json={"selector": selector, "reason": "bench"}, headers=headers
-        )
+        r = await client.post(f"/v1/bulk/{action}", json=body, headers=headers)
         answered = time.perf_counter() - t0
         r.raise_for_status()
         op: dict[str, Any] = r.json()
@@ -100,9 +108,10 @@ async def operate(
 
 
 async def measure(
-    store: Store, tenant_id: uuid.UUID, tag: str, op: dict[str, Any], answered: float
+    store: Store, tenant_id: uuid.UUID, tag: str | None, op: dict[str, Any], answered: float
 ) -> dict[str, Any]:
-    """What the selected runs did after the operation was accepted."""
+    """What the selected runs (those tagged ``tag``; None: every run of the tenant) did
+    after the operation was accepted."""
     accepted = datetime.fromisoformat(op["accepted_at"])
     finished = datetime.fromisoformat(op["finished_at"])
     dispatched: list[datetime] = []
@@ -111,7 +120,7 @@ async def measure(
     while True:
         page = await store.runs_list(tenant_id, cursor=cursor, limit=500)
         for run in page.items:
-            if tag not in run.tags:
+            if tag is not None and tag not in run.tags:
                 continue
             if run.dispatched_at is not None and run.dispatched_at > accepted:
                 dispatched.append(run.dispatched_at)
@@ -200,13 +209,27 @@ async def run_bench(cluster: Cluster, args: argparse.Namespace) -> None:
             # Cancelled while they are firing: a few seconds into the stream.
             wait = (due - await setup.store.db_now()).total_seconds() + args.cancel_after
             await asyncio.sleep(max(0.0, wait))
-            cancel, answered = await operate(
-                cluster, setup.keys[0], "cancel", {"tags_all": ["doomed"]}
+            cancelling = asyncio.create_task(
+                operate(cluster, setup.keys[0], "cancel", {"tags_all": ["doomed"]})
             )
+            neighbour = None
+            if args.neighbour:
+                # While the cancel is under way: another tenant's operation takes turns
+                # with it rather than waiting for it to end.
+                await asyncio.sleep(1.0)
+                neighbour = await operate(cluster, setup.keys[1], "pause", {}, everything=True)
+                if cancelling.done():
+                    console.print("[yellow]the cancel ended before the neighbour's pause")
+            cancel, answered = await cancelling
             await asyncio.sleep(args.watch)
             results.append(
                 await measure(setup.store, setup.tenant_ids[0], "doomed", cancel, answered)
             )
+            if neighbour is not None:
+                results.append(
+                    await measure(setup.store, setup.tenant_ids[1], None, *neighbour)
+                    | {"action": "pause (neighbour)"}
+                )
         cluster.check_alive()
     finally:
         await setup.store.close()
@@ -254,6 +277,12 @@ async def main() -> None:
     parser.add_argument("--cancel-rate", type=float, default=500.0, help="runs due a second")
     parser.add_argument("--cancel-lead", type=float, default=30.0)
     parser.add_argument("--cancel-after", type=float, default=3.0)
+    parser.add_argument(
+        "--neighbour",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="pause the second tenant's jobs while the cancel is under way",
+    )
     parser.add_argument("--schedulers", type=int, default=2)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--concurrency", type=int, default=100, help="slots per worker")

@@ -179,6 +179,23 @@ class Settings(BaseSettings):
         "node that owns shard 0, hourly, is the only way records leave)",
     )
 
+    # bulk operations (see docs/bulk.md)
+    max_open_operations: int = Field(
+        default=10,
+        ge=1,
+        le=10_000,
+        description="bulk operations a tenant may have open (pending or running) at once; "
+        "one more is refused with 429 `limit_exceeded` until one ends",
+    )
+    operation_retention_days: int = Field(
+        default=30,
+        ge=1,
+        le=36600,
+        description="days a finished bulk operation stays readable at /v1/operations "
+        "(removed hourly with the audit trail's retention; the audit record of who asked "
+        "for it stays audit_retention_days)",
+    )
+
     # the built-in webhook worker
     webhook_pools: Annotated[list[str], NoDecode] = Field(
         default_factory=lambda: ["default"],

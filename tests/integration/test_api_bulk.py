@@ -16,6 +16,7 @@ from cronwheel import AsyncClient, Client
 from cronwheel.cli import app as cli_app
 from cronwheel.runtime import BackgroundRuntime, Runtime
 from cronwheel.settings import Settings
+from cronwheel.store.sql import bulk
 from cronwheel.testing import wait_until_async
 
 Driver = Any  # the integration conftest's ``api`` fixture
@@ -144,6 +145,56 @@ async def test_bad_requests_change_nothing(
     assert field in r.text
     assert await api.snapshot(t) == before
     assert (await api.client.get("/v1/operations", headers=t.headers)).json()["items"] == []
+
+
+async def test_another_tenants_small_operation_ends_while_a_large_one_runs(
+    api: Driver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One run a step: the large operation takes 41 steps, the small one 2.
+    monkeypatch.setattr(bulk, "STEP", 1)
+    big, small = await api.tenant(), await api.tenant()
+    for i in range(40):
+        await api.job(big, name=f"b{i}", schedule={"delay": 600}, tags=["x"])
+    await api.job(small, name="s", schedule={"delay": 600}, tags=["x"])
+    body = {"selector": {"tags_all": ["x"]}}
+    large = await api.client.post("/v1/bulk/cancel", json=body, headers=big.headers)
+    assert large.status_code == 202, large.text
+    r = await api.client.post("/v1/bulk/cancel", json=body, headers=small.headers)
+    done = await finished(api, small.headers, r.headers["location"])
+    assert (done["state"], done["changed"]) == ("done", 1)
+    still = (await api.client.get(large.headers["location"], headers=big.headers)).json()
+    assert still["state"] == "running" and still["changed"] < 40, still
+    done = await finished(api, big.headers, large.headers["location"])
+    assert (done["state"], done["changed"]) == ("done", 40)
+
+
+async def test_a_tenant_at_its_limit_of_open_operations_gets_a_429(api: Driver) -> None:
+    state = api.app.state.api
+    # Nothing carries the operations out here: they stay open.
+    await state.operations.close()
+    state.settings.max_open_operations = 2
+    t, other = await api.tenant(), await api.tenant()
+    await api.job(t, schedule={"delay": 600}, tags=["x"])
+    for _ in range(2):
+        r = await api.client.post(
+            "/v1/bulk/cancel", json={"selector": {"tags_all": ["x"]}}, headers=t.headers
+        )
+        assert r.status_code == 202, r.text
+    before = await api.snapshot(t)
+    r = await api.client.post("/v1/bulk/pause", json={"all": True}, headers=t.headers)
+    assert r.status_code == 429, r.text
+    error = r.json()["error"]
+    assert error["code"] == "limit_exceeded"
+    assert error["details"] == {"limit": "max_open_operations", "open": 2, "max": 2}
+    assert "max_open_operations" in error["message"]
+    assert await api.snapshot(t) == before
+    listed = (await api.client.get("/v1/operations", headers=t.headers)).json()["items"]
+    assert len(listed) == 2
+    audited = await api.client.get("/v1/audit", params={"action": "bulk.pause"}, headers=t.headers)
+    assert audited.json()["items"] == []
+    # Another tenant has a count of its own.
+    r = await api.client.post("/v1/bulk/pause", json={"all": True}, headers=other.headers)
+    assert r.status_code == 202, r.text
 
 
 async def test_who_may_do_what(api: Driver) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from cronwheel.domain.audit import Actor
+from cronwheel.domain.bulk import Operation, OperationState, Selector
 from cronwheel.domain.model import NewJob
 from cronwheel.domain.spec import JobSpec
 from cronwheel.scheduler import Clock, SchedulerNode
@@ -511,3 +512,44 @@ async def test_the_node_owning_shard_0_applies_audit_retention(store: Store) -> 
     await node.run_once()
     await node.chores_done()
     assert (await store.audit_list(tenant.id)).items == []
+
+
+async def test_the_same_hourly_chore_removes_finished_operations(store: Store) -> None:
+    tenant = await store.tenants_create(name="operated", limits={}, now=T0)
+    who = Actor("k1", role="operator")
+
+    async def accept(at: datetime) -> Operation:
+        return await store.operations_create(
+            tenant.id, action="pause", selector=Selector(all=True), actor=who, now=at
+        )
+
+    async def finish(op: Operation, at: datetime) -> None:
+        assert await store.operations_claim(owner="api", ttl=10, now=at) is not None
+        step = await store.operations_step(op.id, owner="api", ttl=10, now=at)
+        while step.state is not OperationState.DONE:
+            step = await store.operations_step(op.id, owner="api", ttl=10, now=at)
+
+    old = await accept(T0)
+    await finish(old, T0)
+    young = await accept(T0 + timedelta(days=9))
+    await finish(young, T0 + timedelta(days=9))
+    still_open = await accept(T0 + timedelta(days=9))
+    settings = Settings(window_seconds=30, shard_lease_ttl=10, operation_retention_days=5)
+    # The young one finished 5 days before T0 + 14 days: not yet older than that.
+    time = FakeTime(T0 + timedelta(days=14) - timedelta(minutes=30))
+    node = SchedulerNode(store, settings, node_id="node-a", clock=Clock(time, offset=timedelta(0)))
+    await node.run_once()
+    await node.chores_done()
+    assert 0 in node.shards
+    left = {o.id for o in (await store.operations_list(tenant.id)).items}
+    assert left == {young.id, still_open.id}
+    # Hourly, beside the audit trail's retention (which keeps who asked for them).
+    time.value += timedelta(minutes=40)
+    await node.run_once()
+    await node.chores_done()
+    assert len((await store.operations_list(tenant.id)).items) == 2
+    time.value += timedelta(minutes=30)
+    await node.run_once()
+    await node.chores_done()
+    assert [o.id for o in (await store.operations_list(tenant.id)).items] == [still_open.id]
+    assert len((await store.audit_list(tenant.id, action="bulk.pause")).items) == 3

@@ -9,7 +9,7 @@ import pytest
 
 from cronwheel.domain.audit import Actor
 from cronwheel.domain.bulk import LeaseLostError, Operation, OperationState, Selector
-from cronwheel.domain.errors import ValidationError
+from cronwheel.domain.errors import TenantLimitError, ValidationError
 from cronwheel.domain.states import JobState, RunState
 from cronwheel.store import FailItem, Store
 from cronwheel.store.schema import PARKED_FIRE_AT
@@ -331,3 +331,105 @@ async def test_a_job_changed_since_acceptance_is_left_as_it_is(store: Store) -> 
     done = await run_to_end(store, op, now_s=4)
     assert done.changed == 0
     assert (await store.jobs_get(tenant.id, job.id)).state is JobState.ACTIVE
+
+
+# -- many operations: a tenant's limit, fair claims, leases, retention ------------------
+
+
+async def test_a_tenant_at_its_limit_of_open_operations_is_refused(store: Store) -> None:
+    tenant, other = await make_tenant(store), await make_tenant(store)
+    await create_job(store, tenant.id, due_at=at(60), tags=["x"])
+    first, _second = [
+        await store.operations_create(
+            tenant.id,
+            action="cancel",
+            selector=Selector(tags_all=("x",)),
+            actor=OPS,
+            max_open=2,
+            now=at(1),
+        )
+        for _ in range(2)
+    ]
+    with pytest.raises(TenantLimitError) as refused:
+        await store.operations_create(
+            tenant.id, action="pause", selector=Selector(all=True), actor=OPS, max_open=2, now=at(2)
+        )
+    assert "max_open_operations" in refused.value.message
+    assert refused.value.details == {"limit": "max_open_operations", "open": 2, "max": 2}
+    # Nothing stored: no operation, no audit record.
+    assert len((await store.operations_list(tenant.id)).items) == 2
+    assert len((await store.audit_list(tenant.id, action="bulk.pause")).items) == 0
+    # Another tenant has its own count; one that ends makes room.
+    await store.operations_create(
+        other.id, action="pause", selector=Selector(all=True), actor=OPS, max_open=2, now=at(2)
+    )
+    await run_to_end(store, first, now_s=3)
+    await store.operations_create(
+        tenant.id, action="pause", selector=Selector(all=True), actor=OPS, max_open=2, now=at(4)
+    )
+
+
+async def test_claims_take_every_tenants_oldest_before_anyones_second(store: Store) -> None:
+    busy, quiet = await make_tenant(store), await make_tenant(store)
+
+    async def accept(tenant_id: uuid.UUID, second: float) -> Operation:
+        return await store.operations_create(
+            tenant_id, action="pause", selector=Selector(all=True), actor=OPS, now=at(second)
+        )
+
+    mine = [await accept(busy.id, s) for s in (1, 2, 3)]
+    theirs = await accept(quiet.id, 4)
+    claimed = []
+    while (op := await store.operations_claim(owner="api-1", ttl=30, now=at(5))) is not None:
+        claimed.append(op.id)
+    assert claimed == [mine[0].id, theirs.id, mine[1].id, mine[2].id]
+
+
+async def test_renewing_keeps_every_lease_held(store: Store) -> None:
+    tenant = await make_tenant(store)
+    ops = [
+        await store.operations_create(
+            tenant.id, action="pause", selector=Selector(all=True), actor=OPS, now=at(1)
+        )
+        for _ in range(2)
+    ]
+    for _ in ops:
+        assert await store.operations_claim(owner="api-1", ttl=5, now=at(2)) is not None
+    # Renewed at 6, both are held until 11: api-2 finds none free at 8.
+    assert await store.operations_renew(owner="api-1", ttl=5, now=at(6)) == sorted(
+        o.id for o in ops
+    )
+    assert await store.operations_claim(owner="api-2", ttl=5, now=at(8)) is None
+    # Not renewed since: at 12 api-2 takes one over, and api-1 holds only the other.
+    taken = await store.operations_claim(owner="api-2", ttl=5, now=at(12))
+    assert taken is not None
+    assert await store.operations_renew(owner="api-1", ttl=5, now=at(12)) == [
+        o.id for o in ops if o.id != taken.id
+    ]
+
+
+async def test_retention_removes_only_operations_finished_long_enough_ago(store: Store) -> None:
+    tenant = await make_tenant(store)
+    await create_job(store, tenant.id, due_at=at(10**7), tags=["x"])
+
+    async def accept() -> Operation:
+        return await store.operations_create(
+            tenant.id, action="cancel", selector=Selector(tags_all=("x",)), actor=OPS, now=at(1)
+        )
+
+    day = 86_400
+    old = await run_to_end(store, await accept(), now_s=2)
+    failed = await accept()
+    await store.operations_claim(owner="api-1", ttl=30, now=at(3))
+    await store.operations_fail(failed.id, owner="api-1", error="stopped", now=at(3))
+    recent = await run_to_end(store, await accept(), now_s=20 * day)
+    still_open = await accept()  # never claimed: open however old
+    assert await store.operations_expire(retention_days=30, now=at(30 * day + 5)) == 2
+    left = {o.id for o in (await store.operations_list(tenant.id)).items}
+    assert left == {recent.id, still_open.id}
+    assert old.id not in left
+    # Who asked for them stays in the audit trail.
+    assert len((await store.audit_list(tenant.id, action="bulk.cancel")).items) == 4
+    assert await store.operations_expire(retention_days=30, now=at(30 * day + 5)) == 0
+    with pytest.raises(ValueError, match="retention_days"):
+        await store.operations_expire(retention_days=0)

@@ -7,7 +7,8 @@ runs in batches, and ends attempts whose lease or deadline passed.
                                                               ▼
           ┌──────────────────────────── run_once() ◀─── wake: timer | notification | stop
           │  renew leases (every ttl/3) — lost shards leave the window
-          │  expire attempts (every expire_interval); audit retention (hourly)
+          │  expire attempts (every expire_interval); retention of the audit trail
+          │  and of finished bulk operations (hourly)
           │  check routing (every route_check_interval): dispatched runs that no
           │  live worker can take get the reason recorded
           │  refill the window when its horizon comes near; poll for stragglers
@@ -54,8 +55,9 @@ __all__ = ["QUARANTINE_PER_PASS", "Clock", "SchedulerNode", "default_node_id"]  
 
 log = logging.getLogger("cronwheel.scheduler")
 
-# How often the node that owns shard 0 removes audit records past their retention.
-_AUDIT_EXPIRE_EVERY = timedelta(hours=1)
+# How often the node that owns shard 0 removes audit records and finished bulk
+# operations past their retention.
+_RETENTION_EVERY = timedelta(hours=1)
 # A release pass that found every ready queue full waits this many release intervals.
 _FULL_PAUSE = 5
 # A pass that dispatches a burst ahead takes with it the bursts due up to this share of
@@ -98,9 +100,9 @@ class SchedulerNode:
         self._next_lease = datetime.min.replace(tzinfo=UTC)
         self._next_expire = datetime.min.replace(tzinfo=UTC)
         self._next_route_check = datetime.min.replace(tzinfo=UTC)
-        self._next_audit_expire = datetime.min.replace(tzinfo=UTC)
-        # Audit retention runs beside the passes: a long trail must not hold up firing.
-        self._audit_expiry: asyncio.Task[None] | None = None
+        self._next_retention = datetime.min.replace(tzinfo=UTC)
+        # Retention runs beside the passes: a long trail must not hold up firing.
+        self._retention: asyncio.Task[None] | None = None
         self._next_poll = datetime.min.replace(tzinfo=UTC)
         self._next_clock = datetime.min.replace(tzinfo=UTC)
         self._next_release: datetime | None = None
@@ -135,8 +137,8 @@ class SchedulerNode:
         finally:
             stopping.cancel()
             self._subscription.close()
-            if self._audit_expiry is not None:
-                self._audit_expiry.cancel()
+            if self._retention is not None:
+                self._retention.cancel()
             await self._release()
 
     async def run_once(self) -> int:
@@ -160,12 +162,12 @@ class SchedulerNode:
         if now >= self._next_route_check:
             self._next_route_check = now + timedelta(seconds=self.settings.route_check_interval)
             await self._check_routing()
-        if now >= self._next_audit_expire:
-            self._next_audit_expire = now + _AUDIT_EXPIRE_EVERY
+        if now >= self._next_retention:
+            self._next_retention = now + _RETENTION_EVERY
             # One node's chore, as expiry is; never two at once.
-            if 0 in self.shards and (self._audit_expiry is None or self._audit_expiry.done()):
-                self._audit_expiry = asyncio.create_task(
-                    self._expire_audit(), name="cronwheel-audit-retention"
+            if 0 in self.shards and (self._retention is None or self._retention.done()):
+                self._retention = asyncio.create_task(
+                    self._apply_retention(), name="cronwheel-retention"
                 )
         now = self.clock.now()
         horizon = self.window.horizon
@@ -289,24 +291,32 @@ class SchedulerNode:
         return sum(await isolate(candidates, expire, quarantine, budget=self._pass_budget))
 
     async def chores_done(self) -> None:
-        """Wait for the chores running beside the passes (audit retention) to end."""
-        if self._audit_expiry is not None:
-            await asyncio.wait({self._audit_expiry})
+        """Wait for the chores running beside the passes (retention) to end."""
+        if self._retention is not None:
+            await asyncio.wait({self._retention})
 
-    async def _expire_audit(self) -> None:
-        """Audit retention: a failure is logged and tried again in an hour; it never
-        holds up firing."""
-        try:
-            removed = await self.store.audit_expire(
-                retention_days=self.settings.audit_retention_days, now=self.clock.store_now()
-            )
-        except Exception:
-            log.warning(
-                "audit retention failed", exc_info=True, extra={"event": "audit_expire_failed"}
-            )
-            return
-        if removed:
-            log.info("audit records expired", extra={"event": "audit_expired", "count": removed})
+    async def _apply_retention(self) -> None:
+        """The audit trail's retention, then the finished bulk operations': each
+        failure is logged and tried again in an hour, neither stops the other, and
+        neither ever holds up firing."""
+        for kept, expire, days in (
+            ("audit", self.store.audit_expire, self.settings.audit_retention_days),
+            ("operations", self.store.operations_expire, self.settings.operation_retention_days),
+        ):
+            try:
+                removed = await expire(retention_days=days, now=self.clock.store_now())
+            except Exception:
+                log.warning(
+                    "retention failed",
+                    exc_info=True,
+                    extra={"event": f"{kept}_expire_failed", "table": kept},
+                )
+                continue
+            if removed:
+                log.info(
+                    "retention removed rows",
+                    extra={"event": f"{kept}_expired", "table": kept, "count": removed},
+                )
 
     async def _check_routing(self) -> None:
         """Record why dispatched runs of our shards wait when no live worker can take

@@ -645,11 +645,15 @@ class Store(SchedulerSide, WorkerSide):
         selector: Selector,
         actor: Actor,
         reason: str | None = None,
+        max_open: int | None = None,
         now: datetime | None = None,
     ) -> Operation:
         """Accept a bulk operation: PENDING, its audit record written, the API nodes
         woken to claim it. ``ValidationError`` (nothing stored) for a selector that does
-        not fit the action or is empty without ``all``; NotFoundError for no tenant."""
+        not fit the action or is empty without ``all``; ``TenantLimitError`` (nothing
+        stored) when the tenant has ``max_open`` operations open (pending or running)
+        already, two requests at once counting each other; NotFoundError for no
+        tenant."""
 
     @abstractmethod
     async def operations_get(self, tenant_id: uuid.UUID, operation_id: uuid.UUID) -> Operation:
@@ -665,8 +669,10 @@ class Store(SchedulerSide, WorkerSide):
     async def operations_claim(
         self, *, owner: str, ttl: float, now: datetime | None = None
     ) -> Operation | None:
-        """Take the oldest open operation nobody holds (never claimed, or its holder's
-        lease lapsed) for ``ttl`` seconds: RUNNING, held by ``owner``. None: none left."""
+        """Take an open operation nobody holds (never claimed, or its holder's lease
+        lapsed) for ``ttl`` seconds: RUNNING, held by ``owner``. None: none left. Fair
+        between tenants: the oldest of the tenant whose place in line is first — every
+        tenant's oldest open operation goes before any tenant's second, and so on."""
 
     @abstractmethod
     async def operations_step(
@@ -677,11 +683,26 @@ class Store(SchedulerSide, WorkerSide):
         ConflictError) when ``owner`` no longer holds it: nothing changed."""
 
     @abstractmethod
+    async def operations_renew(
+        self, *, owner: str, ttl: float, now: datetime | None = None
+    ) -> list[uuid.UUID]:
+        """Extend, for ``ttl`` seconds from ``now``, the lease of every operation
+        ``owner`` holds, in one statement; their ids (those it no longer holds are not
+        among them)."""
+
+    @abstractmethod
     async def operations_fail(
         self, operation_id: uuid.UUID, *, owner: str, error: str, now: datetime | None = None
     ) -> None:
-        """End an operation ``owner`` holds as FAILED with ``error``; what its steps did
+        """End an operation ``owner`` holds as FAILED with ``error`` — shown to the
+        tenant's clients as it is, so never an exception's raw text; what its steps did
         stays done."""
+
+    @abstractmethod
+    async def operations_expire(self, *, retention_days: int, now: datetime | None = None) -> int:
+        """Retention: delete the operations that finished (done or failed) more than
+        ``retention_days`` before ``now``, in bounded batches; how many went. Open ones
+        stay, however old."""
 
     @abstractmethod
     async def audit_list(

@@ -12,6 +12,7 @@ from pydantic_core import to_jsonable_python
 from sqlalchemy.engine import Row
 
 from cronwheel.domain.audit import Actor, AuditRecord
+from cronwheel.domain.bulk import Operation, OperationState
 from cronwheel.domain.errors import IllegalTransitionError, ValidationError
 from cronwheel.domain.model import Attempt, Event, Job, Run, Tenant, Worker
 from cronwheel.domain.states import AttemptState, JobState, RunState, illegal_transitions
@@ -35,6 +36,7 @@ __all__ = [
     "lateness_reason",
     "new_run_record",
     "new_run_row",
+    "operation_from",
     "run_from",
     "run_from_mapping",
     "run_template_values",
@@ -530,4 +532,24 @@ def worker_from(row: Row[Any]) -> Worker:
         deregistered_at=row.deregistered_at,
         webhooks_only=bool(row.webhooks_only),
         tasks=None if row.tasks is None else list(row.tasks),
+    )
+
+
+def operation_from(row: Row[Any]) -> Operation:
+    return Operation(
+        id=row.id,
+        tenant_id=row.tenant_id,
+        action=row.action,
+        selector=dict(row.selector),
+        reason=row.reason,
+        actor=row.actor,
+        state=OperationState(row.state),
+        matched=row.matched,
+        changed=row.changed,
+        skipped=dict(row.skipped or {}),
+        created_at=row.accepted_at,
+        started_at=row.started_at,
+        finished_at=row.finished_at,
+        error=row.error,
+        details=dict(row.details or {}),
     )

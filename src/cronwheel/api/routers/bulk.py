@@ -68,7 +68,10 @@ class OperationOut(ResponseModel):
     accepted_at: UtcInstant
     started_at: UtcInstant | None
     finished_at: UtcInstant | None
-    error: str | None
+    error: str | None = Field(
+        description="why a failed operation stopped: a refusal (its code and message), or "
+        "that an internal error stopped it (the details are in the server's log)"
+    )
 
 
 class OperationList(ResponseModel):
@@ -112,7 +115,9 @@ async def bulk(
     asked to stop), `redrive` (dead letters), `pause`, `resume`, `trigger` (jobs). Follow
     it at `GET /v1/operations/{id}` (the `Location`). The selection is what matches now;
     an empty selector is refused unless `"all": true`. Ids of runs or jobs that are not
-    the tenant's are counted as `not found` and never touched."""
+    the tenant's are counted as `not found` and never touched. A tenant with
+    `max_open_operations` (10) operations not yet ended is refused another: 429
+    `limit_exceeded`."""
     s = body.selector
     selector = Selector(
         job_ids=None if s.job_ids is None else tuple(s.job_ids),
@@ -133,6 +138,7 @@ async def bulk(
         selector=selector,
         actor=actor_of(request, scope.principal),
         reason=body.reason,
+        max_open=state.settings.max_open_operations,
     )
     state.operations.wake()
     response.headers["Location"] = f"/v1/operations/{op.id}"

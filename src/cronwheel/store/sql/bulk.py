@@ -1,10 +1,13 @@
-"""Bulk operations (``domain/bulk.py``): accepting one, claiming it, and its steps.
+"""Bulk operations (``domain/bulk.py``): accepting one, and its steps.
 
 A step is one transaction: it takes the next rows of the selection (at most ``STEP``;
 for runs, those due soonest first), changes them through the same statements as the
 single calls (cancel, redrive, the holds of pause and resume, trigger), and adds what
 it did to the operation's counts, under the lease of the API node that claimed it: a
 node that lost its lease changes nothing (``LeaseLostError``).
+
+Accepting one refuses a tenant that has ``max_open`` open already; claiming, renewing,
+failing and retention are ``store/sql/operations.py``.
 """
 
 from __future__ import annotations
@@ -26,12 +29,12 @@ from cronwheel.domain.bulk import (
     Selector,
 )
 from cronwheel.domain.errors import ValidationError
-from cronwheel.domain.model import Page
 from cronwheel.domain.states import JobState, RunState
 from cronwheel.ids import new_id
 from cronwheel.store.notices import CHANNEL_OPERATIONS
-from cronwheel.store.rows import event_row, job_from, uuid_cursor
-from cronwheel.store.schema import OPEN_OPERATION, jobs, operations, runs
+from cronwheel.store.rows import event_row, job_from, operation_from
+from cronwheel.store.schema import jobs, operations, runs
+from cronwheel.store.sql.operations import OperationsMixin
 from cronwheel.store.sql.pending import pending_admit, tenant_for_new_runs
 from cronwheel.store.sql.redrive import OF_CANCELLED_JOB, RedriveMixin
 from cronwheel.store.sql.triggers import TriggersMixin
@@ -49,7 +52,7 @@ _CANCELLABLE = sa.or_(
 _CANCEL_STATES = (RunState.SCHEDULED.value, RunState.DISPATCHED.value, RunState.RUNNING.value)
 
 
-class BulkMixin(TriggersMixin, RedriveMixin):
+class BulkMixin(OperationsMixin, TriggersMixin, RedriveMixin):
     async def operations_create(
         self,
         tenant_id: uuid.UUID,
@@ -58,6 +61,7 @@ class BulkMixin(TriggersMixin, RedriveMixin):
         selector: Selector,
         actor: Actor,
         reason: str | None = None,
+        max_open: int | None = None,
         now: datetime | None = None,
     ) -> Operation:
         selector.check(action)
@@ -70,7 +74,11 @@ class BulkMixin(TriggersMixin, RedriveMixin):
             raise ValidationError("a redrive takes DEAD_LETTER runs", field="selector.states")
         async with self._write() as conn:
             at = await self._now(conn, now)
+            # The tenant's row stays locked (PostgreSQL: FOR NO KEY UPDATE) until the
+            # commit: two requests of one tenant count its open operations in turn.
             await self._require_tenant(conn, tenant_id)
+            if max_open is not None:
+                await self._operations_admit(conn, tenant_id, max_open)
             row = (
                 await conn.execute(
                     operations.insert()
@@ -102,79 +110,7 @@ class BulkMixin(TriggersMixin, RedriveMixin):
                 after={"selector": row.selector},
             )
             await self._notify(conn, CHANNEL_OPERATIONS, [str(row.id)])
-        return _operation_from(row)
-
-    async def operations_get(self, tenant_id: uuid.UUID, operation_id: uuid.UUID) -> Operation:
-        async with self._read() as conn:
-            row = (
-                await conn.execute(
-                    operations.select().where(
-                        operations.c.tenant_id == tenant_id, operations.c.id == operation_id
-                    )
-                )
-            ).first()
-        if row is None:
-            raise self._not_found("operation", operation_id)
-        return _operation_from(row)
-
-    async def operations_list(
-        self, tenant_id: uuid.UUID, *, cursor: str | None = None, limit: int = 100
-    ) -> Page[Operation]:
-        before = uuid_cursor(cursor)
-        stmt = operations.select().where(operations.c.tenant_id == tenant_id)
-        if before is not None:
-            stmt = stmt.where(operations.c.id < before)
-        stmt = stmt.order_by(operations.c.id.desc()).limit(limit + 1)
-        async with self._read() as conn:
-            rows = (await conn.execute(stmt)).all()
-        items = [_operation_from(r) for r in rows[:limit]]
-        return Page(items, str(items[-1].id) if len(rows) > limit else None)
-
-    async def operations_claim(
-        self, *, owner: str, ttl: float, now: datetime | None = None
-    ) -> Operation | None:
-        # Nearly always there is none: a read (the open ones' small index) says so
-        # without a write transaction, for every API node, every few seconds.
-        async with self._read() as conn:
-            anything = (
-                await conn.execute(
-                    sa.select(operations.c.id).where(sa.text(OPEN_OPERATION)).limit(1)
-                )
-            ).first()
-        if anything is None:
-            return None
-        async with self._write() as conn:
-            at = await self._now(conn, now)
-            free = (
-                sa.select(operations.c.id)
-                .where(
-                    sa.text(OPEN_OPERATION),
-                    sa.or_(
-                        operations.c.lease_expires_at.is_(None),
-                        operations.c.lease_expires_at < at,
-                    ),
-                )
-                .order_by(operations.c.accepted_at)
-                .limit(1)
-                .with_for_update(skip_locked=True)
-            )
-            found = (await conn.execute(free)).scalar()
-            if found is None:
-                return None
-            row = (
-                await conn.execute(
-                    operations.update()
-                    .where(operations.c.id == found)
-                    .values(
-                        owner=owner,
-                        lease_expires_at=at + timedelta(seconds=ttl),
-                        state=OperationState.RUNNING.value,
-                        started_at=sa.func.coalesce(operations.c.started_at, at),
-                    )
-                    .returning(*operations.c)
-                )
-            ).one()
-        return _operation_from(row)
+        return operation_from(row)
 
     async def operations_step(
         self, operation_id: uuid.UUID, *, owner: str, ttl: float, now: datetime | None = None
@@ -220,18 +156,7 @@ class BulkMixin(TriggersMixin, RedriveMixin):
                     .returning(*operations.c)
                 )
             ).one()
-        return _operation_from(updated)
-
-    async def operations_fail(
-        self, operation_id: uuid.UUID, *, owner: str, error: str, now: datetime | None = None
-    ) -> None:
-        async with self._write() as conn:
-            at = await self._now(conn, now)
-            await conn.execute(
-                operations.update()
-                .where(operations.c.id == operation_id, operations.c.owner == owner)
-                .values(state=OperationState.FAILED.value, finished_at=at, owner=None, error=error)
-            )
+        return operation_from(updated)
 
     # -- the steps -------------------------------------------------------------------
 
@@ -501,23 +426,3 @@ def _selector_of(recorded: dict[str, Any]) -> Selector:
         if name in values:
             values[name] = datetime.fromisoformat(values[name])
     return Selector(**values)
-
-
-def _operation_from(row: Any) -> Operation:
-    return Operation(
-        id=row.id,
-        tenant_id=row.tenant_id,
-        action=row.action,
-        selector=dict(row.selector),
-        reason=row.reason,
-        actor=row.actor,
-        state=OperationState(row.state),
-        matched=row.matched,
-        changed=row.changed,
-        skipped=dict(row.skipped or {}),
-        created_at=row.accepted_at,
-        started_at=row.started_at,
-        finished_at=row.finished_at,
-        error=row.error,
-        details=dict(row.details or {}),
-    )
