@@ -186,14 +186,23 @@ async def runs_overlaid(
     rebase: RunFields | None = None,
     max_payload_bytes: int | None = None,
 ) -> Reached:
-    """Apply overrides again to the unstarted runs ``where`` selects (locked by the
-    caller): with ``add`` among theirs, without ``remove``, and on ``rebase`` as their
-    base (a job's edited template) — each run's fields written from its base and its
-    overrides in the merge order. A run left with no override gets its base back.
-    ``max_payload_bytes``: a payload the overrides make larger is refused (413)."""
+    """Apply overrides again to the unstarted runs ``where`` selects (the caller locked
+    the job's live runs, then the job): with ``add`` among theirs, without ``remove``,
+    and on ``rebase`` as their base (a job's edited template) — each run's fields
+    written from its base and its overrides in the merge order. A run left with no
+    override gets its base back. ``max_payload_bytes``: a payload the overrides make
+    larger is refused (413)."""
+    # Locked here too, in id order: the caller locked the job's live runs before its job,
+    # but a run made meanwhile by a transaction that held only the job (a trigger) is
+    # read here for the first time. Unlocked, it could be fired, leased and started
+    # before it is written, and its worker would hold a payload the run no longer
+    # records; locked, one that started meanwhile is read as started and left alone.
     rows = list(
         await conn.execute(
-            sa.select(*_RUN_COLUMNS).where(runs.c.tenant_id == tenant_id, where, UNSTARTED)
+            sa.select(*_RUN_COLUMNS)
+            .where(runs.c.tenant_id == tenant_id, where, UNSTARTED)
+            .order_by(runs.c.id)
+            .with_for_update()
         )
     )
     reached = Reached()
