@@ -158,8 +158,14 @@ ONE_OFF_KINDS = ("at", "delay", "asap")
 """The kinds of schedule with one run; ``cron`` and ``interval`` recur."""
 
 
+_KIND_OF = {model: key for key, model in _SCHEDULE_KEYS.items()}
+
+
 def schedule_kind(spec: ScheduleSpec) -> str:
     """``at`` | ``delay`` | ``asap`` | ``cron`` | ``interval``."""
+    kind = _KIND_OF.get(type(spec))
+    if kind is not None:
+        return kind
     for key, model in _SCHEDULE_KEYS.items():
         if isinstance(spec, model):
             return key
