@@ -154,6 +154,8 @@ _SCHEDULE_KEYS: dict[str, type[_Strict]] = {
 _SCHEDULE_MODELS = tuple(_SCHEDULE_KEYS.values())
 
 
+_RECURRING = (CronSchedule, IntervalSchedule)
+
 ONE_OFF_KINDS = ("at", "delay", "asap")
 """The kinds of schedule with one run; ``cron`` and ``interval`` recur."""
 
@@ -358,7 +360,8 @@ class JobSpec(_Strict):
 
     @property
     def is_recurring(self) -> bool:
-        return isinstance(self.schedule, CronSchedule | IntervalSchedule)
+        # A tuple: ``isinstance`` with a union costs five times more.
+        return isinstance(self.schedule, _RECURRING)
 
 
 class TenantLimits(_Strict):
