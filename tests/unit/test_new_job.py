@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from cronwheel.domain.audit import Actor
 from cronwheel.domain.errors import CronwheelError, PayloadTooLargeError
-from cronwheel.domain.new_job import JobLimits, new_job
+from cronwheel.domain.new_job import JobLimits, check_json_size, new_job
 from cronwheel.domain.spec import JobSpec
 
 NOW = datetime(2026, 3, 7, 12, 0, tzinfo=UTC)
@@ -52,3 +53,18 @@ def test_the_limits_hold() -> None:
     with pytest.raises(CronwheelError):
         new_job(past, now=NOW, limits=JobLimits(past_grace=timedelta(seconds=10)))
     assert new_job(past, now=NOW, limits=JobLimits(past_grace=timedelta(seconds=120)))
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        {"f": [1e-7] * 100},  # ``json`` writes 1e-07, a character more than orjson
+        {"n": 2**70},  # past 64 bits: orjson cannot write it
+        {"s": "é☃\n" * 60},
+    ],
+)
+def test_the_payload_is_measured_as_json_writes_it(payload: dict[str, object]) -> None:
+    size = len(json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode())
+    check_json_size(payload, limit=size, field="payload")
+    with pytest.raises(PayloadTooLargeError, match=f"payload is {size} bytes of JSON"):
+        check_json_size(payload, limit=size - 1, field="payload")

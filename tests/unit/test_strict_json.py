@@ -100,3 +100,55 @@ def test_depth_is_refused_at_the_bound_and_not_before() -> None:
     too_deep = json.dumps(_chain(JSON_DEPTH_MAX + 1, 1)).encode()
     with pytest.raises(ValidationError, match="nested deeper than 32"):
         loads_strict(too_deep)
+
+
+def _typed(value: Any) -> Any:
+    """``value`` with each number's type beside it: 1, 1.0 and True are told apart."""
+    if isinstance(value, dict):
+        return {k: _typed(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_typed(v) for v in value]
+    return (type(value).__name__, value)
+
+
+numbers = (
+    st.integers()  # past 64 bits too: orjson would read those as floats
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.sampled_from([0, -0.0, 2**63, -(2**63) - 1, 2**64, 10**19, 1e-7, 5e-324])
+)
+
+
+@settings(deadline=None, max_examples=300)
+@given(
+    tree=st.recursive(
+        numbers | scalars,
+        lambda kids: st.lists(kids, max_size=4) | st.dictionaries(tricky, kids, max_size=4),
+        max_leaves=30,
+    ),
+    ascii_only=st.booleans(),
+)
+def test_a_body_reads_as_json_reads_it(tree: Any, ascii_only: bool) -> None:
+    # Read by orjson where it reads the body as ``json`` does, else by ``json``: the
+    # same values of the same types either way.
+    body = json.dumps({"t": tree}, ensure_ascii=ascii_only).encode()
+    if _depth(tree) < JSON_DEPTH_MAX:
+        assert _typed(loads_strict(body)) == _typed(json.loads(body))
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        (b"\xef\xbb\xbf{}", {}),  # a byte order mark, which orjson refuses
+        (b'{"a": 1, "a": 2}', {"a": 2}),
+        (b'"\\ud800"', ValidationError),  # an unpaired surrogate: the bounds refuse it
+        (b"[1e400]", ValidationError),  # infinity: the bounds refuse it, named
+        (b"{} x", json.JSONDecodeError),
+        (b"\xff", InvalidJsonError),  # not UTF-8
+    ],
+)
+def test_bodies_orjson_refuses_are_answered_by_json(body: bytes, expected: Any) -> None:
+    if isinstance(expected, type):
+        with pytest.raises(expected):
+            loads_strict(body)
+    else:
+        assert loads_strict(body) == expected

@@ -17,6 +17,7 @@ import re
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
+import orjson
 from fastapi import HTTPException, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
@@ -73,7 +74,7 @@ def _refuse_constant(name: str) -> Any:
 # whole body costs a millisecond per 80 KB.)
 _ESCAPE = re.compile(rb"\\u0000|\\u[dD][89abcdefABCDEF]")
 _SURROGATE = re.compile(rb"\xed[\xa0-\xbf]")
-_PAIR = re.compile(rb"\{\}|\[\]")
+_ONE_BRACKET = bytes.maketrans(b"[]", b"{}")
 _NOT_SKELETON = bytes(b for b in range(256) if b not in b'[]{}"')
 
 
@@ -90,18 +91,52 @@ def _deeper_than(body: bytes, limit: int) -> bool:
         return False
     # Escapes first (an escaped quote is no quote), then only brackets and quotes are
     # kept, and what lies between quotes (inside strings) is dropped.
-    plain = body.replace(b"\\\\", b"").replace(b'\\"', b"").translate(None, _NOT_SKELETON)
-    skeleton = b"".join(plain.split(b'"')[::2])
+    if b"\\" in body:
+        body = body.replace(b"\\\\", b"").replace(b'\\"', b"")
+    plain = body.translate(None, _NOT_SKELETON)
+    # A string without brackets is two quotes in a row: dropped in one pass. A quote
+    # left means a string holds a bracket: then each one's inside is dropped (splitting
+    # at every quote costs ten times more).
+    skeleton = plain.replace(b'""', b"")
+    if b'"' in skeleton:
+        skeleton = b"".join(plain.split(b'"')[::2])
+    # Arrays and objects nest alike (the body is JSON: each bracket is matched).
+    skeleton = skeleton.translate(_ONE_BRACKET)
     for _ in range(limit):
         # One pass strips the pairs innermost now: exactly one level a round.
-        skeleton = _PAIR.sub(b"", skeleton)
+        skeleton = skeleton.replace(b"{}", b"")
         if not skeleton:
             return False
     return True
 
 
+# Digits as zeros: an integer of this many digits may be past 64 bits, which orjson
+# reads as a float (``json`` as the integer it is).
+_ZEROS = bytes.maketrans(b"123456789", b"000000000")
+_LONG_NUMBER = b"0" * 19
+
+
+def _loads_fast(body: bytes) -> Any:
+    """``body`` read by orjson — four times faster than ``json`` — when it reads it as
+    ``json`` would; else :data:`MISSING`, and ``json`` reads it (with its own errors):
+    orjson refuses the same non-JSON and more (a byte order mark, an unpaired
+    surrogate, a number too large for a double), and differs only on integers past 64
+    bits."""
+    if _LONG_NUMBER in body.translate(_ZEROS):
+        return MISSING
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return MISSING
+
+
 def loads_strict(body: bytes) -> Any:
     """Parse ``body`` as strict JSON and check it against the bounds."""
+    value = _loads_fast(body)
+    if value is not MISSING:
+        if _suspect(body) or _deeper_than(body, JSON_DEPTH_MAX):
+            check_json_tree(value)
+        return value
     infinite: list[str] = []
 
     def finite(text: str) -> float:

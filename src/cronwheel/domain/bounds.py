@@ -133,6 +133,9 @@ def unstorable(text: str) -> str | None:
 
 def check_text(value: str) -> str:
     """A name-like string: storable and printable (no control characters)."""
+    if value.isprintable():
+        # NUL and the surrogates are not printable: a printable string is storable.
+        return value
     problem = unstorable(value)
     if problem is None and not value.isprintable():
         problem = "contains a control or other non-printable character"

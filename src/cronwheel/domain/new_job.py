@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+import orjson
+
 from cronwheel.domain.audit import Actor
 from cronwheel.domain.errors import PayloadTooLargeError
 from cronwheel.domain.model import NewJob, SkippedOccurrence
@@ -37,10 +39,24 @@ class JobLimits:
 # One encoder for every check: ``json.dumps`` with options builds a new one per call,
 # which costs more than encoding a small payload.
 _COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+# What ``json`` cannot write, orjson refuses too (the exact measure then raises).
+_PASSTHROUGH = (
+    orjson.OPT_PASSTHROUGH_DATACLASS
+    | orjson.OPT_PASSTHROUGH_DATETIME
+    | orjson.OPT_PASSTHROUGH_SUBCLASS
+)
 
 
 def check_json_size(value: Any, *, limit: int, field: str) -> None:
     """Reject ``value`` when its compact JSON form exceeds ``limit`` bytes."""
+    try:
+        # orjson writes the same bytes but for a float's exponent (``1e-7``, one
+        # character shorter than ``1e-07``), four times faster: a value of at most
+        # half the limit by it is within the limit whatever its floats.
+        if len(orjson.dumps(value, option=_PASSTHROUGH)) * 2 <= limit:
+            return
+    except (orjson.JSONEncodeError, TypeError):
+        pass  # an integer past 64 bits, a key that is not text: measured below
     size = len(_COMPACT.encode(value).encode())
     if size > limit:
         raise PayloadTooLargeError(

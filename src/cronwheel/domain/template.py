@@ -9,6 +9,7 @@ below.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -50,7 +51,12 @@ class RunTemplate:
         # Every field is the spec's own: its JSON is the template as is (half the time
         # of filling defaults in, which only a stored one may lack). The whole JSON is
         # cheaper than the template's fields alone: a selective dump costs twice.
-        return cls(*[data[name] for name in _FIELDS])
+        return cls(*_VALUES(data))
+
+    @staticmethod
+    def json_of_spec_json(data: Mapping[str, Any]) -> dict[str, Any]:
+        """``of_spec_json(data).to_json()``, without the template in between."""
+        return dict(zip(_FIELDS, _VALUES(data), strict=True))
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> RunTemplate:
@@ -78,4 +84,5 @@ def _default(name: str) -> Any:
 
 
 _FIELDS = tuple(RunTemplate.__dataclass_fields__)
+_VALUES = operator.itemgetter(*_FIELDS)  # a spec JSON's template values, in order
 _DEFAULTS: dict[str, Any] = {name: _default(name) for name in _FIELDS}

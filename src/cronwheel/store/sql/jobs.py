@@ -101,6 +101,8 @@ _PART = 128
 _YIELD_EVERY = 4
 
 
+_ACTIVE = JobState.ACTIVE.value
+
 # The audit trail's verb for a job moved into each state.
 _VERBS = {JobState.CANCELLED: "cancel", JobState.PAUSED: "pause", JobState.ACTIVE: "resume"}
 
@@ -145,6 +147,7 @@ class _NewJobs:
         self.events: list[tuple[Any, ...]] = []
         self.notices: list[str] = []
         self.soonest: datetime | None = None  # the earliest fire time announced
+        self._announced_before = at + ANNOUNCE_HORIZON
         self.first_runs = 0
         # By request (its actor): the jobs it created, each id and name, for its audit
         # record: one per request, however many jobs it made.
@@ -236,10 +239,10 @@ class _NewJobs:
                 job_id,
                 tenant_id,
                 spec.name,
-                JobState.ACTIVE.value,
+                _ACTIVE,
                 kind,
                 spec_json["schedule"],
-                template.to_json(),
+                RunTemplate.json_of_spec_json(spec_json),
                 template.tags,
                 1,
                 nj.first_due_at,
@@ -275,7 +278,7 @@ class _NewJobs:
             self.runs.append(run)
             self.first_runs += 1
             self.events.append((*scheduled, job_id, run_id, None, None))
-            if fire_at < at + ANNOUNCE_HORIZON:
+            if fire_at < self._announced_before:
                 self.notices.append(announce(run_id, shard, fire_at))
                 if self.soonest is None or fire_at < self.soonest:
                     self.soonest = fire_at
