@@ -154,14 +154,24 @@ async def test_a_cron_that_cannot_be_rewritten_stops_the_upgrade(store_url: str)
     expr = f"{odd},0-1/99 {odd},0-1/99 0-22/2,23-0 1-31/2,31-1 1-11/2,12-1 0-6/2,6-0"
     assert len(expr) <= MAX_CRON_LENGTH
     await _alembic(store_url, "0006")
-    tenant_id, [job_id] = await _insert(store_url, [(expr, "active")])
+    _tenant, [job_id] = await _insert(store_url, [(expr, "active")])
     store = create_store(store_url)
     await store.open()
     try:
         with pytest.raises(RuntimeError, match=f"job {job_id}"):
             await store.migrate()
-        # Nothing was changed: the upgrade is one transaction.
-        job = await store.jobs_get(tenant_id, job_id)
-        assert (job.schedule["cron"], job.version) == (expr, 1)
+        # Nothing was changed: the upgrade is one transaction. (Read by hand: the
+        # store reads the columns of the newest schema, which this one stopped short of.)
+        engine = create_async_engine(store_url)
+        try:
+            async with engine.connect() as conn:
+                row = (
+                    await conn.execute(
+                        sa.select(jobs.c.schedule, jobs.c.version).where(jobs.c.id == job_id)
+                    )
+                ).one()
+        finally:
+            await engine.dispose()
+        assert (row.schedule["cron"], row.version) == (expr, 1)
     finally:
         await store.close()
