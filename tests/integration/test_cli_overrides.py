@@ -7,22 +7,25 @@ from __future__ import annotations
 from cli_server import Server
 
 
-def _minutely(cli_server: Server) -> dict[str, object]:
+def _yearly(cli_server: Server) -> dict[str, object]:
     made = cli_server.json(
-        "jobs", "create", "--name", "report", "--task", "t", "--cron", "* * * * *",
+        "jobs", "create", "--name", "report", "--task", "t", "--cron", "0 0 1 1 *",
         "--payload", '{"region": "eu", "old": 1}',
     )  # fmt: skip
     return dict(made)
 
 
 def test_add_list_remove_and_clear(cli_server: Server) -> None:
-    job = _minutely(cli_server)
+    job = _yearly(cli_server)
     job_id, run_id = str(job["id"]), str(job["first_run_id"])
     made = cli_server.json(
         "overrides", "add", "--job", job_id, "--scope", "future",
         "--payload", '{"region": "us", "old": null}', "--timeout", "90", "--reason", "outage",
     )  # fmt: skip
-    assert (made["scope"], made["status"], made["runs"]) == ("future", "active", [run_id])
+    # The job's unstarted runs: its first (and, were the server's scheduler to fire it
+    # meanwhile, the next one too).
+    assert (made["scope"], made["status"]) == ("future", "active")
+    assert run_id in made["runs"]
     run = cli_server.json("runs", "show", run_id)
     assert (run["payload"], run["timeout"], run["override_ids"]) == (
         {"region": "us"},
@@ -50,7 +53,7 @@ def test_add_list_remove_and_clear(cli_server: Server) -> None:
 
 
 def test_bad_input_fails_clearly_and_changes_nothing(cli_server: Server) -> None:
-    job = _minutely(cli_server)
+    job = _yearly(cli_server)
     job_id, run_id = str(job["id"]), str(job["first_run_id"])
     for args, words in (
         (("add", "--job", job_id, "--timeout", "5"), "--scope must be next or future"),
