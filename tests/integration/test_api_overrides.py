@@ -207,3 +207,28 @@ async def test_every_refusal_is_a_json_4xx_and_changes_nothing(api: Driver, stor
     assert r.status_code == 200
     r = await api.client.delete(f"{jobs}/{made['id']}", headers=t.headers)
     assert r.status_code == 409 and error_of(r)["code"] == "conflict"
+
+
+async def test_a_trigger_over_the_limit_with_a_future_override_is_413(
+    api: Driver, settings
+) -> None:
+    """The trigger's payload is checked as the run has it: merged over the job's, then
+    under the job's ``future`` overrides, which can make it larger than either."""
+    t = await api.tenant()
+    job = await recurring(api, t)
+    half = settings.max_payload_bytes // 2
+    r = await api.client.post(
+        f"/v1/jobs/{job['id']}/overrides",
+        json={"scope": "future", "payload": {"pad": "x" * half}},
+        headers=t.headers,
+    )
+    assert r.status_code == 201, r.text
+    before = await api.snapshot(t)
+    trigger = f"/v1/jobs/{job['id']}/trigger"
+    r = await api.client.post(trigger, json={"payload": {"more": "y" * half}}, headers=t.headers)
+    assert r.status_code == 413 and error_of(r)["field"] == "payload", r.text
+    assert await api.snapshot(t) == before
+    # Within the limit, the run has both.
+    r = await api.client.post(trigger, json={"payload": {"more": "y"}}, headers=t.headers)
+    assert r.status_code == 201, r.text
+    assert r.json()["payload"]["more"] == "y" and len(r.json()["payload"]["pad"]) == half

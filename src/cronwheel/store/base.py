@@ -414,10 +414,13 @@ class Store(SchedulerSide, WorkerSide):
         *,
         actor: Actor | None = None,
         payload: dict[str, Any] | None = None,
+        max_payload_bytes: int | None = None,
         now: datetime | None = None,
     ) -> Run:
         """A run of the job due now, outside its schedule (origin ``trigger``), with
-        ``payload`` merged over the job's. Allowed for active, paused (the run is not
+        ``payload`` merged over the job's, then the job's ``future`` overrides; with a
+        ``payload``, the result must be within ``max_payload_bytes``
+        (:class:`PayloadTooLargeError`). Allowed for active, paused (the run is not
         parked: it is an explicit request) and finished jobs (a finished one-off job can
         run again); a cancelled job raises :class:`IllegalTransitionError`. Should
         another run of the job be due at the same microsecond, the run takes the next

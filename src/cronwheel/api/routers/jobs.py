@@ -47,7 +47,7 @@ from cronwheel.api.state import api_state
 from cronwheel.domain.audit import Actor
 from cronwheel.domain.errors import CronwheelError, ValidationError
 from cronwheel.domain.model import Job, NewJob
-from cronwheel.domain.new_job import JobLimits, check_json_size, new_job
+from cronwheel.domain.new_job import JobLimits, new_job
 from cronwheel.domain.spec import (
     AsapSchedule,
     AtSchedule,
@@ -480,13 +480,12 @@ async def trigger_job(
     409 for a cancelled one."""
     state = api_state(request)
     ident = parse_id(job_id, "job")
-    payload = body.payload if body else None
-    if payload:
-        job = await state.store.jobs_get(scope.tenant_id, ident)
-        merged = {**job.template.payload, **payload}
-        check_json_size(merged, limit=state.settings.max_payload_bytes, field="payload")
     run = await state.store.jobs_trigger(
-        scope.tenant_id, ident, actor=actor_of(request, scope.principal), payload=payload
+        scope.tenant_id,
+        ident,
+        actor=actor_of(request, scope.principal),
+        payload=body.payload if body else None,
+        max_payload_bytes=state.settings.max_payload_bytes,
     )
     return run_out(run)
 

@@ -16,6 +16,7 @@ from cronwheel.domain.audit import Actor, name_of
 from cronwheel.domain.bounds import BACKFILL_RATE_MAX, BACKFILL_RATE_MIN
 from cronwheel.domain.errors import IllegalTransitionError, ValidationError
 from cronwheel.domain.model import Job, Run
+from cronwheel.domain.new_job import check_json_size
 from cronwheel.domain.sharding import shard_of
 from cronwheel.domain.spec import (
     CronSchedule,
@@ -74,6 +75,7 @@ class TriggersMixin(JobsMixin):
         *,
         actor: Actor | None = None,
         payload: dict[str, Any] | None = None,
+        max_payload_bytes: int | None = None,
         now: datetime | None = None,
     ) -> Run:
         async with self._write() as conn:
@@ -89,7 +91,13 @@ class TriggersMixin(JobsMixin):
                 )
             await pending_admit(conn, tenant_id, limit=max_pending, adding=1)
             run = await self._trigger_run(
-                conn, tenant_id, job, at=at, by=name_of(actor), payload=payload
+                conn,
+                tenant_id,
+                job,
+                at=at,
+                by=name_of(actor),
+                payload=payload,
+                max_payload_bytes=max_payload_bytes,
             )
             await self._audit(
                 conn,
@@ -114,9 +122,11 @@ class TriggersMixin(JobsMixin):
         by: str | None,
         payload: dict[str, Any] | None = None,
         reason: str = "triggered",
+        max_payload_bytes: int | None = None,
     ) -> Run:
         """A run of ``job`` (locked, not cancelled, admitted) due ``at``, with ``payload``
-        merged over the job's: recorded and announced."""
+        merged over the job's, then the job's ``future`` overrides: recorded and announced.
+        ``max_payload_bytes``: the run's payload, so made, must be within it."""
         template = job.template.with_payload(payload)
         schedule = stored_schedule(job.kind, job.schedule)
         shard = shard_of(tenant_id, job.id)
@@ -137,6 +147,8 @@ class TriggersMixin(JobsMixin):
                 origin="trigger",
             )
             overlaid_rows([row], futures)
+            if max_payload_bytes is not None and payload:
+                check_json_size(row["payload"], limit=max_payload_bytes, field="payload")
             await conn.execute(self.driver.insert_ignore(runs, [row]))
             created = await self._runs_by_id(conn, tenant_id, [run_id])
             if created:
