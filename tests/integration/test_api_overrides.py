@@ -232,3 +232,33 @@ async def test_a_trigger_over_the_limit_with_a_future_override_is_413(
     r = await api.client.post(trigger, json={"payload": {"more": "y"}}, headers=t.headers)
     assert r.status_code == 201, r.text
     assert r.json()["payload"]["more"] == "y" and len(r.json()["payload"]["pad"]) == half
+
+
+async def test_an_edit_cannot_raise_progress_timeout_above_an_overrides_timeout(
+    api: Driver,
+) -> None:
+    """The bound an override's ``timeout`` is checked against when it is made holds the
+    other way round: an edit may not lift ``progress_timeout`` above it while the
+    override is still to reach a run (``future``, or bound to an unstarted run)."""
+    t = await api.tenant()
+    job = await recurring(api, t)
+    path = f"/v1/jobs/{job['id']}"
+    for scope_path, body in (
+        (f"{path}/overrides", {"scope": "future", "timeout": 10}),
+        (f"/v1/runs/{job['first_run_id']}/overrides", {"timeout": 10}),
+    ):
+        r = await api.client.post(scope_path, json=body, headers=t.headers)
+        assert r.status_code == 201, r.text
+        override_id = r.json()["id"]
+        before = await api.snapshot(t)
+        r = await api.client.patch(path, json={"progress_timeout": 20}, headers=t.headers)
+        assert r.status_code == 422, r.text
+        error = error_of(r)
+        assert error["field"] == "progress_timeout" and override_id in error["message"]
+        assert await api.snapshot(t) == before
+        r = await api.client.delete(f"{scope_path}/{override_id}", headers=t.headers)
+        assert r.status_code in (200, 204), r.text
+    # With no override left in the way, the edit goes through.
+    r = await api.client.patch(path, json={"progress_timeout": 20}, headers=t.headers)
+    assert r.status_code == 200, r.text
+    assert r.json()["progress_timeout"] == 20

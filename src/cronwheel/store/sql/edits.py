@@ -59,7 +59,12 @@ from cronwheel.store.rows import (
 )
 from cronwheel.store.schema import PARKED_FIRE_AT, jobs, runs
 from cronwheel.store.sql.jobs import JobsMixin, stored_schedule
-from cronwheel.store.sql.overlay import job_overlay_written, runs_overlaid, template_fields
+from cronwheel.store.sql.overlay import (
+    check_override_timeouts,
+    job_overlay_written,
+    runs_overlaid,
+    template_fields,
+)
 from cronwheel.store.sql.statements import PAUSED_REASON, insert_ignoring, may
 from cronwheel.timing import due_local, iter_occurrences
 from cronwheel.timing.spread import spread_instant
@@ -121,6 +126,8 @@ class EditsMixin(JobsMixin):
             at = await self._now(conn, now)
             await self._lock_live_runs(conn, tenant_id, runs.c.job_id == job_id)
             job = await self._job_edited(conn, tenant_id, job_id, edit, at)
+            if "progress_timeout" in edit.after:
+                await check_override_timeouts(conn, job)
             changes = _Changes(job, at, name_of(actor))
             if edit.occurrence is not None:
                 await self._pending_moved(conn, job, edit, changes)

@@ -23,6 +23,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from cronwheel.domain.errors import ValidationError
 from cronwheel.domain.model import Job
 from cronwheel.domain.new_job import check_json_size
 from cronwheel.domain.overrides import (
@@ -43,6 +44,7 @@ from cronwheel.store.sql.statements import update_each
 __all__ = [
     "UNSTARTED",
     "Reached",
+    "check_override_timeouts",
     "future_overrides",
     "job_overlaid",
     "job_overlay_written",
@@ -126,6 +128,43 @@ async def future_overrides(conn: AsyncConnection, job: Job) -> list[Override]:
         )
     )
     return merge_order(override_from(r) for r in rows)
+
+
+async def check_override_timeouts(conn: AsyncConnection, job: Job) -> None:
+    """Refuse ``job``'s template (as an edit makes it) when its ``progress_timeout``
+    exceeds the ``timeout`` of an override still to reach a run: a ``future`` one, or
+    one bound to a run that has not started. An override is refused the other way round
+    when it is made (``timeout`` below the runs' ``progress_timeout``)."""
+    progress = job.template.progress_timeout
+    if progress is None:
+        return
+    unstarted = (
+        sa.select(runs.c.id)
+        .where(
+            runs.c.tenant_id == overrides.c.tenant_id, runs.c.id == overrides.c.run_id, UNSTARTED
+        )
+        .exists()
+    )
+    row = (
+        await conn.execute(
+            sa.select(overrides.c.id, overrides.c.timeout)
+            .where(
+                overrides.c.tenant_id == job.tenant_id,
+                overrides.c.job_id == job.id,
+                overrides.c.removed_at.is_(None),
+                overrides.c.timeout < progress,
+                sa.or_(overrides.c.scope == "future", unstarted),
+            )
+            .order_by(overrides.c.id)
+            .limit(1)
+        )
+    ).first()
+    if row is not None:
+        raise ValidationError(
+            f"progress_timeout: must be at most the timeout of override {row.id} "
+            f"({row.timeout:g} s); remove the override or lower progress_timeout",
+            field="progress_timeout",
+        )
 
 
 async def job_overlay_written(conn: AsyncConnection, job: Job) -> list[Override]:
