@@ -21,14 +21,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import random
 import time
+import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
 import httpx
-from harness import bench_cluster, console, percentiles, progress_bar, report
+from harness import bench_cluster, console, percentiles, print_table, progress_bar, report
+from sqlalchemy import event
+
+from cronwheel.store import RunFilter, Store, create_store
+from cronwheel.store.sql import SqlStore
 
 PAGE = 100
 DEEP = 100  # the page timed after the first
@@ -58,6 +64,10 @@ async def make_jobs(client: httpx.AsyncClient, key: str, count: int) -> list[str
         r.raise_for_status()
         ids += [item["id"] for item in r.json()["items"]]
     return ids
+
+
+def _instant(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
 def _auth(key: str) -> dict[str, str]:
@@ -146,17 +156,18 @@ async def measure(
     for _ in range(repeats):
         ms, page = await timed(client, headers, {**params, "limit": PAGE})
         firsts.append(ms)
-    cursor, number = page["next_cursor"], 1
+    # Walk to page DEEP (or the last): ``reached`` is the cursor that reads it.
+    cursor, number, reached = page["next_cursor"], 1, None
     walk_started = time.perf_counter()
-    while cursor and number < DEEP - 1:
+    while cursor and number < DEEP:
+        reached = cursor
         _ms, page = await timed(client, headers, {**params, "limit": PAGE, "cursor": cursor})
-        cursor, number = page["next_cursor"] or None, number + 1
+        cursor, number = page["next_cursor"], number + 1
     walked_s = time.perf_counter() - walk_started
     deep: list[float] = []
-    if cursor:
-        number += 1
+    if reached:
         for _ in range(repeats):
-            ms, page = await timed(client, headers, {**params, "limit": PAGE, "cursor": cursor})
+            ms, page = await timed(client, headers, {**params, "limit": PAGE, "cursor": reached})
             deep.append(ms)
     console.print(
         f"  {name}: page 1 p50 {percentiles(firsts)['p50']} ms, page {number} "
@@ -170,6 +181,7 @@ async def measure(
         "deep_page": number if deep else None,
         "deep_page_ms": percentiles(deep),
         "walk_s": round(walked_s, 2),
+        "deep_cursor": reached,
     }
 
 
@@ -182,24 +194,18 @@ async def walk_while_adding(
 ) -> dict[str, Any]:
     """Walk ``pages`` pages while a writer adds runs at the top (API) and among the
     pages not read yet (SQL); check no duplicates, no gaps, no new top run read."""
-    expected = [
-        r["id"]
-        for r in await conn.fetch(
-            "SELECT id::text FROM runs WHERE tenant_id = $1::uuid "
-            "ORDER BY due_at DESC, id DESC LIMIT $2",
-            tenant_id,
-            pages * PAGE,
-        )
-    ]
-    oldest = await conn.fetchval(
-        "SELECT min(due_at) FROM (SELECT due_at FROM runs WHERE tenant_id = $1::uuid "
-        "ORDER BY due_at DESC, id DESC LIMIT $2) AS walked",
+    expected_rows = await conn.fetch(
+        "SELECT id::text, due_at FROM runs WHERE tenant_id = $1::uuid "
+        "ORDER BY due_at DESC, id DESC LIMIT $2",
         tenant_id,
         pages * PAGE,
     )
-    newest = await conn.fetchval(
-        "SELECT max(due_at) FROM runs WHERE tenant_id = $1::uuid", tenant_id
-    )
+    expected = [r["id"] for r in expected_rows]
+    oldest = expected_rows[-1]["due_at"]
+    end = (oldest, uuid.UUID(expected[-1]))
+    # Runs added inside land among the filled history (not among the jobs' first runs,
+    # due a year ahead): between the last expected run and now.
+    newest = datetime.now(UTC)
     template = await conn.fetchval(
         "SELECT id FROM runs WHERE tenant_id = $1::uuid AND state = 'SUCCESS' LIMIT 1", tenant_id
     )
@@ -241,27 +247,31 @@ async def walk_while_adding(
     cursor: str | None = None
     started = time.perf_counter()
     try:
-        for _ in range(pages):
+        # Until past the last run expected: runs added inside push it further down.
+        while True:
             params: dict[str, Any] = {"limit": PAGE, **({"cursor": cursor} if cursor else {})}
             _ms, page = await timed(client, _auth(key), params)
             seen += [(run["id"], run["due_at"]) for run in page["items"]]
             cursor = page["next_cursor"]
-            await asyncio.sleep(0.01)  # let the writer in between pages
-            if not cursor:
+            last = page["items"][-1]
+            if not cursor or (_instant(last["due_at"]), uuid.UUID(last["id"])) <= end:
                 break
+            await asyncio.sleep(0.01)  # let the writer in between pages
     finally:
         stop.set()
         await writing
     ids = [i for i, _ in seen]
     expected_set = set(expected)
     in_order = [i for i in ids if i in expected_set]
-    # The walk ends where the expected runs end, give or take runs added inside.
-    reached = in_order == expected[: len(in_order)] and len(in_order) == len(expected)
+    reached = in_order == expected
+    positions = [(_instant(d), uuid.UUID(i)) for i, d in seen]
+    ordered = positions == sorted(positions, reverse=True)
     top = set(added_top) & set(ids)
     inside = set(added_inside) & set(ids)
     return {
-        "pages": pages,
+        "pages_expected": pages,
         "runs_read": len(ids),
+        "read_in_history_order": ordered,
         "duplicates": len(ids) - len(set(ids)),
         "expected_runs": len(expected),
         "expected_read_in_order": reached,
@@ -271,7 +281,64 @@ async def walk_while_adding(
         "added_inside": len(added_inside),
         "added_inside_read": len(inside),
         "seconds": round(time.perf_counter() - started, 2),
-        "ok": reached and len(ids) == len(set(ids)) and not top,
+        "ok": reached and ordered and len(ids) == len(set(ids)) and not top,
+    }
+
+
+def run_filter(params: dict[str, Any]) -> RunFilter:
+    """The store's filter for a listing's query parameters."""
+    return RunFilter(
+        job_id=uuid.UUID(params["job_id"]) if "job_id" in params else None,
+        states=params["state"].split(",") if "state" in params else None,
+        since=_instant(params["since"]) if "since" in params else None,
+        until=_instant(params["until"]) if "until" in params else None,
+        tags=[params["tag"]] if "tag" in params else (),
+        pool=params.get("pool"),
+    )
+
+
+def _walk_plan(node: dict[str, Any]) -> list[str]:
+    here = []
+    if "Relation Name" in node:
+        index = f" using {node['Index Name']}" if node.get("Index Name") else ""
+        backward = " Backward" if node.get("Scan Direction") == "Backward" else ""
+        here.append(f"{node['Node Type']}{backward}{index} on {node['Relation Name']}")
+    elif "Sort" in node["Node Type"]:
+        here.append(node["Node Type"])
+    for child in node.get("Plans", []):
+        here += _walk_plan(child)
+    return here
+
+
+async def explain(
+    store: Store, tenant_id: uuid.UUID | None, params: dict[str, Any], cursor: str | None
+) -> dict[str, Any]:
+    """What the store's statement for one page does in PostgreSQL: its scans (and
+    sorts), the buffers it touched and its execution time (``EXPLAIN ANALYZE``)."""
+    assert isinstance(store, SqlStore)
+    caught: list[tuple[str, Any]] = []
+
+    def catch(_conn: Any, _cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
+        if "FROM runs" in statement:
+            caught.append((statement, parameters))
+
+    event.listen(store.engine.sync_engine, "before_cursor_execute", catch)
+    try:
+        await store.runs_list(tenant_id, filter=run_filter(params), cursor=cursor, limit=PAGE)
+    finally:
+        event.remove(store.engine.sync_engine, "before_cursor_execute", catch)
+    [(statement, parameters)] = caught
+    async with store.engine.connect() as conn:
+        rows = await conn.exec_driver_sql(
+            f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {statement}", parameters
+        )
+        doc = rows.scalar_one()
+    top = (json.loads(doc) if isinstance(doc, str) else doc)[0]
+    root = top["Plan"]
+    return {
+        "nodes": _walk_plan(root),
+        "buffers": int(root.get("Shared Hit Blocks", 0)) + int(root.get("Shared Read Blocks", 0)),
+        "ms": round(float(top["Execution Time"]), 2),
     }
 
 
@@ -329,6 +396,17 @@ async def main(args: argparse.Namespace) -> None:
                 await measure(client, name, headers, params, args.repeats)
                 for name, headers, params in listings
             ]
+            store = create_store(cluster.database_url, pool_size=1, pool_overflow=0)
+            await store.open()
+            try:
+                for (_name, headers, params), result in zip(listings, results, strict=True):
+                    tenant = None if headers is admin else uuid.UUID(tenant_id)
+                    result["plan_first_page"] = await explain(store, tenant, params, None)
+                    deep = result.pop("deep_cursor")
+                    if deep:
+                        result["plan_deep_page"] = await explain(store, tenant, params, deep)
+            finally:
+                await store.close()
             with console.status("walking pages while runs are added"):
                 walk = await walk_while_adding(client, conn, tenant_id, key, args.walk_pages)
         await conn.close()
@@ -375,6 +453,20 @@ async def main(args: argparse.Namespace) -> None:
         result,
         rows,
         ("listing", "p1 p50", "p1 p99", "p1 max", "page", "p50", "p99", "max"),
+    )
+    print_table(
+        "plans (EXPLAIN ANALYZE of the store's statement)",
+        [
+            (
+                r["listing"],
+                "; ".join(dict.fromkeys(r["plan_first_page"]["nodes"])),
+                str(r["plan_first_page"]["buffers"]),
+                str(r.get("plan_deep_page", {}).get("buffers", "-")),
+                str(r.get("plan_deep_page", {}).get("ms", "-")),
+            )
+            for r in results
+        ],
+        ("listing", "scans", "p1 buffers", "deep buffers", "deep ms"),
     )
 
 
