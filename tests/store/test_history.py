@@ -4,6 +4,7 @@ range walked backwards, never a sort of a tenant's runs."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 import uuid
 from datetime import datetime
@@ -147,6 +148,51 @@ async def test_pages_stay_put_while_runs_are_added(store: Store) -> None:
     assert not added_above & set(seen)
     assert [i for i in seen if i in set(expected)] == expected
     assert set(added_below) <= set(seen)  # due below the cursor: reached in order
+
+
+async def test_pages_stay_put_while_a_writer_adds_runs_concurrently(store: Store) -> None:
+    """The same with a writer running beside the reader, adding runs at the top and
+    below the whole history, as fast as it can, until the reader is done."""
+    tenant = await make_tenant(store)
+    made = await _history(store, tenant.id, 80, seed=6)
+    expected = _order(made)
+    done = asyncio.Event()
+    added_top: set[uuid.UUID] = set()
+    added_below: dict[uuid.UUID, datetime] = {}
+
+    async def writer() -> None:
+        step = 0
+        while not done.is_set():
+            step += 1
+            batch = [new_job(due_at=at(50_000 + step)), new_job(due_at=at(-50_000 - step))]
+            out = await store.jobs_create_many(tenant.id, jobs=batch, now=T0)
+            [top, below] = [run for _job, run, _ in out if run is not None]
+            added_top.add(top.id)
+            added_below[below.id] = below.due_at
+            await asyncio.sleep(0)
+
+    async def reader() -> list[uuid.UUID]:
+        seen: list[uuid.UUID] = []
+        cursor: str | None = None
+        try:
+            while True:
+                page = await store.runs_list(tenant.id, cursor=cursor, limit=5)
+                seen += [r.id for r in page.items]
+                if page.next_cursor is None or len(added_below) > 200:
+                    return seen
+                cursor = page.next_cursor
+                await asyncio.sleep(0.005)
+        finally:
+            done.set()
+
+    seen, _ = await asyncio.gather(reader(), writer())
+    assert added_top and added_below
+    assert len(seen) == len(set(seen))
+    assert not added_top & set(seen)
+    assert [i for i in seen if i in set(expected)] == expected
+    # Runs due below everything: read in order after the history, by the last pages.
+    below = [i for i in seen if i in added_below]
+    assert below == sorted(below, key=lambda i: added_below[i], reverse=True)
 
 
 async def test_every_tenants_runs_for_the_admin(store: Store) -> None:
