@@ -105,6 +105,42 @@ def test_runs_list_and_show(server: Server) -> None:
 
     assert server.json("runs", "list", "--state", "SCHEDULED")["items"][0]["id"] == run_id
     assert server.json("runs", "list", "--state", "SUCCESS,FAILED")["items"] == []
+    other = server.json(
+        "jobs",
+        "create",
+        "--name",
+        "gpu",
+        "--task",
+        "t",
+        "--delay",
+        "900",
+        "--pool",
+        "gpu",
+        "--tag",
+        "a",
+        "--tag",
+        "b",
+    )
+    assert [r["id"] for r in server.json("runs", "list", "--pool", "gpu")["items"]] == [
+        other["first_run_id"]
+    ]
+    by_tags = server.json("runs", "list", "--tag", "a", "--tag", "b")["items"]
+    assert [r["id"] for r in by_tags] == [other["first_run_id"]]
+    assert server.json("runs", "list", "--tag", "a", "--tag", "c")["items"] == []
+    first = server.json("runs", "list", "--limit", "1")
+    assert [r["id"] for r in first["items"]] == [other["first_run_id"]]  # due last
+    second = server.json("runs", "list", "--limit", "1", "--cursor", first["next_cursor"])
+    assert [r["id"] for r in second["items"]] == [run_id]
+    due = other["next_due_at"]
+    assert server.json("runs", "list", "--since", due)["items"][0]["id"] == other["first_run_id"]
+    assert [r["id"] for r in server.json("runs", "list", "--until", due)["items"]] == [run_id]
+    result = server.cli("runs", "list", "--pool", "gpu")
+    assert result.exit_code == 0 and other["first_run_id"] in result.stdout
+    assert "gpu" in result.stdout
+    refused = server.cli("runs", "list", "--since", "yesterday")
+    assert refused.exit_code != 0 and "--since" in refused.output
+    events = server.json("runs", "events", run_id, "--limit", "1")
+    assert [e["to_state"] for e in events["items"]] == ["SCHEDULED"]
 
     result = server.cli("runs", "cancel", run_id, "--reason", "testing")
     assert result.exit_code == 0 and "CANCELLED" in result.stdout
@@ -118,6 +154,12 @@ def test_runs_list_and_show(server: Server) -> None:
     detail = server.json("runs", "show", run_id)
     assert detail["state"] == "CANCELLED" and detail["attempts"] == []
     assert [e["to_state"] for e in detail["events"]] == ["SCHEDULED", "CANCELLED"]
+    first = server.json("runs", "events", run_id, "--limit", "1")
+    assert first["next_cursor"]
+    rest = server.json("runs", "events", run_id, "--cursor", first["next_cursor"])
+    assert [e["to_state"] for e in first["items"] + rest["items"]] == ["SCHEDULED", "CANCELLED"]
+    result = server.cli("runs", "events", run_id)
+    assert result.exit_code == 0 and "CANCELLED" in result.stdout
 
 
 def test_webhook_header_values_never_reach_the_terminal(server: Server) -> None:

@@ -107,7 +107,15 @@ async def test_iter_walks_every_page(operator: AsyncClient) -> None:
     seen = [j["id"] async for j in operator.jobs.iter(page_size=2)]
     assert seen == made[::-1]
     runs = [r["job_id"] async for r in operator.runs.iter(page_size=2)]
-    assert sorted(runs) == sorted(made)
+    assert runs == made[::-1]  # each due 600 s after its creation: newest first
+    pooled = await operator.jobs.create(
+        name="pooled", schedule={"delay": 60}, task="t", pool="etl", tags=["x", "y"]
+    )
+    listed = [r["id"] async for r in operator.runs.iter(pool="etl", tag=["x", "y"], page_size=1)]
+    assert listed == [pooled["first_run_id"]]
+    assert (await operator.runs.list(pool="etl", tag=["x", "z"])).items == []
+    events = [e async for e in operator.runs.iter_events(pooled["first_run_id"], page_size=1)]
+    assert [e["to_state"] for e in events] == ["SCHEDULED"]
 
 
 async def test_cancel_then_cancel_again_is_a_conflict(operator: AsyncClient) -> None:

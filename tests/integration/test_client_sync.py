@@ -43,6 +43,19 @@ def test_blocking_client_end_to_end(server: BackgroundRuntime) -> None:
         states = {r["job_id"]: r["state"] for r in client.runs.iter()}
         assert states == {ids[0]: "CANCELLED", ids[1]: "SCHEDULED", ids[2]: "SCHEDULED"}
         assert [r["job_id"] for r in client.runs.list(state="CANCELLED").items] == [ids[0]]
+        tagged = client.jobs.create(
+            name="tagged", schedule={"delay": 900}, task="t", pool="gpu", tags=["a", "b,c"]
+        )
+        assert [r["id"] for r in client.runs.iter(tag=["a", "b,c"], page_size=1)] == [
+            tagged["first_run_id"]
+        ]
+        assert [r["id"] for r in client.runs.list(pool="gpu", tag="a").items] == [
+            tagged["first_run_id"]
+        ]
+        assert client.runs.list(pool="gpu", tag=["a", "b"]).items == []
+        events = list(client.runs.iter_events(tagged["first_run_id"], page_size=1))
+        assert [e["to_state"] for e in events] == ["SCHEDULED"]
+        assert client.runs.events(tagged["first_run_id"]).next_cursor is None
 
         with pytest.raises(ApiError) as info:
             client.runs.get("not-a-run")

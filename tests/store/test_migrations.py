@@ -6,7 +6,9 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
+from alembic import command
 from alembic.autogenerate import compare_metadata
+from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy.ext.asyncio import create_async_engine
@@ -61,3 +63,48 @@ async def test_the_comparison_sees_a_drift(store_url: str) -> None:
     diff, _revision = await _compare(store_url, drifted)
     kinds = {entry[0] if isinstance(entry, tuple) else entry[0][0] for entry in diff}
     assert {"add_column", "add_index", "modify_type"} <= kinds
+
+
+async def _downgrade(url: str, revision: str) -> None:
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    engine = create_async_engine(url)
+    try:
+        async with engine.begin() as conn:
+
+            def downgrade(sync_conn: sa.Connection) -> None:
+                config.attributes["connection"] = sync_conn
+                command.downgrade(config, revision)
+
+            await conn.run_sync(downgrade)
+    finally:
+        await engine.dispose()
+
+
+async def _runs_indexes(url: str) -> dict[str, list[str]]:
+    engine = create_async_engine(url)
+    try:
+        async with engine.connect() as conn:
+            found = await conn.run_sync(lambda c: sa.inspect(c).get_indexes("runs"))
+    finally:
+        await engine.dispose()
+    return {i["name"]: list(i["column_names"]) for i in found if i["name"]}
+
+
+async def test_the_history_indexes_go_down_and_up(store_url: str) -> None:
+    """0020 down to 0019 and up again: the runs' indexes before it come back, then the
+    history's, and the database matches the metadata again."""
+    head = await _runs_indexes(store_url)
+    assert head["ix_runs_tenant_due"] == ["tenant_id", "due_at", "id"]
+    assert head["ix_runs_tenant_state"] == ["tenant_id", "state", "due_at", "id"]
+    assert "ix_runs_tenant_job" not in head
+
+    await _downgrade(store_url, "0019")
+    before = await _runs_indexes(store_url)
+    assert before["ix_runs_tenant_job"] == ["tenant_id", "job_id", "id"]
+    assert before["ix_runs_tenant_state"] == ["tenant_id", "state", "id"]
+    assert "ix_runs_tenant_due" not in before
+
+    await create_store(store_url).migrate()
+    assert await _runs_indexes(store_url) == head
+    assert await _compare(store_url) == ([], _head())

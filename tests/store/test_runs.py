@@ -51,9 +51,9 @@ async def test_runs_list_filters(store: Store) -> None:
     assert await _listed(store, tenant.id, since=at(100)) == [c.id, b.id]
     assert await _listed(store, tenant.id, until=at(100)) == [a.id]
     assert await _listed(store, tenant.id, since=at(100), until=at(200)) == [b.id]
-    assert await _listed(store, tenant.id, tag="red") == [c.id, a.id]
-    assert await _listed(store, tenant.id, tag="re") == []
-    assert await _listed(store, tenant.id, tag="blue", states=["SCHEDULED"]) == [c.id, b.id]
+    assert await _listed(store, tenant.id, tags=["red"]) == [c.id, a.id]
+    assert await _listed(store, tenant.id, tags=["re"]) == []
+    assert await _listed(store, tenant.id, tags=["blue"], states=["SCHEDULED"]) == [c.id, b.id]
     assert await _listed(store, tenant.id, job_id=job_a.id, states=["SCHEDULED"]) == []
 
     counts = await store.runs_count_by_state()

@@ -278,7 +278,10 @@ OPERATIONS: list[tuple[str, Setup]] = [
         _read(lambda s, w: s.runs_list(w.small.id, filter=RunFilter(states=["DEAD_LETTER"]))),
     ),
     ("runs: by job", _runs_of_job),
-    ("runs: by tag", _read(lambda s, w: s.runs_list(w.small.id, filter=RunFilter(tag="nightly")))),
+    (
+        "runs: by tag",
+        _read(lambda s, w: s.runs_list(w.small.id, filter=RunFilter(tags=["nightly"]))),
+    ),
     (
         "runs: by due window",
         _read(

@@ -39,6 +39,7 @@ __all__ = [
     "DeadLetterRedriveRequest",
     "ErrorDetail",
     "ErrorResponse",
+    "EventList",
     "EventOut",
     "FencingToken",
     "IndexOut",
@@ -473,7 +474,21 @@ class AttemptOut(ResponseModel):
     number: int
     state: str
     worker_id: uuid.UUID | None
+    worker_name: str | None = Field(
+        default=None, description="the name its worker registered with (null: none given)"
+    )
     fencing_token: int
+    leased_at: UtcInstant | None = Field(
+        default=None, description="when a worker leased it: the attempt began (= started_at)"
+    )
+    duration_ms: float | None = Field(
+        default=None, description="from its lease to its end; null while it is live"
+    )
+    logs: str | None = Field(
+        default=None,
+        description="where its worker's log lines are read: `GET /v1/runs/{id}/logs` for "
+        "this attempt (paged, oldest first)",
+    )
     started_at: UtcInstant
     heartbeat_at: UtcInstant | None
     lease_expires_at: UtcInstant
@@ -543,7 +558,16 @@ class RunDetail(RunOut):
 
 class RunList(ResponseModel):
     items: list[RunOut]
-    next_cursor: str | None
+    next_cursor: str | None = Field(
+        description="pass as `cursor` for the next page; null: this is the last"
+    )
+
+
+class EventList(ResponseModel):
+    items: list[EventOut]
+    next_cursor: str | None = Field(
+        description="pass as `cursor` for the next page; null: this is the last for now"
+    )
 
 
 class DeadLetterRedriveRequest(RequestModel):

@@ -19,6 +19,7 @@ from cronwheel.cli.options import (
     TenantOpt,
     UrlOpt,
     client_for,
+    parse_instant,
 )
 from cronwheel.cli.output import (
     command_group,
@@ -36,6 +37,7 @@ __all__ = [
     "RunArg",
     "runs_app",
     "runs_cancel",
+    "runs_events",
     "runs_list",
     "runs_logs",
     "runs_retry",
@@ -61,6 +63,19 @@ def runs_list(
             show_default=False,
         ),
     ] = None,
+    since: Annotated[
+        str | None,
+        typer.Option("--since", help="Due at or after (ISO-8601 with offset).", show_default=False),
+    ] = None,
+    until: Annotated[
+        str | None,
+        typer.Option("--until", help="Due before (ISO-8601 with offset).", show_default=False),
+    ] = None,
+    tag: Annotated[
+        list[str] | None,
+        typer.Option("--tag", help="Carrying this tag (repeat: every one).", show_default=False),
+    ] = None,
+    pool: Annotated[str | None, typer.Option("--pool", show_default=False)] = None,
     limit: Annotated[int, typer.Option("--limit", min=1, max=500)] = 50,
     cursor: CursorOpt = None,
     url: UrlOpt = DEFAULT_URL,
@@ -68,9 +83,21 @@ def runs_list(
     tenant: TenantOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Runs, newest first."""
+    """Runs, newest first by due time. The admin key without --tenant lists every
+    tenant's. The next page: the --cursor the caption shows."""
+    start = None if since is None else parse_instant(since, "--since")
+    end = None if until is None else parse_instant(until, "--until")
     with handle_errors(), client_for(url, api_key, tenant) as client:
-        page = client.runs.list(job_id=job_id, state=state, limit=limit, cursor=cursor)
+        page = client.runs.list(
+            job_id=job_id,
+            state=state,
+            since=start,
+            until=end,
+            tag=tag or None,
+            pool=pool,
+            limit=limit,
+            cursor=cursor,
+        )
     if as_json:
         print_json({"items": page.items, "next_cursor": page.next_cursor})
         return
@@ -81,6 +108,7 @@ def runs_list(
             r["state"],
             short_time(r.get("due_at")),
             f"{r.get('attempt', 0)}/{r.get('max_attempts', '?')}",
+            r.get("pool") or "",
             r.get("task") or "webhook",
             short_time(r.get("finished_at")),
         )
@@ -90,11 +118,50 @@ def runs_list(
     console.print(
         table(
             f"runs ({len(rows)})",
-            ["id", "job", "state", "due", "attempt", "task", "finished"],
+            ["id", "job", "state", "due", "attempt", "pool", "task", "finished"],
             rows,
             caption=caption,
         )
     )
+
+
+def _events_table(title: str, events: list[dict[str, Any]], caption: str | None = None) -> Any:
+    return table(
+        title,
+        ["at", "kind", "from", "to", "actor", "reason"],
+        [
+            (
+                short_time(e.get("at")),
+                e.get("kind"),
+                e.get("from_state"),
+                e.get("to_state"),
+                e.get("actor"),
+                e.get("reason"),
+            )
+            for e in events
+        ],
+        caption=caption,
+    )
+
+
+@runs_app.command("events")
+def runs_events(
+    run_id: RunArg,
+    limit: Annotated[int, typer.Option("--limit", min=1, max=1000)] = 100,
+    cursor: CursorOpt = None,
+    url: UrlOpt = DEFAULT_URL,
+    api_key: ApiKeyOpt = None,
+    tenant: TenantOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """The run's event timeline, oldest first, a page at a time."""
+    with handle_errors(), client_for(url, api_key, tenant) as client:
+        page = client.runs.events(run_id, cursor=cursor, limit=limit)
+    if as_json:
+        print_json({"items": page.items, "next_cursor": page.next_cursor})
+        return
+    caption = f"more: --cursor {page.next_cursor}" if page.next_cursor else None
+    console.print(_events_table(f"events ({len(page.items)})", page.items, caption))
 
 
 @runs_app.command("show")
@@ -118,39 +185,24 @@ def runs_show(
     console.print(
         table(
             "attempts",
-            ["#", "id", "state", "worker", "token", "started", "finished", "error"],
+            ["#", "id", "state", "worker", "started", "finished", "ms", "error"],
             [
                 (
                     a.get("number"),
                     a.get("id"),
                     a.get("state"),
-                    a.get("worker_id"),
-                    a.get("fencing_token"),
+                    a.get("worker_name") or a.get("worker_id"),
                     short_time(a.get("started_at")),
                     short_time(a.get("finished_at")),
+                    a.get("duration_ms"),
                     (a.get("error") or "").split("\n", 1)[0],
                 )
                 for a in attempts
             ],
+            caption="logs: cronwheel runs logs RUN [--attempt N]" if attempts else None,
         )
     )
-    console.print(
-        table(
-            "events",
-            ["at", "kind", "from", "to", "actor", "reason"],
-            [
-                (
-                    short_time(e.get("at")),
-                    e.get("kind"),
-                    e.get("from_state"),
-                    e.get("to_state"),
-                    e.get("actor"),
-                    e.get("reason"),
-                )
-                for e in events
-            ],
-        )
-    )
+    console.print(_events_table("events", events))
 
 
 @runs_app.command("cancel")

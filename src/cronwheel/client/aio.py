@@ -285,11 +285,17 @@ class AsyncRuns(_AsyncResource):
         state: str | Sequence[str] | None = None,
         since: datetime | None = None,
         until: datetime | None = None,
-        tag: str | None = None,
+        tag: str | Sequence[str] | None = None,
+        pool: str | None = None,
         cursor: str | None = None,
         limit: int | None = None,
     ) -> Page[Json]:
-        return await self._page(Calls.runs_list(job_id, state, since, until, tag, cursor, limit))
+        """One page of runs, newest first by due instant (then id): of the job, in
+        any of the states, due in [since, until), carrying every tag, of the pool.
+        Pass the page's ``next_cursor`` as ``cursor`` for the next (docs/history.md)."""
+        return await self._page(
+            Calls.runs_list(job_id, state, since, until, tag, cursor, limit, pool=pool)
+        )
 
     async def iter(
         self,
@@ -298,9 +304,11 @@ class AsyncRuns(_AsyncResource):
         state: str | Sequence[str] | None = None,
         since: datetime | None = None,
         until: datetime | None = None,
-        tag: str | None = None,
+        tag: str | Sequence[str] | None = None,
+        pool: str | None = None,
         page_size: int | None = None,
     ) -> AsyncIterator[Json]:
+        """Every run :meth:`list` selects, page after page."""
         cursor: str | None = None
         while True:
             page = await self.list(
@@ -309,9 +317,27 @@ class AsyncRuns(_AsyncResource):
                 since=since,
                 until=until,
                 tag=tag,
+                pool=pool,
                 cursor=cursor,
                 limit=page_size,
             )
+            for item in page.items:
+                yield item
+            if not page.next_cursor:
+                return
+            cursor = page.next_cursor
+
+    async def events(
+        self, run_id: Id, *, cursor: str | None = None, limit: int | None = None
+    ) -> Page[Json]:
+        """One page of the run's event timeline, oldest first."""
+        return await self._page(Calls.runs_events(run_id, cursor, limit))
+
+    async def iter_events(self, run_id: Id, *, page_size: int | None = None) -> AsyncIterator[Json]:
+        """Every event of the run so far, oldest first."""
+        cursor: str | None = None
+        while True:
+            page = await self.events(run_id, cursor=cursor, limit=page_size)
             for item in page.items:
                 yield item
             if not page.next_cursor:

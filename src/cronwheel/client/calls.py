@@ -26,7 +26,7 @@ class Call:
 
     method: str
     path: str
-    params: dict[str, str] = field(default_factory=dict)
+    params: dict[str, str | list[str]] = field(default_factory=dict)
     json: Any = None
     headers: dict[str, str] = field(default_factory=dict)
 
@@ -36,8 +36,8 @@ def _seg(value: Id) -> str:
     return quote(str(value), safe="")
 
 
-def query_params(**values: Any) -> dict[str, str]:
-    out: dict[str, str] = {}
+def query_params(**values: Any) -> dict[str, str | list[str]]:
+    out: dict[str, str | list[str]] = {}
     for key, value in values.items():
         if value is None:
             continue
@@ -203,20 +203,29 @@ class Calls:
         state: str | Sequence[str] | None,
         since: datetime | None,
         until: datetime | None,
-        tag: str | None,
+        tag: str | Sequence[str] | None,
         cursor: str | None,
         limit: int | None,
+        pool: str | None = None,
     ) -> Call:
         params = query_params(
             job_id=job_id,
             state=state,
             since=since,
             until=until,
-            tag=tag,
+            pool=pool,
             cursor=cursor,
             limit=limit,
         )
+        if tag is not None:
+            # Repeated: each tag must be among the run's (a tag may hold a comma).
+            params["tag"] = [tag] if isinstance(tag, str) else [str(t) for t in tag]
         return Call("GET", "/v1/runs", params=params)
+
+    @staticmethod
+    def runs_events(run_id: Id, cursor: str | None, limit: int | None) -> Call:
+        params = query_params(cursor=cursor, limit=limit)
+        return Call("GET", f"/v1/runs/{_seg(run_id)}/events", params=params)
 
     @staticmethod
     def runs_cancel(run_id: Id, reason: str | None) -> Call:

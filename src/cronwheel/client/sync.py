@@ -296,11 +296,17 @@ class Runs(_Resource):
         state: str | Sequence[str] | None = None,
         since: datetime | None = None,
         until: datetime | None = None,
-        tag: str | None = None,
+        tag: str | Sequence[str] | None = None,
+        pool: str | None = None,
         cursor: str | None = None,
         limit: int | None = None,
     ) -> Page[Json]:
-        return self._page(Calls.runs_list(job_id, state, since, until, tag, cursor, limit))
+        """One page of runs, newest first by due instant (then id): of the job, in
+        any of the states, due in [since, until), carrying every tag, of the pool.
+        Pass the page's ``next_cursor`` as ``cursor`` for the next (docs/history.md)."""
+        return self._page(
+            Calls.runs_list(job_id, state, since, until, tag, cursor, limit, pool=pool)
+        )
 
     def iter(
         self,
@@ -309,9 +315,11 @@ class Runs(_Resource):
         state: str | Sequence[str] | None = None,
         since: datetime | None = None,
         until: datetime | None = None,
-        tag: str | None = None,
+        tag: str | Sequence[str] | None = None,
+        pool: str | None = None,
         page_size: int | None = None,
     ) -> Iterator[Json]:
+        """Every run :meth:`list` selects, page after page."""
         cursor: str | None = None
         while True:
             page = self.list(
@@ -320,9 +328,26 @@ class Runs(_Resource):
                 since=since,
                 until=until,
                 tag=tag,
+                pool=pool,
                 cursor=cursor,
                 limit=page_size,
             )
+            yield from page.items
+            if not page.next_cursor:
+                return
+            cursor = page.next_cursor
+
+    def events(
+        self, run_id: Id, *, cursor: str | None = None, limit: int | None = None
+    ) -> Page[Json]:
+        """One page of the run's event timeline, oldest first."""
+        return self._page(Calls.runs_events(run_id, cursor, limit))
+
+    def iter_events(self, run_id: Id, *, page_size: int | None = None) -> Iterator[Json]:
+        """Every event of the run so far, oldest first."""
+        cursor: str | None = None
+        while True:
+            page = self.events(run_id, cursor=cursor, limit=page_size)
             yield from page.items
             if not page.next_cursor:
                 return

@@ -173,6 +173,7 @@ class Attempt:
     progress_deadline: datetime | None = None
     progress_at: datetime | None = None  # when the handler last reported progress
     progress_details: Any = None  # the details of that report
+    worker_name: str | None = None  # its worker's name, where read with it (history)
 
 
 @dataclass(frozen=True, slots=True)

@@ -513,13 +513,16 @@ class Store(SchedulerSide, WorkerSide):
     @abstractmethod
     async def runs_list(
         self,
-        tenant_id: uuid.UUID,
+        tenant_id: uuid.UUID | None,
         *,
         filter: RunFilter | None = None,
         cursor: str | None = None,
         limit: int = 100,
     ) -> Page[Run]:
-        """Newest first by creation."""
+        """The tenant's runs (None: every tenant's) matching ``filter``, newest first by
+        due instant, then by id; ``cursor`` is a page's ``next_cursor`` (keyset: runs
+        added meanwhile never shift later pages). A malformed cursor is a
+        :class:`ValidationError`."""
 
     @abstractmethod
     async def runs_cancel(

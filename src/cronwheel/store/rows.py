@@ -3,9 +3,11 @@ record, and a new run's or event's row is built."""
 
 from __future__ import annotations
 
+import base64
+import binascii
 import uuid
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pydantic_core import to_jsonable_python
@@ -31,6 +33,8 @@ __all__ = [
     "event_from",
     "event_record",
     "event_row",
+    "history_cursor",
+    "history_position",
     "int_cursor",
     "job_from",
     "lateness_reason",
@@ -374,6 +378,37 @@ def uuid_cursor(cursor: str | None) -> uuid.UUID | None:
     try:
         return uuid.UUID(cursor)
     except ValueError:
+        raise ValidationError("malformed cursor", field="cursor") from None
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_HISTORY = "h1"  # the cursor format's version: a changed format refuses old cursors
+
+
+def history_cursor(due_at: datetime, run_id: uuid.UUID) -> str:
+    """The opaque cursor after the run at (``due_at``, ``run_id``) in the run history's
+    order (``due_at`` descending, then ``id`` descending): its position, in microseconds
+    since the epoch and the id's hex, base64url without padding."""
+    micros = (due_at - _EPOCH) // timedelta(microseconds=1)
+    raw = f"{_HISTORY}.{micros}.{run_id.hex}".encode("ascii")
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
+
+
+def history_position(cursor: str | None) -> tuple[datetime, uuid.UUID] | None:
+    """The (``due_at``, ``id``) a :func:`history_cursor` names; a cursor this did not
+    make is a :class:`ValidationError` (400)."""
+    if cursor is None:
+        return None
+    try:
+        if not cursor.isascii() or len(cursor) > 100:
+            raise ValueError(cursor)
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode("ascii")
+        version, micros, hex_id = raw.split(".")
+        if version != _HISTORY or not micros.lstrip("-").isdigit() or len(hex_id) != 32:
+            raise ValueError(cursor)
+        due_at = _EPOCH + timedelta(microseconds=int(micros))
+        return due_at, uuid.UUID(hex=hex_id)
+    except (ValueError, UnicodeDecodeError, binascii.Error, OverflowError):
         raise ValidationError("malformed cursor", field="cursor") from None
 
 

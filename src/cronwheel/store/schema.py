@@ -331,8 +331,12 @@ runs = sa.Table(
     ),
     # Unique: what the attempts' key to their run refers to.
     sa.Index("ix_runs_tenant_id", "tenant_id", "id", unique=True),
-    sa.Index("ix_runs_tenant_job", "tenant_id", "job_id", "id"),
-    sa.Index("ix_runs_tenant_state", "tenant_id", "state", "id"),
+    # The run history (docs/history.md), newest first by (due_at, id): a tenant's runs,
+    # by state (also what counting pending runs reads). A job's runs are read by the
+    # unique key (tenant_id, job_id, due_at) above, which also serves the key to the
+    # job (its ON DELETE CASCADE): no index of its own (migration 0020).
+    sa.Index("ix_runs_tenant_due", "tenant_id", "due_at", "id"),
+    sa.Index("ix_runs_tenant_state", "tenant_id", "state", "due_at", "id"),
 )
 
 attempts = sa.Table(

@@ -81,11 +81,14 @@ class FailItem:
 
 @dataclass(frozen=True, slots=True)
 class RunFilter:
+    """What ``runs_list`` selects; every field given must hold (docs/history.md)."""
+
     job_id: uuid.UUID | None = None
     states: Sequence[str] | None = None
     since: datetime | None = None  # due_at >= since
     until: datetime | None = None  # due_at < until
-    tag: str | None = None
+    tags: Sequence[str] = ()  # each of them among the run's tags
+    pool: str | None = None
 
 
 # The most dead letters one bulk redrive sends back, and the most ids it may name.

@@ -10,7 +10,13 @@ from typing import Any
 
 from fastapi import APIRouter, Body, Depends, Query, Request
 
-from cronwheel.api.auth import TenantScope, actor_of, tenant_reader, tenant_writer
+from cronwheel.api.auth import (
+    TenantScope,
+    actor_of,
+    tenant_or_every_reader,
+    tenant_reader,
+    tenant_writer,
+)
 from cronwheel.api.inputs import parse_id
 from cronwheel.api.jsonbody import StrictJsonRoute
 from cronwheel.api.redaction import redact_webhook
@@ -22,6 +28,7 @@ from cronwheel.api.schemas import (
     DeadLetterRedriveOut,
     DeadLetterRedriveRequest,
     ErrorResponse,
+    EventList,
     EventOut,
     RunDetail,
     RunList,
@@ -43,6 +50,7 @@ router = APIRouter(
 )
 
 _EVENTS_PER_RUN = 500
+_MAX_TAGS = 10
 
 
 def _ms_between(start: datetime, end: datetime | None) -> float | None:
@@ -125,7 +133,12 @@ def attempt_out(attempt: Attempt) -> AttemptOut:
         number=attempt.number,
         state=str(attempt.state),
         worker_id=attempt.worker_id,
+        worker_name=attempt.worker_name,
         fencing_token=attempt.fencing_token,
+        # An attempt is made when its run is leased: its start is the lease.
+        leased_at=attempt.started_at,
+        duration_ms=_ms_between(attempt.started_at, attempt.finished_at),
+        logs=f"/v1/runs/{attempt.run_id}/logs?attempt={attempt.number}",
         started_at=attempt.started_at,
         heartbeat_at=attempt.heartbeat_at,
         lease_expires_at=attempt.lease_expires_at,
@@ -172,32 +185,58 @@ def _states(values: list[str] | None) -> list[str] | None:
 @router.get("", summary="List runs")
 async def list_runs(
     request: Request,
-    scope: TenantScope = Depends(tenant_reader),
+    tenant_id: uuid.UUID | None = Depends(tenant_or_every_reader),
     job_id: uuid.UUID | None = Query(default=None),
     state: list[str] | None = Query(
         default=None, description="repeat the parameter or separate states by commas"
     ),
     since: Instant | None = Query(default=None, description="due at or after"),
     until: Instant | None = Query(default=None, description="due before"),
-    tag: str | None = Query(default=None, max_length=100),
-    cursor: str | None = Query(default=None, max_length=500),
+    tag: list[str] | None = Query(
+        default=None, description="a tag the run carries; repeated: every one of them"
+    ),
+    pool: str | None = Query(default=None, min_length=1, max_length=100),
+    cursor: str | None = Query(default=None, max_length=100),
     limit: int = Query(default=100, ge=1, le=500),
 ) -> RunList:
-    """Newest first; pass ``next_cursor`` as ``cursor`` for the next page."""
+    """Newest first by due instant (then id); pass ``next_cursor`` as ``cursor`` for the
+    next page. Keyset pages: runs added meanwhile never shift a later page. The admin
+    key lists every tenant's runs, or one tenant's with the ``Cronwheel-Tenant`` header.
+    Which filters are index-backed is in docs/history.md."""
     if since is not None and until is not None and until <= since:
         raise ValidationError("until: must be after 'since'", field="until")
-    run_filter = RunFilter(job_id=job_id, states=_states(state), since=since, until=until, tag=tag)
+    run_filter = RunFilter(
+        job_id=job_id,
+        states=_states(state),
+        since=since,
+        until=until,
+        tags=_tags(tag),
+        pool=pool,
+    )
     page = await api_state(request).store.runs_list(
-        scope.tenant_id, filter=run_filter, cursor=cursor, limit=limit
+        tenant_id, filter=run_filter, cursor=cursor, limit=limit
     )
     runs = await with_holds(api_state(request).store, page.items)
     return RunList(items=[run_out(r) for r in runs], next_cursor=page.next_cursor)
+
+
+def _tags(values: list[str] | None) -> list[str]:
+    tags = list(dict.fromkeys(values or ()))
+    if len(tags) > _MAX_TAGS:
+        raise ValidationError(f"tag: at most {_MAX_TAGS} tags, not {len(tags)}", field="tag")
+    for tag in tags:
+        if not tag or len(tag) > 100:
+            raise ValidationError("tag: each tag is 1 to 100 characters", field="tag")
+    return tags
 
 
 @router.get("/{run_id}", summary="Read a run with its attempts and events")
 async def get_run(
     run_id: str, request: Request, scope: TenantScope = Depends(tenant_reader)
 ) -> RunDetail:
+    """The run, each attempt with its timings, worker and where its logs are read, and
+    the first events of its timeline (the rest: ``GET /v1/runs/{id}/events`` from
+    ``events_next_cursor``)."""
     store = api_state(request).store
     [run] = await with_holds(
         store, [await store.runs_get(scope.tenant_id, parse_id(run_id, "run"))]
@@ -212,6 +251,22 @@ async def get_run(
             "events_next_cursor": events.next_cursor,
         }
     )
+
+
+@router.get("/{run_id}/events", summary="Read a run's event timeline")
+async def list_run_events(
+    run_id: str,
+    request: Request,
+    scope: TenantScope = Depends(tenant_reader),
+    cursor: str | None = Query(default=None, max_length=20),
+    limit: int = Query(default=100, ge=1, le=1000),
+) -> EventList:
+    """Every transition and operation of the run, oldest first; pass ``next_cursor`` as
+    ``cursor`` for the next page (a run still going may add events after the last)."""
+    store = api_state(request).store
+    run = await store.runs_get(scope.tenant_id, parse_id(run_id, "run"))
+    page = await store.events_list(scope.tenant_id, run_id=run.id, cursor=cursor, limit=limit)
+    return EventList(items=[event_out(e) for e in page.items], next_cursor=page.next_cursor)
 
 
 @router.post(

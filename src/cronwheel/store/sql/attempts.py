@@ -14,12 +14,14 @@ costs the worker one small request instead of a lease.
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, cast
 
 import sqlalchemy as sa
+from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from cronwheel.domain.errors import (
@@ -41,7 +43,7 @@ from cronwheel.store.rows import (
     attempt_from,
     event_row,
 )
-from cronwheel.store.schema import NO_RESERVATION, attempt_tombstones, attempts, runs
+from cronwheel.store.schema import NO_RESERVATION, attempt_tombstones, attempts, runs, workers
 from cronwheel.store.sql.admission import LeasePlan, plan_lease, settle_lease
 from cronwheel.store.sql.retries import Ended, RetriesMixin
 from cronwheel.store.sql.statements import attempts_end, may, update_each
@@ -336,12 +338,16 @@ class AttemptsMixin(WorkersMixin, RetriesMixin):
         async with self._read() as conn:
             rows = (
                 await conn.execute(
-                    attempts.select()
+                    sa.select(*attempts.c, workers.c.name.label("worker_name"))
+                    .select_from(attempts.outerjoin(workers, workers.c.id == attempts.c.worker_id))
                     .where(attempts.c.tenant_id == tenant_id, attempts.c.run_id == run_id)
                     .order_by(attempts.c.number)
                 )
             ).all()
-        return [attempt_from(r) for r in rows]
+        return [
+            dataclasses.replace(attempt_from(cast("Row[Any]", r)), worker_name=r.worker_name)
+            for r in rows
+        ]
 
     async def attempts_get(self, attempt_id: uuid.UUID) -> Attempt:
         async with self._read() as conn:

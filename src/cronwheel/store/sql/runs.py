@@ -6,6 +6,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from datetime import datetime
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -13,17 +14,13 @@ from cronwheel.domain.audit import Actor, name_of
 from cronwheel.domain.errors import IllegalTransitionError
 from cronwheel.domain.model import DueRun, Page, Run
 from cronwheel.domain.states import ACTIVE_STATES, RunState
-from cronwheel.store.rows import (
-    run_from,
-    uuid_cursor,
-)
-from cronwheel.store.schema import (
-    runs,
-)
+from cronwheel.store.driver import Driver
+from cronwheel.store.rows import history_cursor, history_position, run_from
+from cronwheel.store.schema import jobs, runs, tenants
 from cronwheel.store.sql.core import SqlCore
 from cronwheel.store.values import RunFilter
 
-__all__ = ["RunsMixin"]
+__all__ = ["RunsMixin", "history_select", "history_statement"]
 
 
 class RunsMixin(SqlCore):
@@ -40,32 +37,19 @@ class RunsMixin(SqlCore):
 
     async def runs_list(
         self,
-        tenant_id: uuid.UUID,
+        tenant_id: uuid.UUID | None,
         *,
         filter: RunFilter | None = None,
         cursor: str | None = None,
         limit: int = 100,
     ) -> Page[Run]:
-        before = uuid_cursor(cursor)
         f = filter or RunFilter()
-        stmt = sa.select(*runs.c).where(runs.c.tenant_id == tenant_id)
-        if f.job_id is not None:
-            stmt = stmt.where(runs.c.job_id == f.job_id)
-        if f.states:
-            stmt = stmt.where(runs.c.state.in_(list(f.states)))
-        if f.since is not None:
-            stmt = stmt.where(runs.c.due_at >= f.since)
-        if f.until is not None:
-            stmt = stmt.where(runs.c.due_at < f.until)
-        if f.tag is not None:
-            stmt = stmt.where(self.driver.json_has(runs.c.tags, f.tag))
-        if before is not None:
-            stmt = stmt.where(runs.c.id < before)
-        stmt = stmt.order_by(runs.c.id.desc()).limit(limit + 1)
+        stmt = history_statement(self.driver, tenant_id, f, history_position(cursor), limit + 1)
         async with self._read() as conn:
             rows = (await conn.execute(stmt)).all()
         items = [run_from(r) for r in rows[:limit]]
-        return Page(items, str(items[-1].id) if len(rows) > limit else None)
+        more = len(rows) > limit
+        return Page(items, history_cursor(items[-1].due_at, items[-1].id) if more else None)
 
     async def runs_cancel(
         self,
@@ -161,3 +145,85 @@ class RunsMixin(SqlCore):
         async with self._read() as conn:
             rows = (await conn.execute(stmt)).all()
         return [DueRun(id=r.id, shard=r.shard, fire_at=r.fire_at) for r in rows]
+
+
+def history_statement(
+    driver: Driver,
+    tenant_id: uuid.UUID | None,
+    f: RunFilter,
+    after: tuple[datetime, uuid.UUID] | None,
+    limit: int,
+) -> sa.Select[Any]:
+    """The first ``limit`` runs of the tenant (None: of every tenant) that ``f``
+    selects after the position ``after``, newest first."""
+    if tenant_id is not None:
+        return history_select(driver, runs.c.tenant_id == tenant_id, f, after, limit)
+    if f.job_id is not None:
+        # A job names its tenant.
+        owner = sa.select(jobs.c.tenant_id).where(jobs.c.id == f.job_id).scalar_subquery()
+        return history_select(driver, runs.c.tenant_id == owner, f, after, limit)
+    if driver.dialect != "postgresql":
+        # On SQLite every tenant's runs are one walk.
+        return history_select(driver, sa.true(), f, after, limit)
+    # Each tenant's own index walk (a LATERAL join over the tenants), merged: no page
+    # reads more than ``limit`` rows of any tenant.
+    every = sa.select(tenants.c.id.label("tenant_id")).subquery("every")
+    one = history_select(
+        driver, runs.c.tenant_id == every.c.tenant_id, f, after, limit, outer=every
+    )
+    walk = one.lateral("one")
+    return (
+        sa.select(*walk.c)
+        .select_from(every.join(walk, sa.true()))
+        .order_by(walk.c.due_at.desc(), walk.c.id.desc())
+        .limit(limit)
+    )
+
+
+def history_select(
+    driver: Driver,
+    tenant: sa.ColumnElement[bool],
+    f: RunFilter,
+    after: tuple[datetime, uuid.UUID] | None,
+    limit: int,
+    *,
+    outer: sa.FromClause | None = None,
+) -> sa.Select[Any]:
+    """The first ``limit`` runs matching ``tenant`` and ``f`` after the position
+    ``after``, in the history's order (due_at, then id, descending). Each is one
+    index range walked backwards, stopping at ``limit`` (docs/history.md): by job
+    the key (tenant, job, due_at), by state ``ix_runs_tenant_state``, else
+    ``ix_runs_tenant_due``; several states are one walk each, merged."""
+    where: list[sa.ColumnElement[bool]] = [tenant]
+    if f.job_id is not None:
+        where.append(runs.c.job_id == f.job_id)
+    if f.since is not None:
+        where.append(runs.c.due_at >= f.since)
+    if f.until is not None:
+        where.append(runs.c.due_at < f.until)
+    where += [driver.json_has(runs.c.tags, tag) for tag in f.tags]
+    if f.pool is not None:
+        where.append(runs.c.pool == f.pool)
+    if after is not None:
+        due_at, run_id = after
+        # The bound on due_at alone is what the index walk starts from; the id
+        # breaks ties among runs due at the same instant.
+        where += [
+            runs.c.due_at <= due_at,
+            sa.or_(runs.c.due_at < due_at, runs.c.id < run_id),
+        ]
+    # A job's runs never share a due instant (the key (tenant_id, job_id, due_at)): in
+    # the key's order already, with no sort by id.
+    order = (runs.c.due_at.desc(),) if f.job_id else (runs.c.due_at.desc(), runs.c.id.desc())
+
+    def walk(*more: sa.ColumnElement[bool]) -> sa.Select[Any]:
+        stmt = sa.select(*runs.c).where(*where, *more).order_by(*order).limit(limit)
+        # Inside a LATERAL join: ``tenant`` names the outer row's tenant.
+        return stmt if outer is None else stmt.correlate(outer)
+
+    states = sorted(set(f.states or ()))
+    if len(states) <= 1:
+        return walk(*(runs.c.state == state for state in states))
+    walks = [walk(runs.c.state == state).subquery(f"s{i}") for i, state in enumerate(states)]
+    merged = sa.union_all(*(sa.select(*w.c) for w in walks)).subquery("merged")
+    return sa.select(*merged.c).order_by(merged.c.due_at.desc(), merged.c.id.desc()).limit(limit)
