@@ -44,8 +44,9 @@ TEST_POOL = {"pool_size": 3, "pool_overflow": 4}
 # Per-test databases, dropped at the end of the session.
 _spent: list[str] = []
 # Drops at once at the end of the session: each one waits for a checkpoint, and
-# concurrent drops share one.
-_DROPS_AT_ONCE = 4
+# concurrent drops share one (100 drops: 9 s four at once, 6 s sixteen at once; more
+# would crowd the other test process's connections while it finishes).
+_DROPS_AT_ONCE = 16
 
 
 @pytest.fixture(scope="session")
