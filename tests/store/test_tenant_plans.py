@@ -118,7 +118,10 @@ async def _build(url: str) -> World:
     return World(url, big, small, big_worker, small_worker, time.monotonic() - started)
 
 
-@pytest.fixture(scope="module")
+# For the session, not the module: pytest-xdist may hand this process another module's
+# test between two of this one's, and a module fixture would be built again after it
+# (half a minute each time).
+@pytest.fixture(scope="session")
 def world(pg_template: str) -> Iterator[World]:
     name = f"cw_plans_{uuid.uuid4().hex[:10]}"
     asyncio.run(pg_admin(f'CREATE DATABASE "{name}" TEMPLATE "{pg_template}"'))
