@@ -14,6 +14,7 @@ import sqlalchemy as sa
 from cronwheel.domain.errors import ValidationError
 from cronwheel.store import Store
 from cronwheel.store.schema import runs
+from cronwheel.store.sql import overview as overview_module
 from cronwheel.store.sql.overview import percentile
 from cronwheel.store.values import RunStats
 
@@ -143,3 +144,17 @@ def test_percentile_interpolates_as_percentile_cont() -> None:
     assert percentile([7.0], 0.99) == 7.0
     assert percentile([1.0, 2.0], 0.5) == 1.5
     assert percentile([0.0, 10.0, 20.0, 30.0, 40.0], 0.99) == pytest.approx(39.6)
+
+
+async def test_every_tenants_runs_are_counted_however_many_tenants(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # SQLite reads the tenants in groups: groups of one here, so that three are read.
+    monkeypatch.setattr(overview_module, "_SQLITE_IDS", 1)
+    for n in range(3):
+        tenant = await make_tenant(store)
+        for i in range(n + 1):
+            await run_at(store, tenant.id, at(10 * i), "SUCCESS", dispatched=100, started=200)
+    got = await store.runs_overview(None, since=T0, minutes=1)
+    assert nonzero(got.total) == {"SUCCESS": 6}
+    assert lateness(got.total) == pytest.approx((100, 100, 200, 200))

@@ -33,6 +33,7 @@ __all__ = ["OVERVIEW_MINUTES_MAX", "OverviewMixin", "percentile"]
 
 OVERVIEW_MINUTES_MAX = 1440
 _STATES = [s.value for s in RunState]
+_SQLITE_IDS = 500  # tenant ids bound in one SQLite statement
 
 
 def percentile(values: Sequence[float], p: float) -> float | None:
@@ -124,12 +125,8 @@ class OverviewMixin(SqlCore):
                 ids = [tenant_id]
             else:
                 ids = list((await conn.execute(sa.select(tenants.c.id))).scalars())
-            window = sa.and_(
-                self.driver.id_in(runs.c.tenant_id, ids),
-                runs.c.due_at >= since,
-                runs.c.due_at < until,
-            )
             if self.driver.dialect == "postgresql":
+                window = self._window(ids, since, until)
                 rows = (await conn.execute(self._overview_sql(window, since))).all()
                 by_minute, total = _from_sql(rows, since)
             else:
@@ -141,14 +138,27 @@ class OverviewMixin(SqlCore):
                     runs.c.state,
                     runs.c.attempt,
                 )
-                result = await conn.execute(sa.select(*columns).where(window))
-                by_minute, total = _from_rows(result, since)
+                # SQLite binds each id: tenants in groups, within its bound on them.
+                found: list[Any] = []
+                for at in range(0, len(ids), _SQLITE_IDS):
+                    window = self._window(ids[at : at + _SQLITE_IDS], since, until)
+                    found += (await conn.execute(sa.select(*columns).where(window))).all()
+                by_minute, total = _from_rows(found, since)
         starts = [since + timedelta(minutes=i) for i in range(minutes)]
         return RunsOverview(
             since=since,
             until=until,
             minutes=[by_minute.get(i) or _empty(at) for i, at in enumerate(starts)],
             total=total,
+        )
+
+    def _window(
+        self, ids: Sequence[uuid.UUID], since: datetime, until: datetime
+    ) -> sa.ColumnElement[bool]:
+        """The runs of ``ids`` due in ``[since, until)``: a range of the
+        ``(tenant_id, due_at)`` index per tenant."""
+        return sa.and_(
+            self.driver.id_in(runs.c.tenant_id, ids), runs.c.due_at >= since, runs.c.due_at < until
         )
 
     @staticmethod
