@@ -76,6 +76,11 @@ async def test_each_key_sees_its_own_runs_and_the_admin_every_tenants(api: Any) 
     [p] = [p for p in every["pools"] if p["name"] == pool]
     assert (p["ready"], p["free"]) == (4, 0)
 
+    unknown = await api.client.get(
+        "/v1/overview", headers={**api.admin, "Cronwheel-Tenant": str(uuid.uuid4())}
+    )
+    assert unknown.status_code == 404
+    assert unknown.json()["error"]["field"] == "Cronwheel-Tenant"
     worker = await api.client.get("/v1/overview", headers=await api.key(one, "worker"))
     assert worker.status_code == 403
     assert (await api.client.get("/v1/overview")).status_code == 401

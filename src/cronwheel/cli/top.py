@@ -65,8 +65,8 @@ _OnceOpt = Annotated[bool, typer.Option("--once", help="Print one frame and exit
 
 
 def sparkline(values: Sequence[int], width: int = _SPARK_WIDTH) -> str:
-    """One character per value (values summed in groups to fit ``width``), its height
-    relative to the largest; a zero is a space-like lowest bar only when all are zero."""
+    """One character per value (values summed in groups to fit ``width``): a bar of
+    height relative to the largest, a space for zero (so one run still shows)."""
     if not values:
         return ""
     size = -(-len(values) // width)  # ceil
@@ -84,6 +84,14 @@ def _ms(value: Any) -> str:
         return "-"
     ms = float(value)
     return f"{ms / 1000:.2f} s" if ms >= 1000 else f"{ms:.1f} ms"
+
+
+def _clock(value: Any) -> str:
+    """An API instant as ``HH:MM``."""
+    try:
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00")).strftime("%H:%M")
+    except ValueError:
+        return str(value)
 
 
 def _rate(value: Any) -> str:
@@ -138,7 +146,7 @@ def _summary(body: dict[str, Any]) -> RenderableType:
     caption = (
         "now: no run of the window measured yet"
         if now is None
-        else f"now: the runs due in the newest minute measured, {short_time(now.get('at'))}"
+        else f"now: the runs due in the minute of {_clock(now.get('at'))} UTC"
     )
     return table("summary", ["", "window", "now"], rows, caption=caption)
 
