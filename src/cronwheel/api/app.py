@@ -18,6 +18,7 @@ from fastapi_offline import FastAPIOffline
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from cronwheel.api import overview
 from cronwheel.api.auth import KeyCache
 from cronwheel.api.errors import AllowedMethods, error_response, install_error_handlers
 from cronwheel.api.head_limits import HeadLimitMiddleware, HeadLimits
@@ -241,6 +242,7 @@ def create_app(settings: Settings, store: Store, *, log_store: LogStore | None =
             workers,
             attempts,
             pools,
+            overview,
             logs,
             audit,
             bulk,

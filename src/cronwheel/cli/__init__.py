@@ -4,7 +4,7 @@ Exit codes: 0 success, 1 an error (printed in red on stderr), 2 a usage error.
 
 The root app is here; each group of commands has its module (``jobs``, and
 ``job_edit`` for ``jobs edit``; ``runs``, ``tenants``, ``workers``, ``pools``,
-``schedule``, ``dlq``, ``alerts``, ``audit``, ``bulk`` and ``operations``; ``server``
+``schedule``, ``dlq``, ``alerts``, ``audit``, ``top``, ``bulk`` and ``operations``; ``server``
 for the processes and the database), sharing ``options`` (the connection
 options and the client they make) and ``output`` (consoles, tables, errors and exit
 codes).
@@ -29,6 +29,7 @@ from cronwheel.cli.runs import runs_app
 from cronwheel.cli.schedule import schedule_app
 from cronwheel.cli.server import api, db_app, demo, scheduler, server, worker
 from cronwheel.cli.tenants import tenants_app
+from cronwheel.cli.top import top
 from cronwheel.cli.workers import workers_app
 from cronwheel.version import package_version
 
@@ -77,6 +78,7 @@ app.add_typer(overrides_app, name="overrides")
 app.add_typer(db_app, name="db")
 app.command("alerts")(alerts)
 app.command("audit")(audit)
+app.command("top")(top)
 app.command()(server)
 app.command()(api)
 app.command()(scheduler)

@@ -100,6 +100,9 @@ class AsyncClient(BaseClient):
             raise self._transport_error(exc, call) from exc
         return self._parse(response)
 
+    async def overview(self, *, minutes: int | None = None) -> Json:
+        return cast(Json, await self.send(Calls.overview(minutes)))
+
     async def get(self, path: str, **params: Any) -> Any:
         return await self.send(Call("GET", path, params=query_params(**params)))
 

@@ -338,6 +338,10 @@ class Calls:
         return Call("GET", "/v1/alerts")
 
     @staticmethod
+    def overview(minutes: int | None) -> Call:
+        return Call("GET", "/v1/overview", params=query_params(minutes=minutes))
+
+    @staticmethod
     def workers_list(pool: str | None, cursor: str | None, limit: int | None) -> Call:
         params = query_params(pool=pool, cursor=cursor, limit=limit)
         return Call("GET", "/v1/workers", params=params)

@@ -98,6 +98,15 @@ class Client(BaseClient):
             raise self._transport_error(exc, call) from exc
         return self._parse(response)
 
+    def overview(self, *, minutes: int | None = None) -> Json:
+        """What a dashboard's first page shows: the runs due in each of the last
+        ``minutes`` minutes (server default 60, at most 1440) by state now, with their
+        dispatch and start lateness p50/p99; the same over the window with its success
+        rate; the active alerts; the pools with their workers, free slots and waiting
+        runs. The tenant's, or with the admin key every tenant's (one tenant's when the
+        client names it)."""
+        return cast(Json, self.send(Calls.overview(minutes)))
+
     def get(self, path: str, **params: Any) -> Any:
         """A GET of any API path (for what the resources do not cover yet)."""
         return self.send(Call("GET", path, params=query_params(**params)))

@@ -64,6 +64,7 @@ from cronwheel.store.values import (
     Migrated,
     RedriveBatch,
     RunFilter,
+    RunsOverview,
     TenantDeleted,
 )
 from cronwheel.store.worker_side import WorkerSide
@@ -577,6 +578,23 @@ class Store(SchedulerSide, WorkerSide):
     @abstractmethod
     async def runs_count_by_state(self) -> dict[str, int]:
         """Every tenant's runs counted by state (for metrics)."""
+
+    @abstractmethod
+    async def runs_overview(
+        self,
+        tenant_id: uuid.UUID | None,
+        *,
+        since: datetime,
+        minutes: int,
+        until: datetime | None = None,
+    ) -> RunsOverview:
+        """The runs due from ``since`` for ``minutes`` minutes — cut at ``until`` when
+        given and earlier (the current minute so far) — by minute and in all, counted
+        by state with their dispatch and start lateness (:class:`RunStats`).
+        ``tenant_id`` None: every tenant's. Reads only the runs of the window, through
+        ranges of a ``(tenant_id, due_at)`` index, one per tenant (see
+        ``store/sql/overview.py``). ``minutes`` outside 1..1440, or ``until`` not after
+        ``since``, raises :class:`ValidationError`."""
 
     @abstractmethod
     async def attempts_list(self, tenant_id: uuid.UUID, *, run_id: uuid.UUID) -> list[Attempt]: ...

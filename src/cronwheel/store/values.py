@@ -29,6 +29,8 @@ __all__ = [
     "RedriveBatch",
     "Releasable",
     "RunFilter",
+    "RunStats",
+    "RunsOverview",
     "TenantDeleted",
 ]
 
@@ -222,3 +224,35 @@ class Releasable:
     # how fast they can be leased (None: no limit): more would only fill the ready queue
     # with runs no worker may take, and crowd out other tenants' release.
     ready_cap: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RunStats:
+    """The runs due in one stretch of time (a minute, or a whole window): how many are
+    in each state now (every state named, zeros included), and the 50th and 99th
+    percentiles of their lateness in milliseconds (None: no run to measure).
+
+    Dispatch lateness: ``dispatched_at - fire_at`` of the runs dispatched (not back in
+    SCHEDULED); start lateness: ``started_at - fire_at`` of the runs started on their
+    first try (a retry's ``fire_at`` lies after its backoff). Both are never below 0: a
+    run dispatched or started ahead of its instant (a reservation) counts as on time.
+    Percentiles interpolate between the two nearest values (``percentile_cont``)."""
+
+    at: datetime  # where the stretch begins
+    states: dict[str, int]
+    dispatch_p50_ms: float | None
+    dispatch_p99_ms: float | None
+    start_p50_ms: float | None
+    start_p99_ms: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class RunsOverview:
+    """The runs due in ``[since, until)``: by minute from ``since`` (every minute of
+    the window, empty ones included; the last may be cut short at ``until``) and over
+    the whole window (``total``)."""
+
+    since: datetime
+    until: datetime
+    minutes: list[RunStats]
+    total: RunStats

@@ -18,8 +18,9 @@ from cronwheel.api.jsonbody import StrictJsonRoute
 from cronwheel.api.schemas import ERROR_RESPONSES, AlertList, AlertOut
 from cronwheel.api.state import api_state
 from cronwheel.domain.model import QuarantinedRun, UnroutableRuns
+from cronwheel.store import Store
 
-__all__ = ["alert_out", "quarantine_alerts", "router"]
+__all__ = ["alert_out", "alerts_for", "quarantine_alerts", "router"]
 
 router = APIRouter(
     prefix="/v1/alerts", tags=["alerts"], responses=ERROR_RESPONSES, route_class=StrictJsonRoute
@@ -51,10 +52,14 @@ async def list_alerts(
     that a step of a scheduler pass failed on alone, taken out of it as dead letters (the
     error is each run's ``reason``); the alert clears when they are redriven or the job
     is cancelled."""
-    store = api_state(request).store
+    return AlertList(items=await alerts_for(api_state(request).store, tenant_id))
+
+
+async def alerts_for(store: Store, tenant_id: uuid.UUID | None) -> list[AlertOut]:
+    """The active alerts of the tenant (None: of every tenant), longest-standing first."""
     unroutable = [alert_out(g) for g in await store.runs_unroutable(tenant_id)]
     quarantined = quarantine_alerts(await store.runs_quarantined(tenant_id))
-    return AlertList(items=sorted([*unroutable, *quarantined], key=lambda a: a.since))
+    return sorted([*unroutable, *quarantined], key=lambda a: a.since)
 
 
 def quarantine_alerts(quarantined: list[QuarantinedRun]) -> list[AlertOut]:

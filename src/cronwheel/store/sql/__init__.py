@@ -13,6 +13,7 @@ from cronwheel.store.sql.expiry import ExpiryMixin
 from cronwheel.store.sql.firing import FiringMixin
 from cronwheel.store.sql.logs import LogsMixin
 from cronwheel.store.sql.overrides import OverridesMixin
+from cronwheel.store.sql.overview import OverviewMixin
 from cronwheel.store.sql.pools import PoolsMixin
 from cronwheel.store.sql.rate_buckets import RateBucketsMixin
 from cronwheel.store.sql.redrive import RedriveMixin
@@ -33,6 +34,7 @@ class SqlStore(
     EditsMixin,
     OverridesMixin,
     RunsMixin,
+    OverviewMixin,
     RedriveMixin,
     FiringMixin,
     ShardLeasesMixin,
