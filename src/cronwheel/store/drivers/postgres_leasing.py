@@ -356,7 +356,8 @@ started AS (
       AND ({START.sql("r.state")} AND r.reserved_token = p.reserved_token
            AND r.fire_at = p.fire_at) IS TRUE
     RETURNING r.id, r.tenant_id, r.job_id, r.attempt, r.due_at, r.heartbeat_timeout, r.timeout,
-              r.progress_timeout, p.reserved_attempt AS attempt_id, p.reserved_token AS token,
+              r.progress_timeout, r.priority, p.reserved_attempt AS attempt_id,
+              p.reserved_token AS token,
               GREATEST(t.now, p.fire_at) AS now
 ),
 att AS (
@@ -374,13 +375,14 @@ ev AS (
            'worker:' || $3::text, jsonb_build_object('attempt', attempt, 'fencing_token', token)
     FROM started
 )
-SELECT token, now, CASE WHEN attempt = 1 THEN due_at END AS first_due, FALSE AS gone
+SELECT token, now, CASE WHEN attempt = 1 THEN due_at END AS first_due, tenant_id, priority,
+       FALSE AS gone
 FROM started
 UNION ALL
-SELECT reserved_token, NULL, NULL, FALSE FROM picked, t
+SELECT reserved_token, NULL, NULL, NULL, NULL, FALSE FROM picked, t
 WHERE picked.fire_at > t.now + make_interval(secs => $5)
 UNION ALL
-SELECT NULL, NULL, NULL, TRUE WHERE NOT EXISTS (SELECT 1 FROM live)
+SELECT NULL, NULL, NULL, NULL, NULL, TRUE WHERE NOT EXISTS (SELECT 1 FROM live)
 """
 
 
@@ -403,7 +405,11 @@ async def start_many(
         started=[r["token"] for r in started],
         not_yet=[r["token"] for r in rows if r["now"] is None],
         refused=[t for t in tokens if t not in done],
-        first_tries=[(r["first_due"], r["now"]) for r in started if r["first_due"] is not None],
+        first_tries=[
+            (r["first_due"], r["now"], r["tenant_id"], r["priority"])
+            for r in started
+            if r["first_due"] is not None
+        ],
     )
 
 

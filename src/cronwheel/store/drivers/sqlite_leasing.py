@@ -358,7 +358,9 @@ class CoreLeasing(Driver):
         if (await conn.execute(live)).first() is None:
             raise WorkerGone(worker_id)
         stmt = (
-            sa.select(*_STARTED_COLUMNS, runs.c.reserved_attempt, runs.c.reserved_token)
+            sa.select(
+                *_STARTED_COLUMNS, runs.c.priority, runs.c.reserved_attempt, runs.c.reserved_token
+            )
             .where(
                 runs.c.reserved_token.in_(list(tokens)),
                 may(START),
@@ -390,7 +392,11 @@ class CoreLeasing(Driver):
             started=[r.reserved_token for r in due],
             not_yet=[r.reserved_token for r in rows if r.fire_at > until],
             refused=[t for t in tokens if t not in found],
-            first_tries=[(r.due_at, max(at, r.fire_at)) for r in due if r.attempt == 0],
+            first_tries=[
+                (r.due_at, max(at, r.fire_at), r.tenant_id, r.priority)
+                for r in due
+                if r.attempt == 0
+            ],
         )
 
     # -- heartbeats and results ----------------------------------------------------
