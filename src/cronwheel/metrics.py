@@ -37,16 +37,17 @@ __all__ = [
     "POOL_FREE_SLOTS",
     "QUARANTINED_RUNS",
     "READY_BACKLOG",
+    "READY_QUEUE",
     "REGISTRY",
     "RETRIES",
     "RUNS_BY_STATE",
     "RUNS_MISSED",
     "RUNS_QUARANTINED",
     "RUNS_THROTTLED",
-    "SCHEDULER_NODES",
     "SCHEDULES_STALLED",
     "SHARDS_HELD",
     "SHARD_OWNERS",
+    "SHARD_OWNERSHIP",
     "START_LATENESS",
     "TASK_LABELS",
     "TENANT_NAMES",
@@ -167,16 +168,23 @@ LIVE_WORKERS = Gauge(
     ["pool"],
     registry=REGISTRY,
 )
-SHARD_OWNERS = Gauge(
-    "cronwheel_shards_owned",
-    "Shards with an unexpired lease, by state: owned (some node holds it) or orphaned "
-    "(none does: nothing fires its runs); refreshed at scrape time.",
+SHARD_OWNERSHIP = Gauge(
+    "cronwheel_shards",
+    "Shards by state: owned (a node holds an unexpired lease on it) or orphaned (none "
+    "does: nothing fires its runs until a node takes it); refreshed at scrape time.",
     ["state"],
     registry=REGISTRY,
 )
-SCHEDULER_NODES = Gauge(
-    "cronwheel_scheduler_nodes",
-    "Scheduler nodes that beat within the shard lease TTL (refreshed at scrape time).",
+SHARD_OWNERS = Gauge(
+    "cronwheel_shard_owners",
+    "Scheduler nodes holding an unexpired lease on at least one shard (refreshed at scrape time).",
+    registry=REGISTRY,
+)
+READY_QUEUE = Gauge(
+    "cronwheel_ready_queue",
+    "Runs in the ready queue (dispatched, waiting for a worker to lease them), by pool "
+    "as cronwheel_pool_capacity (refreshed at scrape time).",
+    ["pool"],
     registry=REGISTRY,
 )
 RUNS_BY_STATE = Gauge(

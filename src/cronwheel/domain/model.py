@@ -234,6 +234,11 @@ class AttemptOutcome:
     lease_expires_at: datetime | None = None
     cancel_requested: bool = False
     run_state: RunState | None = None
+    # Of an attempt its worker ended (for the execution duration metric): the run's
+    # tenant and task, and how long the attempt ran.
+    tenant_id: uuid.UUID | None = None
+    task: str | None = None
+    ran: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
