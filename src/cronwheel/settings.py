@@ -111,6 +111,11 @@ class Settings(BaseSettings):
     route_check_interval: float = Field(default=5.0, gt=0)
     route_wait: float = Field(default=5.0, ge=0)
     worker_ttl: float = Field(default=30.0, gt=0)
+    # Missed runs (undispatched past their job's lateness budget) and stalled
+    # schedules are looked for this often, ``missed_batch`` runs or jobs at a time
+    # (docs/alerts.md).
+    missed_check_interval: float = Field(default=5.0, gt=0)
+    missed_batch: int = Field(default=1000, ge=1, le=100_000)
     # A node whose clock cannot be trusted within this many seconds (the round trip of
     # its best offset reading, or the offset's change since the reading before) gives
     # up its shards until it can.

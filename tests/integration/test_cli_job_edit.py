@@ -92,3 +92,16 @@ def test_a_stale_version_and_bad_input_fail_clearly(cli_server: Server) -> None:
     result = cli_server.cli("jobs", "edit", job_id, "--priority", "1", "--json")
     assert result.exit_code == 1 and "illegal_transition" in result.stderr
     assert json.loads(cli_server.cli("jobs", "show", job_id, "--json").stdout)["priority"] == 0
+
+
+def test_the_lateness_budget_is_set_and_edited(cli_server: Server) -> None:
+    made = cli_server.json(
+        "jobs", "create", "--name", "tight", "--task", "t", "--cron", "0 2 * * *",
+        "--lateness-budget", "12",
+    )  # fmt: skip
+    assert made["lateness_budget"] == 12.0
+    edited = cli_server.json("jobs", "edit", str(made["id"]), "--lateness-budget", "45")
+    assert edited["lateness_budget"] == 45.0
+    result = cli_server.cli("jobs", "edit", str(made["id"]), "--lateness-budget", "0")
+    assert result.exit_code != 0
+    assert cli_server.json("jobs", "show", str(made["id"]))["lateness_budget"] == 45.0

@@ -301,7 +301,7 @@ async def test_reservations_start_at_their_instant(store: Store) -> None:
     assert (started.started_at, started.started, started.first_tries) == (
         at(3),
         [token],
-        [(run.due_at, at(3))],
+        [(run.due_at, at(3), tenant.id, run.priority)],
     )
     [attempt] = await store.attempts_list(tenant.id, run_id=run.id)
     assert (attempt.id, attempt.fencing_token) == (reserved.attempt_id, token)

@@ -71,7 +71,7 @@ async def test_a_reservation_starts_at_its_instant_and_not_before(store: Store) 
 
     started = await store.attempts_start_many(worker_id=worker.id, tokens=[token], now=at(3.5))
     assert started == ReservationsStarted(
-        started_at=at(3.5), started=[token], first_tries=[(DUE, at(3.5))]
+        started_at=at(3.5), started=[token], first_tries=[(DUE, at(3.5), tenant.id, 2)]
     )
     got = await store.runs_get(tenant.id, run.id)
     assert (got.state, got.attempt, got.started_at) == (RunState.RUNNING, 1, at(3.5))
@@ -122,7 +122,9 @@ async def test_a_reservation_started_ahead_begins_at_its_instant(store: Store) -
     started = await store.attempts_start_many(
         worker_id=worker.id, tokens=[token], now=at(2.25), ahead=1.0
     )
-    assert started == ReservationsStarted(started_at=DUE, started=[token], first_tries=[(DUE, DUE)])
+    assert started == ReservationsStarted(
+        started_at=DUE, started=[token], first_tries=[(DUE, DUE, tenant.id, 2)]
+    )
     # RUNNING from the start, dated from its instant: the run, its attempt (lease and
     # deadline) and the transition.
     got = await store.runs_get(tenant.id, run.id)

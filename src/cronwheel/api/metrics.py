@@ -14,16 +14,21 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from cronwheel.api.auth import REQUEST_ID_HEADER, bearer_token, may_read_metrics, request_id_of
 from cronwheel.api.errors import error_response
 from cronwheel.domain.pools import priority_class
+from cronwheel.domain.sharding import NUM_SHARDS
 from cronwheel.domain.states import RunState
 from cronwheel.metrics import (
     API_REQUEST_DURATION,
     API_REQUESTS,
     CONTENT_TYPE_LATEST,
+    LIVE_WORKERS,
     POOL_CAPACITY,
     POOL_FREE_SLOTS,
     QUARANTINED_RUNS,
     READY_BACKLOG,
+    READY_QUEUE,
     RUNS_BY_STATE,
+    SHARD_OWNERS,
+    SHARD_OWNERSHIP,
     UNROUTABLE_RUNS,
     render,
 )
@@ -78,7 +83,22 @@ class RunsByStateRefresher:
             UNROUTABLE_RUNS.labels(pool=label).set(count)
         QUARANTINED_RUNS.set(await self._store.runs_count_quarantined())
         await self._refresh_pools()
+        await self._refresh_shards()
         self._refreshed_at = now
+
+    async def _refresh_shards(self) -> None:
+        at = await self._store.db_now()
+        leases = await self._store.shard_leases_list()
+        held = [
+            lease
+            for lease in leases
+            if lease["owner"] is not None
+            and lease["expires_at"] is not None
+            and lease["expires_at"] > at
+        ]
+        SHARD_OWNERSHIP.labels(state="owned").set(len(held))
+        SHARD_OWNERSHIP.labels(state="orphaned").set(NUM_SHARDS - len(held))
+        SHARD_OWNERS.set(len({lease["owner"] for lease in held}))
 
     def _label(self, pool: str) -> str:
         return pool if pool in self._pools else OTHER_POOLS
@@ -89,17 +109,23 @@ class RunsByStateRefresher:
         )
         capacity = dict.fromkeys([*self._pools, OTHER_POOLS], 0)
         free = dict(capacity)
+        workers = dict(capacity)
+        ready = dict(capacity)
         backlog: dict[tuple[str, str, str], int] = {}
         for status in statuses:
             label = self._label(status.name)
             capacity[label] += status.capacity
             free[label] += status.free or 0
+            workers[label] += status.workers
+            ready[label] += status.ready
             for b in status.backlog:
                 key = (label, b.tenant_name, priority_class(b.priority))
                 backlog[key] = backlog.get(key, 0) + b.total
         for label, value in capacity.items():
             POOL_CAPACITY.labels(pool=label).set(value)
             POOL_FREE_SLOTS.labels(pool=label).set(free[label])
+            LIVE_WORKERS.labels(pool=label).set(workers[label])
+            READY_QUEUE.labels(pool=label).set(ready[label])
         READY_BACKLOG.clear()  # with no await before the new values are in
         for (pool, tenant, priority), value in backlog.items():
             READY_BACKLOG.labels(pool=pool, tenant=tenant, priority=priority).set(value)

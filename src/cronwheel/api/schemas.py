@@ -265,6 +265,11 @@ class JobOut(ResponseModel):
         description="seconds: each run fires at a deterministic offset in [0, spread) "
         "after its due instant (0: at its due instant)",
     )
+    lateness_budget: float = Field(
+        default=30.0,
+        description="seconds a run may go undispatched past its fire time before it "
+        "counts as missed (docs/alerts.md)",
+    )
     next_due_at: UtcInstant | None
     version: int
     created_at: UtcInstant
@@ -520,10 +525,14 @@ class EventOut(ResponseModel):
 
 
 class AlertOut(ResponseModel):
-    kind: Literal["unroutable_runs", "quarantined_runs"] = Field(
+    kind: Literal["unroutable_runs", "quarantined_runs", "missed_runs", "stalled_schedule"] = Field(
         description="unroutable_runs: dispatched runs no live worker can take; "
-        "quarantined_runs: runs of one job a scheduler step failed on (poison rows), taken "
-        "out of the pass as dead letters until redriven or the job is cancelled"
+        "quarantined_runs: runs of one job a scheduler step failed on (poison rows), "
+        "taken out of the pass as dead letters until redriven or the job is cancelled; "
+        "missed_runs: runs of one job not dispatched within the job's lateness budget "
+        "(clears when they are dispatched, cancelled or their job paused); "
+        "stalled_schedule: a recurring job with no run to fire an occurrence already "
+        "past its lateness budget (clears when the schedule produces runs again)"
     )
     tenant_id: uuid.UUID
     pool: str
@@ -535,14 +544,18 @@ class AlertOut(ResponseModel):
     )
     runs: int = Field(description="how many runs the alert is about")
     since: UtcInstant = Field(
-        description="when the longest-waiting of them was dispatched, or the first of "
-        "them quarantined"
+        description="when the longest-waiting of them was dispatched, the first of them "
+        "quarantined, the earliest fire time of the missed ones, or when the schedule "
+        "was found stalled"
     )
     message: str
-    job_id: uuid.UUID | None = Field(default=None, description="quarantined_runs: the job")
+    job_id: uuid.UUID | None = Field(
+        default=None, description="quarantined_runs, missed_runs, stalled_schedule: the job"
+    )
     run_ids: list[uuid.UUID] = Field(
         default_factory=list,
-        description="quarantined_runs: the runs (up to 100, oldest first), to inspect and redrive",
+        description="quarantined_runs: the runs (up to 100, oldest first), to inspect and "
+        "redrive; missed_runs: the missed runs (up to 100, oldest first)",
     )
 
 

@@ -15,9 +15,10 @@ def alerts(
     as_json: JsonOpt = False,
 ) -> None:
     """Active alerts, longest-standing first: runs no live worker can take (their pool,
-    tenant and required capabilities), and runs a scheduler step failed on (quarantined
-    dead letters, their job named). A tenant key shows its tenant's; the admin key
-    every tenant's (one tenant's with --tenant)."""
+    tenant and required capabilities), runs a scheduler step failed on (quarantined
+    dead letters, their job named), runs not dispatched within their job's lateness
+    budget (missed), and recurring jobs whose schedule stalled. A tenant key shows its
+    tenant's; the admin key every tenant's (one tenant's with --tenant)."""
     with handle_errors(), client_for(url, api_key, tenant) as client:
         items = client.alerts.list()
     if as_json:

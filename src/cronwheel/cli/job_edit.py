@@ -296,6 +296,15 @@ def jobs_edit(
             show_default=False,
         ),
     ] = None,
+    lateness_budget: Annotated[
+        float | None,
+        typer.Option(
+            "--lateness-budget",
+            min=1,
+            help="Seconds a run may go undispatched past its fire time before it counts as missed.",
+            show_default=False,
+        ),
+    ] = None,
     reset: Annotated[
         list[str] | None,
         typer.Option(
@@ -335,6 +344,7 @@ def jobs_edit(
         "heartbeat_timeout": heartbeat_timeout,
         "progress_timeout": progress_timeout,
         "spread": spread,
+        "lateness_budget": lateness_budget,
     }
     fields = {k: v for k, v in fields.items() if v is not None}
     fields.update(_target(task, webhook, header or [], method))

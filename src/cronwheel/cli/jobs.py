@@ -278,6 +278,16 @@ def jobs_create(
             "due instant, derived from the job and the occurrence (docs/spread.md).",
         ),
     ] = None,
+    lateness_budget: Annotated[
+        float | None,
+        typer.Option(
+            "--lateness-budget",
+            min=1,
+            show_default="30",
+            help="Seconds a run may go undispatched past its fire time before it counts "
+            "as missed (an alert; docs/alerts.md).",
+        ),
+    ] = None,
     idempotency_key: Annotated[
         str | None,
         typer.Option(
@@ -319,6 +329,7 @@ def jobs_create(
         "retry": {"max_attempts": max_attempts} if max_attempts is not None else None,
         "progress_timeout": progress_timeout,
         "spread": spread,
+        "lateness_budget": lateness_budget,
     }
     with handle_errors(), client_for(url, api_key, tenant) as client:
         job = client.jobs.create(

@@ -187,7 +187,7 @@ class Jobs(_Resource):
     ) -> Json:
         """Create a job. ``fields`` are the other fields of a job (payload, pool,
         requires, tags, priority, retry, timeout, heartbeat_timeout, progress_timeout,
-        spread, webhook)."""
+        spread, lateness_budget, webhook)."""
         return self._one(Calls.jobs_create(name, schedule, task, idempotency_key, fields))
 
     def create_many(

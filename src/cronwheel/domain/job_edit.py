@@ -14,6 +14,8 @@ not yet tried, the one ``next_due_at`` shows; ``store/sql/edits.py`` applies it)
     occurrences  the schedule but its policies, spread ──▶ moved to the new schedule's
                                                            next occurrence from now
     policies     catch_up, catch_up_window, overlap   ──▶ nothing: read when runs fire
+    lateness_budget                                   ──▶ nothing: read by the missed-run
+                                                          check (docs/alerts.md)
     template     the name and every other field       ──▶ its columns rewritten in place
 
 A one-off job stays one-off (``at``, ``delay``, ``asap``) and a recurring one
@@ -57,6 +59,9 @@ EDITABLE: tuple[str, ...] = tuple(JobSpec.model_fields)
 # A recurring schedule's fields that say what to do when a run fires, not when it is
 # due: read from the job at each firing, so changing them moves no run.
 _POLICIES = frozenset({"catch_up", "catch_up_window", "overlap"})
+# Fields of the job read from the job itself, never copied into its runs: changing them
+# rewrites no run (the lateness budget is read by the missed-run check).
+_JOB_ONLY = frozenset({"lateness_budget"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,5 +165,5 @@ def job_edit(job: Job, spec: JobSpec, *, now: datetime, limits: JobLimits) -> Jo
         before=before,
         after=after,
         occurrence=occurrence,
-        rewrites=bool(differs - {"schedule", "spread"}),
+        rewrites=bool(differs - {"schedule", "spread"} - _JOB_ONLY),
     )

@@ -23,6 +23,7 @@ __all__ = [
     "FiredRun",
     "Job",
     "LeasedAttempt",
+    "MissedRun",
     "NewJob",
     "Page",
     "QuarantinedRun",
@@ -30,7 +31,9 @@ __all__ = [
     "Role",
     "RouteCheck",
     "Run",
+    "ScheduleProbe",
     "SkippedOccurrence",
+    "StalledJob",
     "Tenant",
     "UnroutableRuns",
     "Worker",
@@ -217,8 +220,9 @@ class ReservationsStarted:
     started: list[int] = field(default_factory=list)
     not_yet: list[int] = field(default_factory=list)  # due later: nothing changed
     refused: list[int] = field(default_factory=list)  # the reservation is gone
-    # (due instant, beginning) of the started runs' first tries (start lateness).
-    first_tries: list[tuple[datetime, datetime]] = field(default_factory=list)
+    # (due instant, beginning, tenant, priority) of the started runs' first tries
+    # (start lateness).
+    first_tries: list[tuple[datetime, datetime, uuid.UUID, int]] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,6 +235,11 @@ class AttemptOutcome:
     lease_expires_at: datetime | None = None
     cancel_requested: bool = False
     run_state: RunState | None = None
+    # Of an attempt its worker ended (for the execution duration metric): the run's
+    # tenant and task, and how long the attempt ran.
+    tenant_id: uuid.UUID | None = None
+    task: str | None = None
+    ran: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -302,6 +311,7 @@ class FiredRun:
     pool: str
     fire_at: datetime
     dispatched_at: datetime
+    priority: int = 2  # for the dispatch lateness metric's label
 
 
 @dataclass(frozen=True, slots=True)
@@ -339,3 +349,49 @@ class QuarantinedRun:
     pool: str
     quarantined_at: datetime
     reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class MissedRun:
+    """A run still undispatched past its fire time plus its job's lateness budget."""
+
+    run_id: uuid.UUID
+    tenant_id: uuid.UUID
+    tenant_name: str
+    job_id: uuid.UUID
+    job_name: str
+    pool: str
+    priority: int
+    fire_at: datetime
+    missed_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleProbe:
+    """What the stalled-schedule check reads of a recurring job: its schedule and
+    budget, and its latest scheduled run (None: it has none)."""
+
+    job_id: uuid.UUID
+    tenant_id: uuid.UUID
+    state: str
+    kind: str
+    schedule: dict[str, Any]
+    lateness_budget: float | None
+    spread: float
+    created_at: datetime
+    stalled_at: datetime | None
+    latest_due_at: datetime | None
+    latest_state: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class StalledJob:
+    """An active recurring job whose next occurrence is past its lateness budget with
+    no run to fire it."""
+
+    job_id: uuid.UUID
+    tenant_id: uuid.UUID
+    tenant_name: str
+    job_name: str
+    pool: str
+    stalled_at: datetime

@@ -41,6 +41,8 @@ from cronwheel.domain.bounds import (
 )
 
 __all__ = [
+    "LATENESS_BUDGET_DEFAULT",
+    "LATENESS_BUDGET_MAX",
     "MAX_CRON_LENGTH",
     "MAX_RETRY_AFTER",
     "ONE_OFF_KINDS",
@@ -257,6 +259,11 @@ def redact_webhook(webhook: Mapping[str, Any] | None) -> dict[str, Any] | None:
     return shown
 
 
+LATENESS_BUDGET_DEFAULT = 30.0
+"""Seconds a run may go undispatched past its fire time before it counts as missed."""
+LATENESS_BUDGET_MAX = 86_400.0
+
+
 class JobSpec(_Strict):
     """A job as submitted: its schedule and the template of each of its runs."""
 
@@ -309,6 +316,17 @@ class JobSpec(_Strict):
         description="seconds (at most `timeout`): the handler must report progress "
         "(`ctx.heartbeat`) within this long of the attempt's start and of each report, "
         "or the attempt ends TIMED_OUT and the run is retried; none by default",
+    )
+
+    lateness_budget: Seconds = Field(
+        default=LATENESS_BUDGET_DEFAULT,
+        ge=1,
+        le=LATENESS_BUDGET_MAX,
+        description="seconds (1 to a day) a run may go undispatched past its fire time "
+        "before it counts as missed: a `run.missed` event, the `missed_runs` alert and "
+        "the `cronwheel_runs_missed` counter (docs/alerts.md); a recurring job whose next "
+        "occurrence is this late with no run to fire it raises `stalled_schedule`. 30 by "
+        "default",
     )
 
     @field_validator("progress_timeout")

@@ -18,7 +18,7 @@ from pydantic import BaseModel
 
 from cronwheel.domain.spec import JobSpec
 
-__all__ = ["RunTemplate"]
+__all__ = ["JOB_ONLY", "RunTemplate"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +38,9 @@ class RunTemplate:
     route_tags: list[str] = field(default_factory=list)  # absent from older jobs too
     # Seconds each run's fire time may follow its due instant (``timing.spread``).
     spread: float = 0.0  # absent from jobs stored before it existed
+    # Seconds a run may go undispatched past its fire time (missed-run detection).
+    # Read from the job when the scheduler looks for missed runs: not copied into runs.
+    lateness_budget: float = 30.0  # absent from jobs stored before it existed
 
     @classmethod
     def of(cls, spec: JobSpec) -> RunTemplate:
@@ -84,5 +87,7 @@ def _default(name: str) -> Any:
 
 
 _FIELDS = tuple(RunTemplate.__dataclass_fields__)
+JOB_ONLY: frozenset[str] = frozenset({"lateness_budget"})
+"""Template fields read from the job itself, never copied into a run's columns."""
 _VALUES = operator.itemgetter(*_FIELDS)  # a spec JSON's template values, in order
 _DEFAULTS: dict[str, Any] = {name: _default(name) for name in _FIELDS}

@@ -11,6 +11,8 @@ runs in batches, and ends attempts whose lease or deadline passed.
           │  and of finished bulk operations (hourly)
           │  check routing (every route_check_interval): dispatched runs that no
           │  live worker can take get the reason recorded
+          │  look for missed runs of our shards and, on shard 0's owner, stalled
+          │  schedules (every missed_check_interval; docs/alerts.md)
           │  refill the window when its horizon comes near; poll for stragglers
           │  fire what is due: one conditional UPDATE per batch
           └──────────────────────────────▶ sleep until the next due run or chore
@@ -35,16 +37,20 @@ from datetime import UTC, datetime, timedelta
 
 from cronwheel.clock import Clock
 from cronwheel.domain.errors import StoreUnavailableError, describe_error
-from cronwheel.domain.model import DueRun, FiredRun
+from cronwheel.domain.model import DueRun, FiredRun, MissedRun, ScheduleProbe
 from cronwheel.domain.sharding import NUM_SHARDS
 from cronwheel.metrics import (
     CLOCK_OFFSET,
     CLOCK_UNCERTAINTY,
-    DISPATCH_LATENESS,
+    RUNS_MISSED,
     RUNS_QUARANTINED,
+    SCHEDULES_STALLED,
     SHARDS_HELD,
+    TENANT_NAMES,
+    observe_dispatch_lateness,
 )
 from cronwheel.scheduler.isolation import QuarantineBudget, isolate
+from cronwheel.scheduler.missed import stall_reason
 from cronwheel.scheduler.release import Backlog
 from cronwheel.scheduler.window import DueWindow
 from cronwheel.settings import Settings
@@ -68,6 +74,11 @@ _LEAD_GATHER = 0.2
 # The most poison rows one pass quarantines: a bug that failed every row alike would
 # otherwise dead-letter them all (see ``isolation.py``).
 QUARANTINE_PER_PASS = 32
+# Batches of missed runs one check marks at most (the rest: at the next check).
+_MISSED_BATCHES = 5
+# Runs the missed-run check failed on alone, left out of later checks (at most this
+# many remembered: a row the check fails on must not cost every check a split).
+_MISSED_SKIP_MAX = 1000
 
 
 def default_node_id() -> str:
@@ -101,6 +112,9 @@ class SchedulerNode:
         self._next_expire = datetime.min.replace(tzinfo=UTC)
         self._next_route_check = datetime.min.replace(tzinfo=UTC)
         self._next_retention = datetime.min.replace(tzinfo=UTC)
+        self._next_missed_check = datetime.min.replace(tzinfo=UTC)
+        self._stall_after: uuid.UUID | None = None  # where the stalled-schedule sweep is
+        self._missed_skip: set[uuid.UUID] = set()
         # Retention runs beside the passes: a long trail must not hold up firing.
         self._retention: asyncio.Task[None] | None = None
         self._next_poll = datetime.min.replace(tzinfo=UTC)
@@ -162,6 +176,9 @@ class SchedulerNode:
         if now >= self._next_route_check:
             self._next_route_check = now + timedelta(seconds=self.settings.route_check_interval)
             await self._check_routing()
+        if now >= self._next_missed_check:
+            self._next_missed_check = now + timedelta(seconds=self.settings.missed_check_interval)
+            await self._check_missed()
         if now >= self._next_retention:
             self._next_retention = now + _RETENTION_EVERY
             # One node's chore, as expiry is; never two at once.
@@ -184,6 +201,7 @@ class SchedulerNode:
             self._next_expire,
             self._next_poll,
             self._next_route_check,
+            self._next_missed_check,
             self._next_clock,
         ]
         if self.window.horizon is not None:
@@ -345,6 +363,125 @@ class SchedulerNode:
                 },
             )
 
+    async def _check_missed(self) -> None:
+        """Mark the missed runs of our shards (``run.missed``) and, on shard 0's owner,
+        mark and clear stalled schedules. Only a diagnosis: a failure is logged and
+        never holds up firing; a row the check fails on alone is left out of it."""
+        try:
+            await self._mark_missed()
+            if 0 in self.shards:
+                await self._check_schedules()
+        except Exception:
+            log.warning(
+                "missed-run check failed", exc_info=True, extra={"event": "missed_check_failed"}
+            )
+
+    async def _mark_missed(self) -> None:
+        limit = self.settings.missed_batch
+        shards = list(self.shards)
+        for _ in range(_MISSED_BATCHES):
+            now = self.clock.store_now()
+            if self._missed_skip:
+                marked = await self._mark_missed_isolating(shards, now, limit)
+            else:
+                try:
+                    missed = await self.store.runs_mark_missed(
+                        shards=shards, actor=self.node_id, now=now, limit=limit
+                    )
+                except StoreUnavailableError:
+                    raise
+                except Exception:
+                    marked = await self._mark_missed_isolating(shards, now, limit)
+                else:
+                    self._count_missed(missed)
+                    marked = len(missed)
+            if marked < limit:
+                return
+
+    async def _mark_missed_isolating(
+        self, shards: list[int], now: datetime | None, limit: int
+    ) -> int:
+        found = await self.store.runs_missed_candidates(
+            shards=shards, now=now, limit=limit + len(self._missed_skip)
+        )
+        candidates = [i for i in found if i not in self._missed_skip][:limit]
+
+        async def mark(batch: Sequence[uuid.UUID]) -> list[int]:
+            missed = await self.store.runs_mark_missed(
+                shards=shards, run_ids=batch, actor=self.node_id, now=now, limit=limit
+            )
+            self._count_missed(missed)
+            return [len(missed)]
+
+        async def leave_out(run_id: uuid.UUID, exc: Exception) -> None:
+            if len(self._missed_skip) < _MISSED_SKIP_MAX:
+                self._missed_skip.add(run_id)
+            log.error(
+                "missed-run check failed on one run: left out of the check",
+                extra={"event": "missed_check_row_failed", "run": str(run_id), "error": repr(exc)},
+            )
+
+        budget = QuarantineBudget(_MISSED_SKIP_MAX)
+        return sum(await isolate(candidates, mark, leave_out, budget=budget))
+
+    def _count_missed(self, missed: Sequence[MissedRun]) -> None:
+        for run in missed:
+            RUNS_MISSED.labels(tenant=run.tenant_name).inc()
+        if missed:
+            log.warning(
+                "runs missed: not dispatched within their lateness budget",
+                extra={"event": "runs_missed", "count": len(missed)},
+            )
+
+    async def _check_schedules(self) -> None:
+        """One batch of the stalled-schedule sweep, and every job marked stalled."""
+        probes, self._stall_after = await self.store.jobs_schedule_probe(
+            after=self._stall_after, limit=self.settings.missed_batch
+        )
+        now = self.clock.store_now()
+        changes: list[tuple[uuid.UUID, str, bool]] = []  # job, why, stalled
+        for probe in probes:
+            try:
+                why = stall_reason(probe, self.clock.now())
+            except Exception as exc:
+                # The job's own schedule: this job alone is left as it is.
+                log.error(
+                    "stalled-schedule check failed on one job",
+                    extra={
+                        "event": "stall_check_row_failed",
+                        "job": str(probe.job_id),
+                        "error": repr(exc),
+                    },
+                )
+                continue
+            if why is not None and probe.stalled_at is None:
+                changes.append((probe.job_id, why, True))
+            elif why is None and probe.stalled_at is not None:
+                changes.append((probe.job_id, _resumed(probe), False))
+
+        async def apply(batch: Sequence[tuple[uuid.UUID, str, bool]]) -> list[int]:
+            stalled, _resumed_ids = await self.store.jobs_mark_stalled(
+                stalled=[(j, w) for j, w, s in batch if s],
+                resumed=[(j, w) for j, w, s in batch if not s],
+                actor=self.node_id,
+                now=now,
+            )
+            return [len(stalled)]
+
+        async def leave(item: tuple[uuid.UUID, str, bool], exc: Exception) -> None:
+            log.error(
+                "stalled-schedule check failed on one job: left as it is",
+                extra={"event": "stall_check_row_failed", "job": str(item[0]), "error": repr(exc)},
+            )
+
+        newly = sum(await isolate(changes, apply, leave, budget=QuarantineBudget(len(changes))))
+        if newly:
+            SCHEDULES_STALLED.inc(newly)
+            log.warning(
+                "schedules stalled: no run to fire their next occurrence",
+                extra={"event": "schedules_stalled", "count": newly},
+            )
+
     async def _refill(self, now: datetime) -> None:
         limit = self.refill_limit
         until = now + self._lead + self._window
@@ -432,10 +569,17 @@ class SchedulerNode:
         async def fire(batch: list[DueRun]) -> int:
             async with gate:
                 fired = await isolate(batch, fire_some, quarantine, budget=self._pass_budget)
-            for run in fired:
-                DISPATCH_LATENESS.observe(
-                    max(0.0, (run.dispatched_at - run.fire_at).total_seconds())
+            if fired:
+                names = await TENANT_NAMES.names(
+                    {r.tenant_id for r in fired}, self.store.tenant_names
                 )
+                for run in fired:
+                    observe_dispatch_lateness(
+                        fire_at=run.fire_at,
+                        dispatched_at=run.dispatched_at,
+                        tenant=names[run.tenant_id],
+                        priority=run.priority,
+                    )
             if len(fired) < len(batch):
                 # Runs the store would not fire ahead (their jobs guard against overlap)
                 # go at their instant. (Others not fired — cancelled, paused — are
@@ -511,3 +655,9 @@ class SchedulerNode:
         )
         self.shards = {}
         SHARDS_HELD.set(0)
+
+
+def _resumed(probe: ScheduleProbe) -> str:
+    if probe.state != "active":
+        return f"the job is {probe.state}"
+    return "the schedule has a run to fire again"

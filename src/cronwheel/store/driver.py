@@ -134,6 +134,7 @@ class FireCandidate:
     job_state: str
     schedule: dict[str, Any]
     spread: float = 0.0  # the job's (its template's), seconds
+    priority: int = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -302,6 +303,15 @@ class Driver(ABC):
     @abstractmethod
     def json_equals(self, column: sa.ColumnElement[Any], value: Any) -> sa.ColumnElement[bool]:
         """The JSON ``column`` equals the JSON value ``value``."""
+
+    @abstractmethod
+    def late_past(
+        self,
+        instant: sa.ColumnElement[datetime],
+        seconds: sa.ColumnElement[float],
+        now: datetime,
+    ) -> sa.ColumnElement[bool]:
+        """``instant`` plus ``seconds`` (a per-row number) is before ``now``."""
 
     def starts_with(self, column: sa.ColumnElement[str], prefix: str) -> sa.ColumnElement[bool]:
         """Case-sensitive prefix match."""

@@ -13,8 +13,11 @@ from typing import Any
 from cronwheel.domain.model import (
     DueRun,
     FiredRun,
+    MissedRun,
     QuarantinedRun,
     RouteCheck,
+    ScheduleProbe,
+    StalledJob,
     UnroutableRuns,
 )
 from cronwheel.store.values import (
@@ -153,6 +156,66 @@ class SchedulerSide(ABC):
     @abstractmethod
     async def runs_count_quarantined(self) -> int:
         """How many runs :meth:`runs_quarantined` would list, over every tenant."""
+
+    @abstractmethod
+    async def tenant_names(self, ids: list[uuid.UUID]) -> dict[uuid.UUID, str]:
+        """The names of the tenants of ``ids`` that exist (metric labels)."""
+
+    @abstractmethod
+    async def runs_mark_missed(
+        self,
+        *,
+        shards: Sequence[int],
+        run_ids: Sequence[uuid.UUID] | None = None,
+        actor: str | None = None,
+        now: datetime | None = None,
+        limit: int = 1000,
+    ) -> list[MissedRun]:
+        """Mark up to ``limit`` runs of ``shards`` (only those of ``run_ids`` when given)
+        missed: SCHEDULED past their fire time plus their job's lateness budget and not
+        marked in this stint; one ``run.missed`` event each, oldest fire time first.
+        Rows another transaction holds (being fired) are skipped. Returns those marked."""
+
+    @abstractmethod
+    async def runs_missed_candidates(
+        self, *, shards: Sequence[int], now: datetime | None = None, limit: int = 1000
+    ) -> list[uuid.UUID]:
+        """The runs :meth:`runs_mark_missed` would mark, without marking them: what the
+        scheduler splits a failing batch by."""
+
+    @abstractmethod
+    async def runs_missed(
+        self, tenant_id: uuid.UUID | None, *, now: datetime | None = None, limit: int = 1000
+    ) -> list[MissedRun]:
+        """Runs missed now (marked, still SCHEDULED in the stint they were missed in),
+        oldest fire time first; only ``tenant_id``'s, or every tenant's when None."""
+
+    @abstractmethod
+    async def jobs_schedule_probe(
+        self, *, after: uuid.UUID | None = None, limit: int = 1000
+    ) -> tuple[list[ScheduleProbe], uuid.UUID | None]:
+        """Active recurring jobs after ``after`` by id (up to ``limit``) and the jobs
+        marked stalled, each with its latest scheduled run; and the id the sweep goes on
+        after (None: it is through)."""
+
+    @abstractmethod
+    async def jobs_mark_stalled(
+        self,
+        *,
+        stalled: Sequence[tuple[uuid.UUID, str]],
+        resumed: Sequence[tuple[uuid.UUID, str]],
+        actor: str | None = None,
+        now: datetime | None = None,
+    ) -> tuple[list[uuid.UUID], list[uuid.UUID]]:
+        """Mark jobs stalled (``job.schedule_stalled``) and clear stalled ones
+        (``job.schedule_resumed``), each with its reason, each once. Returns the ids
+        changed each way."""
+
+    @abstractmethod
+    async def jobs_stalled(
+        self, tenant_id: uuid.UUID | None, *, limit: int = 1000
+    ) -> list[StalledJob]:
+        """Jobs whose schedule is marked stalled, longest-stalled first."""
 
     @abstractmethod
     async def attempts_expire(

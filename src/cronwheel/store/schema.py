@@ -27,7 +27,9 @@ __all__ = [
     "PROGRESS_LIVE",
     "QUARANTINED",
     "READY",
+    "RECURRING",
     "RESERVED",
+    "STALLED",
     "Json",
     "OptionalJson",
     "UtcDateTime",
@@ -139,6 +141,10 @@ api_keys = sa.Table(
     ),
 )
 
+# The predicates of the jobs' indexes for stalled-schedule detection (docs/alerts.md).
+STALLED = "schedule_stalled_at IS NOT NULL"
+RECURRING = "state = 'active' AND kind IN ('cron', 'interval')"
+
 jobs = sa.Table(
     "jobs",
     metadata,
@@ -160,6 +166,10 @@ jobs = sa.Table(
     # ``{"ids": [...], "base": {...}, "fields": {...}}``, the fields the base becomes;
     # None (nearly every job) for none.
     sa.Column("overrides", OptionalJson),
+    # When the scheduler found the job's schedule stalled: active, recurring, no run to
+    # fire its next occurrence, that occurrence past the lateness budget (migration
+    # 0021, docs/alerts.md). Cleared when the schedule produces again.
+    sa.Column("schedule_stalled_at", UtcDateTime),
     # Only the jobs created with a key (migration 0016): a keyless job adds no entry,
     # and no look-up by tenant alone can take this index.
     sa.Index(
@@ -173,6 +183,21 @@ jobs = sa.Table(
     # Unique: what the runs' key to their job refers to.
     sa.Index(None, "tenant_id", "id", unique=True),
     sa.Index(None, "tenant_id", "name"),
+    # Stalled schedules: what the alerts read.
+    sa.Index(
+        "ix_jobs_stalled",
+        "tenant_id",
+        "schedule_stalled_at",
+        postgresql_where=sa.text(STALLED),
+        sqlite_where=sa.text(STALLED),
+    ),
+    # Active recurring jobs: what the stalled-schedule sweep walks, by id.
+    sa.Index(
+        "ix_jobs_recurring",
+        "id",
+        postgresql_where=sa.text(RECURRING),
+        sqlite_where=sa.text(RECURRING),
+    ),
     sa.CheckConstraint("state IN ('active', 'paused', 'cancelled', 'finished')", name="state"),
 )
 
@@ -255,6 +280,11 @@ runs = sa.Table(
     # run was taken out of the pass as a DEAD_LETTER, the error in ``reason`` and
     # ``last_error``. Cleared by a redrive.
     sa.Column("quarantined_at", UtcDateTime),
+    # When the scheduler found the run undispatched past its fire time plus its job's
+    # lateness budget (migration 0021): the ``run.missed`` event was written then. A
+    # run is missed now while SCHEDULED with ``missed_at >= fire_at`` (a retry or a
+    # resumed job's later fire time is a new stint).
+    sa.Column("missed_at", UtcDateTime),
     sa.Column("result", Json),
     sa.Column("last_error", sa.Text),
     sa.Column("created_at", UtcDateTime, nullable=False),

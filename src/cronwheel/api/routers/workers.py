@@ -48,7 +48,7 @@ from cronwheel.domain.errors import (
     WorkerDeregisteredError,
 )
 from cronwheel.domain.model import LeasedAttempt, Worker, WorkerStatus
-from cronwheel.metrics import observe_start_lateness
+from cronwheel.metrics import TENANT_NAMES, observe_start_lateness
 from cronwheel.store.values import HeartbeatItem
 
 __all__ = ["router"]
@@ -199,13 +199,21 @@ async def _signing_secrets(
     return {t: await state.store.tenants_webhook_secret(t) for t in sorted(tenants)}
 
 
-def _record_leased(state: ApiState, leased: Sequence[LeasedAttempt]) -> None:
-    for item in leased:
-        # Only first tries: a retry's due instant lies before its backoff, which would
-        # count the backoff as lateness. A reservation counts when it starts.
-        if item.number == 1 and item.not_before is None:
-            started_at = item.lease_expires_at - timedelta(seconds=item.heartbeat_timeout)
-            observe_start_lateness(due_at=item.due_at, started_at=started_at)
+async def _record_leased(state: ApiState, leased: Sequence[LeasedAttempt]) -> None:
+    # Only first tries: a retry's due instant lies before its backoff, which would
+    # count the backoff as lateness. A reservation counts when it starts.
+    first = [i for i in leased if i.number == 1 and i.not_before is None]
+    if not first:
+        return
+    names = await TENANT_NAMES.names({i.tenant_id for i in first}, state.store.tenant_names)
+    for item in first:
+        started_at = item.lease_expires_at - timedelta(seconds=item.heartbeat_timeout)
+        observe_start_lateness(
+            due_at=item.due_at,
+            started_at=started_at,
+            tenant=names[item.tenant_id],
+            priority=item.priority,
+        )
 
 
 @router.post("/v1/workers/{worker_id}/lease", summary="Lease runs (long-poll)", responses=_GONE)
@@ -279,7 +287,7 @@ async def lease(
             extra={"event": "api.lease_undeliverable", "worker_id": str(worker.id)},
         )
         leased = []
-    _record_leased(state, leased)
+    await _record_leased(state, leased)
     secrets = await _signing_secrets(state, leased)
     return LeaseOut(
         attempts=[_leased_out(a, secrets) for a in leased],
@@ -319,8 +327,14 @@ async def start(
             tenant_id=principal.tenant_id,
             ahead=state.settings.start_ahead_max,
         )
-    for due_at, began in done.first_tries:
-        observe_start_lateness(due_at=due_at, started_at=began)
+    if done.first_tries:
+        names = await TENANT_NAMES.names(
+            {t for _, _, t, _ in done.first_tries}, state.store.tenant_names
+        )
+        for due_at, began, tenant_id, priority in done.first_tries:
+            observe_start_lateness(
+                due_at=due_at, started_at=began, tenant=names[tenant_id], priority=priority
+            )
     return json_response(
         {
             "started_at": instant_text(done.started_at),

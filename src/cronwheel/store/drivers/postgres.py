@@ -47,7 +47,7 @@ from cronwheel.store.notices import (
     CHANNEL_RUNS_NEW,
     CHANNEL_RUNS_READY,
 )
-from cronwheel.store.schema import AUDIT_RETENTION_SETTING, runs
+from cronwheel.store.schema import AUDIT_RETENTION_SETTING, UtcDateTime, runs
 from cronwheel.store.values import CompleteItem, Grant, HeartbeatItem, LeaseRenewal, ReadyQueue
 
 __all__ = ["PostgresDriver"]
@@ -277,6 +277,15 @@ class PostgresDriver(Driver):
 
     def id_in(self, column: sa.ColumnElement[Any], ids: Sequence[Any]) -> sa.ColumnElement[bool]:
         return column == sa.any_(sa.bindparam(None, list(ids), type_=postgresql.ARRAY(column.type)))
+
+    def late_past(
+        self,
+        instant: sa.ColumnElement[datetime],
+        seconds: sa.ColumnElement[float],
+        now: datetime,
+    ) -> sa.ColumnElement[bool]:
+        at = sa.bindparam(None, now, type_=UtcDateTime)
+        return instant + sa.func.make_interval(0, 0, 0, 0, 0, 0, seconds) < at
 
     def json_has(self, column: sa.ColumnElement[Any], value: str) -> sa.ColumnElement[bool]:
         return sa.type_coerce(column, postgresql.JSONB).contains([value])

@@ -74,7 +74,8 @@ fired AS (
       AND runs.fire_at <= t.now + make_interval(secs => $4)
       AND (runs.origin <> 'schedule' OR runs.attempt > 0)
       AND runs.shard = ANY({_HELD.format(now="(SELECT now FROM t)")})
-    RETURNING runs.id, runs.tenant_id, runs.job_id, runs.pool, runs.fire_at, t.now AS now
+    RETURNING runs.id, runs.tenant_id, runs.job_id, runs.pool, runs.fire_at, runs.priority,
+              t.now AS now
 ),
 ev AS (
     INSERT INTO events (tenant_id, at, kind, job_id, run_id, from_state, to_state, actor, reason)
@@ -84,7 +85,7 @@ ev AS (
                || ' s after its due time (scheduler catching up)' END
     FROM fired
 )
-SELECT id, tenant_id, pool, fire_at, now FROM fired
+SELECT id, tenant_id, pool, fire_at, priority, now FROM fired
 """
 
 
@@ -117,6 +118,7 @@ async def fire(
             pool=r["pool"],
             fire_at=r["fire_at"],
             dispatched_at=r["now"],
+            priority=r["priority"],
         )
         for r in rows
     ]
@@ -124,8 +126,8 @@ async def fire(
 
 _CANDIDATES = f"""
 SELECT runs.id, runs.tenant_id, runs.job_id, runs.job_name, runs.shard, runs.due_at,
-       runs.fire_at, runs.pool, jobs.state AS job_state, jobs.schedule::text AS schedule,
-       COALESCE((jobs.template->>'spread')::float8, 0) AS spread
+       runs.fire_at, runs.pool, runs.priority, jobs.state AS job_state,
+       jobs.schedule::text AS schedule, COALESCE((jobs.template->>'spread')::float8, 0) AS spread
 FROM runs JOIN jobs ON jobs.id = runs.job_id
 WHERE runs.id = ANY($2::uuid[])
   AND {_FIRABLE}

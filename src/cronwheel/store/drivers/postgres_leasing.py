@@ -356,7 +356,8 @@ started AS (
       AND ({START.sql("r.state")} AND r.reserved_token = p.reserved_token
            AND r.fire_at = p.fire_at) IS TRUE
     RETURNING r.id, r.tenant_id, r.job_id, r.attempt, r.due_at, r.heartbeat_timeout, r.timeout,
-              r.progress_timeout, p.reserved_attempt AS attempt_id, p.reserved_token AS token,
+              r.progress_timeout, r.priority, p.reserved_attempt AS attempt_id,
+              p.reserved_token AS token,
               GREATEST(t.now, p.fire_at) AS now
 ),
 att AS (
@@ -374,13 +375,14 @@ ev AS (
            'worker:' || $3::text, jsonb_build_object('attempt', attempt, 'fencing_token', token)
     FROM started
 )
-SELECT token, now, CASE WHEN attempt = 1 THEN due_at END AS first_due, FALSE AS gone
+SELECT token, now, CASE WHEN attempt = 1 THEN due_at END AS first_due, tenant_id, priority,
+       FALSE AS gone
 FROM started
 UNION ALL
-SELECT reserved_token, NULL, NULL, FALSE FROM picked, t
+SELECT reserved_token, NULL, NULL, NULL, NULL, FALSE FROM picked, t
 WHERE picked.fire_at > t.now + make_interval(secs => $5)
 UNION ALL
-SELECT NULL, NULL, NULL, TRUE WHERE NOT EXISTS (SELECT 1 FROM live)
+SELECT NULL, NULL, NULL, NULL, NULL, TRUE WHERE NOT EXISTS (SELECT 1 FROM live)
 """
 
 
@@ -403,7 +405,11 @@ async def start_many(
         started=[r["token"] for r in started],
         not_yet=[r["token"] for r in rows if r["now"] is None],
         refused=[t for t in tokens if t not in done],
-        first_tries=[(r["first_due"], r["now"]) for r in started if r["first_due"] is not None],
+        first_tries=[
+            (r["first_due"], r["now"], r["tenant_id"], r["priority"])
+            for r in started
+            if r["first_due"] is not None
+        ],
     )
 
 
@@ -414,14 +420,15 @@ done AS (
     FROM t, unnest($2::uuid[], $3::bigint[], $4::jsonb[]) AS v(id, token, result)
     WHERE a.id = v.id AND a.fencing_token = v.token AND a.state = 'RUNNING'
       AND ($5::uuid IS NULL OR a.tenant_id = $5)
-    RETURNING a.id, a.fencing_token, a.run_id, v.result, t.now AS now
+    RETURNING a.id, a.fencing_token, a.run_id, v.result, a.started_at, t.now AS now
 ),
 finished AS (
     UPDATE runs SET state = CASE WHEN runs.cancel_requested THEN 'CANCELLED' ELSE 'SUCCESS' END,
                     finished_at = done.now, result = done.result, reason = NULL
     FROM done
     WHERE runs.id = done.run_id AND {FINISH.sql("runs.state")}
-    RETURNING runs.id, runs.tenant_id, runs.job_id, runs.state, done.id AS attempt_id, done.now
+    RETURNING runs.id, runs.tenant_id, runs.job_id, runs.state, runs.task, done.id AS attempt_id,
+              done.now
 ),
 ev AS (
     INSERT INTO events (tenant_id, at, kind, job_id, run_id, attempt_id, from_state, to_state,
@@ -436,7 +443,8 @@ jobs_done AS (
     WHERE jobs.id IN (SELECT job_id FROM finished) AND jobs.state = 'active'
       AND jobs.kind IN ('at', 'delay', 'asap')
 )
-SELECT done.id, done.fencing_token, finished.state
+SELECT done.id, done.fencing_token, finished.state, finished.tenant_id, finished.task,
+       extract(epoch FROM done.now - done.started_at)::float8 AS ran
 FROM done LEFT JOIN finished ON finished.attempt_id = done.id
 """
 
@@ -454,7 +462,12 @@ async def complete_many(
     rows = await conn.fetch(_COMPLETE, now, list(ids), list(tokens), encoded, tenant_id)
     return {
         (r["id"], r["fencing_token"]): AttemptOutcome(
-            r["id"], True, run_state=RunState(r["state"]) if r["state"] else None
+            r["id"],
+            True,
+            run_state=RunState(r["state"]) if r["state"] else None,
+            tenant_id=r["tenant_id"],
+            task=r["task"],
+            ran=r["ran"],
         )
         for r in rows
     }

@@ -25,7 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 from cronwheel.store.drivers.sqlite_firing import CoreFiring
 from cronwheel.store.drivers.sqlite_jobs import CoreJobs
 from cronwheel.store.drivers.sqlite_leasing import CoreLeasing
-from cronwheel.store.schema import counters, runs
+from cronwheel.store.schema import UtcDateTime, counters, runs
 
 __all__ = ["SqliteDriver"]
 
@@ -135,6 +135,16 @@ class SqliteDriver(CoreFiring, CoreJobs, CoreLeasing):
         stored = list(value) if isinstance(value, tuple) else value
         bound = sa.bindparam(None, stored, type_=runs.c.requires.type)
         return sa.func.json(column) == sa.func.json(bound)
+
+    def late_past(
+        self,
+        instant: sa.ColumnElement[datetime],
+        seconds: sa.ColumnElement[float],
+        now: datetime,
+    ) -> sa.ColumnElement[bool]:
+        # Instants are ISO text here: compared as Julian days (a day is 86,400 s).
+        at = sa.bindparam(None, now, type_=UtcDateTime)
+        return sa.func.julianday(instant) + seconds / 86400.0 < sa.func.julianday(at)
 
     def starts_with(self, column: sa.ColumnElement[str], prefix: str) -> sa.ColumnElement[bool]:
         # SQLite's LIKE ignores case.

@@ -86,6 +86,7 @@ class CoreFiring(Driver):
                     runs.c.pool,
                     runs.c.fire_at,
                     runs.c.dispatched_at,
+                    runs.c.priority,
                 )
             )
         ).all()
@@ -117,6 +118,7 @@ class CoreFiring(Driver):
                 pool=r.pool,
                 fire_at=r.fire_at,
                 dispatched_at=r.dispatched_at,
+                priority=r.priority,
             )
             for r in rows
         ]
@@ -141,6 +143,7 @@ class CoreFiring(Driver):
                 runs.c.due_at,
                 runs.c.fire_at,
                 runs.c.pool,
+                runs.c.priority,
                 jobs.c.state.label("job_state"),
                 jobs.c.schedule,
                 sa.func.coalesce(sa.func.json_extract(jobs.c.template, "$.spread"), 0.0).label(

@@ -358,7 +358,9 @@ class CoreLeasing(Driver):
         if (await conn.execute(live)).first() is None:
             raise WorkerGone(worker_id)
         stmt = (
-            sa.select(*_STARTED_COLUMNS, runs.c.reserved_attempt, runs.c.reserved_token)
+            sa.select(
+                *_STARTED_COLUMNS, runs.c.priority, runs.c.reserved_attempt, runs.c.reserved_token
+            )
             .where(
                 runs.c.reserved_token.in_(list(tokens)),
                 may(START),
@@ -390,7 +392,11 @@ class CoreLeasing(Driver):
             started=[r.reserved_token for r in due],
             not_yet=[r.reserved_token for r in rows if r.fire_at > until],
             refused=[t for t in tokens if t not in found],
-            first_tries=[(r.due_at, max(at, r.fire_at)) for r in due if r.attempt == 0],
+            first_tries=[
+                (r.due_at, max(at, r.fire_at), r.tenant_id, r.priority)
+                for r in due
+                if r.attempt == 0
+            ],
         )
 
     # -- heartbeats and results ----------------------------------------------------
@@ -477,9 +483,17 @@ class CoreLeasing(Driver):
                     finished_at=at,
                     reason=None,
                 )
-                .returning(runs.c.id, runs.c.tenant_id, runs.c.job_id, runs.c.state)
+                .returning(runs.c.id, runs.c.tenant_id, runs.c.job_id, runs.c.state, runs.c.task)
             )
         ).all()
+        began = {
+            r.id: r.started_at
+            for r in await conn.execute(
+                sa.select(attempts.c.id, attempts.c.started_at).where(
+                    self.id_in(attempts.c.id, list(ended))
+                )
+            )
+        }
         results = [
             {"id": i.attempt_id, "result": i.result}
             for i in items
@@ -508,8 +522,19 @@ class CoreLeasing(Driver):
             ],
         )
         await jobs_finish_one_off(conn, self, [r.job_id for r in done], at)
-        state_of = {r.id: RunState(r.state) for r in done}
-        return {k: AttemptOutcome(k[0], True, run_state=state_of.get(ended[k[0]])) for k in keys}
+        by_run = {r.id: r for r in done}
+        outcomes: Outcomes = {}
+        for key in keys:
+            run = by_run.get(ended[key[0]])
+            outcomes[key] = AttemptOutcome(
+                key[0],
+                True,
+                run_state=None if run is None else RunState(run.state),
+                tenant_id=None if run is None else run.tenant_id,
+                task=None if run is None else run.task,
+                ran=None if run is None else (at - began[key[0]]).total_seconds(),
+            )
+        return outcomes
 
 
 _LEASED_COLUMNS = (

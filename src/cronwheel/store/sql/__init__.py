@@ -12,6 +12,7 @@ from cronwheel.store.sql.events import EventsMixin
 from cronwheel.store.sql.expiry import ExpiryMixin
 from cronwheel.store.sql.firing import FiringMixin
 from cronwheel.store.sql.logs import LogsMixin
+from cronwheel.store.sql.missed import MissedMixin
 from cronwheel.store.sql.overrides import OverridesMixin
 from cronwheel.store.sql.overview import OverviewMixin
 from cronwheel.store.sql.pools import PoolsMixin
@@ -41,6 +42,7 @@ class SqlStore(
     AttemptsMixin,  # and WorkersMixin, RetriesMixin
     ExpiryMixin,
     RoutingMixin,
+    MissedMixin,
     EventsMixin,
     AuditMixin,
     LogsMixin,

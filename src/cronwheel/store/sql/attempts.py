@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any, cast
 
@@ -45,6 +45,7 @@ from cronwheel.store.rows import (
 )
 from cronwheel.store.schema import NO_RESERVATION, attempt_tombstones, attempts, runs, workers
 from cronwheel.store.sql.admission import LeasePlan, plan_lease, settle_lease
+from cronwheel.store.sql.observed import Execution, observe_executions
 from cronwheel.store.sql.retries import Ended, RetriesMixin
 from cronwheel.store.sql.statements import attempts_end, may, update_each
 from cronwheel.store.sql.workers import WorkersMixin
@@ -113,6 +114,7 @@ class AttemptsMixin(WorkersMixin, RetriesMixin):
             done = await self.driver.attempts_complete(
                 conn, items=items, tenant_id=tenant_id, now=now
             )
+            await observe_executions(conn, _executions(done.values()), outcome="succeeded")
             return await self._resolve(conn, items, done, tenant_id)
 
     async def attempts_fail_many(
@@ -144,12 +146,27 @@ class AttemptsMixin(WorkersMixin, RetriesMixin):
                 conn, attempts, [{"id": f.attempt_id, "error": f.error} for f in failures]
             )
             state_of = await self._after_failures(conn, failures, at, actor="worker")
+            await self._observe_failed(conn, list(ended), at)
             return await self._resolve(
                 conn,
                 items,
                 {k: AttemptOutcome(k[0], True, run_state=state_of.get(ended[k[0]])) for k in keys},
                 tenant_id,
             )
+
+    async def _observe_failed(
+        self, conn: AsyncConnection, attempt_ids: list[uuid.UUID], at: datetime
+    ) -> None:
+        """The execution durations of attempts their workers reported failed."""
+        if not attempt_ids:
+            return
+        rows = await conn.execute(
+            sa.select(runs.c.tenant_id, runs.c.task, attempts.c.started_at)
+            .select_from(attempts.join(runs, runs.c.id == attempts.c.run_id))
+            .where(self.driver.id_in(attempts.c.id, attempt_ids))
+        )
+        executions = [(r.tenant_id, r.task, (at - r.started_at).total_seconds()) for r in rows]
+        await observe_executions(conn, executions, outcome="failed")
 
     async def attempts_release_many(
         self,
@@ -515,3 +532,12 @@ class AttemptsMixin(WorkersMixin, RetriesMixin):
             stmt = stmt.where(runs.c.tenant_id == tenant_id)
         rows = await conn.execute(stmt)
         return [HeartbeatItem(r.reserved_attempt, r.reserved_token) for r in rows]
+
+
+def _executions(outcomes: Iterable[AttemptOutcome]) -> list[Execution]:
+    """(tenant, task, seconds) of the outcomes that say how long they ran."""
+    return [
+        (o.tenant_id, o.task, o.ran)
+        for o in outcomes
+        if o.tenant_id is not None and o.ran is not None
+    ]

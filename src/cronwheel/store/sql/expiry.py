@@ -22,6 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from cronwheel.domain.states import AttemptState, RunState
 from cronwheel.store.notices import CHANNEL_RUNS_READY
 from cronwheel.store.schema import NO_RESERVATION, attempts, runs
+from cronwheel.store.sql.observed import count_expiries
 from cronwheel.store.sql.progress import progress_overdue, stalled
 from cronwheel.store.sql.retries import Ended, RetriesMixin
 
@@ -115,6 +116,7 @@ class ExpiryMixin(RetriesMixin):
             else:
                 state, error = AttemptState.LOST, _LEASE_EXPIRED
             ended.append(Ended(r.id, r.run_id, state, error, True))
+        count_expiries(e.state for e in ended)
         # One UPDATE per distinct (state, error): a handful at most.
         for state, error in dict.fromkeys((e.state, e.error) for e in ended):
             ids = [e.attempt_id for e in ended if (e.state, e.error) == (state, error)]

@@ -293,6 +293,7 @@ class FiringMixin(QuarantineMixin):
                 pool=by_id[i].pool,
                 fire_at=by_id[i].fire_at,
                 dispatched_at=at,
+                priority=by_id[i].priority,
             )
             for i in dispatch
         ]

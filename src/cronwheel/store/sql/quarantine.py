@@ -37,6 +37,7 @@ from cronwheel.domain.states import QUARANTINE, AttemptState, JobState, RunState
 from cronwheel.store.rows import event_row
 from cronwheel.store.schema import NO_RESERVATION, attempts, jobs, runs
 from cronwheel.store.sql.core import SqlCore
+from cronwheel.store.sql.observed import count_fates
 from cronwheel.store.sql.statements import jobs_finish_one_off, may, update_each
 
 __all__ = ["Poison", "QuarantineMixin"]
@@ -207,6 +208,7 @@ class QuarantineMixin(SqlCore):
             ],
         )
         await jobs_finish_one_off(conn, self.driver, [r.job_id for r in live], at)
+        await count_fates(conn, [(r.tenant_id, RunState.DEAD_LETTER) for r in live])
         return ids
 
 

@@ -24,6 +24,7 @@ from cronwheel.domain.states import FAIL, AttemptState, JobState, RunState
 from cronwheel.store.notices import ANNOUNCE_HORIZON, CHANNEL_RUNS_NEW, announce
 from cronwheel.store.rows import event_row
 from cronwheel.store.schema import PARKED_FIRE_AT, jobs, runs
+from cronwheel.store.sql.observed import count_fates
 from cronwheel.store.sql.quarantine import Poison, QuarantineMixin
 from cronwheel.store.sql.statements import jobs_finish_one_off, may, update_each
 
@@ -159,6 +160,8 @@ class RetriesMixin(QuarantineMixin):
         if notices:
             await self._notify(conn, CHANNEL_RUNS_NEW, notices)
         states = {u["id"]: RunState(u["state"]) for u in updates}
+        tenant_of = {r.id: r.tenant_id for r in rows}
+        await count_fates(conn, [(tenant_of[i], s) for i, s in states.items()])
         for run_id in await self._quarantine(conn, poison, at=at, actor=actor):
             states[run_id] = RunState.DEAD_LETTER
         return states
