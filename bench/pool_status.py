@@ -25,6 +25,7 @@ import asyncpg
 from harness import PG_ADMIN, console, fresh_database, open_store, report, workdir
 from sqlalchemy.dialects import postgresql
 
+from cronwheel.domain.audit import Actor
 from cronwheel.domain.new_job import JobLimits, new_job
 from cronwheel.domain.spec import JobSpec
 from cronwheel.store import Store
@@ -43,7 +44,9 @@ async def seed(store: Store, url: str, args: argparse.Namespace) -> tuple[uuid.U
         spec = JobSpec.model_validate(
             {"name": "j", "schedule": {"at": NOW.isoformat()}, "task": "t"}
         )
-        job = new_job(spec, now=NOW - timedelta(seconds=1), limits=JobLimits(), actor="bench")
+        job = new_job(
+            spec, now=NOW - timedelta(seconds=1), limits=JobLimits(), actor=Actor("bench")
+        )
         [(_job, run, _created)] = await store.jobs_create_many(tenant.id, jobs=[job], now=NOW)
         assert run is not None
         ids.append(tenant.id)
