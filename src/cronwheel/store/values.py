@@ -30,6 +30,7 @@ __all__ = [
     "Releasable",
     "RunFilter",
     "TenantDeleted",
+    "UiSession",
 ]
 
 
@@ -219,3 +220,16 @@ class Releasable:
     # how fast they can be leased (None: no limit): more would only fill the ready queue
     # with runs no worker may take, and crowd out other tenants' release.
     ready_cap: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class UiSession:
+    """A dashboard session as stored: the hash of its token, the hash of the API key it
+    signed in with, the tenant it looks at (None: the admin key chose none yet)."""
+
+    token_hash: str
+    key_hash: str
+    tenant_id: uuid.UUID | None
+    created_at: datetime
+    last_seen_at: datetime
+    expires_at: datetime
