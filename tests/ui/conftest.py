@@ -12,7 +12,7 @@ import asyncio
 import re
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,7 +41,8 @@ class Site:
         return self.admin.with_tenant(self.tenant_a["id"])
 
 
-def _worker_thread(url: str, key: str, stop: threading.Event) -> threading.Thread:
+def _start_worker(url: str, key: str) -> Callable[[], None]:
+    """A worker on its own thread running the test tasks; returns what stops it."""
     worker = Worker(url, api_key=key, lease_wait=0.5, name="ui-test-worker", concurrency=4)
 
     @worker.task("ui.ok")
@@ -60,23 +61,25 @@ def _worker_thread(url: str, key: str, stop: threading.Event) -> threading.Threa
             raise RuntimeError("upstream said 503")
         return "second time lucky"
 
+    started = threading.Event()
+    loop_and_halt: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
+
     async def run() -> None:
         halt = asyncio.Event()
-
-        async def watch() -> None:
-            while not stop.is_set():
-                await asyncio.sleep(0.1)
-            halt.set()
-
-        watcher = asyncio.create_task(watch())
-        try:
-            await worker.run_async(halt)
-        finally:
-            watcher.cancel()
+        loop_and_halt.append((asyncio.get_running_loop(), halt))
+        started.set()
+        await worker.run_async(halt)
 
     thread = threading.Thread(target=lambda: asyncio.run(run()), name="ui-worker", daemon=True)
     thread.start()
-    return thread
+    started.wait(10)
+
+    def stop() -> None:
+        for loop, halt in loop_and_halt:
+            loop.call_soon_threadsafe(halt.set)
+        thread.join(30)
+
+    return stop
 
 
 @pytest.fixture(scope="module")
@@ -90,18 +93,16 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
         port=0,
         admin_key=ADMIN,
     )
-    stop = threading.Event()
     with BackgroundRuntime(Runtime(settings)) as server, Client(server.url, api_key=ADMIN) as admin:
         a = admin.tenants.create(f"team-a-{uuid.uuid4().hex[:4]}")
         b = admin.tenants.create(f"team-b-{uuid.uuid4().hex[:4]}")
         viewer = admin.tenants.create_key(a["id"], role="viewer")["api_key"]
         worker_key = admin.tenants.create_key(a["id"], role="worker")["api_key"]
-        thread = _worker_thread(server.url, worker_key, stop)
+        stop_worker = _start_worker(server.url, worker_key)
         try:
             yield Site(server.url, admin, a, b, viewer)
         finally:
-            stop.set()
-            thread.join(30)
+            stop_worker()
 
 
 @pytest.fixture(scope="module")
