@@ -35,28 +35,37 @@ def _nice_max(value: float) -> float:
 
 
 def _number(value: float) -> str:
-    if value >= 1000:
+    if abs(value) >= 1000:
         return f"{value / 1000:g}k"
     return f"{value:g}"
 
 
 def _frame(
-    inner: list[str], *, top: float, unit: str, times: Sequence[datetime], label: str
+    inner: list[str],
+    *,
+    top: float,
+    unit: str,
+    times: Sequence[datetime],
+    label: str,
+    width: int,
+    bottom: float = 0.0,
 ) -> str:
-    plot_w = _W - _LEFT - _RIGHT
+    plot_w = width - _LEFT - _RIGHT
     plot_h = _H - _TOP - _BOTTOM
     parts = [
-        f'<svg class="chart" viewBox="0 0 {_W} {_H}" role="img" aria-label="{escape(label)}" '
-        f'xmlns="http://www.w3.org/2000/svg">'
+        f'<svg class="chart" viewBox="0 0 {width} {_H}" role="img" '
+        f'aria-label="{escape(label)}" xmlns="http://www.w3.org/2000/svg">'
     ]
     for i in range(5):  # grid lines and y labels
         y = _TOP + plot_h - plot_h * i / 4
+        value = bottom + (top - bottom) * i / 4
+        css = "grid zero" if value == 0 and bottom < 0 else "grid"
         parts.append(
-            f'<line class="grid" x1="{_LEFT}" x2="{_W - _RIGHT}" y1="{y:.1f}" y2="{y:.1f}"/>'
+            f'<line class="{css}" x1="{_LEFT}" x2="{width - _RIGHT}" y1="{y:.1f}" y2="{y:.1f}"/>'
         )
         parts.append(
             f'<text class="axis" x="{_LEFT - 6}" y="{y + 4:.1f}" text-anchor="end">'
-            f"{escape(_number(top * i / 4))}{escape(unit)}</text>"
+            f"{escape(_number(value))}{escape(unit)}</text>"
         )
     if times:
         n = len(times)
@@ -72,20 +81,24 @@ def _frame(
 
 
 def stacked_bars(
-    times: Sequence[datetime], stacks: Sequence[tuple[str, Sequence[int]]], *, label: str
+    times: Sequence[datetime],
+    stacks: Sequence[tuple[str, Sequence[int]]],
+    *,
+    label: str,
+    width: int = _W,
 ) -> str:
     """One bar per time, its segments stacked in the order of ``stacks`` (name, counts);
     each segment has the class ``s-<name>`` and a tooltip."""
     n = len(times)
     totals = [sum(counts[i] for _, counts in stacks) for i in range(n)]
     top = _nice_max(max(totals, default=0))
-    plot_w = _W - _LEFT - _RIGHT
+    plot_w = width - _LEFT - _RIGHT
     plot_h = _H - _TOP - _BOTTOM
-    width = plot_w / max(n, 1)
+    bar = plot_w / max(n, 1)
     bars: list[str] = []
     for i in range(n):
         base = 0
-        x = _LEFT + width * i + width * 0.1
+        x = _LEFT + bar * i + bar * 0.1
         for name, counts in stacks:
             count = counts[i]
             if count <= 0:
@@ -95,10 +108,10 @@ def stacked_bars(
             tip = f"{times[i].astimezone(UTC):%H:%M} UTC · {name}: {count}"
             bars.append(
                 f'<rect class="s-{escape(name)}" x="{x:.1f}" y="{y:.1f}" '
-                f'width="{width * 0.8:.1f}" height="{h:.1f}"><title>{escape(tip)}</title></rect>'
+                f'width="{bar * 0.8:.1f}" height="{h:.1f}"><title>{escape(tip)}</title></rect>'
             )
             base += count
-    return _frame(bars, top=top, unit="", times=times, label=label)
+    return _frame(bars, top=top, unit="", times=times, label=label, width=width)
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,13 +122,27 @@ class Series:
 
 
 def line_chart(
-    times: Sequence[datetime], series: Sequence[Series], *, unit: str, label: str, top: float = 0
+    times: Sequence[datetime],
+    series: Sequence[Series],
+    *,
+    unit: str,
+    label: str,
+    top: float = 0,
+    width: int = _W,
 ) -> str:
-    """A line per series (broken where a value is None), a dot on each point."""
+    """A line per series (broken where a value is None), a dot on each point. Values
+    below zero (a run dispatched ahead of its fire time) get room below the zero line."""
     n = len(times)
     found = [v for s in series for v in s.values if v is not None]
-    top = top or _nice_max(max(found, default=0))
-    plot_w = _W - _LEFT - _RIGHT
+    high, low = max(found, default=0.0), min(found, default=0.0)
+    bottom = 0.0
+    if not top and low < 0:
+        # Of the four grid steps, 1 to 3 lie below zero: whichever gives the smallest.
+        step, below = min((_nice_max(max(high / (4 - b), -low / b)), b) for b in (1, 2, 3))
+        top, bottom = step * (4 - below), -step * below
+    top = top or _nice_max(high)
+    span = top - bottom
+    plot_w = width - _LEFT - _RIGHT
     plot_h = _H - _TOP - _BOTTOM
     inner: list[str] = []
     for s in series:
@@ -125,7 +152,7 @@ def line_chart(
                 runs.append([])
                 continue
             x = _LEFT + plot_w * (i + 0.5) / max(n, 1)
-            y = _TOP + plot_h - plot_h * min(v, top) / top
+            y = _TOP + plot_h - plot_h * (min(max(v, bottom), top) - bottom) / span
             runs[-1].append((x, y))
             tip = f"{times[i].astimezone(UTC):%H:%M} UTC · {s.name}: {v:.4g}{unit}"
             inner.append(
@@ -136,7 +163,7 @@ def line_chart(
             if len(points) > 1:
                 path = " ".join(f"{x:.1f},{y:.1f}" for x, y in points)
                 inner.insert(0, f'<polyline class="line {escape(s.css)}" points="{path}"/>')
-    return _frame(inner, top=top, unit=unit, times=times, label=label)
+    return _frame(inner, top=top, unit=unit, times=times, label=label, width=width, bottom=bottom)
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,7 +177,13 @@ class Span:
     tip: str
 
 
-def timeline(spans: Sequence[Span], marks: Sequence[tuple[str, datetime]], *, label: str) -> str:
+def timeline(
+    spans: Sequence[Span],
+    marks: Sequence[tuple[str, datetime]],
+    *,
+    label: str,
+    width: int = 1100,
+) -> str:
     """Spans on rows under a shared time axis, with vertical marks (due, finished …)."""
     if not spans and not marks:
         return ""
@@ -159,13 +192,13 @@ def timeline(spans: Sequence[Span], marks: Sequence[tuple[str, datetime]], *, la
     total = max((last - first).total_seconds(), 0.001)
     left, right, row_h = 110, 16, 26
     height = 34 + row_h * max(len(spans), 1)
-    plot_w = _W - left - right
+    plot_w = width - left - right
 
     def x_of(at: datetime) -> float:
         return left + plot_w * (at - first).total_seconds() / total
 
     parts = [
-        f'<svg class="chart timeline" viewBox="0 0 {_W} {height}" role="img" '
+        f'<svg class="chart timeline" viewBox="0 0 {width} {height}" role="img" '
         f'aria-label="{escape(label)}" xmlns="http://www.w3.org/2000/svg">'
     ]
     for i, span in enumerate(spans):
@@ -192,7 +225,7 @@ def timeline(spans: Sequence[Span], marks: Sequence[tuple[str, datetime]], *, la
         f"{escape(first.astimezone(UTC).strftime('%H:%M:%S'))}</text>"
     )
     parts.append(
-        f'<text class="axis" x="{_W - right}" y="{axis_y}" text-anchor="end">'
+        f'<text class="axis" x="{width - right}" y="{axis_y}" text-anchor="end">'
         f"{escape(last.astimezone(UTC).strftime('%H:%M:%S'))} UTC "
         f"(+{escape(_span_text(total))})</text>"
     )

@@ -110,6 +110,7 @@ def _charts(m: Minutes) -> dict[str, object]:
                 m.times,
                 [(s, m.by_state[s]) for s in STACKED],
                 label="runs per minute by state",
+                width=1100,
             )
         ),
         "success_chart": svg(
@@ -119,6 +120,7 @@ def _charts(m: Minutes) -> dict[str, object]:
                 unit="%",
                 top=100,
                 label="success rate per minute",
+                width=540,
             )
         ),
         "lateness_chart": svg(
@@ -132,6 +134,7 @@ def _charts(m: Minutes) -> dict[str, object]:
                 ],
                 unit=" ms",
                 label="dispatch and start lateness per minute",
+                width=540,
             )
         ),
     }

@@ -24,7 +24,10 @@ __all__ = [
     "NOTICES",
     "SECURITY_HEADERS",
     "UiRoute",
+    "clock",
     "duration",
+    "first_line",
+    "lateness",
     "instant",
     "page",
     "redirect",
@@ -69,6 +72,24 @@ def duration(seconds: float | None) -> str:
     return f"{whole // 86400} d {whole % 86400 // 3600} h"
 
 
+def first_line(text: str | None, limit: int = 200) -> str:
+    """The first line of a message (an error's traceback stays on the run's page)."""
+    if not text:
+        return ""
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def lateness(seconds: float) -> str:
+    """How late (``+41 ms``) or early (``393 ms early``) something happened."""
+    return f"+{duration(seconds)}" if seconds >= 0 else f"{duration(-seconds)} early"
+
+
+def clock(value: datetime) -> str:
+    """A log line's time: ``22:10:52.211`` (UTC)."""
+    return value.astimezone(UTC).strftime("%H:%M:%S.%f")[:-3]
+
+
 def _pretty_json(value: Any) -> str:
     return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)
 
@@ -89,6 +110,9 @@ _ENV = Environment(
 _ENV.filters["instant"] = instant
 _ENV.filters["duration"] = duration
 _ENV.filters["pretty_json"] = _pretty_json
+_ENV.filters["first_line"] = first_line
+_ENV.filters["clock"] = clock
+_ENV.filters["lateness"] = lateness
 _ENV.globals["query"] = _query
 
 

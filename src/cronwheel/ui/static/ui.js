@@ -12,7 +12,8 @@
   function line(l) {
     var span = document.createElement("span");
     span.className = "log-line lvl-" + l.level;
-    var ts = document.createElement("span"); ts.className = "ts"; ts.textContent = l.ts;
+    var ts = document.createElement("span"); ts.className = "ts"; ts.title = l.ts;
+    ts.textContent = String(l.ts).slice(11, 23);
     var att = document.createElement("span"); att.className = "att"; att.textContent = "#" + l.attempt;
     var lvl = document.createElement("span"); lvl.className = "lvl"; lvl.textContent = l.level;
     span.append(ts, " ", att, " ", lvl, " " + l.message + "\n");
@@ -36,5 +37,6 @@
       })
       .catch(function () { setTimeout(poll, 3000); });
   }
+  log.scrollTop = log.scrollHeight;
   setTimeout(poll, 1000);
 })();
