@@ -5,6 +5,7 @@ free capacity."""
 from __future__ import annotations
 
 import math
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -15,9 +16,9 @@ from fastapi import APIRouter, Depends, Request, Response
 from cronwheel.api.routers import alerts as alerts_api
 from cronwheel.api.routers import pools as pools_api
 from cronwheel.api.state import api_state
+from cronwheel.domain.model import Run
 from cronwheel.domain.states import RunState
 from cronwheel.store.base import Store
-from cronwheel.store.values import RunFilter
 from cronwheel.ui.charts import Series, line_chart, stacked_bars
 from cronwheel.ui.render import UiRoute, page, svg
 from cronwheel.ui.sessions import Visit, signed_in
@@ -56,26 +57,34 @@ def _percentile(values: Sequence[float], q: float) -> float | None:
     return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
 
-_INTERIM_READ = 2000
+_INTERIM_PAGE = 500
+_INTERIM_PAGES = 4
 
 
 async def interim_minutes(
-    store: Store, tenant_id: object, *, minutes: int, now: datetime
+    store: Store, tenant_id: uuid.UUID, *, minutes: int, now: datetime
 ) -> Minutes:
-    """The per-minute numbers from the tenant's latest runs (at most 2,000, read by the
-    runs listing): a stand-in until the store's own overview query is merged."""
+    """The per-minute numbers from the tenant's newest runs, read by the runs listing a
+    page at a time (at most 2,000 runs, each page one range of the tenant's id index):
+    a stand-in until the store's own overview query is merged. Run ids grow with their
+    creation, so the reading stops at the first run created well before the window."""
     start = (now - timedelta(minutes=minutes - 1)).replace(second=0, microsecond=0)
-    found = await store.runs_list(
-        tenant_id,  # type: ignore[arg-type]
-        filter=RunFilter(since=start),
-        limit=_INTERIM_READ,
-    )
+    read: list[Run] = []
+    cursor: str | None = None
+    partial = True
+    for _ in range(_INTERIM_PAGES):
+        page = await store.runs_list(tenant_id, cursor=cursor, limit=_INTERIM_PAGE)
+        read += page.items
+        cursor = page.next_cursor
+        if cursor is None or page.items[-1].created_at < start - timedelta(hours=1):
+            partial = False
+            break
     times = [start + timedelta(minutes=i) for i in range(minutes)]
     by_state = {s: [0] * minutes for s in STACKED}
     finished: list[list[str]] = [[] for _ in range(minutes)]
     dispatch: list[list[float]] = [[] for _ in range(minutes)]
     starts: list[list[float]] = [[] for _ in range(minutes)]
-    for run in found.items:
+    for run in read:
         i = int((run.due_at - start).total_seconds() // 60)
         if not 0 <= i < minutes:
             continue
@@ -99,7 +108,7 @@ async def interim_minutes(
         start_p50=[_percentile(v, 0.5) for v in starts],
         start_p99=[_percentile(v, 0.99) for v in starts],
         totals={s: sum(c) for s, c in by_state.items()},
-        partial=found.next_cursor is not None,
+        partial=partial,
     )
 
 
