@@ -205,6 +205,11 @@ async def test_the_admin_sees_every_tenant_and_opens_one(api: Driver) -> None:
         assert r.status_code == 303
         assert "admin-sees-this" in (await browser.get("/ui/jobs")).text
         assert (await browser.get(f"/ui/jobs/{job['id']}")).status_code == 200
+        # The tenant deleted under it, the admin is asked to choose another.
+        r = await api.client.delete(f"/v1/tenants/{a.id}?force=true", headers=api.admin)
+        assert r.status_code == 200, r.text
+        assert (await browser.get("/ui/jobs")).headers["location"].startswith("/ui/tenants")
+        assert (await browser.get("/ui/overview")).status_code == 200
 
 
 async def test_every_page_renders(api: Driver) -> None:

@@ -58,14 +58,14 @@ def _percentile(values: Sequence[float], q: float) -> float | None:
 
 
 _INTERIM_PAGE = 500
-_INTERIM_PAGES = 4
+_INTERIM_PAGES = 2
 
 
 async def interim_minutes(
     store: Store, tenant_id: uuid.UUID, *, minutes: int, now: datetime
 ) -> Minutes:
     """The per-minute numbers from the tenant's newest runs, read by the runs listing a
-    page at a time (at most 2,000 runs, each page one range of the tenant's id index):
+    page at a time (at most 1,000 runs, each page one range of the tenant's id index):
     a stand-in until the store's own overview query is merged. Run ids grow with their
     creation, so the reading stops at the first run created well before the window."""
     start = (now - timedelta(minutes=minutes - 1)).replace(second=0, microsecond=0)

@@ -38,7 +38,7 @@ from fastapi import Request, Response
 
 from cronwheel.api.auth import KEY_PREFIX, MAX_KEY_LENGTH, Principal, TenantScope, hash_key
 from cronwheel.api.state import api_state
-from cronwheel.domain.errors import PermissionDeniedError, ValidationError
+from cronwheel.domain.errors import NotFoundError, PermissionDeniedError, ValidationError
 from cronwheel.store.values import UiSession
 
 __all__ = [
@@ -232,7 +232,14 @@ async def signed_in(request: Request) -> Visit:
     tenant_id = principal.tenant_id if not principal.is_admin else session.tenant_id
     tenant_name = None
     if tenant_id is not None:
-        tenant_name = (await store.tenants_get(tenant_id)).name
+        try:
+            tenant_name = (await store.tenants_get(tenant_id)).name
+        except NotFoundError:
+            if not principal.is_admin:
+                raise
+            # The tenant the admin was looking at was deleted: it chooses another.
+            await store.ui_sessions_set_tenant(token_hash=session.token_hash, tenant_id=None)
+            tenant_id = None
     visit = Visit(
         principal=principal,
         session=session,
