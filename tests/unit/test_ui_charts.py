@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from cronwheel.ui.charts import Series, Span, line_chart, stacked_bars, timeline
-from cronwheel.ui.render import duration, first_line
+from cronwheel.ui.render import duration, first_line, wall_time
 from cronwheel.ui.words import cron_in_words, schedule_in_words
 
 T0 = datetime(2999, 1, 1, 12, 0, tzinfo=UTC)
@@ -90,3 +90,5 @@ def test_schedules_in_words() -> None:
     assert schedule_in_words({"asap": True}) == "once, as soon as possible"
     assert duration(0.25) == "250 ms" and duration(3725) == "1 h 2 min"
     assert first_line("Error: x\n  Traceback ...") == "Error: x"
+    assert wall_time("2026-12-06T02:30:00+01:00") == "2026-12-06 02:30:00 +01:00"
+    assert wall_time("2026-03-29T02:30:00 (skipped)") == "2026-03-29T02:30:00 (skipped)"

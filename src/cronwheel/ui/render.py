@@ -32,6 +32,7 @@ __all__ = [
     "page",
     "redirect",
     "svg",
+    "wall_time",
 ]
 
 log = logging.getLogger("cronwheel.ui")
@@ -85,6 +86,18 @@ def lateness(seconds: float) -> str:
     return f"+{duration(seconds)}" if seconds >= 0 else f"{duration(-seconds)} early"
 
 
+def wall_time(text: str) -> str:
+    """A local wall time with its offset (``2026-12-06T02:30:00+01:00``) as pages show
+    instants: ``2026-12-06 02:30:00 +01:00``; anything else as it is."""
+    try:
+        parsed = datetime.fromisoformat(text)
+    except ValueError:
+        return text
+    offset = parsed.strftime("%z")
+    shown = f" {offset[:3]}:{offset[3:]}" if offset else ""
+    return parsed.strftime("%Y-%m-%d %H:%M:%S") + shown
+
+
 def clock(value: datetime) -> str:
     """A log line's time: ``22:10:52.211`` (UTC)."""
     return value.astimezone(UTC).strftime("%H:%M:%S.%f")[:-3]
@@ -113,6 +126,7 @@ _ENV.filters["pretty_json"] = _pretty_json
 _ENV.filters["first_line"] = first_line
 _ENV.filters["clock"] = clock
 _ENV.filters["lateness"] = lateness
+_ENV.filters["wall_time"] = wall_time
 _ENV.globals["query"] = _query
 
 
