@@ -13,6 +13,9 @@ import pytest
 
 from .conftest import CSRF, Site
 
+# One process runs them all: one server, worker and browser for the module.
+pytestmark = pytest.mark.xdist_group("ui-browser")
+
 _WAIT = 30.0  # seconds: a generous bound on the slowest CI; the checks end far sooner
 
 
