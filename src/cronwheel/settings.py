@@ -157,6 +157,20 @@ class Settings(BaseSettings):
         "again; revocations reach every process at once regardless",
     )
 
+    # the dashboard (see docs/dashboard.md)
+    ui_session_idle: float = Field(
+        default=12 * 3600.0,
+        ge=60,
+        le=30 * 86400,
+        description="seconds a dashboard session lasts without being used",
+    )
+    ui_session_lifetime: float = Field(
+        default=7 * 86400.0,
+        ge=60,
+        le=365 * 86400,
+        description="seconds a dashboard session lasts at most, used or not",
+    )
+
     # worker logs (see docs/logs.md)
     log_store: Literal["files", "database"] | None = Field(
         default=None,

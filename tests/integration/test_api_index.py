@@ -24,6 +24,8 @@ async def test_the_index_names_the_server_and_links_where_to_go(api: Any) -> Non
         assert (await api.client.get(links[name])).status_code == 200, name
     for name in ("jobs", "runs", "tenants", "metrics"):
         assert (await api.client.get(links[name])).status_code == 401, name
+    dashboard = await api.client.get(links["dashboard"])
+    assert dashboard.status_code == 303 and dashboard.headers["location"] == "/ui/overview"
     r = await api.client.post("/", json={})
     assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed"
 

@@ -253,6 +253,10 @@ def create_app(settings: Settings, store: Store, *, log_store: LogStore | None =
     routers.append(runs.dead_letters)
     for router in routers:
         app.include_router(router)
+    # The dashboard (/ui), after the API: its catch-all answers only under /ui.
+    from cronwheel.ui import mount_ui
+
+    routers += mount_ui(app)
     # The routers' routes carry their full paths; the app's own are the schema and docs.
     app.state.allowed_methods = AllowedMethods(
         [r for router in routers for r in router.routes if isinstance(r, Route)]

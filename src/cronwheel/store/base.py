@@ -66,6 +66,7 @@ from cronwheel.store.values import (
     RunFilter,
     RunsOverview,
     TenantDeleted,
+    UiSession,
 )
 from cronwheel.store.worker_side import WorkerSide
 
@@ -214,6 +215,48 @@ class Store(SchedulerSide, WorkerSide):
     @abstractmethod
     async def api_keys_get_by_hash(self, *, key_hash: str) -> ApiKey | None:
         """The unrevoked key with this hash, or None."""
+
+    # -- dashboard sessions ----------------------------------------------------------
+
+    @abstractmethod
+    async def ui_sessions_create(
+        self,
+        *,
+        token_hash: str,
+        key_hash: str,
+        tenant_id: uuid.UUID | None,
+        idle: float,
+        lifetime: float,
+        now: datetime | None = None,
+    ) -> UiSession:
+        """Store a new session, expiring ``idle`` seconds from now (at most ``lifetime``
+        seconds after it began), and purge the expired ones."""
+
+    @abstractmethod
+    async def ui_sessions_get(
+        self, *, token_hash: str, now: datetime | None = None
+    ) -> UiSession | None:
+        """The session with this token hash, unless it is unknown or expired (None)."""
+
+    @abstractmethod
+    async def ui_sessions_touch(
+        self,
+        *,
+        token_hash: str,
+        idle: float,
+        lifetime: float,
+        now: datetime | None = None,
+    ) -> None:
+        """The session was used now: it expires ``idle`` seconds from now (never past
+        ``lifetime`` seconds after it began)."""
+
+    @abstractmethod
+    async def ui_sessions_set_tenant(self, *, token_hash: str, tenant_id: uuid.UUID | None) -> None:
+        """The tenant the session looks at from now on."""
+
+    @abstractmethod
+    async def ui_sessions_delete(self, *, token_hash: str) -> None:
+        """End the session (signed out, or its key is no longer valid)."""
 
     # -- shared token buckets --------------------------------------------------------
 

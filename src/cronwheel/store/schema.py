@@ -53,6 +53,7 @@ __all__ = [
     "scheduler_nodes",
     "shard_leases",
     "tenants",
+    "ui_sessions",
     "workers",
 ]
 
@@ -669,4 +670,23 @@ log_chunks = sa.Table(
     # A partitioned table's keys must hold its partition key: ``day`` comes last.
     sa.PrimaryKeyConstraint("tenant_id", "run_id", "attempt", "seq", "day"),
     postgresql_partition_by="RANGE (day)",
+)
+
+# Dashboard sessions (``cronwheel/ui``), shared by every API node: a row per signed-in
+# browser, found by the SHA-256 of its cookie's token (the token itself is never
+# stored), with the hash of the API key it signed in with — re-checked on every request,
+# so a revoked key ends its sessions. ``tenant_id``: the tenant the session looks at (the
+# key's own; for the admin key, the one it chose, None until then).
+ui_sessions = sa.Table(
+    "ui_sessions",
+    metadata,
+    sa.Column("token_hash", sa.String(64), primary_key=True),
+    sa.Column("key_hash", sa.String(64), nullable=False),
+    sa.Column("tenant_id", Uuid),
+    sa.Column("created_at", UtcDateTime, nullable=False),
+    sa.Column("last_seen_at", UtcDateTime, nullable=False),
+    # The earlier of idle expiry (last seen + the idle timeout) and the session's end of
+    # life (created + its lifetime): past it the row is dead and purged.
+    sa.Column("expires_at", UtcDateTime, nullable=False),
+    sa.Index("ix_ui_sessions_expires_at", "expires_at"),
 )

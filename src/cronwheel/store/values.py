@@ -32,6 +32,7 @@ __all__ = [
     "RunStats",
     "RunsOverview",
     "TenantDeleted",
+    "UiSession",
 ]
 
 
@@ -256,3 +257,16 @@ class RunsOverview:
     until: datetime
     minutes: list[RunStats]
     total: RunStats
+
+
+@dataclass(frozen=True, slots=True)
+class UiSession:
+    """A dashboard session as stored: the hash of its token, the hash of the API key it
+    signed in with, the tenant it looks at (None: the admin key chose none yet)."""
+
+    token_hash: str
+    key_hash: str
+    tenant_id: uuid.UUID | None
+    created_at: datetime
+    last_seen_at: datetime
+    expires_at: datetime

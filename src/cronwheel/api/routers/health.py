@@ -30,6 +30,7 @@ router = APIRouter(tags=["operations"], route_class=StrictJsonRoute)
 _LINKS = {
     "docs": "/docs",
     "redoc": "/redoc",
+    "dashboard": "/ui",
     "openapi": "/openapi.json",
     "healthz": "/healthz",
     "readyz": "/readyz",

@@ -23,6 +23,7 @@ from cronwheel.store.sql.runs import RunsMixin
 from cronwheel.store.sql.shard_leases import ShardLeasesMixin
 from cronwheel.store.sql.tenants import TenantsMixin
 from cronwheel.store.sql.triggers import TriggersMixin
+from cronwheel.store.sql.ui_sessions import UiSessionsMixin
 
 __all__ = ["SqlStore"]
 
@@ -49,6 +50,7 @@ class SqlStore(
     DeletionMixin,
     AdmissionMixin,
     PoolsMixin,
+    UiSessionsMixin,
 ):
     """Implements every method of ``Store``, once, over the driver it is given.
 
