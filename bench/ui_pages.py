@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from cronwheel.api import create_app, generate_key
 from cronwheel.settings import Settings
-from cronwheel.store import create_store
+from cronwheel.store import RunFilter, create_store
 from pg_server import pg_admin, pg_connect, pg_url
 from store.helpers import T0, create_job, make_tenant, register_worker
 from store.tenant_volume import add_volume, bulk_load
@@ -102,9 +102,10 @@ async def _pages(url: str, tenant_id: uuid.UUID, repeat: int) -> dict[str, dict[
                     "/ui/sign-in", data={"api_key": key, "csrf": csrf.group(1)}
                 )
                 assert signed.status_code == 303, signed.text
-                runs = (await store.runs_list(tenant_id, limit=200)).items
-                job_id = runs[0].job_id
-                failed = next(r for r in runs if r.state == "SUCCESS")
+                # A finished run (the newest due are scheduled ones, with no attempt).
+                done = RunFilter(states=["SUCCESS"])
+                [failed] = (await store.runs_list(tenant_id, filter=done, limit=1)).items
+                job_id = failed.job_id
                 dead = (await store.runs_list(tenant_id, limit=1)).items[0]
                 since = (T0 - timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M")
                 until = T0.strftime("%Y-%m-%dT%H:%M")

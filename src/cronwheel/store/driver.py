@@ -225,6 +225,12 @@ class Driver(ABC):
         of their own)."""
         return None
 
+    @contextlib.asynccontextmanager
+    async def planned_each(self, conn: AsyncConnection) -> AsyncIterator[None]:
+        """:meth:`plan_each` for a read outside a transaction (``prepare_read``): for
+        the reads a dashboard repeats whose best plan depends on the tenant they name."""
+        yield
+
     async def plan_each(self, conn: AsyncConnection) -> None:
         """Have the statements of ``conn``'s transaction planned for the values they are
         given, never by a plan cached for any values (for statements whose best plan

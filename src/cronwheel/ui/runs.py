@@ -168,8 +168,10 @@ async def run_page(
         dispatch_lateness=None
         if run.dispatched_at is None
         else (run.dispatched_at - run.fire_at).total_seconds(),
+        # A retry's fire_at lies after its backoff, past the first start: measured on the
+        # first try only, as the overview measures it.
         start_lateness=None
-        if run.started_at is None
+        if run.started_at is None or run.attempt > 1
         else (run.started_at - run.fire_at).total_seconds(),
         may_cancel=run.state in ACTIVE_STATES,
         may_redrive=run.state is RunState.DEAD_LETTER,

@@ -275,6 +275,17 @@ class PostgresDriver(Driver):
     async def plan_each(self, conn: AsyncConnection) -> None:
         await conn.execute(sa.text("SET LOCAL plan_cache_mode = force_custom_plan"))
 
+    @contextlib.asynccontextmanager
+    async def planned_each(self, conn: AsyncConnection) -> AsyncIterator[None]:
+        # A prepared statement run five times may get PostgreSQL's generic plan, made
+        # for any tenant: for one with 80,000 waiting runs, counting them went from
+        # 13 ms to 145 ms. (In autocommit there is no transaction for SET LOCAL.)
+        await conn.execute(sa.text("SET plan_cache_mode = force_custom_plan"))
+        try:
+            yield
+        finally:
+            await conn.execute(sa.text("RESET plan_cache_mode"))
+
     def id_in(self, column: sa.ColumnElement[Any], ids: Sequence[Any]) -> sa.ColumnElement[bool]:
         return column == sa.any_(sa.bindparam(None, list(ids), type_=postgresql.ARRAY(column.type)))
 

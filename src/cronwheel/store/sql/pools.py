@@ -239,7 +239,7 @@ class PoolsMixin(SqlCore):
         worker_ttl: float = 30.0,
         now: datetime | None = None,
     ) -> list[PoolStatus]:
-        async with self._read() as conn:
+        async with self._read() as conn, self.driver.planned_each(conn):
             at = await self._now(conn, now)
             loads = _loads(
                 (await conn.execute(_worker_loads(at, worker_ttl, tenant_id, names))).all(),

@@ -82,7 +82,7 @@ class WorkersMixin(SqlCore):
     ) -> Page[WorkerStatus]:
         after = uuid_cursor(cursor)
         running, reserved = workers_held(tenant_id)
-        async with self._read() as conn:
+        async with self._read() as conn, self.driver.planned_each(conn):
             at = await self._now(conn, now)
             stmt = (
                 sa.select(
