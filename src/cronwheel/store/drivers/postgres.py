@@ -283,8 +283,13 @@ class PostgresDriver(Driver):
         await conn.execute(sa.text("SET plan_cache_mode = force_custom_plan"))
         try:
             yield
-        finally:
-            await conn.execute(sa.text("RESET plan_cache_mode"))
+        except BaseException:
+            # Cut off mid-statement (a cancelled request) the connection takes no
+            # RESET: dropped from the pool, closed, it keeps the setting nowhere.
+            with contextlib.suppress(Exception):
+                await conn.invalidate()
+            raise
+        await conn.execute(sa.text("RESET plan_cache_mode"))
 
     def id_in(self, column: sa.ColumnElement[Any], ids: Sequence[Any]) -> sa.ColumnElement[bool]:
         return column == sa.any_(sa.bindparam(None, list(ids), type_=postgresql.ARRAY(column.type)))
