@@ -35,8 +35,10 @@ def clock() -> ManualClock:
 
 
 @pytest.fixture
-def store(store: Store, clock: ManualClock) -> Store:
-    """The store as the API and the tests see it: its clock is ``clock``."""
+def store(store: Store, clock: ManualClock, store_url: str) -> Store:
+    """The store as the API and the tests see it: its clock is ``clock``. (``store_url``
+    named here too: pytest 8 parametrizes a fixture that overrides its own name only by
+    what it names itself.)"""
     return clocked(store, clock)
 
 
