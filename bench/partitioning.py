@@ -23,10 +23,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from cronwheel.store import create_store
 from pg_server import pg_admin, pg_connect, pg_url
-from store.helpers import T0, create_job, make_tenant, register_worker
-from store.tenant_volume import add_volume, bulk_load
+from store.tenant_volume import two_tenants
 
 # The small tenant's reads, each by its table: {t} is runs or its partitioned copy.
 READS = {
@@ -40,39 +38,6 @@ READS = {
         " AND pool = 'default' AND tenant_id = $1 ORDER BY priority, fire_at LIMIT 10"
     ),
 }
-
-
-async def _world(url: str, runs: int) -> tuple[uuid.UUID, uuid.UUID]:
-    store = create_store(url, pool_size=1, pool_overflow=0)
-    await store.migrate()
-    await store.open()
-    made = []
-    for name in ("big", "small"):
-        tenant = await make_tenant(store, name)
-        job, run = await create_job(store, tenant.id, schedule={"cron": "* * * * *"})
-        worker = await register_worker(store, tenant.id)
-        made.append((tenant.id, job.id, run.id, worker.id))
-    await store.close()
-    conn = await pg_connect(url.replace("postgresql+asyncpg://", "postgresql://", 1))
-    try:
-        async with bulk_load(conn, ("runs", "attempts", "events", "jobs")):
-            for (tenant_id, job_id, run_id, worker_id), n, jobs in zip(
-                made, (runs, 100), (10_000, 5), strict=True
-            ):
-                await add_volume(
-                    conn,
-                    tenant_id=tenant_id,
-                    model_job=job_id,
-                    model_run=run_id,
-                    worker_id=worker_id,
-                    runs=n,
-                    jobs=jobs,
-                    t0=T0,
-                )
-        await conn.execute("VACUUM ANALYZE runs")
-    finally:
-        await conn.close()
-    return made[0][0], made[1][0]
 
 
 async def _partitioned_copy(conn: Any, partitions: int) -> float:
@@ -155,7 +120,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     try:
         url = pg_url(name)
         started = time.monotonic()
-        big, small = await _world(url, args.runs)
+        big, small = await two_tenants(url, args.runs)
         out: dict[str, Any] = {"runs": args.runs, "load_s": round(time.monotonic() - started, 1)}
         conn = await pg_connect(url.replace("postgresql+asyncpg://", "postgresql://", 1))
         try:

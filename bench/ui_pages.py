@@ -33,44 +33,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from cronwheel.api import create_app, generate_key
 from cronwheel.settings import Settings
 from cronwheel.store import RunFilter, create_store
-from pg_server import pg_admin, pg_connect, pg_url
-from store.helpers import T0, create_job, make_tenant, register_worker
-from store.tenant_volume import add_volume, bulk_load
+from pg_server import pg_admin, pg_url
+from store.helpers import T0
+from store.tenant_volume import two_tenants
 
 _CSRF = re.compile(r'name="csrf" value="([0-9a-f]+)"')
-
-
-async def _world(url: str, runs: int) -> uuid.UUID:
-    store = create_store(url, pool_size=1, pool_overflow=0)
-    await store.migrate()
-    await store.open()
-    made = []
-    for name in ("big", "small"):
-        tenant = await make_tenant(store, name)
-        job, run = await create_job(store, tenant.id, schedule={"cron": "* * * * *"})
-        worker = await register_worker(store, tenant.id)
-        made.append((tenant.id, job.id, run.id, worker.id))
-    await store.close()
-    conn = await pg_connect(url.replace("postgresql+asyncpg://", "postgresql://", 1))
-    try:
-        async with bulk_load(conn, ("runs", "attempts", "events", "jobs")):
-            for (tenant_id, job_id, run_id, worker_id), n, jobs in zip(
-                made, (runs, 100), (10_000, 5), strict=True
-            ):
-                await add_volume(
-                    conn,
-                    tenant_id=tenant_id,
-                    model_job=job_id,
-                    model_run=run_id,
-                    worker_id=worker_id,
-                    runs=n,
-                    jobs=jobs,
-                    t0=T0,
-                )
-        await conn.execute("VACUUM ANALYZE")
-    finally:
-        await conn.close()
-    return made[0][0]
 
 
 async def _pages(url: str, tenant_id: uuid.UUID, repeat: int) -> dict[str, dict[str, float]]:
@@ -155,7 +122,7 @@ async def main() -> None:
     try:
         url = pg_url(name)
         started = time.monotonic()
-        tenant_id = await _world(url, args.runs)
+        tenant_id, _small = await two_tenants(url, args.runs)
         print(f"built {args.runs:,} runs in {time.monotonic() - started:.0f} s", file=sys.stderr)
         results = await _pages(url, tenant_id, args.repeat)
     finally:

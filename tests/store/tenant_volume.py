@@ -26,7 +26,7 @@ from datetime import datetime
 
 import asyncpg
 
-__all__ = ["Volume", "add_volume", "bulk_load"]
+__all__ = ["Volume", "add_volume", "bulk_load", "two_tenants"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,3 +184,45 @@ async def add_volume(
     await conn.execute("SELECT setval('fencing_tokens', $1)", first + int(done.split()[-1]) + 1)
     await conn.execute(_EVENTS, tenant_id, model_run)
     return Volume(tenant_id=tenant_id, runs=runs, jobs=jobs)
+
+
+async def two_tenants(url: str, runs: int) -> tuple[uuid.UUID, uuid.UUID]:
+    """A fresh database at ``url`` (PostgreSQL) migrated and filled: a tenant with
+    ``runs`` runs over 10,000 jobs beside one with 100 over 5, each with a worker,
+    vacuumed. Answers the two tenants' ids, the big one first. (The benches' world.)"""
+    from cronwheel.store import create_store
+    from pg_server import pg_connect
+    from store.helpers import T0, create_job, make_tenant, register_worker
+
+    store = create_store(url, pool_size=1, pool_overflow=0)
+    await store.migrate()
+    await store.open()
+    made = []
+    try:
+        for name in ("big", "small"):
+            tenant = await make_tenant(store, name)
+            job, run = await create_job(store, tenant.id, schedule={"cron": "* * * * *"})
+            worker = await register_worker(store, tenant.id)
+            made.append((tenant.id, job.id, run.id, worker.id))
+    finally:
+        await store.close()
+    conn = await pg_connect(url.replace("postgresql+asyncpg://", "postgresql://", 1))
+    try:
+        async with bulk_load(conn, ("runs", "attempts", "events", "jobs")):
+            for (tenant_id, job_id, run_id, worker_id), n, jobs in zip(
+                made, (runs, 100), (10_000, 5), strict=True
+            ):
+                await add_volume(
+                    conn,
+                    tenant_id=tenant_id,
+                    model_job=job_id,
+                    model_run=run_id,
+                    worker_id=worker_id,
+                    runs=n,
+                    jobs=jobs,
+                    t0=T0,
+                )
+        await conn.execute("VACUUM ANALYZE")
+    finally:
+        await conn.close()
+    return made[0][0], made[1][0]
