@@ -31,7 +31,6 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from cronwheel.domain.model import MissedRun, ScheduleProbe, StalledJob
 from cronwheel.domain.spec import LATENESS_BUDGET_DEFAULT
@@ -39,6 +38,7 @@ from cronwheel.domain.states import JobState, RunState
 from cronwheel.store.rows import event_row
 from cronwheel.store.schema import NUM_SHARDS, RECURRING, jobs, runs, tenants
 from cronwheel.store.sql.core import SqlCore
+from cronwheel.store.sql.observed import tenant_names_of
 
 __all__ = ["MIN_BUDGET", "MissedMixin", "missed_now"]
 
@@ -136,7 +136,7 @@ class MissedMixin(SqlCore):
                     )
                 )
             ).all()
-            names = await _tenant_names(conn, {r.tenant_id for r in marked})
+            names = await tenant_names_of(conn, {r.tenant_id for r in marked})
             missed = sorted(
                 (
                     MissedRun(
@@ -216,7 +216,7 @@ class MissedMixin(SqlCore):
 
     async def tenant_names(self, ids: list[uuid.UUID]) -> dict[uuid.UUID, str]:
         async with self._read() as conn:
-            return await _tenant_names(conn, set(ids))
+            return await tenant_names_of(conn, set(ids))
 
     # -- stalled schedules ---------------------------------------------------------
 
@@ -372,13 +372,6 @@ class MissedMixin(SqlCore):
             )
             for r in rows
         ]
-
-
-async def _tenant_names(conn: AsyncConnection, ids: set[uuid.UUID]) -> dict[uuid.UUID, str]:
-    if not ids:
-        return {}
-    rows = await conn.execute(sa.select(tenants.c.id, tenants.c.name).where(tenants.c.id.in_(ids)))
-    return {r.id: r.name for r in rows}
 
 
 def _late(fire_at: datetime, at: datetime) -> str:

@@ -25,20 +25,33 @@ from cronwheel.metrics import (
 )
 from cronwheel.store.schema import tenants
 
-__all__ = ["Execution", "count_expiries", "count_fates", "observe_executions", "tenant_labels"]
+__all__ = [
+    "Execution",
+    "count_expiries",
+    "count_fates",
+    "observe_executions",
+    "tenant_labels",
+    "tenant_names_of",
+]
 
 Execution = tuple[uuid.UUID, str | None, float]
 """(tenant id, task, seconds it ran) of an attempt its worker ended."""
 
 
-async def tenant_labels(conn: AsyncConnection, ids: Iterable[uuid.UUID]) -> dict[uuid.UUID, str]:
-    async def lookup(missing: list[uuid.UUID]) -> dict[uuid.UUID, str]:
-        rows = await conn.execute(
-            sa.select(tenants.c.id, tenants.c.name).where(tenants.c.id.in_(missing))
-        )
-        return {r.id: r.name for r in rows}
+async def tenant_names_of(conn: AsyncConnection, ids: Iterable[uuid.UUID]) -> dict[uuid.UUID, str]:
+    """The names of the tenants of ``ids`` that exist, read now."""
+    wanted = list(ids)
+    if not wanted:
+        return {}
+    rows = await conn.execute(
+        sa.select(tenants.c.id, tenants.c.name).where(tenants.c.id.in_(wanted))
+    )
+    return {r.id: r.name for r in rows}
 
-    return await TENANT_NAMES.names(ids, lookup)
+
+async def tenant_labels(conn: AsyncConnection, ids: Iterable[uuid.UUID]) -> dict[uuid.UUID, str]:
+    """The ``tenant`` label of each id: its name, read once per process."""
+    return await TENANT_NAMES.names(ids, lambda missing: tenant_names_of(conn, missing))
 
 
 async def observe_executions(
