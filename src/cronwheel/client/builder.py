@@ -24,6 +24,7 @@ place.
 
 from __future__ import annotations
 
+import copy
 import heapq
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, overload
@@ -157,9 +158,12 @@ class Workflow:
             "progress_timeout": progress_timeout,
             "trigger_rule": trigger_rule,
         }
+        upstream = list(after)
+        for node in upstream:
+            self._check_own(node)
         made = Node(self, name, {k: v for k, v in given.items() if v is not None})
         self._nodes[name] = made
-        return made.set_after(*after)
+        return made.set_after(*upstream)
 
     @property
     def nodes(self) -> tuple[Node, ...]:
@@ -181,13 +185,18 @@ class Workflow:
     def __iter__(self) -> Iterator[Node]:
         return iter(self._nodes.values())
 
+    def _check_own(self, node: Node) -> None:
+        if not isinstance(node, Node):
+            raise TypeError(f"expected a node, got {node!r}")
+        if node.workflow is not self:
+            raise ValueError(
+                f"node {node.name!r} belongs to workflow {node.workflow.name!r}, "
+                f"not to {self.name!r}"
+            )
+
     def _link(self, upstream: Node, node: Node) -> None:
-        for end in (upstream, node):
-            if end.workflow is not self or self._nodes.get(end.name) is not end:
-                raise ValueError(
-                    f"node {end.name!r} belongs to workflow {end.workflow.name!r}, "
-                    f"not to {self.name!r}"
-                )
+        self._check_own(upstream)
+        self._check_own(node)
         if upstream in node._after:
             return
         path = self._path(node, upstream)
@@ -216,11 +225,12 @@ class Workflow:
         return None
 
     def to_spec(self) -> dict[str, Any]:
-        """The body of ``POST /v1/workflows``. Nodes come upstream first, otherwise in
-        the order they were made (the order the server shows them in)."""
+        """The body of ``POST /v1/workflows`` (a copy: changing it changes nothing
+        here). Nodes come upstream first, otherwise in the order they were made (the
+        order the server shows them in)."""
         spec: dict[str, Any] = {
             "name": self.name,
-            "schedule": dict(self.schedule),
+            "schedule": self.schedule,
             "nodes": [
                 {"name": n.name, **n.fields, "after": [u.name for u in n._after]}
                 for n in self._upstream_first()
@@ -230,7 +240,7 @@ class Workflow:
             spec["tags"] = list(self.tags)
         if self.lateness_budget is not None:
             spec["lateness_budget"] = self.lateness_budget
-        return spec
+        return copy.deepcopy(spec)
 
     def _upstream_first(self) -> list[Node]:
         """The nodes in an order where each comes after its upstream nodes, otherwise
