@@ -43,6 +43,8 @@ from cronwheel.cli.schedule import schedule_text
 
 __all__ = [
     "STATE_STYLES",
+    "IdArg",
+    "RunIdArg",
     "read_spec",
     "run_tree",
     "workflows_app",
