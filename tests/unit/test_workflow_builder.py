@@ -135,11 +135,13 @@ def test_a_cycle_is_refused_naming_its_nodes() -> None:
 def test_a_node_of_another_workflow_is_refused() -> None:
     one, two = Workflow("one", schedule={"asap": True}), Workflow("two", schedule={"asap": True})
     a, b = one.node("a", task="t"), two.node("b", task="t")
-    with pytest.raises(ValueError, match="node 'b' belongs to workflow 'two', not to 'one'"):
+    with pytest.raises(ValueError, match="node 'a' is of workflow 'one': it cannot be linked"):
         a >> b
-    with pytest.raises(ValueError, match="belongs to workflow 'two'"):
+    with pytest.raises(ValueError, match="node 'b' is of workflow 'two'"):
+        [b] >> a
+    with pytest.raises(ValueError, match="node 'b' is of workflow 'two'"):
         one.node("c", task="t", after=[b])
-    assert "c" not in one and one.nodes == (a,)
+    assert "c" not in one and one.nodes == (a,) and a.after == () and b.after == ()
 
 
 def test_only_nodes_can_be_linked() -> None:

@@ -190,13 +190,14 @@ class Workflow:
             raise TypeError(f"expected a node, got {node!r}")
         if node.workflow is not self:
             raise ValueError(
-                f"node {node.name!r} belongs to workflow {node.workflow.name!r}, "
-                f"not to {self.name!r}"
+                f"node {node.name!r} is of workflow {node.workflow.name!r}: it cannot be "
+                f"linked to the nodes of workflow {self.name!r}"
             )
 
     def _link(self, upstream: Node, node: Node) -> None:
-        self._check_own(upstream)
         self._check_own(node)
+        if not isinstance(upstream, Node) or upstream.workflow is not self:
+            self._check_own(upstream)  # raises, naming the workflows
         if upstream in node._after:
             return
         path = self._path(node, upstream)
