@@ -20,6 +20,7 @@ from cronwheel.api import create_app
 from cronwheel.client import Workflow
 from cronwheel.settings import Settings
 from cronwheel.store import Store
+from cronwheel.testing import wait_until
 
 ADMIN_KEY = "workflows-client-admin-key"
 NODES = ("extract", "transform_a", "transform_b", "load")
@@ -50,7 +51,7 @@ def test_a_workflow_runs_its_nodes_in_order_passing_results_down(
         ("transform_b", ["extract"]),
         ("load", ["transform_a", "transform_b"]),
     ]
-    assert client.workflows.get(workflow["id"]) == workflow
+    assert client.workflows.get(workflow["id"]) == {**workflow, "first_run_id": None}
 
     run = client.workflows.trigger(workflow["id"], payload={"day": "2030-01-31"})
     assert run["workflow_id"] == workflow["id"]
@@ -70,8 +71,12 @@ def test_a_workflow_runs_its_nodes_in_order_passing_results_down(
     # The node runs are runs like any other.
     node_run = client.runs.get(load["run_id"])
     assert (node_run["workflow_run_id"], node_run["node"]) == (run["id"], "load")
-    [listed] = client.workflows.runs(workflow["id"]).items
-    assert listed["id"] == run["id"] and listed["state"] == "SUCCESS" and "nodes" not in listed
+    # Besides the run triggered, the first one, due in an hour.
+    listed = {r["id"]: r for r in client.workflows.runs(workflow["id"]).items}
+    assert set(listed) == {run["id"], workflow["first_run_id"]}
+    assert listed[run["id"]]["state"] == "SUCCESS" and listed[run["id"]]["nodes"] is None
+    assert listed[run["id"]]["counts"] == {"SUCCESS": 4}
+    assert listed[workflow["first_run_id"]]["state"] == "SCHEDULED"
     assert client.workflows.runs(workflow["id"], state="FAILED").items == []
 
 
@@ -122,16 +127,21 @@ def test_a_workflow_run_is_cancelled_and_its_workflow_controlled(
     assert workflow["next_due_at"] is not None
 
     run = client.workflows.trigger(workflow["id"])
+    # Fired: its first node is ready (no worker serves it), its second waits for it.
+    wait_until(lambda: client.workflows.run(run["id"])["state"] == "RUNNING", 30, what="firing")
+    assert _states(client.workflows.run(run["id"])) == {"first": "DISPATCHED", "second": "PENDING"}
     cancelled = client.workflows.cancel_run(run["id"], reason="not today")
-    assert cancelled["state"] in ("CANCELLED", "RUNNING")  # a dispatched node is asked to stop
-    assert _states(client.workflows.run(run["id"]))["second"] == "CANCELLED"
+    assert cancelled["state"] == "CANCELLED" and cancelled["finished_at"] is not None
+    assert _states(cancelled) == {"first": "CANCELLED", "second": "CANCELLED"}
+    assert cancelled["counts"] == {"CANCELLED": 2}
 
     assert client.workflows.pause(workflow["id"], reason="holiday")["state"] == "paused"
     assert client.workflows.resume(workflow["id"])["state"] == "active"
     assert client.workflows.cancel(workflow["id"])["state"] == "cancelled"
     assert [w["id"] for w in client.workflows.list().items] == [workflow["id"]]
 
-    assert client.workflows.delete(workflow["id"]) is None
+    deleted = client.workflows.delete(workflow["id"], reason="gone")
+    assert deleted["id"] == workflow["id"] and deleted["runs_deleted"] >= 2
     with pytest.raises(ApiError) as gone:
         client.workflows.get(workflow["id"])
     assert gone.value.status == 404
@@ -192,7 +202,7 @@ async def operator(app: FastAPI) -> AsyncIterator[AsyncClient]:
 
 async def test_the_async_client_does_the_same(operator: AsyncClient) -> None:
     workflow = await operator.workflows.create(etl("async").to_spec())
-    assert await operator.workflows.get(workflow["id"]) == workflow
+    assert await operator.workflows.get(workflow["id"]) == {**workflow, "first_run_id": None}
     page = await operator.workflows.list(limit=1)
     assert [w["id"] for w in page.items] == [workflow["id"]] and page.next_cursor is None
 
@@ -205,12 +215,11 @@ async def test_the_async_client_does_the_same(operator: AsyncClient) -> None:
         "transform_b",
         "load",
     ]
-    assert [r["id"] for r in (await operator.workflows.runs(workflow["id"], limit=5)).items] == [
-        run["id"]
-    ]
+    runs = (await operator.workflows.runs(workflow["id"], limit=5)).items
+    assert {r["id"] for r in runs} == {run["id"], workflow["first_run_id"]}
+    # Never fired (no scheduler here): the run is cancelled before any node was made.
     cancelled = await operator.workflows.cancel_run(run["id"])
-    assert cancelled["state"] == "CANCELLED"
-    assert set(_states(cancelled).values()) == {"CANCELLED"}
+    assert cancelled["state"] == "CANCELLED" and cancelled["id"] == run["id"]
     with pytest.raises(ApiError) as refused:
         await operator.workflows.retry_node(run["id"], "no-such-node")
     assert refused.value.status in (404, 409)

@@ -147,11 +147,14 @@ def workflows_create(
         f"next due {short_time(workflow.get('next_due_at')) or '—'}",
         highlight=False,
     )
+    if workflow.get("first_run_id"):
+        console.print(f"workflow run {workflow['first_run_id']}", highlight=False)
 
 
 @workflows_app.command("list")
 def workflows_list(
-    limit: Annotated[int, typer.Option("--limit", min=1, max=500)] = 50,
+    name_prefix: Annotated[str | None, typer.Option("--name-prefix", show_default=False)] = None,
+    limit: Annotated[int, typer.Option("--limit", min=1, max=200)] = 50,
     cursor: CursorOpt = None,
     url: UrlOpt = DEFAULT_URL,
     api_key: ApiKeyOpt = None,
@@ -160,7 +163,7 @@ def workflows_list(
 ) -> None:
     """Workflows, newest first."""
     with handle_errors(), client_for(url, api_key, tenant) as client:
-        page = client.workflows.list(limit=limit, cursor=cursor)
+        page = client.workflows.list(name_prefix=name_prefix, limit=limit, cursor=cursor)
     if as_json:
         print_json({"items": page.items, "next_cursor": page.next_cursor})
         return
@@ -315,14 +318,32 @@ def workflows_trigger(
 @workflows_app.command("delete")
 def workflows_delete(
     workflow_id: IdArg,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force", help="Also end its runs in progress (otherwise the deletion is refused)."
+        ),
+    ] = False,
+    reason: ReasonOpt = None,
     url: UrlOpt = DEFAULT_URL,
     api_key: ApiKeyOpt = None,
     tenant: TenantOpt = None,
+    as_json: JsonOpt = False,
 ) -> None:
-    """Delete a workflow with its runs and their history."""
+    """Delete a workflow with its runs (workflow runs and node runs) and their history.
+    Refused while one of its runs goes, unless --force ends it."""
     with handle_errors(), client_for(url, api_key, tenant) as client:
-        client.workflows.delete(workflow_id)
-    console.print(f"[red]deleted[/] workflow [bold]{workflow_id}[/]", highlight=False)
+        out = client.workflows.delete(workflow_id, force=force, reason=reason)
+    if as_json:
+        print_json(out)
+        return
+    stopped = out.get("runs_stopped") or []
+    ended = f", {len(stopped)} of them in progress" if stopped else ""
+    console.print(
+        f"[red]deleted[/] workflow [bold]{out['id']}[/] ({escape(out['name'])}) with "
+        f"{count(out['runs_deleted'], 'run')}{ended}",
+        highlight=False,
+    )
 
 
 # -- workflow runs ---------------------------------------------------------------------
@@ -345,11 +366,12 @@ def workflows_runs(
         str | None,
         typer.Option(
             "--state",
-            help="SCHEDULED | RUNNING | SUCCESS | FAILED | CANCELLED",
+            help="A workflow run state (SCHEDULED, RUNNING, SUCCESS, FAILED, CANCELLED), "
+            "or several separated by commas.",
             show_default=False,
         ),
     ] = None,
-    limit: Annotated[int, typer.Option("--limit", min=1, max=500)] = 50,
+    limit: Annotated[int, typer.Option("--limit", min=1, max=200)] = 50,
     cursor: CursorOpt = None,
     url: UrlOpt = DEFAULT_URL,
     api_key: ApiKeyOpt = None,
@@ -411,8 +433,9 @@ def _node_label(node: Mapping[str, Any], joined: Sequence[str]) -> Text:
     if len(joined) > 1:
         label.append(f"  (after {', '.join(joined)})", "italic")
     if state in _EXPLAINED:
-        # A traceback's last line names the exception.
-        why = node.get("reason") or (node.get("last_error") or "").strip().rsplit("\n", 1)[-1]
+        # One line: a traceback's last names the exception.
+        told = (node.get("reason") or node.get("last_error") or "").splitlines()
+        why = next((line.strip() for line in reversed(told) if line.strip()), "")
         if why:
             label.append(f"  {why}", STATE_STYLES.get(state, ""))
     if node.get("run_id"):

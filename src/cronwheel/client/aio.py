@@ -287,8 +287,14 @@ class AsyncWorkflows(_AsyncResource):
     async def get(self, workflow_id: Id) -> Json:
         return await self._one(Calls.workflows_get(workflow_id))
 
-    async def list(self, *, cursor: str | None = None, limit: int | None = None) -> Page[Json]:
-        return await self._page(Calls.workflows_list(cursor, limit))
+    async def list(
+        self,
+        *,
+        name_prefix: str | None = None,
+        cursor: str | None = None,
+        limit: int | None = None,
+    ) -> Page[Json]:
+        return await self._page(Calls.workflows_list(name_prefix, cursor, limit))
 
     async def pause(self, workflow_id: Id, *, reason: str | None = None) -> Json:
         return await self._one(Calls.workflows_control(workflow_id, "pause", reason))
@@ -302,14 +308,16 @@ class AsyncWorkflows(_AsyncResource):
     async def trigger(self, workflow_id: Id, *, payload: Mapping[str, Any] | None = None) -> Json:
         return await self._one(Calls.workflows_trigger(workflow_id, payload))
 
-    async def delete(self, workflow_id: Id) -> None:
-        await self._client.send(Calls.workflows_delete(workflow_id))
+    async def delete(
+        self, workflow_id: Id, *, force: bool = False, reason: str | None = None
+    ) -> Json:
+        return await self._one(Calls.workflows_delete(workflow_id, force, reason))
 
     async def runs(
         self,
         workflow_id: Id,
         *,
-        state: str | None = None,
+        state: str | Sequence[str] | None = None,
         cursor: str | None = None,
         limit: int | None = None,
     ) -> Page[Json]:

@@ -374,8 +374,9 @@ class Calls:
         return Call("GET", f"/v1/workflows/{_seg(workflow_id)}")
 
     @staticmethod
-    def workflows_list(cursor: str | None, limit: int | None) -> Call:
-        return Call("GET", "/v1/workflows", params=query_params(cursor=cursor, limit=limit))
+    def workflows_list(name_prefix: str | None, cursor: str | None, limit: int | None) -> Call:
+        params = query_params(name_prefix=name_prefix, cursor=cursor, limit=limit)
+        return Call("GET", "/v1/workflows", params=params)
 
     @staticmethod
     def workflows_control(workflow_id: Id, action: str, reason: str | None) -> Call:
@@ -387,12 +388,16 @@ class Calls:
         return Call("POST", f"/v1/workflows/{_seg(workflow_id)}/trigger", json=body)
 
     @staticmethod
-    def workflows_delete(workflow_id: Id) -> Call:
-        return Call("DELETE", f"/v1/workflows/{_seg(workflow_id)}")
+    def workflows_delete(workflow_id: Id, force: bool, reason: str | None) -> Call:
+        params = query_params(force="true" if force else None, reason=reason)
+        return Call("DELETE", f"/v1/workflows/{_seg(workflow_id)}", params=params)
 
     @staticmethod
     def workflows_runs(
-        workflow_id: Id, state: str | None, cursor: str | None, limit: int | None
+        workflow_id: Id,
+        state: str | Sequence[str] | None,
+        cursor: str | None,
+        limit: int | None,
     ) -> Call:
         params = query_params(state=state, cursor=cursor, limit=limit)
         return Call("GET", f"/v1/workflows/{_seg(workflow_id)}/runs", params=params)

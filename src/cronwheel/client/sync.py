@@ -310,8 +310,15 @@ class Workflows(_Resource):
     def get(self, workflow_id: Id) -> Json:
         return self._one(Calls.workflows_get(workflow_id))
 
-    def list(self, *, cursor: str | None = None, limit: int | None = None) -> Page[Json]:
-        return self._page(Calls.workflows_list(cursor, limit))
+    def list(
+        self,
+        *,
+        name_prefix: str | None = None,
+        cursor: str | None = None,
+        limit: int | None = None,
+    ) -> Page[Json]:
+        """One page of workflows, newest first."""
+        return self._page(Calls.workflows_list(name_prefix, cursor, limit))
 
     def pause(self, workflow_id: Id, *, reason: str | None = None) -> Json:
         return self._one(Calls.workflows_control(workflow_id, "pause", reason))
@@ -326,19 +333,22 @@ class Workflows(_Resource):
         """A workflow run now, ``payload`` merged over each node's; answers the run."""
         return self._one(Calls.workflows_trigger(workflow_id, payload))
 
-    def delete(self, workflow_id: Id) -> None:
-        """Delete the workflow with its runs and their history."""
-        self._client.send(Calls.workflows_delete(workflow_id))
+    def delete(self, workflow_id: Id, *, force: bool = False, reason: str | None = None) -> Json:
+        """Delete the workflow with its runs and their history, as :meth:`Jobs.delete`
+        deletes a job (409 ``in_use`` while one of its runs goes, unless ``force``).
+        Answers what was deleted."""
+        return self._one(Calls.workflows_delete(workflow_id, force, reason))
 
     def runs(
         self,
         workflow_id: Id,
         *,
-        state: str | None = None,
+        state: str | Sequence[str] | None = None,
         cursor: str | None = None,
         limit: int | None = None,
     ) -> Page[Json]:
-        """One page of the workflow's runs, newest first, without their nodes."""
+        """One page of the workflow's runs in any of the states, newest first, their
+        nodes counted by state (``counts``) but not given."""
         return self._page(Calls.workflows_runs(workflow_id, state, cursor, limit))
 
     def run(self, run_id: Id) -> Json:
