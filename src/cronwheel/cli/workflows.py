@@ -438,6 +438,8 @@ def _node_label(node: Mapping[str, Any], joined: Sequence[str]) -> Text:
         why = next((line.strip() for line in reversed(told) if line.strip()), "")
         if why:
             label.append(f"  {why}", STATE_STYLES.get(state, ""))
+    elif node.get("reason"):  # why it waits
+        label.append(f"  {node['reason']}", "dim")
     if node.get("run_id"):
         label.append(f"  {node['run_id']}", "dim")
     return label
