@@ -11,7 +11,7 @@ no script, no library.
       │         the layers already ordered), which undoes most crossings
       ▼ fold:   a layer of more than ``max_per_layer`` nodes shows the first of them by
       │         rank (the caller's: failed before succeeded) and one box counting
-      │         the rest, so a fan-out of 1,000 nodes draws as ~20 boxes
+      │         the rest, so a fan-out of 1,000 nodes draws as 12 boxes
       ▼ place:  columns left to right, each centred on the tallest
     SVG:  edges (one per pair of boxes, under them), then the boxes — coloured by the
           stylesheet's state classes (``s-SUCCESS`` …), each a link to its node's run
@@ -137,7 +137,7 @@ def _sweep(
 def layered(
     nodes: Sequence[tuple[str, Sequence[str]]],
     *,
-    max_per_layer: int = 20,
+    max_per_layer: int = 12,
     rank: Callable[[str], int] | None = None,
 ) -> Layout:
     """The drawing's layout for ``nodes`` — (name, names it runs after) in definition
