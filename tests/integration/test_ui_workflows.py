@@ -82,7 +82,9 @@ async def test_the_list_and_a_workflows_page_draw_its_nodes(api: Driver) -> None
         svg = _dag(page.text)
         assert len(svg.findall(f"{SVG}path")) == 4  # one per edge
         assert "etl.load · all_done" in page.text
-        assert "No runs yet" in page.text
+        # Its first workflow run, scheduled: every node waits.
+        assert f"/ui/workflow-runs/{workflow['first_run_id']}" in page.text
+        assert "4 PENDING" in page.text
 
 
 async def test_a_workflow_runs_page_colours_each_node_by_its_state(api: Driver) -> None:

@@ -48,7 +48,12 @@ def test_see_a_workflow_runs_dag_and_retry_its_failed_node(page: Any, site: Site
         nodes=[
             {"name": "extract", "task": "ui.ok", "payload": {"who": "extract"}},
             # Gives up on its first series; the retried one succeeds.
-            {"name": "flaky", "task": "ui.flaky", "after": ["extract"], "retry": {"max_attempts": 1}},
+            {
+                "name": "flaky",
+                "task": "ui.flaky",
+                "after": ["extract"],
+                "retry": {"max_attempts": 1},
+            },
             {"name": "load", "task": "ui.ok", "after": ["flaky"]},
         ],
     )
