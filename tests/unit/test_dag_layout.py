@@ -128,3 +128,20 @@ def test_long_names_are_shortened_and_a_cycle_does_not_hang() -> None:
     assert all(len(n) <= 24 for n in names) and any(n.endswith("…") for n in names)
     empty = ET.fromstring(dag_svg(layered([]), {}, label="empty"))
     assert not list(empty.iter(f"{SVG}g")) and not list(empty.iter(f"{SVG}text"))
+
+
+def test_a_long_chain_keeps_its_ends_and_folds_its_middle() -> None:
+    chain = [(f"step-{i}", [f"step-{i - 1}"] if i else []) for i in range(2000)]
+    # Side branches leave its start and join its end: the fold is the straight part.
+    nodes = [*chain, ("audit", ["step-0"]), ("report", ["step-1999", "audit"])]
+    layout = layered(nodes, max_per_chain=12)
+    [fold] = [b for b in layout.boxes if b.folded]
+    assert fold.fold == "chain" and fold.names == tuple(f"step-{i}" for i in range(6, 1995))
+    drawn = {b.key for b in layout.boxes if not b.folded}
+    assert drawn == {f"step-{i}" for i in (*range(6), *range(1995, 2000))} | {"audit", "report"}
+    assert ("step-5", fold.key) in layout.edges and (fold.key, "step-1995") in layout.edges
+    assert ("step-0", "audit") in layout.edges and ("audit", "report") in layout.edges
+    markup = dag_svg(layout, {}, label="a long chain")
+    assert len(markup) < 10_000 and "1989 nodes in a row" in markup
+    # A short chain is drawn whole.
+    assert not any(b.folded for b in layered(chain[:12], max_per_chain=12).boxes)

@@ -4,7 +4,9 @@ no script, no library.
 ::
 
     nodes and their "after" edges
-      │ layer:  longest path from the roots — a node sits one column right of its
+      │ chains: a straight run of more than ``max_per_chain`` nodes keeps its ends
+      │         and becomes one box in the middle, so a 2,000-step chain is 11 boxes
+      ▼ layer:  longest path from the roots — a node sits one column right of its
       │         deepest upstream node, so every edge points right
       ▼ order:  definition order, then one barycenter sweep down the layers and one
       │         back up (each node moves toward the mean place of its neighbours in
@@ -48,17 +50,19 @@ _NAME_CHARS = 24  # what fits a box at the stylesheet's font size
 
 @dataclass(frozen=True, slots=True)
 class Box:
-    """A drawn box: one node, or the fold of a wide layer's remaining nodes."""
+    """A drawn box: one node, or a fold of many — a wide layer's remaining nodes, or
+    the middle of a long straight run."""
 
-    key: str  # the node's name; a fold's is "+<layer>" (no node name holds a "+")
+    key: str  # the node's name; a fold's starts with "+" (no node name holds one)
     names: tuple[str, ...]  # the nodes it stands for
     layer: int
     x: float
     y: float
+    fold: str = ""  # "layer" or "chain" for a fold
 
     @property
     def folded(self) -> bool:
-        return self.key.startswith("+")
+        return bool(self.fold)
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,45 +138,99 @@ def _sweep(
         place.update(_centred([columns[i]]))
 
 
+def _straight_runs(
+    names: list[str], ups: dict[str, list[str]], downs: dict[str, list[str]], longest: int
+) -> list[list[str]]:
+    """Runs of more than ``longest`` nodes each the only one after the one before it,
+    which runs before nothing else: a chain, drawn one box per layer."""
+
+    def next_of(name: str) -> str | None:
+        if len(downs[name]) == 1 and len(ups[downs[name][0]]) == 1:
+            return downs[name][0]
+        return None
+
+    found = []
+    for name in names:
+        if len(ups[name]) == 1 and next_of(ups[name][0]) == name:
+            continue  # inside a run that starts further up
+        run, seen = [name], {name}
+        while (after := next_of(run[-1])) is not None and after not in seen:
+            run.append(after)
+            seen.add(after)
+        if len(run) > longest:
+            found.append(run)
+    return found
+
+
+def _fold_chains(
+    nodes: Sequence[tuple[str, Sequence[str]]], longest: int
+) -> tuple[list[tuple[str, list[str]]], dict[str, tuple[str, ...]]]:
+    """The graph with the middle of each run longer than ``longest`` made one unit (its
+    ends kept), and the nodes each unit stands for."""
+    names, ups, downs = _graph(nodes)
+    keep = max((longest - 1) // 2, 1)
+    members: dict[str, tuple[str, ...]] = {name: (name,) for name in names}
+    unit_of = {name: name for name in names}
+    for run in _straight_runs(names, ups, downs, max(longest, 2 * keep + 1)):
+        middle = tuple(run[keep:-keep])
+        members[f"+~{middle[0]}"] = middle
+        unit_of.update((name, f"+~{middle[0]}") for name in middle)
+    units: dict[str, list[str]] = {}
+    for name in names:
+        unit = unit_of[name]
+        if unit not in units:  # a fold stands where its first node was defined
+            units[unit] = [unit_of[up] for up in ups[members[unit][0]]]
+    return list(units.items()), {unit: members[unit] for unit in units}
+
+
 def layered(
     nodes: Sequence[tuple[str, Sequence[str]]],
     *,
     max_per_layer: int = 12,
+    max_per_chain: int = 12,
     rank: Callable[[str], int] | None = None,
 ) -> Layout:
     """The drawing's layout for ``nodes`` — (name, names it runs after) in definition
     order. A layer of more than ``max_per_layer`` nodes keeps ``max_per_layer - 1`` of
-    them, the lowest ``rank`` first (then in order), and folds the rest into one box."""
-    names, ups, downs = _graph(nodes)
-    layer = layers_of(nodes)
+    them, the lowest ``rank`` first (then in order), and folds the rest into one box; a
+    straight run of more than ``max_per_chain`` nodes keeps its ends and folds its
+    middle into one box."""
+    units, members = _fold_chains(nodes, max_per_chain)
+    keys, ups, downs = _graph(units)
+    layer = layers_of(units)
     columns: list[list[str]] = [[] for _ in range(max(layer.values(), default=-1) + 1)]
-    for name in names:
-        columns[layer[name]].append(name)
+    for key in keys:
+        columns[layer[key]].append(key)
     _sweep(columns, ups, range(1, len(columns)))
     _sweep(columns, downs, range(len(columns) - 2, -1, -1))
 
-    stacks: list[list[tuple[str, tuple[str, ...]]]] = []  # per layer: (key, names)
+    def rank_of(key: str) -> int:
+        return min(rank(name) for name in members[key]) if rank else 0
+
+    stacks: list[list[tuple[str, list[str]]]] = []  # per layer: (box key, its units)
     for i, column in enumerate(columns):
         if len(column) <= max_per_layer:
-            stacks.append([(name, (name,)) for name in column])
+            stacks.append([(key, [key]) for key in column])
             continue
-        order = {name: n for n, name in enumerate(column)}
-        by_rank = sorted(column, key=lambda n: (rank(n) if rank else 0, order[n]))
+        order = {key: n for n, key in enumerate(column)}
+        by_rank = sorted(column, key=lambda k: (rank_of(k), order[k]))
         shown = set(by_rank[: max_per_layer - 1])
-        rest = tuple(name for name in column if name not in shown)
-        stacks.append([(name, (name,)) for name in column if name in shown] + [(f"+{i}", rest)])
+        rest = [key for key in column if key not in shown]
+        stacks.append([(key, [key]) for key in column if key in shown] + [(f"+{i}", rest)])
 
     tallest = max((len(stack) for stack in stacks), default=0)
     pitch = BOX_H + _GAP_Y
     boxes: list[Box] = []
-    key_of: dict[str, str] = {}
+    box_of: dict[str, str] = {}  # each unit's box
     for i, stack in enumerate(stacks):
         top = _MARGIN + (tallest - len(stack)) * pitch / 2
         x = _MARGIN + i * (BOX_W + _GAP_X)
-        for row, (key, members) in enumerate(stack):
-            boxes.append(Box(key=key, names=members, layer=i, x=x, y=top + row * pitch))
-            key_of.update((name, key) for name in members)
-    edges = dict.fromkeys((key_of[up], key_of[name]) for name in names for up in ups[name])
+        for row, (key, inside) in enumerate(stack):
+            fold = "chain" if key.startswith("+~") else "layer" if key.startswith("+") else ""
+            names = tuple(name for unit in inside for name in members[unit])
+            boxes.append(Box(key=key, names=names, layer=i, x=x, y=top + row * pitch, fold=fold))
+            box_of.update((unit, key) for unit in inside)
+    edges = dict.fromkeys((box_of[up], box_of[key]) for key in keys for up in ups[key])
     layers = len(stacks)
     return Layout(
         boxes=tuple(boxes),
@@ -205,7 +263,7 @@ def _box(box: Box, looks: Mapping[str, NodeLook]) -> str:
     x, y = box.x, box.y
     if box.folded:
         states = Counter(looks[n].state or "none" for n in box.names if n in looks)
-        title = f"{len(box.names)} more nodes"
+        title = f"{len(box.names)} " + ("nodes in a row" if box.fold == "chain" else "more nodes")
         detail = _fold_detail(states) if states.keys() != {"none"} else "not drawn one by one"
         tip = title + ": " + ", ".join(f"{s} {c}" for s, c in sorted(states.items()))
         parts = [
