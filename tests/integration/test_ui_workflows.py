@@ -85,6 +85,10 @@ async def test_the_list_and_a_workflows_page_draw_its_nodes(api: Driver) -> None
         # Its first workflow run, scheduled: every node waits.
         assert f"/ui/workflow-runs/{workflow['first_run_id']}" in page.text
         assert "4 PENDING" in page.text
+        first = await browser.get(f"/ui/workflow-runs/{workflow['first_run_id']}")
+        assert first.status_code == 200, first.text
+        assert set(_drawn(first.text).values()) == {"node s-PENDING"}
+        assert not list(_dag(first.text).iter(f"{SVG}a"))  # no node run yet to link to
 
 
 async def test_a_workflow_runs_page_colours_each_node_by_its_state(api: Driver) -> None:
