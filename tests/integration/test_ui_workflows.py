@@ -251,3 +251,23 @@ async def test_a_thousand_node_fan_out_is_a_small_page(api: Driver) -> None:
         definition = await browser.get(f"/ui/workflows/{workflow['id']}")
         assert len(_drawn(definition.text)) <= 14
         assert len(definition.content) < 60_000
+
+
+async def test_runs_lead_to_their_workflow_and_jobs_leave_workflows_out(api: Driver) -> None:
+    tenant = await api.tenant()
+    workflow = await _workflow(api, tenant)
+    await api.job(tenant, name="plain-job")
+    run = await _trigger(api, tenant, workflow["id"])
+    extract = run["nodes"][0]["run_id"]
+    async with await _browser(api) as browser:
+        await sign_in(browser, tenant.key)
+        jobs = await browser.get("/ui/jobs")
+        assert "plain-job" in jobs.text and "nightly-etl" not in jobs.text
+        # The workflow run's own run page is its DAG's.
+        moved = await browser.get(f"/ui/runs/{run['id']}")
+        assert moved.status_code == 303, moved.text
+        assert moved.headers["location"] == f"/ui/workflow-runs/{run['id']}"
+        node = await browser.get(f"/ui/runs/{extract}")
+        assert node.status_code == 200, node.text
+        assert f'href="/ui/workflow-runs/{run["id"]}"' in node.text
+        assert "node <code>extract</code>" in node.text
