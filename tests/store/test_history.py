@@ -309,7 +309,7 @@ async def test_each_listing_is_an_index_range_walked_backwards(store: Store) -> 
         (RunFilter(pool="gpu"), "ix_runs_tenant_due"),
         (RunFilter(states=["DISPATCHED"]), "ix_runs_tenant_state"),
         (RunFilter(states=["DISPATCHED", "FAILED"], since=at(60)), "ix_runs_tenant_state"),
-        (RunFilter(job_id=made[0].job_id), "uq_runs_tenant_id_job_id_due_at"),
+        (RunFilter(job_id=made[0].job_id), "uq_runs_tenant_id_job_id_due_at_node"),
     ]
     for tenant_id in (tenant.id, None):
         for run_filter, index in cases:

@@ -61,10 +61,18 @@ def test_lifecycle_of_the_requirements() -> None:
     for end in (RunState.FAILED, RunState.DEAD_LETTER, RunState.CANCELLED):
         check_transition(RunState.RUNNING, end)
     check_transition(RunState.SCHEDULED, RunState.SKIPPED)
-    # Nothing leaves SUCCESS or SKIPPED; nothing but a retry leaves the other terminals.
-    assert TRANSITIONS[RunState.SUCCESS] == TRANSITIONS[RunState.SKIPPED] == frozenset()
-    for terminal in TERMINAL_STATES - {RunState.SUCCESS, RunState.SKIPPED}:
-        assert TRANSITIONS[terminal] == {RunState.SCHEDULED}
+    # Nothing leaves SUCCESS; nothing but a retry leaves the other terminals — and in a
+    # workflow, a node retried upstream (SKIPPED, CANCELLED -> PENDING) or a workflow run
+    # reopened by it (FAILED, CANCELLED -> RUNNING).
+    assert TRANSITIONS[RunState.SUCCESS] == frozenset()
+    assert TRANSITIONS[RunState.SKIPPED] == {RunState.PENDING}
+    assert TRANSITIONS[RunState.DEAD_LETTER] == {RunState.SCHEDULED}
+    assert TRANSITIONS[RunState.FAILED] == {RunState.SCHEDULED, RunState.RUNNING}
+    assert TRANSITIONS[RunState.CANCELLED] == {
+        RunState.SCHEDULED,
+        RunState.PENDING,
+        RunState.RUNNING,
+    }
     # No state moves to itself.
     assert all(state not in TRANSITIONS[state] for state in RunState)
 
@@ -87,13 +95,13 @@ def test_the_table_is_exactly_what_the_named_moves_allow() -> None:
         RunState.RUNNING,
     )
     # A cancel moves only runs not yet started; a running one is asked to stop.
-    assert CANCEL.sources == {RunState.SCHEDULED, RunState.DISPATCHED}
+    assert CANCEL.sources == {RunState.PENDING, RunState.SCHEDULED, RunState.DISPATCHED}
     assert QUARANTINE.sources == ACTIVE_STATES
 
 
 def test_a_move_renders_its_precondition_as_sql() -> None:
     assert FIRE.sql() == "state = 'SCHEDULED'"
-    assert CANCEL.sql("r.state") == "r.state IN ('DISPATCHED', 'SCHEDULED')"
+    assert CANCEL.sql("r.state") == "r.state IN ('DISPATCHED', 'PENDING', 'SCHEDULED')"
     assert RETRY.source_values == ["CANCELLED", "DEAD_LETTER", "FAILED"]
     with pytest.raises(ValueError, match="unpack"):
         _ = RETRY.source  # three sources: no one state to record

@@ -40,6 +40,7 @@ from cronwheel.api.routers import (
     runs,
     tenants,
     workers,
+    workflows,
 )
 from cronwheel.api.state import ApiState, StartsFirst
 from cronwheel.logstore import FileLogStore, LogStore
@@ -247,10 +248,11 @@ def create_app(settings: Settings, store: Store, *, log_store: LogStore | None =
             audit,
             bulk,
             overrides,
+            workflows,
             health,
         )
     ]
-    routers.append(runs.dead_letters)
+    routers += [runs.dead_letters, workflows.runs_router]
     for router in routers:
         app.include_router(router)
     # The dashboard (/ui), after the API: its catch-all answers only under /ui.

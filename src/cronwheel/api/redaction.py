@@ -14,7 +14,7 @@ hides the values too.)
 from __future__ import annotations
 
 from cronwheel.domain.errors import ValidationError
-from cronwheel.domain.spec import REDACTED, JobSpec, redact_webhook
+from cronwheel.domain.spec import REDACTED, RunSpec, redact_webhook
 
 __all__ = ["REDACTED", "WEBHOOK_OUT_DESCRIPTION", "redact_webhook", "refuse_redacted"]
 
@@ -25,7 +25,7 @@ WEBHOOK_OUT_DESCRIPTION = (
 )
 
 
-def refuse_redacted(spec: JobSpec, *, field: str = "webhook.headers") -> None:
+def refuse_redacted(spec: RunSpec, *, field: str = "webhook.headers") -> None:
     """Refuse a job whose webhook sends the redaction marker as a header value."""
     if spec.webhook is None:
         return

@@ -413,7 +413,7 @@ class RunOut(ResponseModel):
     job_name: str | None
     state: str = Field(description="SCHEDULED | DISPATCHED | RUNNING | SUCCESS | FAILED | …")
     origin: str = Field(
-        description="once | schedule | trigger | backfill | replay: what made the run",
+        description="once | schedule | trigger | backfill | replay | node: what made the run",
     )
     due_at: UtcInstant
     due_local: str | None = Field(description="the due instant with its local offset")
@@ -465,6 +465,10 @@ class RunOut(ResponseModel):
         "run was taken out of the pass as a DEAD_LETTER, the error in `reason` (a poison "
         "row never holds up anyone else's runs); a redrive sends it back and clears this",
     )
+    workflow_run_id: uuid.UUID | None = Field(
+        default=None, description="a workflow's node run: the workflow run it belongs to"
+    )
+    node: str | None = Field(default=None, description="a workflow's node run: its node")
 
 
 # Tokens are 64-bit integers (a stale or unknown one answers 409); a number that does

@@ -125,7 +125,15 @@ def job_changes(
 
 
 def check_editable(job: Job) -> None:
-    """Refuse (409) to edit a job that is over: only an active or paused job can be."""
+    """Refuse (409) to edit a job that is over: only an active or paused job can be; and
+    a workflow (its DAG is what its runs are made of: create a new workflow instead)."""
+    if job.workflow is not None:
+        raise IllegalTransitionError(
+            f"job {job.id} is a workflow: a workflow cannot be edited; create a new one "
+            "(and cancel or delete this one)",
+            source=job.state.value,
+            target="edited",
+        )
     if job.state not in (JobState.ACTIVE, JobState.PAUSED):
         raise IllegalTransitionError(
             f"job {job.id} is {job.state.value} and cannot be edited",

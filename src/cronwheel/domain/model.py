@@ -92,6 +92,8 @@ class NewJob:
     # Occurrences between the job's creation and its first run that do not run: recorded
     # SKIPPED with the job, so none is lost silently.
     skipped: tuple[SkippedOccurrence, ...] = ()
+    # A workflow's DAG (``domain/workflow.Dag``'s JSON): the job is that workflow.
+    workflow: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +112,8 @@ class Job:
     idempotency_key: str | None = None
     # Its ``future`` overrides as a new run takes them (``jobs.overrides``); None: none.
     overlay: dict[str, Any] | None = None
+    # A workflow's DAG (``domain/workflow.Dag``'s JSON); None for a job.
+    workflow: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +158,9 @@ class Run:
     # the merge order (``domain/overrides.py``), and what those were before them.
     override_ids: list[uuid.UUID] = field(default_factory=list)
     base: dict[str, Any] | None = None
+    # A workflow's node run: its workflow run and node (``domain/workflow.py``).
+    workflow_run_id: uuid.UUID | None = None
+    node: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,6 +247,8 @@ class AttemptOutcome:
     tenant_id: uuid.UUID | None = None
     task: str | None = None
     ran: float | None = None
+    # Of a workflow's node run ended by the attempt: its workflow run, to advance.
+    workflow_run_id: uuid.UUID | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -55,6 +55,7 @@ __all__ = [
     "IntervalSchedule",
     "JobSpec",
     "RetryPolicy",
+    "RunSpec",
     "ScheduleSpec",
     "TenantLimits",
     "WebhookSpec",
@@ -264,13 +265,10 @@ LATENESS_BUDGET_DEFAULT = 30.0
 LATENESS_BUDGET_MAX = 86_400.0
 
 
-class JobSpec(_Strict):
-    """A job as submitted: its schedule and the template of each of its runs."""
+class RunSpec(_Strict):
+    """What each run is made of — its target, payload, routing, retries and timeouts:
+    the template part of a job, and each node of a workflow (``domain/workflow.py``)."""
 
-    name: Name
-    schedule: Annotated[
-        ScheduleSpec, Field(description="one of at / delay / asap / cron / interval")
-    ]
     task: Name | None = None
     webhook: WebhookSpec | None = None
     payload: dict[str, Any] = Field(default_factory=dict)
@@ -301,32 +299,12 @@ class JobSpec(_Strict):
     # two beats, and a dead one is detected within 25 s plus one expiry sweep (1 s),
     # under the 30 s liveness bound; at 30 s it never could be.
     heartbeat_timeout: Seconds = Field(default=25.0, ge=1, le=HEARTBEAT_TIMEOUT_MAX)
-    spread: Seconds = Field(
-        default=0.0,
-        ge=0,
-        le=SPREAD_MAX,
-        description="seconds (a millisecond's resolution, at most a day): each run fires at "
-        "an offset in [0, spread) after its due instant, the same for a given job and "
-        "occurrence on every node; a recurring job's spread must be shorter than its "
-        "schedule's shortest interval. 0 (the default): runs fire at their due instant",
-    )
     progress_timeout: Seconds | None = Field(
         default=None,
         gt=0,
         description="seconds (at most `timeout`): the handler must report progress "
         "(`ctx.heartbeat`) within this long of the attempt's start and of each report, "
         "or the attempt ends TIMED_OUT and the run is retried; none by default",
-    )
-
-    lateness_budget: Seconds = Field(
-        default=LATENESS_BUDGET_DEFAULT,
-        ge=1,
-        le=LATENESS_BUDGET_MAX,
-        description="seconds (1 to a day) a run may go undispatched past its fire time "
-        "before it counts as missed: a `run.missed` event, the `missed_runs` alert and "
-        "the `cronwheel_runs_missed` counter (docs/alerts.md); a recurring job whose next "
-        "occurrence is this late with no run to fire it raises `stalled_schedule`. 30 by "
-        "default",
     )
 
     @field_validator("progress_timeout")
@@ -340,6 +318,53 @@ class JobSpec(_Strict):
         if value is not None and timeout is not None and value > timeout:
             raise ValueError(f"must be at most the job's timeout ({timeout:g} s)")
         return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _webhook_requires(cls, data: Any) -> Any:
+        """A webhook job requires the ``webhook`` capability, so that only a worker
+        able to call webhooks ever leases its runs."""
+        if isinstance(data, dict) and data.get("webhook") is not None:
+            requires = data.get("requires")
+            if requires is None:
+                data = {**data, "requires": [WEBHOOK_CAPABILITY]}
+            elif isinstance(requires, list | tuple) and WEBHOOK_CAPABILITY not in requires:
+                data = {**data, "requires": [*requires, WEBHOOK_CAPABILITY]}
+        return data
+
+    @model_validator(mode="after")
+    def _one_target(self) -> RunSpec:
+        if (self.task is None) == (self.webhook is None):
+            raise ValueError("a job needs exactly one of 'task' or 'webhook'")
+        return self
+
+
+class JobSpec(RunSpec):
+    """A job as submitted: its schedule and the template of each of its runs."""
+
+    name: Name
+    schedule: Annotated[
+        ScheduleSpec, Field(description="one of at / delay / asap / cron / interval")
+    ]
+    spread: Seconds = Field(
+        default=0.0,
+        ge=0,
+        le=SPREAD_MAX,
+        description="seconds (a millisecond's resolution, at most a day): each run fires at "
+        "an offset in [0, spread) after its due instant, the same for a given job and "
+        "occurrence on every node; a recurring job's spread must be shorter than its "
+        "schedule's shortest interval. 0 (the default): runs fire at their due instant",
+    )
+    lateness_budget: Seconds = Field(
+        default=LATENESS_BUDGET_DEFAULT,
+        ge=1,
+        le=LATENESS_BUDGET_MAX,
+        description="seconds (1 to a day) a run may go undispatched past its fire time "
+        "before it counts as missed: a `run.missed` event, the `missed_runs` alert and "
+        "the `cronwheel_runs_missed` counter (docs/alerts.md); a recurring job whose next "
+        "occurrence is this late with no run to fire it raises `stalled_schedule`. 30 by "
+        "default",
+    )
 
     @field_validator("spread")
     @classmethod
@@ -356,25 +381,6 @@ class JobSpec(_Strict):
         # where FastAPI validates bodies ``from_attributes``).
         parsed = parse_schedule(value)
         return parsed if isinstance(parsed, _SCHEDULE_MODELS) else handler(parsed)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _webhook_requires(cls, data: Any) -> Any:
-        """A webhook job requires the ``webhook`` capability, so that only a worker
-        able to call webhooks ever leases its runs."""
-        if isinstance(data, dict) and data.get("webhook") is not None:
-            requires = data.get("requires")
-            if requires is None:
-                data = {**data, "requires": [WEBHOOK_CAPABILITY]}
-            elif isinstance(requires, list | tuple) and WEBHOOK_CAPABILITY not in requires:
-                data = {**data, "requires": [*requires, WEBHOOK_CAPABILITY]}
-        return data
-
-    @model_validator(mode="after")
-    def _one_target(self) -> JobSpec:
-        if (self.task is None) == (self.webhook is None):
-            raise ValueError("a job needs exactly one of 'task' or 'webhook'")
-        return self
 
     @property
     def is_recurring(self) -> bool:

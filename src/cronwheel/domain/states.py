@@ -48,6 +48,7 @@ from cronwheel.domain.errors import IllegalTransitionError
 __all__ = [
     "ACTIVE_STATES",
     "CANCEL",
+    "CONCLUDE",
     "CREATED_AS",
     "FAIL",
     "FINISH",
@@ -55,13 +56,17 @@ __all__ = [
     "MOVES",
     "PARK",
     "QUARANTINE",
+    "READY",
     "REDRIVE",
     "RELEASE",
+    "REOPEN",
     "RETRY",
+    "REWIND",
     "SKIP",
     "START",
     "TERMINAL_STATES",
     "TRANSITIONS",
+    "UNSATISFIED",
     "AttemptState",
     "JobState",
     "Move",
@@ -73,6 +78,7 @@ __all__ = [
 
 
 class RunState(StrEnum):
+    PENDING = "PENDING"  # a workflow's node waiting for its upstream nodes
     SCHEDULED = "SCHEDULED"
     DISPATCHED = "DISPATCHED"
     RUNNING = "RUNNING"
@@ -127,11 +133,12 @@ def _move(name: str, sources: Iterable[RunState], targets: Iterable[RunState]) -
 
 
 _S, _D, _R = RunState.SCHEDULED, RunState.DISPATCHED, RunState.RUNNING
+_P = RunState.PENDING
 
 FIRE = _move("fire", {_S}, {_D})
 SKIP = _move("skip", {_S}, {RunState.SKIPPED})  # catch-up or overlap policy; a job edit
 # A running run is not moved by a cancel: it is asked to stop, and ends by FINISH/FAIL.
-CANCEL = _move("cancel", {_S, _D}, {RunState.CANCELLED})
+CANCEL = _move("cancel", {_P, _S, _D}, {RunState.CANCELLED})
 PARK = _move("park", {_D}, {_S})  # its job paused before a worker took it
 START = _move("start", {_D}, {_R})  # leased by a worker, or its reservation confirmed
 RELEASE = _move("release", {_R}, {_D})  # handed back by a worker shutting down
@@ -139,12 +146,23 @@ RELEASE = _move("release", {_R}, {_D})  # handed back by a worker shutting down
 FINISH = _move("finish", {_R}, {RunState.SUCCESS, RunState.CANCELLED})
 # A failed, lost or timed-out attempt: retried, or final.
 FAIL = _move("fail", {_R}, {_S, RunState.FAILED, RunState.DEAD_LETTER, RunState.CANCELLED})
-QUARANTINE = _move("quarantine", {_S, _D, _R}, {RunState.DEAD_LETTER})  # a poison row
+QUARANTINE = _move("quarantine", {_P, _S, _D, _R}, {RunState.DEAD_LETTER})  # a poison row
 REDRIVE = _move("redrive", {RunState.DEAD_LETTER}, {_S})
 RETRY = _move("retry", {RunState.FAILED, RunState.CANCELLED, RunState.DEAD_LETTER}, {_S})
+# Workflows (``domain/workflow.py``). A node run waits PENDING until its trigger rule
+# holds (READY) or never can (UNSATISFIED); a node retried sends the nodes it had
+# skipped or cancelled downstream back to waiting (REWIND). A workflow run is fired
+# like any run and started at once by the store (START, with no attempt); it ends
+# when its last node does (CONCLUDE), and a node retried reopens it (REOPEN).
+READY = _move("ready", {_P}, {_D, _S})  # SCHEDULED: parked, its workflow paused
+UNSATISFIED = _move("unsatisfied", {_P}, {RunState.SKIPPED})
+REWIND = _move("rewind", {RunState.SKIPPED, RunState.CANCELLED}, {_P})
+CONCLUDE = _move("conclude", {_R}, {RunState.SUCCESS, RunState.FAILED, RunState.CANCELLED})
+REOPEN = _move("reopen", {RunState.FAILED, RunState.CANCELLED}, {_R})
 
 MOVES: tuple[Move, ...] = (
-    FIRE, SKIP, CANCEL, PARK, START, RELEASE, FINISH, FAIL, QUARANTINE, REDRIVE, RETRY
+    FIRE, SKIP, CANCEL, PARK, START, RELEASE, FINISH, FAIL, QUARANTINE, REDRIVE, RETRY,
+    READY, UNSATISFIED, REWIND, CONCLUDE, REOPEN,
 )  # fmt: skip
 
 # The table every recorded (from_state, to_state) pair is held to: the moves' union.
@@ -165,7 +183,7 @@ def check_transition(source: RunState, target: RunState) -> None:
 
 
 # A run's history begins with its creation: no state before it.
-CREATED_AS: frozenset[RunState] = frozenset({RunState.SCHEDULED})
+CREATED_AS: frozenset[RunState] = frozenset({RunState.SCHEDULED, RunState.PENDING})
 
 
 def illegal_transitions(

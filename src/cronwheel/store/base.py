@@ -348,8 +348,37 @@ class Store(SchedulerSide, WorkerSide):
         name_prefix: str | None = None,
         cursor: str | None = None,
         limit: int = 100,
+        workflows: bool | None = None,
     ) -> Page[Job]:
-        """Newest first; ``cursor`` is the ``next_cursor`` of the previous page."""
+        """Newest first; ``cursor`` is the ``next_cursor`` of the previous page.
+        ``workflows``: only workflows (True), only jobs (False), or both (None)."""
+
+    # -- workflows (``domain/workflow.py``, ``store/sql/dag.py``) -------------------------
+
+    @abstractmethod
+    async def workflows_create(
+        self, tenant_id: uuid.UUID, *, new: NewJob, now: datetime | None = None
+    ) -> tuple[Job, Run | None]:
+        """Create the workflow ``new`` (a job whose ``workflow`` is its DAG) and its first
+        workflow run, in one transaction."""
+
+    @abstractmethod
+    async def workflow_runs_list(
+        self,
+        tenant_id: uuid.UUID,
+        workflow_id: uuid.UUID,
+        *,
+        states: Sequence[str] = (),
+        cursor: str | None = None,
+        limit: int = 50,
+    ) -> Page[Run]:
+        """A workflow's workflow runs, newest first (by due instant)."""
+
+    @abstractmethod
+    async def workflow_run_nodes(
+        self, tenant_id: uuid.UUID, run_ids: Sequence[uuid.UUID]
+    ) -> dict[uuid.UUID, list[Run]]:
+        """The node runs of each workflow run of ``run_ids``."""
 
     @abstractmethod
     async def jobs_cancel(

@@ -442,6 +442,7 @@ def job_from(row: Row[Any]) -> Job:
         updated_at=row.updated_at,
         idempotency_key=row.idempotency_key,
         overlay=row.overrides,
+        workflow=row._mapping.get("workflow"),
     )
 
 
@@ -486,6 +487,8 @@ def run_from_mapping(m: Mapping[Any, Any]) -> Run:
         progress_timeout=m["progress_timeout"],
         quarantined_at=m.get("quarantined_at"),
         route_tags=list(m.get("route_tags") or []),
+        workflow_run_id=m.get("workflow_run_id"),
+        node=m.get("node") or "",
         **_overlay(m.get("overrides")),
     )
 

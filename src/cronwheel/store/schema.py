@@ -171,6 +171,9 @@ jobs = sa.Table(
     # fire its next occurrence, that occurrence past the lateness budget (migration
     # 0021, docs/alerts.md). Cleared when the schedule produces again.
     sa.Column("schedule_stalled_at", UtcDateTime),
+    # A workflow's DAG (``domain/workflow.Dag``'s JSON, migration 0023): the job is a
+    # workflow, its runs workflow runs and node runs. None for every other job.
+    sa.Column("workflow", OptionalJson),
     # Only the jobs created with a key (migration 0016): a keyless job adds no entry,
     # and no look-up by tenant alone can take this index.
     sa.Index(
@@ -296,7 +299,12 @@ runs = sa.Table(
     # the merge order, "base": {...}}``, what its own columns were before them. None for
     # none.
     sa.Column("overrides", OptionalJson),
-    sa.UniqueConstraint("tenant_id", "job_id", "due_at"),
+    # A workflow's node run (migration 0023): the workflow run it belongs to, and its
+    # node's name. Every other run: None and ''. The node is part of the unique key, so
+    # the nodes of one workflow run may share a due instant with each other and with it.
+    sa.Column("workflow_run_id", Uuid),
+    sa.Column("node", sa.String(100), nullable=False, server_default=""),
+    sa.UniqueConstraint("tenant_id", "job_id", "due_at", "node"),
     # Keys lead with the tenant, as indexes do: deleting a job looks its runs up by
     # (tenant, job), within the tenant (migration 0015).
     sa.ForeignKeyConstraint(
@@ -306,7 +314,7 @@ runs = sa.Table(
     sa.CheckConstraint(f"(finished_at IS NOT NULL) = ({_TERMINAL})", name="finished_iff_terminal"),
     sa.CheckConstraint("shard >= 0 AND shard < 256", name="shard"),
     sa.CheckConstraint(
-        "origin IN ('once', 'schedule', 'trigger', 'backfill', 'replay')", name="origin"
+        "origin IN ('once', 'schedule', 'trigger', 'backfill', 'replay', 'node')", name="origin"
     ),
     sa.CheckConstraint("priority >= 0 AND priority <= 3", name="priority"),
     # The scheduler's due window: an index range scan per shard.
@@ -368,6 +376,14 @@ runs = sa.Table(
     # job (its ON DELETE CASCADE): no index of its own (migration 0020).
     sa.Index("ix_runs_tenant_due", "tenant_id", "due_at", "id"),
     sa.Index("ix_runs_tenant_state", "tenant_id", "state", "due_at", "id"),
+    # A workflow run's nodes: what advancing it and showing it read.
+    sa.Index(
+        "ix_runs_workflow",
+        "workflow_run_id",
+        "node",
+        postgresql_where=sa.text("workflow_run_id IS NOT NULL"),
+        sqlite_where=sa.text("workflow_run_id IS NOT NULL"),
+    ),
 )
 
 attempts = sa.Table(

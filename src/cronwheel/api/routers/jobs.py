@@ -335,6 +335,7 @@ async def list_jobs(
         name_prefix=name_prefix,
         cursor=cursor,
         limit=limit,
+        workflows=False,  # GET /v1/workflows lists those
     )
     return JobList(items=[job_out(j) for j in page.items], next_cursor=page.next_cursor)
 

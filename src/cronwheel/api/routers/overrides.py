@@ -63,6 +63,12 @@ async def _create(
     limit = state.settings.max_payload_bytes
     if body.payload is not None:
         check_json_size(body.payload, limit=limit, field="payload")
+    if job_id is not None and (await state.store.jobs_get(scope.tenant_id, job_id)).workflow:
+        # A workflow's runs are made of its nodes: a job's overrides have nothing to reach.
+        raise ConflictError(
+            f"job {job_id} is a workflow: override a node's run (POST /v1/runs/{{id}}/overrides)",
+            job_id=str(job_id),
+        )
     made, reached = await state.store.overrides_create(
         scope.tenant_id,
         scope=kind,

@@ -99,6 +99,8 @@ def run_fields(run: Run) -> dict[str, object]:
         "last_error": run.last_error,
         "result": run.result,
         "quarantined_at": run.quarantined_at,
+        "workflow_run_id": run.workflow_run_id,
+        "node": run.node or None,
     }
 
 

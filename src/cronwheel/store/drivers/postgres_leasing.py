@@ -428,7 +428,7 @@ finished AS (
     FROM done
     WHERE runs.id = done.run_id AND {FINISH.sql("runs.state")}
     RETURNING runs.id, runs.tenant_id, runs.job_id, runs.state, runs.task, done.id AS attempt_id,
-              done.now
+              done.now, runs.workflow_run_id
 ),
 ev AS (
     INSERT INTO events (tenant_id, at, kind, job_id, run_id, attempt_id, from_state, to_state,
@@ -440,11 +440,11 @@ ev AS (
 jobs_done AS (
     UPDATE jobs SET state = 'finished', next_due_at = NULL, updated_at = t.now
     FROM t
-    WHERE jobs.id IN (SELECT job_id FROM finished) AND jobs.state = 'active'
-      AND jobs.kind IN ('at', 'delay', 'asap')
+    WHERE jobs.id IN (SELECT job_id FROM finished WHERE workflow_run_id IS NULL)
+      AND jobs.state = 'active' AND jobs.kind IN ('at', 'delay', 'asap') AND jobs.workflow IS NULL
 )
 SELECT done.id, done.fencing_token, finished.state, finished.tenant_id, finished.task,
-       extract(epoch FROM done.now - done.started_at)::float8 AS ran
+       extract(epoch FROM done.now - done.started_at)::float8 AS ran, finished.workflow_run_id
 FROM done LEFT JOIN finished ON finished.attempt_id = done.id
 """
 
@@ -468,6 +468,7 @@ async def complete_many(
             tenant_id=r["tenant_id"],
             task=r["task"],
             ran=r["ran"],
+            workflow_run_id=r["workflow_run_id"],
         )
         for r in rows
     }

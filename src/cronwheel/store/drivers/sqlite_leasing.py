@@ -483,7 +483,14 @@ class CoreLeasing(Driver):
                     finished_at=at,
                     reason=None,
                 )
-                .returning(runs.c.id, runs.c.tenant_id, runs.c.job_id, runs.c.state, runs.c.task)
+                .returning(
+                    runs.c.id,
+                    runs.c.tenant_id,
+                    runs.c.job_id,
+                    runs.c.state,
+                    runs.c.task,
+                    runs.c.workflow_run_id,
+                )
             )
         ).all()
         began = {
@@ -533,6 +540,7 @@ class CoreLeasing(Driver):
                 tenant_id=None if run is None else run.tenant_id,
                 task=None if run is None else run.task,
                 ran=None if run is None else (at - began[key[0]]).total_seconds(),
+                workflow_run_id=None if run is None else run.workflow_run_id,
             )
         return outcomes
 

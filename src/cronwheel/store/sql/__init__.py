@@ -24,6 +24,7 @@ from cronwheel.store.sql.shard_leases import ShardLeasesMixin
 from cronwheel.store.sql.tenants import TenantsMixin
 from cronwheel.store.sql.triggers import TriggersMixin
 from cronwheel.store.sql.ui_sessions import UiSessionsMixin
+from cronwheel.store.sql.workflows import WorkflowsMixin
 
 __all__ = ["SqlStore"]
 
@@ -32,6 +33,7 @@ class SqlStore(
     BulkMixin,  # and the triggers and redrive it takes steps of
     TenantsMixin,
     RateBucketsMixin,
+    WorkflowsMixin,
     TriggersMixin,  # and JobsMixin, which it builds on
     EditsMixin,
     OverridesMixin,

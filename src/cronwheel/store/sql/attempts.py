@@ -44,6 +44,7 @@ from cronwheel.store.rows import (
     event_row,
 )
 from cronwheel.store.schema import NO_RESERVATION, attempt_tombstones, attempts, runs, workers
+from cronwheel.store.sql import dag
 from cronwheel.store.sql.admission import LeasePlan, plan_lease, settle_lease
 from cronwheel.store.sql.observed import Execution, observe_executions
 from cronwheel.store.sql.retries import Ended, RetriesMixin
@@ -114,6 +115,10 @@ class AttemptsMixin(WorkersMixin, RetriesMixin):
             done = await self.driver.attempts_complete(
                 conn, items=items, tenant_id=tenant_id, now=now
             )
+            workflows = {o.workflow_run_id for o in done.values() if o.workflow_run_id}
+            if workflows:  # their DAGs move on in this transaction
+                at = await self._now(conn, now)
+                await dag.advance(self, conn, workflows, at=at, actor="worker")
             await observe_executions(conn, _executions(done.values()), outcome="succeeded")
             return await self._resolve(conn, items, done, tenant_id)
 

@@ -20,11 +20,13 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from cronwheel.domain.audit import Actor
 from cronwheel.domain.errors import NotFoundError, StoreUnavailableError
 from cronwheel.domain.states import ACTIVE_STATES, CANCEL, AttemptState, RunState
+from cronwheel.domain.workflow import WORKFLOW_POOL
 from cronwheel.store.base import Store, Subscription
 from cronwheel.store.driver import Driver
 from cronwheel.store.notices import CHANNEL_CANCELS, cancels_notice
 from cronwheel.store.rows import AUDIT_COLUMNS, audit_record, event_row
 from cronwheel.store.schema import UtcDateTime, attempts, audit, jobs, runs, tenants
+from cronwheel.store.sql import dag
 from cronwheel.store.values import Migrated
 
 __all__ = ["MIGRATIONS_DIR", "LocalSubscription", "SqlCore", "jobs_select"]
@@ -325,15 +327,17 @@ class SqlCore(Store):
         learn of it from their cancels long-poll — or, the notice lost, their next
         heartbeat."""
         out: list[dict[str, Any]] = []
+        workflows: set[uuid.UUID] = set()
         for source in CANCEL.source_values:
             cancelled = (
                 await conn.execute(
                     runs.update()
                     .where(runs.c.tenant_id == tenant_id, where, runs.c.state == source)
                     .values(state=RunState.CANCELLED.value, finished_at=at, reason=reason)
-                    .returning(runs.c.id, runs.c.job_id)
+                    .returning(runs.c.id, runs.c.job_id, runs.c.workflow_run_id)
                 )
             ).all()
+            workflows.update(r.workflow_run_id for r in cancelled if r.workflow_run_id)
             out += [
                 event_row(
                     at=at,
@@ -358,7 +362,7 @@ class SqlCore(Store):
                     runs.c.cancel_requested.is_(sa.false()),
                 )
                 .values(cancel_requested=True)
-                .returning(runs.c.id, runs.c.job_id)
+                .returning(runs.c.id, runs.c.job_id, runs.c.pool, runs.c.workflow_run_id)
             )
         ).all()
         if requested:
@@ -375,6 +379,20 @@ class SqlCore(Store):
             )
             for r in requested
         ]
+        # A workflow run has no worker to stop: its nodes are cancelled in its place,
+        # and it ends when they have (``dag.advance``).
+        started = [r.id for r in requested if r.pool == WORKFLOW_POOL and r.workflow_run_id is None]
+        if started:
+            out += await self._cancel_runs(
+                conn,
+                tenant_id,
+                self.driver.id_in(runs.c.workflow_run_id, started),
+                at=at,
+                actor=actor,
+                reason=reason,
+            )
+            workflows.update(started)
+        await dag.advance(self, conn, workflows, at=at, actor=actor)
         return out
 
     async def _notify_holders(

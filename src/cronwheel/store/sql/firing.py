@@ -23,6 +23,7 @@ from cronwheel.domain.errors import describe_error
 from cronwheel.domain.model import FiredRun
 from cronwheel.domain.spec import CronSchedule, IntervalSchedule
 from cronwheel.domain.states import FIRE, SKIP, JobState, RunState
+from cronwheel.domain.workflow import WORKFLOW_POOL
 from cronwheel.ids import new_id
 from cronwheel.store.driver import FireCandidate, PlannedRun
 from cronwheel.store.notices import (
@@ -38,6 +39,7 @@ from cronwheel.store.schema import (
     PARKED_FIRE_AT,
     runs,
 )
+from cronwheel.store.sql import dag
 from cronwheel.store.sql.quarantine import Poison, QuarantineMixin
 from cronwheel.store.sql.statements import update_each
 from cronwheel.timing.catchup import MISFIRE_GRACE, FirePlan, plan_fire
@@ -329,8 +331,11 @@ class FiringMixin(QuarantineMixin):
         )
         notices: list[str] = []
         ready: set[str] = set()
+        workflows: list[uuid.UUID] = []
         for r in created:
-            if r.state == RunState.DISPATCHED.value:
+            if r.state == RunState.DISPATCHED.value and r.pool == WORKFLOW_POOL:
+                workflows.append(r.id)
+            elif r.state == RunState.DISPATCHED.value:
                 ready.add(r.pool)
             if r.state == RunState.SCHEDULED.value and r.fire_at < at + ANNOUNCE_HORIZON:
                 notices.append(announce(r.id, r.shard, r.fire_at))
@@ -338,6 +343,7 @@ class FiringMixin(QuarantineMixin):
             await self._notify(conn, CHANNEL_RUNS_NEW, notices)
         if ready:
             await self._notify(conn, CHANNEL_RUNS_READY, sorted(ready))
+        await dag.start(self, conn, workflows, at=at, actor=node_id)
 
     async def _cancel_previous(
         self,
@@ -393,4 +399,13 @@ class FiringMixin(QuarantineMixin):
                 )
                 if candidates:
                     fired += await self._fire_scheduled(conn, candidates, at=at, node_id=node_id)
+            workflows = [f for f in fired if f.pool == WORKFLOW_POOL]
+            if workflows:  # no worker takes a workflow run: it starts its nodes now
+                await dag.start(
+                    self,
+                    conn,
+                    [f.id for f in workflows],
+                    at=min(f.dispatched_at for f in workflows),
+                    actor=node_id,
+                )
         return fired

@@ -29,6 +29,7 @@ import json
 import uuid
 from collections import Counter
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Sequence
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple, cast
 
@@ -55,6 +56,7 @@ from cronwheel.domain.spec import (
 )
 from cronwheel.domain.states import JobState, RunState
 from cronwheel.domain.template import RunTemplate
+from cronwheel.domain.workflow import WORKFLOW_POOL
 from cronwheel.ids import new_id
 from cronwheel.store.driver import NewJobRows, given_instant
 from cronwheel.store.notices import ANNOUNCE_HORIZON, CHANNEL_RUNS_NEW, announce
@@ -230,6 +232,13 @@ class _NewJobs:
         # One dump for the template and the schedule: two cost twice.
         spec_json = spec.model_dump(mode="json")
         template = RunTemplate.of_spec_json(spec_json)
+        template_json = RunTemplate.json_of_spec_json(spec_json)
+        if nj.workflow is not None:
+            # A workflow run is leased by no worker: its nodes are (``dag.start``).
+            template = replace(
+                template, task=None, pool=WORKFLOW_POOL, requires=[], route_tags=[], payload={}
+            )
+            template_json = template.to_json()
         created, scheduled = self._creation_events(name_of(nj.actor))
         if nj.actor is not None:
             self._created_by.setdefault(nj.actor, []).append((job_id, spec.name))
@@ -242,7 +251,7 @@ class _NewJobs:
                 _ACTIVE,
                 kind,
                 spec_json["schedule"],
-                RunTemplate.json_of_spec_json(spec_json),
+                template_json,
                 template.tags,
                 1,
                 nj.first_due_at,
@@ -295,6 +304,7 @@ class _NewJobs:
             created_at=at,
             updated_at=at,
             idempotency_key=nj.idempotency_key,
+            workflow=nj.workflow,
         )
         return _Made(job, run_id, run, True)
 
@@ -528,9 +538,14 @@ class JobsMixin(HoldsMixin):
         name_prefix: str | None = None,
         cursor: str | None = None,
         limit: int = 100,
+        workflows: bool | None = None,
     ) -> Page[Job]:
         before = uuid_cursor(cursor)
         stmt = jobs_select().where(jobs.c.tenant_id == tenant_id)
+        if workflows is not None:  # only workflows, or only jobs
+            stmt = stmt.where(
+                jobs.c.workflow.is_not(None) if workflows else jobs.c.workflow.is_(None)
+            )
         if state is not None:
             stmt = stmt.where(jobs.c.state == state)
         if tag is not None:

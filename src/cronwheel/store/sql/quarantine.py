@@ -36,6 +36,7 @@ from cronwheel.domain.model import QuarantinedRun
 from cronwheel.domain.states import QUARANTINE, AttemptState, JobState, RunState
 from cronwheel.store.rows import event_row
 from cronwheel.store.schema import NO_RESERVATION, attempts, jobs, runs
+from cronwheel.store.sql import dag
 from cronwheel.store.sql.core import SqlCore
 from cronwheel.store.sql.observed import count_fates
 from cronwheel.store.sql.statements import jobs_finish_one_off, may, update_each
@@ -140,7 +141,9 @@ class QuarantineMixin(SqlCore):
             return []
         live = (
             await conn.execute(
-                sa.select(runs.c.id, runs.c.tenant_id, runs.c.job_id, runs.c.state)
+                sa.select(
+                    runs.c.id, runs.c.tenant_id, runs.c.job_id, runs.c.state, runs.c.workflow_run_id
+                )
                 .where(self.driver.id_in(runs.c.id, sorted(poison)), may(QUARANTINE))
                 .order_by(runs.c.id)
                 .with_for_update()
@@ -209,6 +212,8 @@ class QuarantineMixin(SqlCore):
         )
         await jobs_finish_one_off(conn, self.driver, [r.job_id for r in live], at)
         await count_fates(conn, [(r.tenant_id, RunState.DEAD_LETTER) for r in live])
+        workflows = {r.workflow_run_id for r in live if r.workflow_run_id is not None}
+        await dag.advance(self, conn, workflows, at=at, actor=actor)
         return ids
 
 

@@ -34,9 +34,11 @@ from cronwheel.domain.audit import Actor, name_of
 from cronwheel.domain.errors import IllegalTransitionError, ValidationError
 from cronwheel.domain.model import Run
 from cronwheel.domain.states import REDRIVE, JobState, Move, RunState
+from cronwheel.domain.workflow import WORKFLOW_POOL
 from cronwheel.store.notices import CHANNEL_RUNS_NEW, announce
 from cronwheel.store.rows import event_row, run_from
 from cronwheel.store.schema import PARKED_FIRE_AT, jobs, runs
+from cronwheel.store.sql import dag
 from cronwheel.store.sql.core import SqlCore
 from cronwheel.store.sql.pending import PendingLimit, pending_admit, tenant_for_new_runs
 from cronwheel.store.sql.statements import ONE_OFF_KINDS, PAUSED_REASON, may
@@ -74,13 +76,20 @@ class RedriveMixin(SqlCore):
             max_pending = await tenant_for_new_runs(conn, tenant_id)
             current = (
                 await conn.execute(
-                    sa.select(runs.c.id, runs.c.state)
+                    sa.select(runs.c.id, runs.c.state, runs.c.pool, runs.c.workflow_run_id)
                     .where(runs.c.tenant_id == tenant_id, runs.c.id == run_id)
                     .with_for_update()
                 )
             ).first()
             if current is None:
                 raise self._not_found("run", run_id)
+            if current.pool == WORKFLOW_POOL and current.workflow_run_id is None:
+                raise IllegalTransitionError(
+                    f"run {run_id} is a workflow run: retry its failed nodes instead "
+                    f"(POST /v1/workflow-runs/{run_id}/nodes/{{node}}/retry)",
+                    source=current.state,
+                    target=RunState.SCHEDULED.value,
+                )
             if current.state not in move.source_values:
                 raise IllegalTransitionError(
                     f"run {run_id} is {current.state}; only a run that is "
@@ -314,6 +323,8 @@ class RedriveMixin(SqlCore):
         going = [announce(r.id, r.shard, at) for r in sent if r.id not in parked]
         if going:
             await self._notify(conn, CHANNEL_RUNS_NEW, going)
+        # A workflow's node sent back continues its workflow run from there.
+        await dag.reopen(self, conn, [r.id for r in sent if r.workflow_run_id], at=at, actor=actor)
         return sent
 
     async def _job_states(

@@ -24,6 +24,7 @@ from cronwheel.domain.states import FAIL, AttemptState, JobState, RunState
 from cronwheel.store.notices import ANNOUNCE_HORIZON, CHANNEL_RUNS_NEW, announce
 from cronwheel.store.rows import event_row
 from cronwheel.store.schema import PARKED_FIRE_AT, jobs, runs
+from cronwheel.store.sql import dag
 from cronwheel.store.sql.observed import count_fates
 from cronwheel.store.sql.quarantine import Poison, QuarantineMixin
 from cronwheel.store.sql.statements import jobs_finish_one_off, may, update_each
@@ -65,6 +66,7 @@ class RetriesMixin(QuarantineMixin):
                     runs.c.retry,
                     runs.c.cancel_requested,
                     runs.c.shard,
+                    runs.c.workflow_run_id,
                 )
                 .where(
                     self.driver.id_in(runs.c.id, list(by_run)),
@@ -164,4 +166,11 @@ class RetriesMixin(QuarantineMixin):
         await count_fates(conn, [(tenant_of[i], s) for i, s in states.items()])
         for run_id in await self._quarantine(conn, poison, at=at, actor=actor):
             states[run_id] = RunState.DEAD_LETTER
+        workflows = {
+            r.workflow_run_id
+            for r in rows
+            if r.workflow_run_id is not None and states.get(r.id) not in (None, RunState.SCHEDULED)
+        }
+        # A node run that ended moves its DAG on in this transaction.
+        await dag.advance(self, conn, workflows, at=at, actor=actor)
         return states

@@ -204,17 +204,23 @@ def history_select(
     where += [driver.json_has(runs.c.tags, tag) for tag in f.tags]
     if f.pool is not None:
         where.append(runs.c.pool == f.pool)
+    # A job's runs share a due instant only in a workflow (its workflow run and node
+    # runs), and never a due instant and node (the key (tenant_id, job_id, due_at,
+    # node)): by job, ties are broken by node, in the key's order, with no sort.
+    tie = runs.c.node if f.job_id is not None else runs.c.id
     if after is not None:
         due_at, run_id = after
-        # The bound on due_at alone is what the index walk starts from; the id
-        # breaks ties among runs due at the same instant.
+        # The bound on due_at alone is what the index walk starts from; the id (by
+        # job: the node of the run the cursor names) breaks ties among runs due at the
+        # same instant.
+        bound: Any = run_id
+        if f.job_id is not None:
+            bound = sa.select(runs.c.node).where(runs.c.id == run_id).scalar_subquery()
         where += [
             runs.c.due_at <= due_at,
-            sa.or_(runs.c.due_at < due_at, runs.c.id < run_id),
+            sa.or_(runs.c.due_at < due_at, tie < bound),
         ]
-    # A job's runs never share a due instant (the key (tenant_id, job_id, due_at)): in
-    # the key's order already, with no sort by id.
-    order = (runs.c.due_at.desc(),) if f.job_id else (runs.c.due_at.desc(), runs.c.id.desc())
+    order = (runs.c.due_at.desc(), tie.desc())
 
     def walk(*more: sa.ColumnElement[bool]) -> sa.Select[Any]:
         stmt = sa.select(*runs.c).where(*where, *more).order_by(*order).limit(limit)
@@ -226,4 +232,5 @@ def history_select(
         return walk(*(runs.c.state == state for state in states))
     walks = [walk(runs.c.state == state).subquery(f"s{i}") for i, state in enumerate(states)]
     merged = sa.union_all(*(sa.select(*w.c) for w in walks)).subquery("merged")
-    return sa.select(*merged.c).order_by(merged.c.due_at.desc(), merged.c.id.desc()).limit(limit)
+    ties = merged.c.node if f.job_id is not None else merged.c.id
+    return sa.select(*merged.c).order_by(merged.c.due_at.desc(), ties.desc()).limit(limit)

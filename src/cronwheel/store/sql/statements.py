@@ -154,10 +154,16 @@ async def attempts_end(
 
 
 async def jobs_finish_one_off(
-    conn: AsyncConnection, driver: Driver, job_ids: Sequence[uuid.UUID], at: datetime
+    conn: AsyncConnection,
+    driver: Driver,
+    job_ids: Sequence[uuid.UUID],
+    at: datetime,
+    *,
+    workflows: bool = False,
 ) -> None:
     """A one-off job has one run: it is finished when that run ends, however (every
-    path that ends runs calls this: results, failures, quarantine)."""
+    path that ends runs calls this: results, failures, quarantine). A one-off workflow
+    is finished when its workflow run ends (``workflows``), not when a node run does."""
     if not job_ids:
         return
     await conn.execute(
@@ -166,6 +172,7 @@ async def jobs_finish_one_off(
             driver.id_in(jobs.c.id, list(set(job_ids))),
             jobs.c.kind.in_(ONE_OFF_KINDS),
             jobs.c.state == JobState.ACTIVE.value,
+            jobs.c.workflow.is_not(None) if workflows else jobs.c.workflow.is_(None),
         )
         .values(state=JobState.FINISHED.value, next_due_at=None, updated_at=at)
     )

@@ -1,0 +1,418 @@
+"""Advancing workflow runs, for both drivers: starting a fired workflow run, and after
+any of its node runs ends, making the nodes whose trigger rule now holds ready and
+skipping those whose rule never can (``domain/workflow.py`` decides; this applies).
+
+Every path that ends a node run — a worker's result or failure, the expiry sweep, a
+cancel, a quarantine — calls :func:`advance` in the transaction that ends it, so the
+DAG moves on with the commit that makes it possible, and a crash loses neither: both
+are written or neither is. :func:`advance` locks the workflow runs it advances, so two
+node runs of one workflow run ending at once are decided one after the other, each
+seeing the other's outcome. It reads the workflow run's node states and decides from
+them alone, so it is idempotent: running it again changes nothing.
+
+Node runs are created PENDING with their workflow run, all at once. A node made ready
+gets its upstream results in its payload and goes DISPATCHED at once (SCHEDULED and
+parked while its workflow is paused); workers lease it like any run, under the
+tenant's limits and priorities.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import Any, Protocol
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from cronwheel.domain.states import (
+    CONCLUDE,
+    READY,
+    REOPEN,
+    REWIND,
+    START,
+    UNSATISFIED,
+    JobState,
+    RunState,
+)
+from cronwheel.domain.workflow import (
+    Dag,
+    decide,
+    node_payload,
+)
+from cronwheel.ids import new_id
+from cronwheel.store.driver import Driver
+from cronwheel.store.notices import CHANNEL_RUNS_READY, ready_notices
+from cronwheel.store.rows import event_row, new_run_row
+from cronwheel.store.schema import PARKED_FIRE_AT, jobs, runs
+from cronwheel.store.sql.statements import insert_ignoring, jobs_finish_one_off, update_each
+
+
+class _Core(Protocol):
+    """What advancing needs of the store it runs in (``store/sql/core.SqlCore``)."""
+
+    driver: Driver
+
+    async def _insert_events(
+        self, conn: AsyncConnection, rows: Sequence[dict[str, Any]]
+    ) -> None: ...
+
+    async def _notify(
+        self, conn: AsyncConnection, channel: str, payloads: Sequence[str]
+    ) -> None: ...
+
+
+__all__ = ["advance", "dags_of", "reopen", "start"]
+
+# DAGs by workflow id: a workflow's DAG never changes once created.
+_DAGS: OrderedDict[uuid.UUID, Dag] = OrderedDict()
+_DAGS_MAX = 1_000
+
+
+async def dags_of(
+    core: _Core, conn: AsyncConnection, job_ids: Iterable[uuid.UUID]
+) -> dict[uuid.UUID, Dag]:
+    """The DAG of each workflow among ``job_ids`` (cached: they never change)."""
+    wanted = set(job_ids)
+    out = {j: _DAGS[j] for j in wanted if j in _DAGS}
+    missing = wanted - set(out)
+    if missing:
+        rows = await conn.execute(
+            sa.select(jobs.c.id, jobs.c.workflow).where(
+                core.driver.id_in(jobs.c.id, list(missing)), jobs.c.workflow.is_not(None)
+            )
+        )
+        for r in rows:
+            out[r.id] = _DAGS[r.id] = Dag.from_json(r.workflow)
+        while len(_DAGS) > _DAGS_MAX:
+            _DAGS.popitem(last=False)
+    return out
+
+
+async def start(
+    core: _Core,
+    conn: AsyncConnection,
+    run_ids: Sequence[uuid.UUID],
+    *,
+    at: datetime,
+    actor: str | None,
+) -> None:
+    """Start the workflow runs ``run_ids``, DISPATCHED in this transaction: each goes
+    RUNNING, its nodes are created PENDING, and its roots are made ready."""
+    if not run_ids:
+        return
+    started = (
+        await conn.execute(
+            runs.update()
+            .where(core.driver.id_in(runs.c.id, list(run_ids)), runs.c.state == START.source)
+            .values(state=RunState.RUNNING.value, started_at=at, reason=None)
+            .returning(
+                runs.c.id,
+                runs.c.tenant_id,
+                runs.c.job_id,
+                runs.c.job_name,
+                runs.c.shard,
+                runs.c.due_at,
+                runs.c.fire_at,
+                runs.c.payload,
+            )
+        )
+    ).all()
+    if not started:
+        return
+    dags = await dags_of(core, conn, {r.job_id for r in started})
+    rows: list[dict[str, Any]] = []
+    events: list[dict[str, Any]] = []
+    for w in started:
+        events.append(
+            event_row(
+                at=at,
+                kind="run.transition",
+                tenant_id=w.tenant_id,
+                job_id=w.job_id,
+                run_id=w.id,
+                from_state=START.source.value,
+                to_state=RunState.RUNNING.value,
+                actor=actor,
+                reason="workflow run started",
+            )
+        )
+        for node in dags[w.job_id].nodes:
+            run_id = new_id()
+            row = new_run_row(
+                run_id=run_id,
+                tenant_id=w.tenant_id,
+                job_id=w.job_id,
+                name=w.job_name,
+                template=node.template,
+                due_at=w.due_at,
+                due_local=None,
+                shard=w.shard,
+                at=at,
+                origin="node",
+                fire_at=max(w.fire_at, at),
+                state=RunState.PENDING,
+            )
+            row["payload"] = {**node.template.payload, **(w.payload or {})}
+            row["workflow_run_id"] = w.id
+            row["node"] = node.name
+            row["reason"] = _waiting(node.after)
+            rows.append(row)
+            events.append(
+                event_row(
+                    at=at,
+                    kind="run.transition",
+                    tenant_id=w.tenant_id,
+                    job_id=w.job_id,
+                    run_id=run_id,
+                    to_state=RunState.PENDING.value,
+                    actor=actor,
+                    reason="workflow run started",
+                    data={"node": node.name, "workflow_run_id": str(w.id)},
+                )
+            )
+    await insert_ignoring(conn, core.driver, runs, rows)
+    await core._insert_events(conn, events)
+    await advance(core, conn, [w.id for w in started], at=at, actor=actor)
+
+
+def _waiting(after: Sequence[str]) -> str | None:
+    if not after:
+        return None
+    shown = ", ".join(after[:10]) + (f" and {len(after) - 10} more" if len(after) > 10 else "")
+    return f"waiting for {shown}"
+
+
+async def advance(
+    core: _Core,
+    conn: AsyncConnection,
+    workflow_run_ids: Iterable[uuid.UUID],
+    *,
+    at: datetime,
+    actor: str | None,
+) -> None:
+    """Decide every waiting node of the RUNNING workflow runs ``workflow_run_ids`` from
+    their nodes' states, and end the workflow runs whose nodes have all ended."""
+    ids = sorted(set(workflow_run_ids))
+    if not ids:
+        return
+    owners = (
+        await conn.execute(
+            sa.select(
+                runs.c.id,
+                runs.c.tenant_id,
+                runs.c.job_id,
+                runs.c.cancel_requested,
+                runs.c.payload,
+            )
+            .where(core.driver.id_in(runs.c.id, ids), runs.c.state == RunState.RUNNING.value)
+            .order_by(runs.c.id)
+            .with_for_update()  # one decision at a time per workflow run
+        )
+    ).all()
+    if not owners:
+        return
+    nodes = (
+        await conn.execute(
+            sa.select(
+                runs.c.id,
+                runs.c.workflow_run_id,
+                runs.c.node,
+                runs.c.state,
+                runs.c.result,
+                runs.c.pool,
+                runs.c.fire_at,
+            ).where(core.driver.id_in(runs.c.workflow_run_id, [w.id for w in owners]))
+        )
+    ).all()
+    by_owner: dict[uuid.UUID, dict[str, Any]] = {w.id: {} for w in owners}
+    for n in nodes:
+        by_owner[n.workflow_run_id][n.node] = n
+    dags = await dags_of(core, conn, {w.job_id for w in owners})
+    paused = {
+        r.id
+        for r in await conn.execute(
+            sa.select(jobs.c.id).where(
+                core.driver.id_in(jobs.c.id, list(dags)), jobs.c.state == JobState.PAUSED.value
+            )
+        )
+    }
+    ready_rows: list[dict[str, Any]] = []
+    skipped_rows: list[dict[str, Any]] = []
+    ended_rows: list[dict[str, Any]] = []
+    events: list[dict[str, Any]] = []
+    notices: list[tuple[str, datetime]] = []
+    finished_jobs: list[uuid.UUID] = []
+    for w in owners:
+        dag = dags[w.job_id]
+        mine = by_owner[w.id]
+        if len(mine) < len(dag.nodes):
+            continue  # nodes not all created: not this workflow run's DAG (never so)
+        states = {name: RunState(row.state) for name, row in mine.items()}
+        decided = decide(dag, states, cancelled=w.cancel_requested)
+        by_name = dag.by_name
+        on_hold = w.job_id in paused
+        for name in decided.ready:
+            node = by_name[name]
+            row = mine[name]
+            upstream = {u: mine[u].result for u in node.after if states[u] is RunState.SUCCESS}
+            target = RunState.SCHEDULED if on_hold else RunState.DISPATCHED
+            # A root of a workflow run fired ahead of its instant starts at the instant.
+            fire_at = max(row.fire_at, at)
+            ready_rows.append(
+                {
+                    "id": row.id,
+                    "state": target.value,
+                    "fire_at": PARKED_FIRE_AT if on_hold else fire_at,
+                    "dispatched_at": None if on_hold else at,
+                    "payload": node_payload(node.template, _extra(w.payload), upstream),
+                    "reason": "job paused" if on_hold else None,
+                }
+            )
+            if not on_hold:
+                notices.append((row.pool, fire_at))
+            events.append(
+                _event(w, row.id, READY.source, target, at, actor, _ready_reason(node.after))
+            )
+        for name, reason in decided.skipped.items():
+            row = mine[name]
+            skipped_rows.append(
+                {"id": row.id, "state": RunState.SKIPPED.value, "finished_at": at, "reason": reason}
+            )
+            events.append(
+                _event(w, row.id, UNSATISFIED.source, RunState.SKIPPED, at, actor, reason)
+            )
+        if decided.outcome is not None:
+            ended_rows.append(
+                {
+                    "id": w.id,
+                    "state": decided.outcome.value,
+                    "finished_at": at,
+                    "reason": decided.reason,
+                }
+            )
+            events.append(
+                _event(w, w.id, CONCLUDE.source, decided.outcome, at, actor, decided.reason)
+            )
+            finished_jobs.append(w.job_id)
+    # Each precondition is held by the lock on the workflow run: its nodes change state
+    # only with it locked (a worker's result is the one exception, and ends a node).
+    await update_each(conn, runs, ready_rows)
+    await update_each(conn, runs, skipped_rows)
+    await update_each(conn, runs, ended_rows)
+    await core._insert_events(conn, events)
+    await jobs_finish_one_off(conn, core.driver, finished_jobs, at, workflows=True)
+    if notices:
+        await core._notify(conn, CHANNEL_RUNS_READY, ready_notices(notices, at))
+
+
+def _extra(payload: Any) -> dict[str, Any]:
+    return payload if isinstance(payload, dict) else {}
+
+
+def _ready_reason(after: Sequence[str]) -> str:
+    return "workflow run started" if not after else "upstream nodes done"
+
+
+def _event(
+    w: Any,
+    run_id: uuid.UUID,
+    source: RunState,
+    target: RunState,
+    at: datetime,
+    actor: str | None,
+    reason: str | None,
+) -> dict[str, Any]:
+    return event_row(
+        at=at,
+        kind="run.transition",
+        tenant_id=w.tenant_id,
+        job_id=w.job_id,
+        run_id=run_id,
+        from_state=source.value,
+        to_state=target.value,
+        actor=actor,
+        reason=reason,
+    )
+
+
+async def reopen(
+    core: _Core,
+    conn: AsyncConnection,
+    node_run_ids: Sequence[uuid.UUID],
+    *,
+    at: datetime,
+    actor: str | None,
+) -> None:
+    """Node runs sent back to SCHEDULED (a retry, a redrive) continue their workflow
+    run: the nodes they had skipped or cancelled downstream wait again (PENDING), and a
+    workflow run that had ended runs again."""
+    if not node_run_ids:
+        return
+    sent = (
+        await conn.execute(
+            sa.select(runs.c.workflow_run_id, runs.c.node).where(
+                core.driver.id_in(runs.c.id, list(node_run_ids)),
+                runs.c.workflow_run_id.is_not(None),
+            )
+        )
+    ).all()
+    if not sent:
+        return
+    owner_ids = sorted({s.workflow_run_id for s in sent})
+    owners = (
+        await conn.execute(
+            sa.select(runs.c.id, runs.c.tenant_id, runs.c.job_id, runs.c.state)
+            .where(core.driver.id_in(runs.c.id, owner_ids))
+            .order_by(runs.c.id)
+            .with_for_update()
+        )
+    ).all()
+    dags = await dags_of(core, conn, {w.job_id for w in owners})
+    events: list[dict[str, Any]] = []
+    reopened: list[dict[str, Any]] = []
+    for w in owners:
+        dag = dags[w.job_id]
+        below: set[str] = set()
+        for s in sent:
+            if s.workflow_run_id == w.id:
+                below.update(dag.descendants(s.node))
+        if below:
+            rewound = (
+                await conn.execute(
+                    sa.select(runs.c.id, runs.c.state).where(
+                        runs.c.workflow_run_id == w.id,
+                        runs.c.node.in_(sorted(below)),
+                        runs.c.state.in_(REWIND.source_values),
+                    )
+                )
+            ).all()
+            await update_each(
+                conn,
+                runs,
+                [
+                    {
+                        "id": r.id,
+                        "state": RunState.PENDING.value,
+                        "finished_at": None,
+                        "reason": "upstream retried",
+                    }
+                    for r in rewound
+                ],
+            )
+            events += [
+                _event(w, r.id, RunState(r.state), RunState.PENDING, at, actor, "upstream retried")
+                for r in rewound
+            ]
+        if RunState(w.state) in REOPEN.sources:
+            reopened.append(
+                {"id": w.id, "state": RunState.RUNNING.value, "finished_at": None, "reason": None}
+            )
+            events.append(
+                _event(w, w.id, RunState(w.state), RunState.RUNNING, at, actor, "a node retried")
+            )
+    # The workflow run is no longer cancelled: its nodes may run again.
+    await update_each(conn, runs, [{**r, "cancel_requested": False} for r in reopened])
+    await core._insert_events(conn, events)

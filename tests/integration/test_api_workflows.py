@@ -1,0 +1,267 @@
+"""Workflows over HTTP, on both backends: what creating one refuses (and that nothing is
+stored then), a diamond run by a worker through the worker protocol with results passed
+down, listing runs with node states, cancelling a run, retrying a node, and the job
+operations a workflow shares."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from answers import error_of
+from test_api_workers import lease, register
+
+DIAMOND: list[dict[str, Any]] = [
+    {"name": "extract", "task": "etl.extract"},
+    {"name": "left", "task": "etl.left", "after": ["extract"]},
+    {"name": "right", "task": "etl.right", "after": ["extract"]},
+    {"name": "load", "task": "etl.load", "after": ["left", "right"], "payload": {"to": "db"}},
+]
+
+
+def body(nodes: list[dict[str, Any]] | None = None, **fields: Any) -> dict[str, Any]:
+    return {
+        "name": "etl",
+        "schedule": {"asap": True},
+        "nodes": DIAMOND if nodes is None else nodes,
+        **fields,
+    }
+
+
+async def create(api, tenant, **fields: Any) -> dict[str, Any]:
+    r = await api.client.post("/v1/workflows", json=body(**fields), headers=tenant.headers)
+    assert r.status_code == 201, r.text
+    created: dict[str, Any] = r.json()
+    return created
+
+
+async def run_of(api, tenant, run_id: str) -> dict[str, Any]:
+    r = await api.client.get(f"/v1/workflow-runs/{run_id}", headers=tenant.headers)
+    assert r.status_code == 200, r.text
+    found: dict[str, Any] = r.json()
+    return found
+
+
+def states(run: dict[str, Any]) -> dict[str, str]:
+    return {n["node"]: n["state"] for n in run["nodes"]}
+
+
+async def work(api, headers: dict[str, str], wid: str, fail: set[str] = frozenset()) -> list[str]:
+    """Lease what is ready and end it: fail the tasks in ``fail``, complete the rest
+    with a result naming the task. Returns the tasks leased."""
+    leased = await lease(api, headers, wid, max=50)
+    for a in leased:
+        if a["task"] in fail:
+            r = await api.client.post(
+                f"/v1/attempts/{a['attempt_id']}/fail",
+                json={"fencing_token": a["fencing_token"], "error": "boom", "retryable": False},
+                headers=headers,
+            )
+        else:
+            r = await api.client.post(
+                f"/v1/attempts/{a['attempt_id']}/complete",
+                json={"fencing_token": a["fencing_token"], "result": {"by": a["task"]}},
+                headers=headers,
+            )
+        assert r.status_code == 200, r.text
+    return sorted(a["task"] for a in leased)
+
+
+async def test_bad_workflows_are_refused_and_nothing_is_stored(api) -> None:
+    t = await api.tenant()
+    before = await api.snapshot(t)
+    cases: list[tuple[dict[str, Any], str, str]] = [
+        (
+            body(
+                [
+                    {"name": "a", "task": "x", "after": ["c"]},
+                    {"name": "b", "task": "x", "after": ["a"]},
+                    {"name": "c", "task": "x", "after": ["b"]},
+                ]
+            ),
+            "a cycle: ",
+            "nodes",
+        ),
+        (
+            body([{"name": "a", "task": "x", "after": ["nope"]}]),
+            "no node is named 'nope'",
+            "nodes.0.after.0",
+        ),
+        (
+            body([{"name": "a", "task": "x"}, {"name": "a", "task": "y"}]),
+            "two nodes are named 'a'",
+            "nodes.1.name",
+        ),
+        (body([{"name": "a", "task": "x", "after": ["a"]}]), "a cycle: a -> a", "nodes.0.after"),
+        (body([{"name": f"n{i}", "task": "x"} for i in range(2001)]), "2000", "nodes"),
+        (body([]), "at least 1", "nodes"),
+        (body([{"name": "a"}]), "exactly one of 'task' or 'webhook'", "nodes.0"),
+        (body([{"name": "a b", "task": "x"}]), "node name", "nodes.0.name"),
+        (
+            body([{"name": "a", "task": "x", "trigger_rule": "sometimes"}]),
+            "",
+            "nodes.0.trigger_rule",
+        ),
+        (
+            body([{"name": "a", "task": "x", "payload": {"upstream": 1}}]),
+            "upstream",
+            "nodes.0.payload",
+        ),
+        (body([{"name": "a", "task": "x", "timeout": -1}]), "", "nodes.0.timeout"),
+        (body(schedule={"cron": "61 * * * *"}), "", "schedule"),
+    ]
+    for sent, message, field in cases:
+        r = await api.client.post("/v1/workflows", json=sent, headers=t.headers)
+        assert r.status_code == 422, (sent, r.text)
+        error = error_of(r)
+        assert message in error["message"], (message, error)
+        assert (error.get("field") or "").startswith(field), (field, error)
+    assert await api.snapshot(t) == before
+    r = await api.client.get("/v1/workflows", headers=t.headers)
+    assert r.json()["items"] == []
+
+
+async def test_a_diamond_runs_through_the_worker_protocol(api) -> None:
+    t = await api.tenant()
+    wf = await create(api, t)
+    assert [n["name"] for n in wf["nodes"]] == ["extract", "left", "right", "load"]
+    assert wf["nodes"][3]["after"] == ["left", "right"]
+    assert wf["nodes"][3]["trigger_rule"] == "all_success"
+    run_id = wf["first_run_id"]
+    pending = await run_of(api, t, run_id)
+    assert pending["state"] == "SCHEDULED" and pending["counts"] == {"PENDING": 4}
+    await api.fire()
+    worker = await api.key(t, "worker")
+    wid = await register(api, worker)
+    assert await work(api, worker, wid) == ["etl.extract"]
+    assert states(await run_of(api, t, run_id)) == {
+        "extract": "SUCCESS",
+        "left": "DISPATCHED",
+        "right": "DISPATCHED",
+        "load": "PENDING",
+    }
+    assert await work(api, worker, wid) == ["etl.left", "etl.right"]
+    leased = await lease(api, worker, wid, max=50)
+    assert [a["task"] for a in leased] == ["etl.load"]
+    assert leased[0]["payload"] == {
+        "to": "db",
+        "upstream": {"left": {"by": "etl.left"}, "right": {"by": "etl.right"}},
+    }
+    r = await api.client.post(
+        f"/v1/attempts/{leased[0]['attempt_id']}/complete",
+        json={"fencing_token": leased[0]["fencing_token"]},
+        headers=worker,
+    )
+    assert r.status_code == 200, r.text
+    done = await run_of(api, t, run_id)
+    assert done["state"] == "SUCCESS" and done["counts"] == {"SUCCESS": 4}
+    # A node's run is a run: its events are the run's.
+    node = done["nodes"][3]
+    r = await api.client.get(f"/v1/runs/{node['run_id']}", headers=t.headers)
+    assert r.json()["workflow_run_id"] == run_id and r.json()["node"] == "load"
+    r = await api.client.get(f"/v1/runs/{node['run_id']}/events", headers=t.headers)
+    moves = [(e["from_state"], e["to_state"]) for e in r.json()["items"]]
+    assert moves == [
+        (None, "PENDING"),
+        ("PENDING", "DISPATCHED"),
+        ("DISPATCHED", "RUNNING"),
+        ("RUNNING", "SUCCESS"),
+    ]
+    r = await api.client.get(f"/v1/workflows/{wf['id']}/runs", headers=t.headers)
+    [listed] = r.json()["items"]
+    assert listed["id"] == run_id and listed["counts"] == {"SUCCESS": 4}
+    assert listed["nodes"] is None
+    # A one-off workflow is over once its run is.
+    r = await api.client.get(f"/v1/workflows/{wf['id']}", headers=t.headers)
+    assert r.json()["state"] == "finished"
+
+
+async def test_failure_skips_then_a_retry_continues(api) -> None:
+    t = await api.tenant()
+    wf = await create(api, t, nodes=[{**n, "retry": {"max_attempts": 1}} for n in DIAMOND])
+    run_id = wf["first_run_id"]
+    await api.fire()
+    worker = await api.key(t, "worker")
+    wid = await register(api, worker)
+    await work(api, worker, wid)
+    await work(api, worker, wid, fail={"etl.left"})
+    failed = await run_of(api, t, run_id)
+    assert failed["state"] == "FAILED"
+    assert states(failed) == {
+        "extract": "SUCCESS",
+        "left": "FAILED",
+        "right": "SUCCESS",
+        "load": "SKIPPED",
+    }
+    assert "upstream failed: left" in failed["nodes"][3]["reason"]
+    r = await api.client.post(f"/v1/workflow-runs/{run_id}/nodes/right/retry", headers=t.headers)
+    assert r.status_code == 409, r.text
+    r = await api.client.post(f"/v1/workflow-runs/{run_id}/nodes/nope/retry", headers=t.headers)
+    assert r.status_code == 404, r.text
+    r = await api.client.post(f"/v1/runs/{run_id}/retry", headers=t.headers)
+    assert r.status_code == 409 and "retry its failed nodes" in r.text
+    r = await api.client.post(f"/v1/workflow-runs/{run_id}/nodes/left/retry", headers=t.headers)
+    assert r.status_code == 200, r.text
+    assert r.json()["state"] == "RUNNING"
+    assert states(r.json())["load"] == "PENDING"
+    await api.fire()
+    assert await work(api, worker, wid) == ["etl.left"]
+    assert await work(api, worker, wid) == ["etl.load"]
+    assert (await run_of(api, t, run_id))["state"] == "SUCCESS"
+
+
+async def test_cancel_a_run_and_the_job_operations(api) -> None:
+    t = await api.tenant()
+    other = await api.tenant()
+    wf = await create(api, t, schedule={"cron": "0 0 1 1 *"})
+    assert wf["state"] == "active" and wf["next_due_at"] is not None
+    for path in (f"/v1/workflows/{wf['id']}", f"/v1/workflows/{wf['id']}/runs"):
+        r = await api.client.get(path, headers=other.headers)
+        assert r.status_code == 404, r.text
+    r = await api.client.post(f"/v1/workflows/{wf['id']}/pause", headers=t.headers)
+    assert r.json()["state"] == "paused"
+    r = await api.client.post(f"/v1/workflows/{wf['id']}/resume", headers=t.headers)
+    assert r.json()["state"] == "active"
+    r = await api.client.post(
+        f"/v1/workflows/{wf['id']}/trigger", json={"payload": {"day": 3}}, headers=t.headers
+    )
+    assert r.status_code == 201, r.text
+    run_id = r.json()["id"]
+    assert r.json()["origin"] == "trigger"
+    r = await api.client.get(f"/v1/workflow-runs/{run_id}", headers=other.headers)
+    assert r.status_code == 404
+    await api.fire()
+    worker = await api.key(t, "worker")
+    wid = await register(api, worker)
+    [a] = await lease(api, worker, wid, max=50)
+    assert a["payload"] == {"day": 3}
+    r = await api.client.post(f"/v1/workflow-runs/{run_id}/cancel", headers=t.headers)
+    assert r.status_code == 200, r.text
+    assert r.json()["state"] == "RUNNING"
+    assert states(r.json()) == {
+        "extract": "RUNNING",
+        "left": "CANCELLED",
+        "right": "CANCELLED",
+        "load": "CANCELLED",
+    }
+    r = await api.client.post(
+        f"/v1/attempts/{a['attempt_id']}/complete",
+        json={"fencing_token": a["fencing_token"]},
+        headers=worker,
+    )
+    assert r.json()["run_state"] == "CANCELLED", r.text
+    assert (await run_of(api, t, run_id))["state"] == "CANCELLED"
+    # A workflow is not a job to edit or override; the jobs list leaves it out.
+    r = await api.client.patch(f"/v1/jobs/{wf['id']}", json={"priority": 1}, headers=t.headers)
+    assert r.status_code == 409 and "workflow" in r.text
+    r = await api.client.post(
+        f"/v1/jobs/{wf['id']}/overrides",
+        json={"scope": "next", "priority": 1},
+        headers=t.headers,
+    )
+    assert r.status_code in (409, 422) and "workflow" in r.text, r.text
+    r = await api.client.get("/v1/jobs", headers=t.headers)
+    assert all(j["id"] != wf["id"] for j in r.json()["items"])
+    r = await api.client.delete(f"/v1/workflows/{wf['id']}", headers=t.headers)
+    assert r.status_code == 200, r.text
+    r = await api.client.get(f"/v1/workflows/{wf['id']}", headers=t.headers)
+    assert r.status_code == 404

@@ -1,0 +1,287 @@
+"""Workflows in the store, on both backends: a fired workflow run creates its node runs
+and makes its roots ready; each node's end makes its dependents ready or skipped by
+their trigger rules in the same transaction; the workflow run's state follows its
+nodes; cancelling and retrying continue from where the run is."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+
+from cronwheel.domain.errors import IllegalTransitionError, ValidationError
+from cronwheel.domain.model import Run
+from cronwheel.domain.new_job import JobLimits
+from cronwheel.domain.states import RETRY, RunState, illegal_transitions
+from cronwheel.domain.workflow import UPSTREAM_KEY, WorkflowSpec, new_workflow
+from cronwheel.store import CompleteItem, FailItem, Store
+from cronwheel.store.schema import PARKED_FIRE_AT
+
+from .helpers import T0, at, fire, make_tenant, register_worker, transitions_of
+
+ONE_TRY = {"max_attempts": 1, "initial_delay": 1.0}
+
+
+def spec(nodes: list[dict[str, Any]], **fields: Any) -> WorkflowSpec:
+    body: dict[str, Any] = {
+        "name": "pipeline",
+        "schedule": {"at": "2031-03-04T12:00:00Z"},
+        "nodes": [{"task": "t", "retry": ONE_TRY, **n} for n in nodes],
+        **fields,
+    }
+    return WorkflowSpec.model_validate(body)
+
+
+async def create(store: Store, tenant_id: uuid.UUID, nodes: list[dict[str, Any]]) -> Run:
+    new = new_workflow(spec(nodes), now=at(-60), limits=JobLimits())
+    _job, run = await store.workflows_create(tenant_id, new=new, now=at(-60))
+    assert run is not None
+    return run
+
+
+async def nodes_of(store: Store, tenant_id: uuid.UUID, run: Run) -> dict[str, Run]:
+    found = await store.workflow_run_nodes(tenant_id, [run.id])
+    return {n.node: n for n in found[run.id]}
+
+
+async def states_of(store: Store, tenant_id: uuid.UUID, run: Run) -> dict[str, str]:
+    return {k: v.state.value for k, v in (await nodes_of(store, tenant_id, run)).items()}
+
+
+class Runner:
+    """One worker that leases whatever is ready and ends each as told."""
+
+    def __init__(self, store: Store, tenant_id: uuid.UUID) -> None:
+        self.store, self.tenant_id = store, tenant_id
+        self.clock = 1.0
+
+    async def step(self, outcomes: dict[str, str]) -> list[str]:
+        """Lease every ready node run, end those ``outcomes`` name (``ok`` or ``fail``)
+        and return the nodes leased."""
+        worker = await register_worker(self.store, self.tenant_id, now=at(self.clock))
+        leased = await self.store.attempts_lease(worker=worker, max=1000, now=at(self.clock))
+        runs = {a.run_id: a for a in leased}
+        names = {}
+        for run_id in runs:
+            run = await self.store.runs_get(self.tenant_id, run_id)
+            names[run_id] = run.node
+        self.clock += 1
+        ok = [a for a in leased if outcomes.get(names[a.run_id], "ok") == "ok"]
+        bad = [a for a in leased if outcomes.get(names[a.run_id], "ok") == "fail"]
+        await self.store.attempts_complete_many(
+            items=[
+                CompleteItem(a.attempt_id, a.fencing_token, {"from": names[a.run_id]}) for a in ok
+            ],
+            now=at(self.clock),
+        )
+        await self.store.attempts_fail_many(
+            items=[FailItem(a.attempt_id, a.fencing_token, "boom", retryable=False) for a in bad],
+            now=at(self.clock),
+        )
+        self.clock += 1
+        return sorted(names.values())
+
+
+DIAMOND = [
+    {"name": "a"},
+    {"name": "b", "after": ["a"]},
+    {"name": "c", "after": ["a"]},
+    {"name": "d", "after": ["b", "c"], "payload": {"k": 1}},
+]
+
+
+async def test_a_diamond_runs_in_order_and_passes_results(store: Store) -> None:
+    tenant = await make_tenant(store)
+    wf = await create(store, tenant.id, DIAMOND)
+    assert wf.state is RunState.SCHEDULED
+    await fire(store, [wf], now=T0)
+    started = await store.runs_get(tenant.id, wf.id)
+    assert started.state is RunState.RUNNING
+    assert await states_of(store, tenant.id, wf) == {
+        "a": "DISPATCHED",
+        "b": "PENDING",
+        "c": "PENDING",
+        "d": "PENDING",
+    }
+    runner = Runner(store, tenant.id)
+    assert await runner.step({}) == ["a"]
+    assert await runner.step({}) == ["b", "c"]
+    assert await runner.step({}) == ["d"]
+    nodes = await nodes_of(store, tenant.id, wf)
+    assert nodes["d"].payload == {"k": 1, UPSTREAM_KEY: {"b": {"from": "b"}, "c": {"from": "c"}}}
+    assert {n.state for n in nodes.values()} == {RunState.SUCCESS}
+    done = await store.runs_get(tenant.id, wf.id)
+    assert done.state is RunState.SUCCESS and done.finished_at is not None
+    job = await store.jobs_get(tenant.id, wf.job_id)
+    assert job.state.value == "finished"
+    for run in [done, *nodes.values()]:
+        assert illegal_transitions(await transitions_of(store, tenant.id, run.id)) == []
+
+
+@pytest.mark.parametrize(
+    ("rule", "expect_d", "expect_wf"),
+    [
+        ("all_success", "SKIPPED", "FAILED"),
+        ("all_done", "SUCCESS", "FAILED"),
+        ("one_success", "SUCCESS", "FAILED"),
+        ("one_failed", "SUCCESS", "FAILED"),
+        ("none_failed", "SKIPPED", "FAILED"),
+    ],
+)
+async def test_a_failure_in_the_middle_under_each_rule(
+    store: Store, rule: str, expect_d: str, expect_wf: str
+) -> None:
+    tenant = await make_tenant(store)
+    nodes = [
+        *DIAMOND[:3],
+        {"name": "d", "after": ["b", "c"], "trigger_rule": rule},
+        {"name": "e", "after": ["d"]},
+    ]
+    wf = await create(store, tenant.id, nodes)
+    await fire(store, [wf], now=T0)
+    runner = Runner(store, tenant.id)
+    await runner.step({})
+    await runner.step({"b": "fail"})
+    while await runner.step({}):
+        pass
+    states = await states_of(store, tenant.id, wf)
+    assert states["b"] == "FAILED" and states["c"] == "SUCCESS"
+    assert states["d"] == expect_d
+    assert states["e"] == ("SUCCESS" if expect_d == "SUCCESS" else "SKIPPED")
+    done = await store.runs_get(tenant.id, wf.id)
+    assert done.state.value == expect_wf
+    if expect_d == "SKIPPED":
+        d = (await nodes_of(store, tenant.id, wf))["d"]
+        assert d.reason is not None and "upstream failed: b" in d.reason
+
+
+async def test_one_failed_is_skipped_when_nothing_fails(store: Store) -> None:
+    tenant = await make_tenant(store)
+    nodes = [{"name": "a"}, {"name": "alarm", "after": ["a"], "trigger_rule": "one_failed"}]
+    wf = await create(store, tenant.id, nodes)
+    await fire(store, [wf], now=T0)
+    runner = Runner(store, tenant.id)
+    await runner.step({})
+    assert await states_of(store, tenant.id, wf) == {"a": "SUCCESS", "alarm": "SKIPPED"}
+    assert (await store.runs_get(tenant.id, wf.id)).state is RunState.SUCCESS
+
+
+async def test_retrying_a_failed_node_continues_the_run(store: Store) -> None:
+    tenant = await make_tenant(store)
+    nodes = [{"name": "a"}, {"name": "b", "after": ["a"]}, {"name": "c", "after": ["b"]}]
+    wf = await create(store, tenant.id, nodes)
+    await fire(store, [wf], now=T0)
+    runner = Runner(store, tenant.id)
+    await runner.step({"a": "fail"})
+    assert await states_of(store, tenant.id, wf) == {"a": "FAILED", "b": "SKIPPED", "c": "SKIPPED"}
+    assert (await store.runs_get(tenant.id, wf.id)).state is RunState.FAILED
+    a = (await nodes_of(store, tenant.id, wf))["a"]
+    await store.runs_redrive(tenant.id, a.id, move=RETRY, now=at(100))
+    assert await states_of(store, tenant.id, wf) == {
+        "a": "SCHEDULED",
+        "b": "PENDING",
+        "c": "PENDING",
+    }
+    assert (await store.runs_get(tenant.id, wf.id)).state is RunState.RUNNING
+    await fire(store, [a], now=at(101))
+    runner.clock = 102
+    assert await runner.step({}) == ["a"]
+    assert await runner.step({}) == ["b"]
+    assert await runner.step({}) == ["c"]
+    assert (await store.runs_get(tenant.id, wf.id)).state is RunState.SUCCESS
+    for run in (await nodes_of(store, tenant.id, wf)).values():
+        assert illegal_transitions(await transitions_of(store, tenant.id, run.id)) == []
+
+
+async def test_a_workflow_run_cannot_itself_be_retried(store: Store) -> None:
+    tenant = await make_tenant(store)
+    wf = await create(store, tenant.id, [{"name": "a"}])
+    await fire(store, [wf], now=T0)
+    await Runner(store, tenant.id).step({"a": "fail"})
+    with pytest.raises(IllegalTransitionError, match="retry its failed nodes"):
+        await store.runs_redrive(tenant.id, wf.id, move=RETRY, now=at(100))
+
+
+async def test_cancelling_mid_run(store: Store) -> None:
+    tenant = await make_tenant(store)
+    wf = await create(store, tenant.id, DIAMOND)
+    await fire(store, [wf], now=T0)
+    worker = await register_worker(store, tenant.id, now=at(1))
+    [a] = await store.attempts_lease(worker=worker, max=10, now=at(1))
+    await store.runs_cancel(tenant.id, wf.id, reason="stop", now=at(2))
+    # a runs: asked to stop; the rest never will.
+    assert await states_of(store, tenant.id, wf) == {
+        "a": "RUNNING",
+        "b": "CANCELLED",
+        "c": "CANCELLED",
+        "d": "CANCELLED",
+    }
+    assert (await store.runs_get(tenant.id, wf.id)).state is RunState.RUNNING
+    await store.attempts_complete_many(
+        items=[CompleteItem(a.attempt_id, a.fencing_token, None)], now=at(3)
+    )
+    assert (await states_of(store, tenant.id, wf))["a"] == "CANCELLED"
+    done = await store.runs_get(tenant.id, wf.id)
+    assert done.state is RunState.CANCELLED
+
+
+async def test_a_paused_workflow_holds_its_ready_nodes(store: Store) -> None:
+    tenant = await make_tenant(store)
+    wf = await create(store, tenant.id, [{"name": "a"}, {"name": "b", "after": ["a"]}])
+    await fire(store, [wf], now=T0)
+    worker = await register_worker(store, tenant.id, now=at(1))
+    [a] = await store.attempts_lease(worker=worker, max=10, now=at(1))
+    await store.jobs_pause(tenant.id, wf.job_id, now=at(2))
+    await store.attempts_complete_many(
+        items=[CompleteItem(a.attempt_id, a.fencing_token, None)], now=at(3)
+    )
+    b = (await nodes_of(store, tenant.id, wf))["b"]
+    assert b.state is RunState.SCHEDULED and b.fire_at >= PARKED_FIRE_AT
+    await store.jobs_resume(tenant.id, wf.job_id, now=at(4))
+    b = (await nodes_of(store, tenant.id, wf))["b"]
+    assert b.state is RunState.SCHEDULED and b.fire_at <= at(4)
+
+
+async def test_a_wide_fan_out_and_in(store: Store) -> None:
+    tenant = await make_tenant(store)
+    width = 1000
+    nodes = [
+        {"name": "root"},
+        *({"name": f"n{i}", "after": ["root"]} for i in range(width)),
+        {"name": "sink", "after": [f"n{i}" for i in range(width)]},
+    ]
+    wf = await create(store, tenant.id, nodes)
+    await fire(store, [wf], now=T0)
+    runner = Runner(store, tenant.id)
+    assert await runner.step({}) == ["root"]
+    assert len(await runner.step({})) == width
+    assert await runner.step({}) == ["sink"]
+    sink = (await nodes_of(store, tenant.id, wf))["sink"]
+    assert len(sink.payload[UPSTREAM_KEY]) == width
+    assert (await store.runs_get(tenant.id, wf.id)).state is RunState.SUCCESS
+
+
+async def test_a_long_chain(store: Store) -> None:
+    tenant = await make_tenant(store)
+    length = 200
+    nodes = [{"name": "n0"}, *({"name": f"n{i}", "after": [f"n{i - 1}"]} for i in range(1, length))]
+    wf = await create(store, tenant.id, nodes)
+    await fire(store, [wf], now=T0)
+    runner = Runner(store, tenant.id)
+    for i in range(length):
+        assert await runner.step({}) == [f"n{i}"]
+    assert (await store.runs_get(tenant.id, wf.id)).state is RunState.SUCCESS
+
+
+def test_a_cycle_is_named() -> None:
+    with pytest.raises(
+        ValidationError, match=r"a cycle: (a -> c -> b -> a|b -> a -> c -> b|c -> b -> a -> c)"
+    ):
+        spec(
+            [
+                {"name": "a", "after": ["b"]},
+                {"name": "b", "after": ["c"]},
+                {"name": "c", "after": ["a"]},
+            ]
+        ).dag()
