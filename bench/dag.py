@@ -183,7 +183,28 @@ class Measured:
             "start_delay_ms": percentiles(self.delays_ms()),
             "start_delay_from_finished_at_ms": percentiles(by_finish),
             "root_start_lateness_ms": percentiles(roots),
+            # From a node's handler (its first statement, also its last) to its run's
+            # finished_at: the worker's report of the result and the server's storing it.
+            "finished_at_after_handler_ms": percentiles(self.recorded_ms()),
+            "nodes_started_per_s": self.start_rate(),
         }
+
+    def recorded_ms(self) -> list[float]:
+        return [
+            (_instant(n["finished_at"]).timestamp() - began) * 1000
+            for run in self.runs
+            for n in run["nodes"]
+            if n["finished_at"] and (began := self.handler(n["run_id"])) is not None
+        ]
+
+    def start_rate(self, names: set[str] | None = None) -> int | None:
+        """Handlers begun per second, from the first to the last of the nodes named
+        ``names`` (every node by default)."""
+        began = sorted(
+            at for node, at, _, _ in self.started() if names is None or node["node"] in names
+        )
+        span = began[-1] - began[0] if len(began) > 1 else 0.0
+        return round(len(began) / span) if span else None
 
 
 def _instant(value: str) -> datetime:
@@ -262,16 +283,8 @@ async def fanout(bench: Bench, args: argparse.Namespace) -> Json:
     middle = {n for n, _ in dag[1:-1]}
     out["fanout_start_delay_ms"] = percentiles(measured.delays_ms(middle))
     out["sink_start_delay_ms"] = percentiles(measured.delays_ms({"sink"}))
-    starts = [
-        measured.handler(n["run_id"])
-        for r in measured.runs
-        for n in r["nodes"]
-        if n["node"] in middle
-    ]
-    began = sorted(s for s in starts if s is not None)
-    span = began[-1] - began[0] if len(began) > 1 else 0.0
     # How fast the workers got through the parallel nodes: their capacity, not a delay.
-    out["fanout_nodes_per_s"] = round(len(began) / span) if span else None
+    out["fanout_nodes_per_s"] = measured.start_rate(middle)
     return out
 
 
@@ -349,6 +362,12 @@ def rows_of(name: str, r: Json) -> list[tuple[str, ...]]:
             "",
         ),
         (f"{name}: root start lateness (ms)", *p(r["root_start_lateness_ms"]), ""),
+        (
+            f"{name}: finished_at after the node's handler (ms)",
+            *p(r["finished_at_after_handler_ms"]),
+            "",
+        ),
+        (f"{name}: node handlers begun/s", str(r["nodes_started_per_s"]), "", "", ""),
     ]
     if "fanout_start_delay_ms" in r:
         rows.append(

@@ -223,13 +223,13 @@ def _check_order(
     for node, befores in upstream.items():
         for before in befores:
             done = [
-                e
+                e.ended
                 for e in by_node[before]
                 if e.attempt == runs[before]["attempt"] and e.ended is not None
             ]
             assert len(done) == 1, (before, by_node[before])
             for e in by_node[node]:
-                assert e.began >= done[0].ended, f"{node} began before {before} ended: {e}"
+                assert e.began >= done[0], f"{node} began before {before} ended: {e}"
 
 
 # -- a diamond ---------------------------------------------------------------------------
