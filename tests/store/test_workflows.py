@@ -285,3 +285,21 @@ def test_a_cycle_is_named() -> None:
                 {"name": "c", "after": ["a"]},
             ]
         ).dag()
+
+
+async def test_a_node_is_due_when_it_became_ready(store: Store) -> None:
+    """Its worker and the start-lateness metric measure from the instant the node became
+    ready, not from its workflow run's due instant (its due_at, for the key)."""
+    tenant = await make_tenant(store)
+    wf = await create(store, tenant.id, [{"name": "a"}, {"name": "b", "after": ["a"]}])
+    await fire(store, [wf], now=T0)
+    worker = await register_worker(store, tenant.id, now=at(1))
+    [a] = await store.attempts_lease(worker=worker, max=10, now=at(1))
+    assert a.due_at == T0
+    await store.attempts_complete_many(
+        items=[CompleteItem(a.attempt_id, a.fencing_token, None)], now=at(30)
+    )
+    [b] = await store.attempts_lease(worker=worker, max=10, now=at(31))
+    assert b.due_at == at(30)
+    b_run = await store.runs_get(tenant.id, b.run_id)
+    assert (b_run.due_at, b_run.fire_at) == (T0, at(30))

@@ -3,11 +3,11 @@
 Exit codes: 0 success, 1 an error (printed in red on stderr), 2 a usage error.
 
 The root app is here; each group of commands has its module (``jobs``, and
-``job_edit`` for ``jobs edit``; ``runs``, ``tenants``, ``workers``, ``pools``,
-``schedule``, ``dlq``, ``alerts``, ``audit``, ``top``, ``bulk`` and ``operations``; ``server``
-for the processes and the database), sharing ``options`` (the connection
-options and the client they make) and ``output`` (consoles, tables, errors and exit
-codes).
+``job_edit`` for ``jobs edit``; ``runs``, ``workflows``, ``tenants``, ``workers``,
+``pools``, ``schedule``, ``dlq``, ``alerts``, ``audit``, ``top``, ``bulk`` and
+``operations``; ``server`` for the processes and the database), sharing ``options``
+(the connection options and the client they make) and ``output`` (consoles, tables,
+errors and exit codes).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from cronwheel.cli.server import api, db_app, demo, scheduler, server, worker
 from cronwheel.cli.tenants import tenants_app
 from cronwheel.cli.top import top
 from cronwheel.cli.workers import workers_app
+from cronwheel.cli.workflows import workflows_app
 from cronwheel.version import package_version
 
 __all__ = ["app", "main"]
@@ -67,6 +68,7 @@ def _root(
 jobs_app.command("edit")(jobs_edit)
 app.add_typer(jobs_app, name="jobs")
 app.add_typer(runs_app, name="runs")
+app.add_typer(workflows_app, name="workflows")
 app.add_typer(tenants_app, name="tenants")
 app.add_typer(workers_app, name="workers")
 app.add_typer(pools_app, name="pools")

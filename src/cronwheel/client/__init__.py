@@ -26,8 +26,13 @@ version: :class:`PreconditionFailedError` when it moved on). ``jobs.create_many`
 creates jobs by the thousand and says, job by job, what was
 created and what failed and why (:class:`CreatedMany`).
 
+``workflows.create`` takes a :class:`Workflow` written with ``>>`` between its nodes
+(``extract >> [transform_a, transform_b] >> load``) or the body of ``POST
+/v1/workflows``; ``workflows.run`` shows a workflow run with each node's state.
+
 The modules: ``errors`` (:class:`ApiError` and what raises it), ``calls`` (each
-request as a :class:`Call`), ``batches`` (``create_many``'s plan), ``base`` (the
+request as a :class:`Call`), ``batches`` (``create_many``'s plan), ``builder``
+(:class:`Workflow`), ``base`` (the
 I/O-free ``BaseClient``), ``sync`` (:class:`Client`) and ``aio``
 (:class:`AsyncClient`). The two clients are written side by side;
 ``tests/unit/test_client_parity.py`` fails when they part.
@@ -43,9 +48,11 @@ from cronwheel.client.aio import (
     AsyncRuns,
     AsyncTenants,
     AsyncWorkers,
+    AsyncWorkflows,
 )
 from cronwheel.client.base import DEFAULT_TIMEOUT, TENANT_HEADER
 from cronwheel.client.batches import CreatedMany
+from cronwheel.client.builder import Node, Workflow
 from cronwheel.client.calls import Call, Id, Json
 from cronwheel.client.errors import (
     ApiConnectionError,
@@ -53,7 +60,16 @@ from cronwheel.client.errors import (
     PreconditionFailedError,
     error_from_response,
 )
-from cronwheel.client.sync import Alerts, Client, Jobs, Pools, Runs, Tenants, Workers
+from cronwheel.client.sync import (
+    Alerts,
+    Client,
+    Jobs,
+    Pools,
+    Runs,
+    Tenants,
+    Workers,
+    Workflows,
+)
 
 __all__ = [
     "DEFAULT_TIMEOUT",
@@ -68,16 +84,20 @@ __all__ = [
     "AsyncRuns",
     "AsyncTenants",
     "AsyncWorkers",
+    "AsyncWorkflows",
     "Call",
     "Client",
     "CreatedMany",
     "Id",
     "Jobs",
     "Json",
+    "Node",
     "Pools",
     "PreconditionFailedError",
     "Runs",
     "Tenants",
     "Workers",
+    "Workflow",
+    "Workflows",
     "error_from_response",
 ]

@@ -20,6 +20,7 @@ from cronwheel.client.base import (
     read_page,
 )
 from cronwheel.client.batches import CHUNK_MAX, CreatedMany, CreateMany
+from cronwheel.client.builder import Workflow
 from cronwheel.client.calls import Call, Calls, Id, Json, query_params
 from cronwheel.client.errors import ApiError
 from cronwheel.domain.model import Page
@@ -37,6 +38,7 @@ __all__ = [
     "AsyncRuns",
     "AsyncTenants",
     "AsyncWorkers",
+    "AsyncWorkflows",
 ]
 
 _Items = list[Json]  # inside the resources, ``list`` is their method
@@ -84,6 +86,7 @@ class AsyncClient(BaseClient):
         self.bulk = AsyncBulk(self)
         self.operations = AsyncOperations(self)
         self.overrides = AsyncOverrides(self)
+        self.workflows = AsyncWorkflows(self)
 
     async def send(self, call: Call, *, read_timeout: float | None = None) -> Any:
         """Send ``call``; ``read_timeout`` overrides the client's (long polls need more)."""
@@ -275,6 +278,59 @@ class AsyncJobs(_AsyncResource):
 
     async def preview(self, job_id: Id, *, count: int | None = None) -> _Items:
         return read_items(await self._one(Calls.jobs_preview(job_id, count)))
+
+
+class AsyncWorkflows(_AsyncResource):
+    async def create(self, spec: Workflow | Mapping[str, Any]) -> Json:
+        return await self._one(Calls.workflows_create(spec))
+
+    async def get(self, workflow_id: Id) -> Json:
+        return await self._one(Calls.workflows_get(workflow_id))
+
+    async def list(
+        self,
+        *,
+        name_prefix: str | None = None,
+        cursor: str | None = None,
+        limit: int | None = None,
+    ) -> Page[Json]:
+        return await self._page(Calls.workflows_list(name_prefix, cursor, limit))
+
+    async def pause(self, workflow_id: Id, *, reason: str | None = None) -> Json:
+        return await self._one(Calls.workflows_control(workflow_id, "pause", reason))
+
+    async def resume(self, workflow_id: Id, *, reason: str | None = None) -> Json:
+        return await self._one(Calls.workflows_control(workflow_id, "resume", reason))
+
+    async def cancel(self, workflow_id: Id, *, reason: str | None = None) -> Json:
+        return await self._one(Calls.workflows_control(workflow_id, "cancel", reason))
+
+    async def trigger(self, workflow_id: Id, *, payload: Mapping[str, Any] | None = None) -> Json:
+        return await self._one(Calls.workflows_trigger(workflow_id, payload))
+
+    async def delete(
+        self, workflow_id: Id, *, force: bool = False, reason: str | None = None
+    ) -> Json:
+        return await self._one(Calls.workflows_delete(workflow_id, force, reason))
+
+    async def runs(
+        self,
+        workflow_id: Id,
+        *,
+        state: str | Sequence[str] | None = None,
+        cursor: str | None = None,
+        limit: int | None = None,
+    ) -> Page[Json]:
+        return await self._page(Calls.workflows_runs(workflow_id, state, cursor, limit))
+
+    async def run(self, run_id: Id) -> Json:
+        return await self._one(Calls.workflow_runs_get(run_id))
+
+    async def cancel_run(self, run_id: Id, *, reason: str | None = None) -> Json:
+        return await self._one(Calls.workflow_runs_cancel(run_id, reason))
+
+    async def retry_node(self, run_id: Id, node: str, *, reason: str | None = None) -> Json:
+        return await self._one(Calls.workflow_runs_retry_node(run_id, node, reason))
 
 
 class AsyncRuns(_AsyncResource):

@@ -12,6 +12,7 @@ from urllib.parse import quote
 
 from pydantic_core import to_jsonable_python
 
+from cronwheel.client.builder import Workflow
 from cronwheel.domain.spec import TenantLimits
 
 __all__ = ["Call", "Calls", "Id", "Json", "query_params"]
@@ -62,6 +63,10 @@ def _overrides_of(job_id: Id | None, run_id: Id | None) -> str:
     if run_id is not None:
         return f"/v1/runs/{_seg(run_id)}/overrides"
     return f"/v1/jobs/{_seg(job_id or '')}/overrides"
+
+
+def _reason(reason: str | None) -> Json:
+    return {} if reason is None else {"reason": reason}
 
 
 def _limits(limits: Mapping[str, Any] | TenantLimits) -> Json:
@@ -358,3 +363,54 @@ class Calls:
     def pools_update(name: str, p0_reserved_share: float | None) -> Call:
         # null is a value here (back to the default): sent as it is.
         return Call("PUT", f"/v1/pools/{_seg(name)}", json={"p0_reserved_share": p0_reserved_share})
+
+    @staticmethod
+    def workflows_create(spec: Workflow | Mapping[str, Any]) -> Call:
+        body = spec.to_spec() if isinstance(spec, Workflow) else _body(dict(spec))
+        return Call("POST", "/v1/workflows", json=body)
+
+    @staticmethod
+    def workflows_get(workflow_id: Id) -> Call:
+        return Call("GET", f"/v1/workflows/{_seg(workflow_id)}")
+
+    @staticmethod
+    def workflows_list(name_prefix: str | None, cursor: str | None, limit: int | None) -> Call:
+        params = query_params(name_prefix=name_prefix, cursor=cursor, limit=limit)
+        return Call("GET", "/v1/workflows", params=params)
+
+    @staticmethod
+    def workflows_control(workflow_id: Id, action: str, reason: str | None) -> Call:
+        return Call("POST", f"/v1/workflows/{_seg(workflow_id)}/{action}", json=_reason(reason))
+
+    @staticmethod
+    def workflows_trigger(workflow_id: Id, payload: Mapping[str, Any] | None) -> Call:
+        body = {} if payload is None else {"payload": _body(payload)}
+        return Call("POST", f"/v1/workflows/{_seg(workflow_id)}/trigger", json=body)
+
+    @staticmethod
+    def workflows_delete(workflow_id: Id, force: bool, reason: str | None) -> Call:
+        params = query_params(force="true" if force else None, reason=reason)
+        return Call("DELETE", f"/v1/workflows/{_seg(workflow_id)}", params=params)
+
+    @staticmethod
+    def workflows_runs(
+        workflow_id: Id,
+        state: str | Sequence[str] | None,
+        cursor: str | None,
+        limit: int | None,
+    ) -> Call:
+        params = query_params(state=state, cursor=cursor, limit=limit)
+        return Call("GET", f"/v1/workflows/{_seg(workflow_id)}/runs", params=params)
+
+    @staticmethod
+    def workflow_runs_get(run_id: Id) -> Call:
+        return Call("GET", f"/v1/workflow-runs/{_seg(run_id)}")
+
+    @staticmethod
+    def workflow_runs_cancel(run_id: Id, reason: str | None) -> Call:
+        return Call("POST", f"/v1/workflow-runs/{_seg(run_id)}/cancel", json=_reason(reason))
+
+    @staticmethod
+    def workflow_runs_retry_node(run_id: Id, node: str, reason: str | None) -> Call:
+        path = f"/v1/workflow-runs/{_seg(run_id)}/nodes/{_seg(node)}/retry"
+        return Call("POST", path, json=_reason(reason))

@@ -18,6 +18,7 @@ from cronwheel.client.base import (
     read_page,
 )
 from cronwheel.client.batches import CHUNK_MAX, CreatedMany, CreateMany
+from cronwheel.client.builder import Workflow
 from cronwheel.client.calls import Call, Calls, Id, Json, query_params
 from cronwheel.client.errors import ApiError
 from cronwheel.domain.model import Page
@@ -35,6 +36,7 @@ __all__ = [
     "Runs",
     "Tenants",
     "Workers",
+    "Workflows",
 ]
 
 _Items = list[Json]  # inside the resources, ``list`` is their method
@@ -84,6 +86,7 @@ class Client(BaseClient):
         self.bulk = Bulk(self)
         self.operations = Operations(self)
         self.overrides = Overrides(self)
+        self.workflows = Workflows(self)
 
     def send(self, call: Call) -> Any:
         try:
@@ -291,6 +294,78 @@ class Jobs(_Resource):
         ``fire_at`` (its spread instant: when its run fires), ``due_local`` (with its
         offset), ``kind`` and ``reason``."""
         return read_items(self._one(Calls.jobs_preview(job_id, count)))
+
+
+class Workflows(_Resource):
+    """Workflows: DAGs of nodes, each node a task (or a webhook) run when its trigger
+    rule holds over its upstream nodes, scheduled like a job. Each firing is a
+    *workflow run* with one *node run* per node."""
+
+    def create(self, spec: Workflow | Mapping[str, Any]) -> Json:
+        """A new workflow from a :class:`Workflow` or the body of ``POST
+        /v1/workflows`` (``name``, ``schedule``, ``nodes``, …); a cycle, an unknown
+        upstream node or a bad field is 422 and creates nothing."""
+        return self._one(Calls.workflows_create(spec))
+
+    def get(self, workflow_id: Id) -> Json:
+        return self._one(Calls.workflows_get(workflow_id))
+
+    def list(
+        self,
+        *,
+        name_prefix: str | None = None,
+        cursor: str | None = None,
+        limit: int | None = None,
+    ) -> Page[Json]:
+        """One page of workflows, newest first."""
+        return self._page(Calls.workflows_list(name_prefix, cursor, limit))
+
+    def pause(self, workflow_id: Id, *, reason: str | None = None) -> Json:
+        return self._one(Calls.workflows_control(workflow_id, "pause", reason))
+
+    def resume(self, workflow_id: Id, *, reason: str | None = None) -> Json:
+        return self._one(Calls.workflows_control(workflow_id, "resume", reason))
+
+    def cancel(self, workflow_id: Id, *, reason: str | None = None) -> Json:
+        return self._one(Calls.workflows_control(workflow_id, "cancel", reason))
+
+    def trigger(self, workflow_id: Id, *, payload: Mapping[str, Any] | None = None) -> Json:
+        """A workflow run now, ``payload`` merged over each node's; answers the run."""
+        return self._one(Calls.workflows_trigger(workflow_id, payload))
+
+    def delete(self, workflow_id: Id, *, force: bool = False, reason: str | None = None) -> Json:
+        """Delete the workflow with its runs and their history, as :meth:`Jobs.delete`
+        deletes a job (409 ``in_use`` while one of its runs goes, unless ``force``).
+        Answers what was deleted."""
+        return self._one(Calls.workflows_delete(workflow_id, force, reason))
+
+    def runs(
+        self,
+        workflow_id: Id,
+        *,
+        state: str | Sequence[str] | None = None,
+        cursor: str | None = None,
+        limit: int | None = None,
+    ) -> Page[Json]:
+        """One page of the workflow's runs in any of the states, newest first, their
+        nodes counted by state (``counts``) but not given."""
+        return self._page(Calls.workflows_runs(workflow_id, state, cursor, limit))
+
+    def run(self, run_id: Id) -> Json:
+        """A workflow run with its ``nodes``: each node run's state, attempt, reason,
+        result and last error, in the workflow's order."""
+        return self._one(Calls.workflow_runs_get(run_id))
+
+    def cancel_run(self, run_id: Id, *, reason: str | None = None) -> Json:
+        """Cancel a workflow run: its waiting nodes are cancelled, running ones asked
+        to stop."""
+        return self._one(Calls.workflow_runs_cancel(run_id, reason))
+
+    def retry_node(self, run_id: Id, node: str, *, reason: str | None = None) -> Json:
+        """Run a failed, dead-lettered or cancelled node again, and the nodes it had
+        skipped or cancelled downstream after it; the workflow run goes on from there.
+        409 when the node is in no such state."""
+        return self._one(Calls.workflow_runs_retry_node(run_id, node, reason))
 
 
 class Runs(_Resource):

@@ -79,6 +79,10 @@ _TAKEABLE_LEASE = _TAKEABLE.format(
 # probe per tenant, however long its queue), or the worker's own tenant; then for each,
 # how many of its first $5 runs the worker can take are in each priority class — with
 # the tenant's name and limits and the pool's own P0 share, all in one round trip.
+# A run's own due instant, for its worker and the start-lateness metric: a workflow's
+# node run is due when it became ready (its fire_at; its due_at is its workflow run's).
+_OWN_DUE = "CASE WHEN r.node = '' THEN r.due_at ELSE r.fire_at END"
+
 _READY = f"""
 WITH RECURSIVE t AS (SELECT COALESCE($1::timestamptz, statement_timestamp()) AS now),
 waiting AS (
@@ -164,7 +168,7 @@ UPDATE runs r SET
 FROM numbered, t
 WHERE r.id = numbered.id
 RETURNING r.id, r.tenant_id, r.job_id, r.attempt, r.task, r.webhook, r.payload, r.timeout,
-          r.heartbeat_timeout, r.progress_timeout, r.due_at, r.priority, r.fire_at,
+          r.heartbeat_timeout, r.progress_timeout, {_OWN_DUE} AS due_at, r.priority, r.fire_at,
           t.now AS now, r.state,
           ($8::uuid[])[numbered.n] AS attempt_id, r.reserved_until,
           numbered.token AS token
@@ -355,7 +359,8 @@ started AS (
     WHERE r.id = p.id AND p.fire_at <= t.now + make_interval(secs => $5)
       AND ({START.sql("r.state")} AND r.reserved_token = p.reserved_token
            AND r.fire_at = p.fire_at) IS TRUE
-    RETURNING r.id, r.tenant_id, r.job_id, r.attempt, r.due_at, r.heartbeat_timeout, r.timeout,
+    RETURNING r.id, r.tenant_id, r.job_id, r.attempt, {_OWN_DUE} AS due_at, r.heartbeat_timeout,
+              r.timeout,
               r.progress_timeout, r.priority, p.reserved_attempt AS attempt_id,
               p.reserved_token AS token,
               GREATEST(t.now, p.fire_at) AS now

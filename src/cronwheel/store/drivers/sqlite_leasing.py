@@ -31,6 +31,7 @@ from cronwheel.store.driver import (
 from cronwheel.store.rows import event_row
 from cronwheel.store.schema import (
     NO_RESERVATION,
+    UtcDateTime,
     attempts,
     pools,
     runs,
@@ -545,6 +546,11 @@ class CoreLeasing(Driver):
         return outcomes
 
 
+# A run's own due instant, for its worker and the start-lateness metric: a workflow's
+# node run is due when it became ready (its fire_at; its due_at is its workflow run's).
+_OWN_DUE = sa.type_coerce(
+    sa.case((runs.c.node == "", runs.c.due_at), else_=runs.c.fire_at), UtcDateTime
+).label("due_at")
 _LEASED_COLUMNS = (
     runs.c.id,
     runs.c.tenant_id,
@@ -556,7 +562,7 @@ _LEASED_COLUMNS = (
     runs.c.timeout,
     runs.c.heartbeat_timeout,
     runs.c.progress_timeout,
-    runs.c.due_at,
+    _OWN_DUE,
     runs.c.priority,
     runs.c.fire_at,
 )
@@ -570,6 +576,6 @@ _STARTED_COLUMNS = (
     runs.c.timeout,
     runs.c.heartbeat_timeout,
     runs.c.progress_timeout,
-    runs.c.due_at,
+    _OWN_DUE,
     runs.c.fire_at,
 )

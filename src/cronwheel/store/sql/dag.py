@@ -297,10 +297,11 @@ async def advance(
                 _event(w, w.id, CONCLUDE.source, decided.outcome, at, actor, decided.reason)
             )
             finished_jobs.append(w.job_id)
-    # Each precondition is held by the lock on the workflow run: its nodes change state
-    # only with it locked (a worker's result is the one exception, and ends a node).
-    await update_each(conn, runs, ready_rows)
-    await update_each(conn, runs, skipped_rows)
+    # A waiting node is cancelled without its workflow run's lock (a job's or a tenant's
+    # cancel reaches runs by their own rows): each node moves only if still waiting.
+    waiting = runs.c.state == READY.source.value
+    await update_each(conn, runs, ready_rows, where=waiting)
+    await update_each(conn, runs, skipped_rows, where=waiting)
     await update_each(conn, runs, ended_rows)
     await core._insert_events(conn, events)
     await jobs_finish_one_off(conn, core.driver, finished_jobs, at, workflows=True)

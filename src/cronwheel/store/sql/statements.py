@@ -88,14 +88,21 @@ def workers_held(
     return running, reserved
 
 
-async def update_each(conn: AsyncConnection, table: sa.Table, rows: list[dict[str, Any]]) -> None:
-    """Per-row values in one executemany: each row is ``{"id": …, column: value}``."""
+async def update_each(
+    conn: AsyncConnection,
+    table: sa.Table,
+    rows: list[dict[str, Any]],
+    *,
+    where: sa.ColumnElement[bool] | None = None,
+) -> None:
+    """Per-row values in one executemany: each row is ``{"id": …, column: value}``;
+    ``where`` is a precondition every row must still meet."""
     if not rows:
         return
     columns = [k for k in rows[0] if k != "id"]
     stmt = (
         table.update()
-        .where(table.c.id == sa.bindparam("b_id"))
+        .where(table.c.id == sa.bindparam("b_id"), sa.true() if where is None else where)
         .values({c: sa.bindparam(f"b_{c}") for c in columns})
     )
     await conn.execute(stmt, [{f"b_{k}": v for k, v in row.items()} for row in rows])

@@ -1,0 +1,556 @@
+"""``cronwheel workflows …``: create a workflow from a YAML or JSON file, list, show and
+control workflows (pause, resume, cancel, trigger, delete), list their runs, show a
+workflow run as a tree of its nodes, cancel it, retry one of its nodes."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+import yaml
+from rich.console import Group
+from rich.markup import escape
+from rich.text import Text
+from rich.tree import Tree
+
+from cronwheel.cli.options import (
+    DEFAULT_URL,
+    ApiKeyOpt,
+    CursorOpt,
+    JsonOpt,
+    ReasonOpt,
+    TenantOpt,
+    UrlOpt,
+    client_for,
+    parse_json_object,
+)
+from cronwheel.cli.output import (
+    command_group,
+    console,
+    count,
+    fail,
+    handle_errors,
+    key_values,
+    print_json,
+    short_time,
+    table,
+)
+from cronwheel.cli.schedule import schedule_text
+
+__all__ = [
+    "STATE_STYLES",
+    "IdArg",
+    "RunIdArg",
+    "read_spec",
+    "run_tree",
+    "workflows_app",
+    "workflows_cancel",
+    "workflows_cancel_run",
+    "workflows_create",
+    "workflows_delete",
+    "workflows_get",
+    "workflows_list",
+    "workflows_pause",
+    "workflows_resume",
+    "workflows_retry",
+    "workflows_runs",
+    "workflows_show",
+    "workflows_trigger",
+]
+
+workflows_app = command_group(
+    "Workflows: DAGs of tasks scheduled like a job. Create one from a YAML or JSON file, "
+    "list, show and control them; follow their runs node by node, cancel a run, retry a "
+    "node."
+)
+
+IdArg = Annotated[str, typer.Argument(help="The workflow id.")]
+RunIdArg = Annotated[str, typer.Argument(help="The workflow run id.")]
+
+# How each run state shows in a workflow run's tree.
+STATE_STYLES = {
+    "PENDING": "dim",
+    "SCHEDULED": "magenta",
+    "DISPATCHED": "blue",
+    "RUNNING": "bold cyan",
+    "SUCCESS": "green",
+    "FAILED": "bold red",
+    "DEAD_LETTER": "bold red",
+    "CANCELLED": "yellow",
+    "SKIPPED": "dim yellow",
+}
+# States whose reason (or last error) says what went wrong.
+_EXPLAINED = frozenset({"FAILED", "DEAD_LETTER", "CANCELLED", "SKIPPED"})
+
+
+def read_spec(path: str) -> dict[str, Any]:
+    """The workflow a file describes, in the shape of ``POST /v1/workflows``'s body:
+    JSON when the name ends in ``.json``, otherwise YAML (``-``: standard input).
+    Fails with a message naming the file and where it is wrong."""
+    where = "standard input" if path == "-" else path
+    try:
+        text = typer.get_text_stream("stdin").read() if path == "-" else Path(path).read_text()
+    except OSError as exc:
+        fail(f"cannot read {where}: {exc.strerror or exc}")
+    except UnicodeDecodeError:
+        fail(f"{where} is not UTF-8 text")
+    try:
+        spec = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
+    except json.JSONDecodeError as exc:
+        fail(f"{where} is not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})")
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = "" if mark is None else f" (line {mark.line + 1}, column {mark.column + 1})"
+        problem = getattr(exc, "problem", None) or str(exc)
+        fail(f"{where} is not valid YAML: {problem}{at}")
+    if not isinstance(spec, dict):
+        fail(
+            f"{where} must hold one workflow: a mapping with name, schedule and nodes "
+            "(see examples/pipeline.yaml)"
+        )
+    return spec
+
+
+@workflows_app.command("create")
+def workflows_create(
+    file: Annotated[
+        str,
+        typer.Option(
+            "--file",
+            "-f",
+            help="The workflow as YAML, or JSON when the name ends in .json (- reads "
+            "standard input), in the shape of POST /v1/workflows's body: name, schedule, "
+            "nodes (each with after and trigger_rule), tags, lateness_budget.",
+        ),
+    ],
+    url: UrlOpt = DEFAULT_URL,
+    api_key: ApiKeyOpt = None,
+    tenant: TenantOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Create a workflow from a file (e.g. examples/pipeline.yaml). A cycle, a node
+    after an unknown node or a bad field is refused, naming where, and nothing is
+    created."""
+    spec = read_spec(file)
+    with handle_errors(), client_for(url, api_key, tenant) as client:
+        workflow = client.workflows.create(spec)
+    if as_json:
+        print_json(workflow)
+        return
+    console.print(
+        f"[green]created[/] workflow [bold]{workflow['id']}[/] ({escape(workflow['name'])}) "
+        f"of {count(len(workflow.get('nodes') or []), 'node')}, "
+        f"next due {short_time(workflow.get('next_due_at')) or '—'}",
+        highlight=False,
+    )
+    if workflow.get("first_run_id"):
+        console.print(f"workflow run {workflow['first_run_id']}", highlight=False)
+
+
+@workflows_app.command("list")
+def workflows_list(
+    name_prefix: Annotated[str | None, typer.Option("--name-prefix", show_default=False)] = None,
+    limit: Annotated[int, typer.Option("--limit", min=1, max=200)] = 50,
+    cursor: CursorOpt = None,
+    url: UrlOpt = DEFAULT_URL,
+    api_key: ApiKeyOpt = None,
+    tenant: TenantOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Workflows, newest first."""
+    with handle_errors(), client_for(url, api_key, tenant) as client:
+        page = client.workflows.list(name_prefix=name_prefix, limit=limit, cursor=cursor)
+    if as_json:
+        print_json({"items": page.items, "next_cursor": page.next_cursor})
+        return
+    rows = [
+        (
+            w["id"],
+            w["name"],
+            w["state"],
+            schedule_text(w.get("schedule") or {}),
+            len(w.get("nodes") or []),
+            short_time(w.get("next_due_at")),
+        )
+        for w in page.items
+    ]
+    caption = f"more: --cursor {page.next_cursor}" if page.next_cursor else None
+    console.print(
+        table(
+            f"workflows ({len(rows)})",
+            ["id", "name", "state", "schedule", "nodes", "next due"],
+            rows,
+            caption=caption,
+        )
+    )
+
+
+@workflows_app.command("get")
+def workflows_get(
+    workflow_id: IdArg,
+    url: UrlOpt = DEFAULT_URL,
+    api_key: ApiKeyOpt = None,
+    tenant: TenantOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """One workflow and its nodes."""
+    with handle_errors(), client_for(url, api_key, tenant) as client:
+        workflow = client.workflows.get(workflow_id)
+    if as_json:
+        print_json(workflow)
+        return
+    nodes = workflow.pop("nodes", None) or []
+    console.print(key_values(f"workflow {workflow['id']}", workflow))
+    console.print(
+        table(
+            f"nodes ({len(nodes)})",
+            ["node", "after", "trigger rule", "task", "pool", "prio"],
+            [
+                (
+                    n["name"],
+                    ", ".join(n.get("after") or []),
+                    n.get("trigger_rule"),
+                    n.get("task") or ("webhook" if n.get("webhook") else ""),
+                    n.get("pool"),
+                    "" if n.get("priority") is None else f"P{n['priority']}",
+                )
+                for n in nodes
+            ],
+        )
+    )
+
+
+def _said(verb: str, style: str, workflow: Mapping[str, Any]) -> None:
+    console.print(
+        f"[{style}]{verb}[/] workflow [bold]{workflow['id']}[/] ({escape(workflow['name'])})",
+        highlight=False,
+    )
+
+
+@workflows_app.command("pause")
+def workflows_pause(
+    workflow_id: IdArg,
+    reason: ReasonOpt = None,
+    url: UrlOpt = DEFAULT_URL,
+    api_key: ApiKeyOpt = None,
+    tenant: TenantOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Pause a workflow: it fires no new run until it is resumed."""
+    with handle_errors(), client_for(url, api_key, tenant) as client:
+        workflow = client.workflows.pause(workflow_id, reason=reason)
+    if as_json:
+        print_json(workflow)
+        return
+    _said("paused", "yellow", workflow)
+
+
+@workflows_app.command("resume")
+def workflows_resume(
+    workflow_id: IdArg,
+    reason: ReasonOpt = None,
+    url: UrlOpt = DEFAULT_URL,
+    api_key: ApiKeyOpt = None,
+    tenant: TenantOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Resume a paused workflow."""
+    with handle_errors(), client_for(url, api_key, tenant) as client:
+        workflow = client.workflows.resume(workflow_id, reason=reason)
+    if as_json:
+        print_json(workflow)
+        return
+    _said("resumed", "green", workflow)
+
+
+@workflows_app.command("cancel")
+def workflows_cancel(
+    workflow_id: IdArg,
+    reason: ReasonOpt = None,
+    url: UrlOpt = DEFAULT_URL,
+    api_key: ApiKeyOpt = None,
+    tenant: TenantOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Cancel a workflow: it fires no more."""
+    with handle_errors(), client_for(url, api_key, tenant) as client:
+        workflow = client.workflows.cancel(workflow_id, reason=reason)
+    if as_json:
+        print_json(workflow)
+        return
+    _said("cancelled", "yellow", workflow)
+
+
+@workflows_app.command("trigger")
+def workflows_trigger(
+    workflow_id: IdArg,
+    payload: Annotated[
+        str | None,
+        typer.Option(
+            "--payload",
+            help="A JSON object merged over each node's payload.",
+            show_default=False,
+        ),
+    ] = None,
+    url: UrlOpt = DEFAULT_URL,
+    api_key: ApiKeyOpt = None,
+    tenant: TenantOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Run a workflow now, outside its schedule."""
+    merged = None if payload is None else parse_json_object(payload, "--payload")
+    with handle_errors(), client_for(url, api_key, tenant) as client:
+        run = client.workflows.trigger(workflow_id, payload=merged)
+    if as_json:
+        print_json(run)
+        return
+    console.print(
+        f"[green]triggered[/] workflow run [bold]{run['id']}[/] of workflow "
+        f"{run['workflow_id']}: cronwheel workflows show {run['id']}",
+        highlight=False,
+    )
+
+
+@workflows_app.command("delete")
+def workflows_delete(
+    workflow_id: IdArg,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force", help="Also end its runs in progress (otherwise the deletion is refused)."
+        ),
+    ] = False,
+    reason: ReasonOpt = None,
+    url: UrlOpt = DEFAULT_URL,
+    api_key: ApiKeyOpt = None,
+    tenant: TenantOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Delete a workflow with its runs (workflow runs and node runs) and their history.
+    Refused while one of its runs goes, unless --force ends it."""
+    with handle_errors(), client_for(url, api_key, tenant) as client:
+        out = client.workflows.delete(workflow_id, force=force, reason=reason)
+    if as_json:
+        print_json(out)
+        return
+    stopped = out.get("runs_stopped") or []
+    ended = f", {len(stopped)} of them in progress" if stopped else ""
+    console.print(
+        f"[red]deleted[/] workflow [bold]{out['id']}[/] ({escape(out['name'])}) with "
+        f"{count(out['runs_deleted'], 'run')}{ended}",
+        highlight=False,
+    )
+
+
+# -- workflow runs ---------------------------------------------------------------------
+
+
+def _counts(counts: Mapping[str, int] | None) -> Text:
+    """How many nodes are in each state: ``2 PENDING, 1 SUCCESS``, each in its colour."""
+    out = Text()
+    for state, number in sorted((counts or {}).items()):
+        if number:
+            out.append(", " if out else "")
+            out.append(f"{number} {state}", STATE_STYLES.get(state, ""))
+    return out
+
+
+@workflows_app.command("runs")
+def workflows_runs(
+    workflow_id: IdArg,
+    state: Annotated[
+        str | None,
+        typer.Option(
+            "--state",
+            help="A workflow run state (SCHEDULED, RUNNING, SUCCESS, FAILED, CANCELLED), "
+            "or several separated by commas.",
+            show_default=False,
+        ),
+    ] = None,
+    limit: Annotated[int, typer.Option("--limit", min=1, max=200)] = 50,
+    cursor: CursorOpt = None,
+    url: UrlOpt = DEFAULT_URL,
+    api_key: ApiKeyOpt = None,
+    tenant: TenantOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """A workflow's runs, newest first, with how many of their nodes are in each state."""
+    with handle_errors(), client_for(url, api_key, tenant) as client:
+        page = client.workflows.runs(workflow_id, state=state, limit=limit, cursor=cursor)
+    if as_json:
+        print_json({"items": page.items, "next_cursor": page.next_cursor})
+        return
+    caption = f"more: --cursor {page.next_cursor}" if page.next_cursor else None
+    rows = [
+        (
+            r["id"],
+            r["state"],
+            r.get("origin"),
+            short_time(r.get("due_at")),
+            short_time(r.get("started_at")),
+            short_time(r.get("finished_at")),
+            _counts(r.get("counts")).plain,
+        )
+        for r in page.items
+    ]
+    console.print(
+        table(
+            f"workflow runs ({len(rows)})",
+            ["id", "state", "origin", "due", "started", "finished", "nodes"],
+            rows,
+            caption=caption,
+        )
+    )
+
+
+def _seconds(node: Mapping[str, Any]) -> str:
+    start, end = node.get("started_at"), node.get("finished_at")
+    if not start or not end:
+        return ""
+    spent = (_instant(end) - _instant(start)).total_seconds()
+    if spent < 60:
+        return f"{spent:.1f} s"
+    minutes, seconds = divmod(round(spent), 60)
+    return f"{minutes} min {seconds} s" if minutes < 60 else f"{minutes // 60} h {minutes % 60} min"
+
+
+def _instant(value: str) -> datetime:
+    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+def _node_label(node: Mapping[str, Any], joined: Sequence[str]) -> Text:
+    state = str(node.get("state", ""))
+    label = Text.assemble((str(node["node"]), "bold"), "  ", (state, STATE_STYLES.get(state, "")))
+    if node.get("attempt"):
+        label.append(f"  attempt {node['attempt']}/{node.get('max_attempts', '?')}")
+    took = _seconds(node)
+    if took:
+        label.append(f"  {took}")
+    if len(joined) > 1:
+        label.append(f"  (after {', '.join(joined)})", "italic")
+    if state in _EXPLAINED:
+        # One line: a traceback's last names the exception.
+        told = (node.get("reason") or node.get("last_error") or "").splitlines()
+        why = next((line.strip() for line in reversed(told) if line.strip()), "")
+        if why:
+            label.append(f"  {why}", STATE_STYLES.get(state, ""))
+    elif node.get("reason"):  # why it waits
+        label.append(f"  {node['reason']}", "dim")
+    if node.get("run_id"):
+        label.append(f"  {node['run_id']}", "dim")
+    return label
+
+
+def run_tree(run: Mapping[str, Any]) -> Tree:
+    """A workflow run as a tree: the run at the root, each node under its first
+    upstream node (a root node under the run) with its downstream nodes below it. A
+    node with several upstream nodes is drawn once, under the first, saying which it
+    waits for; under each other one it is a line pointing there."""
+    nodes: list[Mapping[str, Any]] = list(run.get("nodes") or [])
+    state = str(run.get("state", ""))
+    title = Text.assemble(
+        ("workflow run ", "bold"),
+        (str(run["id"]), "bold"),
+        f" ({run.get('workflow_name') or run.get('workflow_id')})  ",
+        (state, STATE_STYLES.get(state, "")),
+    )
+    if run.get("reason"):
+        title.append(f"  {run['reason']}", "dim")
+    root = Tree(title)
+    below: dict[str, list[Mapping[str, Any]]] = {}
+    for node in nodes:
+        for upstream in node.get("after") or []:
+            below.setdefault(upstream, []).append(node)
+    # Depth first without recursion (a chain may be 2,000 nodes long), in the
+    # workflow's order; pointers go after a node's own children, once all are drawn.
+    pointers: list[tuple[Tree, Text]] = []
+    todo: list[tuple[Tree, Mapping[str, Any]]] = [
+        (root, n) for n in reversed(nodes) if not n.get("after")
+    ]
+    while todo:
+        parent, node = todo.pop()
+        name = node["node"]
+        branch = parent.add(_node_label(node, node.get("after") or []))
+        children = below.get(name, [])
+        todo += [(branch, c) for c in reversed(children) if c["after"][0] == name]
+        pointers += [
+            (branch, Text(f"↳ {c['node']} (also after this; shown under {c['after'][0]})", "dim"))
+            for c in children
+            if c["after"][0] != name
+        ]
+    for branch, pointer in pointers:
+        branch.add(pointer)
+    return root
+
+
+def _print_run(run: Mapping[str, Any]) -> None:
+    line = Text.assemble(
+        f"due {short_time(run.get('due_at'))}",
+        f"  started {short_time(run.get('started_at')) or '—'}",
+        f"  finished {short_time(run.get('finished_at')) or '—'}  ",
+        _counts(run.get("counts")),
+    )
+    console.print(Group(run_tree(run), line), highlight=False)
+
+
+@workflows_app.command("show")
+def workflows_show(
+    run_id: RunIdArg,
+    url: UrlOpt = DEFAULT_URL,
+    api_key: ApiKeyOpt = None,
+    tenant: TenantOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """A workflow run as a tree of its nodes: each node's state, attempts, duration
+    and why it failed or was skipped, its node run id (for cronwheel runs logs), and
+    below it the nodes that run after it."""
+    with handle_errors(), client_for(url, api_key, tenant) as client:
+        run = client.workflows.run(run_id)
+    if as_json:
+        print_json(run)
+        return
+    _print_run(run)
+
+
+@workflows_app.command("cancel-run")
+def workflows_cancel_run(
+    run_id: RunIdArg,
+    reason: ReasonOpt = None,
+    url: UrlOpt = DEFAULT_URL,
+    api_key: ApiKeyOpt = None,
+    tenant: TenantOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Cancel a workflow run: its waiting nodes are cancelled, running ones asked to
+    stop."""
+    with handle_errors(), client_for(url, api_key, tenant) as client:
+        run = client.workflows.cancel_run(run_id, reason=reason)
+    if as_json:
+        print_json(run)
+        return
+    _print_run(run)
+
+
+@workflows_app.command("retry")
+def workflows_retry(
+    run_id: RunIdArg,
+    node: Annotated[str, typer.Argument(help="The node's name.")],
+    reason: ReasonOpt = None,
+    url: UrlOpt = DEFAULT_URL,
+    api_key: ApiKeyOpt = None,
+    tenant: TenantOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Run a failed, dead-lettered or cancelled node of a workflow run again; the nodes
+    it had skipped or cancelled downstream wait for it again, and the workflow run goes
+    on from there."""
+    with handle_errors(), client_for(url, api_key, tenant) as client:
+        run = client.workflows.retry_node(run_id, node, reason=reason)
+    if as_json:
+        print_json(run)
+        return
+    _print_run(run)

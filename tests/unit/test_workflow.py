@@ -1,0 +1,171 @@
+"""The pure part of workflows: what a submission is refused for, and what each trigger
+rule decides from the upstream nodes' states."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import pytest
+
+from cronwheel.domain.errors import ValidationError
+from cronwheel.domain.states import RunState
+from cronwheel.domain.workflow import (
+    NODES_MAX,
+    TRIGGER_RULES,
+    UPSTREAM_KEY,
+    Dag,
+    WorkflowSpec,
+    decide,
+    node_payload,
+)
+
+P, D, R = RunState.PENDING, RunState.DISPATCHED, RunState.RUNNING
+OK, BAD, SKIP = RunState.SUCCESS, RunState.FAILED, RunState.SKIPPED
+
+
+def dag(*nodes: dict[str, Any]) -> Dag:
+    return WorkflowSpec.model_validate(
+        {
+            "name": "w",
+            "schedule": {"asap": True},
+            "nodes": [{"task": "t", **n} for n in nodes],
+        }
+    ).dag()
+
+
+def join(rule: str) -> Dag:
+    """Two upstream nodes, a and b, and j after both under ``rule``."""
+    return dag(
+        {"name": "a"}, {"name": "b"}, {"name": "j", "after": ["a", "b"], "trigger_rule": rule}
+    )
+
+
+# For each rule: (a, b) -> what j becomes: "ready", "skipped" or None (still waiting).
+EXPECTED: dict[str, dict[tuple[RunState, RunState], str | None]] = {
+    "all_success": {
+        (OK, OK): "ready",
+        (OK, R): None,
+        (OK, BAD): "skipped",
+        (OK, SKIP): "skipped",
+        (R, BAD): "skipped",
+    },
+    "all_done": {
+        (OK, OK): "ready",
+        (OK, R): None,
+        (OK, BAD): "ready",
+        (BAD, SKIP): "ready",
+        (R, BAD): None,
+    },
+    "one_success": {
+        (OK, R): "ready",
+        (BAD, R): None,
+        (BAD, BAD): "skipped",
+        (SKIP, BAD): "skipped",
+        (BAD, OK): "ready",
+    },
+    "one_failed": {
+        (BAD, R): "ready",
+        (OK, R): None,
+        (OK, OK): "skipped",
+        (OK, SKIP): "skipped",
+        (RunState.CANCELLED, OK): "ready",
+    },
+    "none_failed": {
+        (OK, OK): "ready",
+        (OK, SKIP): "ready",
+        (OK, R): None,
+        (BAD, R): "skipped",
+        (RunState.DEAD_LETTER, OK): "skipped",
+    },
+}
+
+
+@pytest.mark.parametrize(
+    ("rule", "a", "b", "want"),
+    [(rule, a, b, want) for rule, cases in EXPECTED.items() for (a, b), want in cases.items()],
+)
+def test_each_rule(rule: str, a: RunState, b: RunState, want: str | None) -> None:
+    decided = decide(join(rule), {"a": a, "b": b, "j": P})
+    got = "ready" if decided.ready == ["j"] else "skipped" if "j" in decided.skipped else None
+    assert got == want
+
+
+def test_every_rule_is_covered() -> None:
+    assert set(EXPECTED) == set(TRIGGER_RULES)
+
+
+def test_roots_are_ready_and_skips_propagate() -> None:
+    d = dag(
+        {"name": "a"},
+        {"name": "b", "after": ["a"]},
+        {"name": "c", "after": ["b"]},
+        {"name": "d", "after": ["c"], "trigger_rule": "all_done"},
+    )
+    assert decide(d, dict.fromkeys("abcd", P)).ready == ["a"]
+    decided = decide(d, {"a": BAD, "b": P, "c": P, "d": P})
+    assert decided.ready == ["d"]
+    assert set(decided.skipped) == {"b", "c"}
+    assert "upstream failed: a" in decided.skipped["b"]
+    assert "upstream skipped: b" in decided.skipped["c"]
+    assert decided.outcome is None  # d is still to run
+
+
+def test_the_outcome_follows_the_nodes() -> None:
+    d = dag({"name": "a"}, {"name": "b", "after": ["a"], "trigger_rule": "one_failed"})
+    assert decide(d, {"a": OK, "b": P}).outcome is OK  # b skipped: not a failure
+    failed = decide(d, {"a": BAD, "b": OK})
+    assert failed.outcome is BAD and failed.reason == "nodes failed: a"
+    assert decide(d, {"a": OK, "b": R}).outcome is None
+    cancelled = decide(d, {"a": RunState.CANCELLED, "b": RunState.CANCELLED}, cancelled=True)
+    assert cancelled.outcome is RunState.CANCELLED
+    # A cancelled run makes nothing ready.
+    assert decide(d, {"a": BAD, "b": P}, cancelled=True).ready == []
+
+
+@pytest.mark.parametrize("order", list(itertools.permutations(range(3))))
+def test_a_cycle_is_found_in_any_order(order: tuple[int, ...]) -> None:
+    nodes = [
+        {"name": "a", "after": ["c"]},
+        {"name": "b", "after": ["a"]},
+        {"name": "c", "after": ["b"]},
+    ]
+    with pytest.raises(ValidationError) as caught:
+        dag({"name": "x"}, *(nodes[i] for i in order))
+    message = caught.value.message
+    assert message.startswith("nodes: a cycle: ")
+    loop = message.removeprefix("nodes: a cycle: ").split(" -> ")
+    assert loop[0] == loop[-1] and sorted(loop[:-1]) == ["a", "b", "c"]
+    # In the direction work flows: each node is upstream of the next.
+    after = {n["name"]: n["after"] for n in nodes}
+    assert all(up in after[down] for up, down in itertools.pairwise(loop))
+
+
+def test_a_long_chain_and_a_cycle_through_it() -> None:
+    chain = [
+        {"name": "n0"},
+        *({"name": f"n{i}", "after": [f"n{i - 1}"]} for i in range(1, NODES_MAX)),
+    ]
+    assert len(dag(*chain).nodes) == NODES_MAX  # no recursion limit
+    chain[0] = {"name": "n0", "after": [f"n{NODES_MAX - 1}"]}
+    with pytest.raises(ValidationError, match="a cycle"):
+        dag(*chain)
+
+
+def test_upstream_results_join_the_payload() -> None:
+    d = dag({"name": "a", "payload": {"x": 1, "y": 2}})
+    assert node_payload(d.nodes[0].template, {"y": 3}, {"up": {"r": 1}}) == {
+        "x": 1,
+        "y": 3,
+        UPSTREAM_KEY: {"up": {"r": 1}},
+    }
+    assert node_payload(d.nodes[0].template, None, {}) == {"x": 1, "y": 2}
+
+
+def test_descendants() -> None:
+    d = dag(
+        {"name": "a"}, {"name": "b", "after": ["a"]}, {"name": "c", "after": ["b"]}, {"name": "z"}
+    )
+    assert d.descendants("a") == ["b", "c"]
+    assert d.descendants("z") == []
+    assert Dag.from_json(d.to_json()) == d
