@@ -15,6 +15,7 @@ import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -180,6 +181,10 @@ async def flows(pg_url: str, tmp_path: Path) -> AsyncIterator[Flows]:
         cluster.stop()
 
 
+def _instant(value: str) -> datetime:
+    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
 def _counts(run: Json) -> dict[str, int]:
     return {state: n for state, n in run["counts"].items() if n}
 
@@ -279,9 +284,10 @@ async def test_a_diamond_completes_with_its_upstream_results(flows: Flows) -> No
     assert runs["c"]["payload"]["upstream"] == {"a": results["a"]}
     assert runs["d"]["payload"]["upstream"] == {"b": results["b"], "c": results["c"]}
     # Each began once its upstream nodes had finished.
-    finished = {name: node_run["finished_at"] for name, node_run in runs.items()}
-    assert runs["b"]["started_at"] >= finished["a"] and runs["c"]["started_at"] >= finished["a"]
-    assert runs["d"]["started_at"] >= max(finished["b"], finished["c"])
+    finished = {name: _instant(node_run["finished_at"]) for name, node_run in runs.items()}
+    started = {name: _instant(node_run["started_at"]) for name, node_run in runs.items()}
+    assert started["b"] >= finished["a"] and started["c"] >= finished["a"]
+    assert started["d"] >= max(finished["b"], finished["c"])
 
 
 # -- kill -9 of the server ----------------------------------------------------------------
