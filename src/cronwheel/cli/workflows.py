@@ -231,6 +231,33 @@ def _said(verb: str, style: str, workflow: Mapping[str, Any]) -> None:
     )
 
 
+_CONTROLS = {
+    "pause": ("paused", "yellow"),
+    "resume": ("resumed", "green"),
+    "cancel": ("cancelled", "yellow"),
+}
+
+
+def _control(
+    action: str,
+    workflow_id: str,
+    reason: str | None,
+    url: str,
+    api_key: str | None,
+    tenant: str | None,
+    *,
+    as_json: bool,
+) -> None:
+    """Pause, resume or cancel a workflow, and say so."""
+    with handle_errors(), client_for(url, api_key, tenant) as client:
+        workflow = getattr(client.workflows, action)(workflow_id, reason=reason)
+    if as_json:
+        print_json(workflow)
+        return
+    said, colour = _CONTROLS[action]
+    _said(said, colour, workflow)
+
+
 @workflows_app.command("pause")
 def workflows_pause(
     workflow_id: IdArg,
@@ -241,12 +268,7 @@ def workflows_pause(
     as_json: JsonOpt = False,
 ) -> None:
     """Pause a workflow: it fires no new run until it is resumed."""
-    with handle_errors(), client_for(url, api_key, tenant) as client:
-        workflow = client.workflows.pause(workflow_id, reason=reason)
-    if as_json:
-        print_json(workflow)
-        return
-    _said("paused", "yellow", workflow)
+    _control("pause", workflow_id, reason, url, api_key, tenant, as_json=as_json)
 
 
 @workflows_app.command("resume")
@@ -259,12 +281,7 @@ def workflows_resume(
     as_json: JsonOpt = False,
 ) -> None:
     """Resume a paused workflow."""
-    with handle_errors(), client_for(url, api_key, tenant) as client:
-        workflow = client.workflows.resume(workflow_id, reason=reason)
-    if as_json:
-        print_json(workflow)
-        return
-    _said("resumed", "green", workflow)
+    _control("resume", workflow_id, reason, url, api_key, tenant, as_json=as_json)
 
 
 @workflows_app.command("cancel")
@@ -277,12 +294,7 @@ def workflows_cancel(
     as_json: JsonOpt = False,
 ) -> None:
     """Cancel a workflow: it fires no more."""
-    with handle_errors(), client_for(url, api_key, tenant) as client:
-        workflow = client.workflows.cancel(workflow_id, reason=reason)
-    if as_json:
-        print_json(workflow)
-        return
-    _said("cancelled", "yellow", workflow)
+    _control("cancel", workflow_id, reason, url, api_key, tenant, as_json=as_json)
 
 
 @workflows_app.command("trigger")
