@@ -2,8 +2,9 @@
 
 Starts a server (API + scheduler) on a fresh SQLite file and a Python worker, makes a
 few tenants and jobs — cron jobs in several time zones, intervals, a paused one, one
-that fails — backfills the last hour of two of them so the charts have something to
-show, lets the worker run everything, then opens each page in headless Chromium.
+that fails, a workflow whose run is caught midway — backfills the last hour of two of
+them so the charts have something to show, lets the worker run everything, then opens
+each page in headless Chromium.
 
     python bench/screenshots.py [--out docs/screenshots] [--chromium /usr/bin/chromium]
 """
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from cronwheel import Client
+from cronwheel.client.calls import Call
 from cronwheel.runtime import BackgroundRuntime, Runtime
 from cronwheel.settings import Settings, normalise_database_url
 from cronwheel.worker import NonRetryableError, TaskContext, Worker
@@ -146,7 +148,38 @@ def _data(admin: Client) -> dict[str, Any]:
         op.jobs.backfill(job["id"], start=now - timedelta(minutes=58), end=now, rate=200)
     op.jobs.trigger(ledger["id"])
     made = {"tenant": payments, "worker_key": key, "audit": audit, "slow": slow, "op": op}
-    return {**made, "ledger": ledger}
+    return {**made, "ledger": ledger, "close_day": _workflow_run(op)}
+
+
+def _workflow_run(op: Client) -> dict[str, Any]:
+    """A workflow run caught midway: nodes done, one dead-lettered with the node after it
+    skipped, one running, the last ones waiting."""
+    ledger = {"task": "payments.ledger"}
+    nodes = [
+        {"name": "fetch-orders", **ledger},
+        {"name": "fetch-refunds", **ledger},
+        {"name": "refresh-fx", **ledger},
+        {"name": "reconcile", **ledger, "after": ["fetch-orders", "fetch-refunds", "refresh-fx"]},
+        {
+            "name": "export-audit",
+            "task": "payments.audit",
+            "after": ["reconcile"],
+            "timeout": 1.0,
+            "retry": {"max_attempts": 1},
+        },
+        {"name": "publish-report", **ledger, "after": ["export-audit"]},
+        {"name": "rebuild-search-index", "task": "payments.slow", "after": ["reconcile"]},
+        {"name": "warm-caches", **ledger, "after": ["rebuild-search-index"]},
+        {
+            "name": "notify-finance",
+            **ledger,
+            "after": ["publish-report", "warm-caches"],
+            "trigger_rule": "all_done",
+        },
+    ]
+    body = {"name": "close-the-day", "schedule": {"cron": "0 23 * * *"}, "nodes": nodes}
+    workflow = op.send(Call("POST", "/v1/workflows", json=body))
+    return dict(op.send(Call("POST", f"/v1/workflows/{workflow['id']}/trigger")))
 
 
 def main() -> None:
@@ -191,6 +224,7 @@ def main() -> None:
                 "run-live": f"/ui/runs/{made['slow']['first_run_id']}",
                 "dead-letters": "/ui/dead-letters",
                 "workers": "/ui/workers",
+                "workflow-run": f"/ui/workflow-runs/{made['close_day']['id']}",
             }
             with sync_playwright() as playwright:
                 browser = playwright.chromium.launch(

@@ -229,6 +229,14 @@ async def test_cancel_a_run_and_the_job_operations(api) -> None:
     assert r.json()["origin"] == "trigger"
     r = await api.client.get(f"/v1/workflow-runs/{run_id}", headers=other.headers)
     assert r.status_code == 404
+    # One cancelled before it fires never runs a node.
+    r = await api.client.post(f"/v1/workflows/{wf['id']}/trigger", headers=t.headers)
+    never = r.json()["id"]
+    r = await api.client.post(f"/v1/workflow-runs/{never}/cancel", headers=t.headers)
+    assert r.json()["state"] == "CANCELLED", r.text
+    assert r.json()["counts"] == {"SKIPPED": 4}
+    assert {n["state"] for n in r.json()["nodes"]} == {"SKIPPED"}
+    assert "ended CANCELLED before it started" in r.json()["nodes"][0]["reason"]
     await api.fire()
     worker = await api.key(t, "worker")
     wid = await register(api, worker)

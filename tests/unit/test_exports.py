@@ -18,7 +18,9 @@ import cronwheel
 # Parts still being written; add them here no longer once they land.
 IN_PROGRESS: tuple[str, ...] = ()
 # The dashboard's page modules, whose handlers are routes like the API's.
-UI_PAGES = frozenset(f"cronwheel.ui.{m}" for m in ("fleet", "jobs", "overview", "runs", "signin"))
+UI_PAGES = frozenset(
+    f"cronwheel.ui.{m}" for m in ("fleet", "jobs", "overview", "runs", "signin", "workflows")
+)
 # Not importable modules but files Alembic loads by path.
 NOT_MODULES = ("cronwheel.store.migrations",)
 

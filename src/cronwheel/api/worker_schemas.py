@@ -221,6 +221,11 @@ class LeasedAttemptOut(ResponseModel):
         description="seconds: when set, report progress (`progress` on a heartbeat) within "
         "this long of the start and of each report, or the attempt ends TIMED_OUT",
     )
+    workflow_run_id: uuid.UUID | None = Field(
+        default=None,
+        description="a workflow's node run: its workflow run. Its outcome makes the nodes "
+        "after it ready, so a worker reports it without delay",
+    )
     signing_secret: str | None = Field(
         default=None,
         description="webhook runs only: the tenant's secret to sign the request with",

@@ -214,6 +214,8 @@ class LeasedAttempt:
     # The run's priority class (0 = P0, the highest): a worker that holds leased runs
     # waiting for a slot starts the highest class first.
     priority: int = 2
+    # A workflow's node run: its workflow run (its outcome moves the workflow on).
+    workflow_run_id: uuid.UUID | None = None
 
 
 @dataclass(frozen=True, slots=True)

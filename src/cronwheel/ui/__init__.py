@@ -19,9 +19,16 @@ STATIC_PATH = "/ui/static"
 
 def ui_routers() -> list[APIRouter]:
     """The dashboard's routers, the catch-all (an unknown page) last."""
-    from cronwheel.ui import fleet, jobs, overview, runs, signin
+    from cronwheel.ui import fleet, jobs, overview, runs, signin, workflows
 
-    return [overview.router, jobs.router, runs.router, fleet.router, signin.router]
+    return [
+        overview.router,
+        jobs.router,
+        workflows.router,
+        runs.router,
+        fleet.router,
+        signin.router,
+    ]
 
 
 def mount_ui(app: FastAPI) -> list[APIRouter]:

@@ -56,6 +56,7 @@ async def jobs_page(
         name_prefix=name.strip() or None,
         cursor=cursor or None,
         limit=PAGE_SIZE,
+        workflows=False,  # on their own page
     )
     return page(
         "jobs.html",

@@ -9,7 +9,7 @@ import uuid
 from datetime import UTC, datetime
 
 from fastapi import APIRouter, Depends, Query, Request, Response
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, RedirectResponse
 
 from cronwheel.api.inputs import parse_id
 from cronwheel.api.routers import logs as logs_api
@@ -19,6 +19,7 @@ from cronwheel.api.state import api_state
 from cronwheel.domain.errors import ValidationError
 from cronwheel.domain.model import Attempt, Run
 from cronwheel.domain.states import ACTIVE_STATES, RETRY, RunState
+from cronwheel.domain.workflow import WORKFLOW_POOL
 from cronwheel.store.values import RunFilter
 from cronwheel.ui.charts import Span, timeline
 from cronwheel.ui.jobs import PAGE_SIZE
@@ -144,6 +145,9 @@ async def run_page(
     [run] = await runs_api.with_holds(
         store, [await store.runs_get(scope.tenant_id, parse_id(run_id, "run"))]
     )
+    if run.pool == WORKFLOW_POOL and run.workflow_run_id is None:
+        # A workflow run is its nodes: its own page draws them.
+        return RedirectResponse(f"/ui/workflow-runs/{run.id}", status_code=303)
     attempts = await store.attempts_list(scope.tenant_id, run_id=run.id)
     events = await store.events_list(scope.tenant_id, run_id=run.id, limit=_EVENTS)
     lines = await logs_api.log_store(request).read(

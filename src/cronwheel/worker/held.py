@@ -54,6 +54,12 @@ class Held:
     def ref(self) -> TokenRef:
         return TokenRef(self.lease.attempt_id, self.lease.fencing_token)
 
+    @property
+    def urgent(self) -> bool:
+        """A workflow's node: its outcome makes the nodes after it ready, so it is
+        reported at once rather than held back behind a burst's starts."""
+        return self.lease.workflow_run_id is not None
+
     async def call(self, handler: Handler, executor: ThreadPoolExecutor) -> Any:
         """The handler's result for this attempt's payload."""
         ctx, payload = self.ctx, self.lease.payload
@@ -76,7 +82,9 @@ class Held:
     def completion(self, result: Any) -> Completion | Failure:
         """A completion with ``result``, or the failure saying why it cannot be stored."""
         if result is None:  # most handlers return nothing: no conversion to check
-            return Completion(self.lease.attempt_id, self.lease.fencing_token, None)
+            return Completion(
+                self.lease.attempt_id, self.lease.fencing_token, None, urgent=self.urgent
+            )
         try:
             value = to_jsonable_python(result)
         except PydanticSerializationError as exc:
@@ -91,7 +99,9 @@ class Held:
             return self.failure(
                 f"the handler's result cannot be stored: {exc.message}", retryable=False
             )
-        return Completion(self.lease.attempt_id, self.lease.fencing_token, value)
+        return Completion(
+            self.lease.attempt_id, self.lease.fencing_token, value, urgent=self.urgent
+        )
 
     def failure(
         self, error: str, *, retryable: bool = True, retry_after: float | None = None
@@ -102,6 +112,7 @@ class Held:
             error[-_ERROR_LIMIT:],
             retryable,
             retry_after,
+            urgent=self.urgent,
         )
 
 

@@ -151,7 +151,9 @@ class Outbox:
                 self._changed.set()
 
     async def _defer(self) -> None:
-        if self.defer_to is None:
+        if self.defer_to is None or any(
+            i.urgent for queue in (self._completions, self._failures) for i in queue
+        ):
             return
         end = time.monotonic() + _MAX_DEFER
         # Polled: the condition turns true by the clock (a start falls due), not by an event.

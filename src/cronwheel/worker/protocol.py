@@ -80,6 +80,9 @@ class Lease:
     # The run's priority class, 0 (P0) .. 3: of runs waiting here for a slot, the
     # highest class starts first.
     priority: int = 2
+    # A workflow's node run: its workflow run. Its outcome moves the workflow on: it is
+    # reported at once, never held back behind a burst.
+    workflow_run_id: str | None = None
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Lease:
@@ -108,6 +111,9 @@ class Lease:
                 None if data.get("progress_timeout") is None else float(data["progress_timeout"])
             ),
             takes_progress="progress_timeout" in data,
+            workflow_run_id=(
+                None if data.get("workflow_run_id") is None else str(data["workflow_run_id"])
+            ),
             priority=int(data.get("priority", 2)),
         )
 
@@ -171,6 +177,8 @@ class Completion:
     attempt_id: str
     fencing_token: int
     result: Any = None
+    # Sent without waiting (a workflow's node: its outcome readies the next nodes).
+    urgent: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -190,6 +198,7 @@ class Failure:
     error: str
     retryable: bool = True
     retry_after: float | None = None
+    urgent: bool = False  # as a Completion's
 
     def to_json(self) -> dict[str, Any]:
         body: dict[str, Any] = {

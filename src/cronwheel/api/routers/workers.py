@@ -187,6 +187,7 @@ def _leased_out(item: LeasedAttempt, secrets: dict[uuid.UUID, str]) -> LeasedAtt
         progress_timeout=item.progress_timeout,
         signing_secret=None if item.task is not None else secrets.get(item.tenant_id),
         not_before=item.not_before,
+        workflow_run_id=item.workflow_run_id,
     )
 
 

@@ -32,7 +32,7 @@ from cronwheel.api.schemas import (
 from cronwheel.api.state import api_state
 from cronwheel.domain.errors import ConflictError, NotFoundError, ValidationError
 from cronwheel.domain.model import Job, Run
-from cronwheel.domain.states import RETRY, RunState
+from cronwheel.domain.states import RETRY, TERMINAL_STATES, RunState
 from cronwheel.domain.workflow import Dag, WorkflowSpec, new_workflow
 from cronwheel.store.base import Store
 
@@ -187,6 +187,11 @@ def workflow_run_out(
     """The workflow run ``run`` with its ``nodes`` (None: not started, none yet)."""
     by_name = {n.node: n for n in nodes or []}
     counts = Counter(str(n.state) for n in by_name.values())
+    # A workflow run's nodes are made when it starts. Before, they wait; if it ended
+    # without starting (cancelled, skipped by its catch-up policy), none ever runs.
+    unborn, why = "PENDING", None
+    if run.state in TERMINAL_STATES and not by_name:
+        unborn, why = "SKIPPED", f"the workflow run ended {run.state} before it started"
     items: list[NodeRunOut] = []
     for node in dag.nodes:
         n = by_name.get(node.name)
@@ -194,8 +199,8 @@ def workflow_run_out(
             NodeRunOut(
                 node=node.name,
                 run_id=None if n is None else n.id,
-                state="PENDING" if n is None else str(n.state),
-                reason=None if n is None else n.reason,
+                state=unborn if n is None else str(n.state),
+                reason=why if n is None else n.reason,
                 after=list(node.after),
                 trigger_rule=node.trigger_rule,
                 attempt=0 if n is None else n.attempt,
@@ -209,8 +214,8 @@ def workflow_run_out(
                 last_error=None if n is None else n.last_error,
             )
         )
-    if not by_name:  # not started yet: every node waits
-        counts = Counter({"PENDING": len(dag.nodes)})
+    if not by_name:
+        counts = Counter({unborn: len(dag.nodes)})
     return WorkflowRunOut(
         id=run.id,
         workflow_id=run.job_id,

@@ -169,6 +169,7 @@ FROM numbered, t
 WHERE r.id = numbered.id
 RETURNING r.id, r.tenant_id, r.job_id, r.attempt, r.task, r.webhook, r.payload, r.timeout,
           r.heartbeat_timeout, r.progress_timeout, {_OWN_DUE} AS due_at, r.priority, r.fire_at,
+          r.workflow_run_id,
           t.now AS now, r.state,
           ($8::uuid[])[numbered.n] AS attempt_id, r.reserved_until,
           numbered.token AS token
@@ -304,6 +305,7 @@ async def lease(
                     not_before=r["fire_at"],
                     progress_timeout=r["progress_timeout"],
                     priority=r["priority"],
+                    workflow_run_id=r["workflow_run_id"],
                 )
             )
             continue
@@ -328,6 +330,7 @@ async def lease(
                 heartbeat_timeout=r["heartbeat_timeout"],
                 progress_timeout=r["progress_timeout"],
                 priority=r["priority"],
+                workflow_run_id=r["workflow_run_id"],
             )
         )
     return leased, got

@@ -229,6 +229,7 @@ class CoreLeasing(Driver):
                 not_before=r.fire_at,
                 progress_timeout=r.progress_timeout,
                 priority=r.priority,
+                workflow_run_id=r.workflow_run_id,
             )
             for r, token in zip(rows, tokens, strict=True)
         ]
@@ -333,6 +334,7 @@ class CoreLeasing(Driver):
                     heartbeat_timeout=r.heartbeat_timeout,
                     progress_timeout=r.progress_timeout,
                     priority=r.priority,
+                    workflow_run_id=r.workflow_run_id,
                 )
             )
         await conn.execute(attempts.insert(), attempt_rows)
@@ -565,6 +567,7 @@ _LEASED_COLUMNS = (
     _OWN_DUE,
     runs.c.priority,
     runs.c.fire_at,
+    runs.c.workflow_run_id,
 )
 # What starting a reservation reads of its run: no payload, task or webhook (the worker
 # has them from its lease).
