@@ -19,7 +19,7 @@ from typing import Any
 from cronwheel.worker import TaskContext, task
 
 _POLL = 0.02
-EXECUTIONS = "executions.tsv"
+EXECUTIONS = "executions.tsv"  # test_workflow_e2e.py reads it (and says so)
 
 
 def _note(folder: Path, what: str, ctx: TaskContext, name: str) -> None:
