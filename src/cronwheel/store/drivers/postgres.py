@@ -559,8 +559,10 @@ class PostgresDriver(Driver):
         tenant_id: uuid.UUID | None,
         now: datetime | None,
     ) -> Outcomes:
+        # Begun: a workflow's node run ended here advances its workflow run in the same
+        # transaction (``store/sql/dag.py``); alone, this statement would commit first.
         return await leasing.complete_many(
-            await _raw(conn),
+            await _raw_begun(conn),
             now=now,
             ids=[i.attempt_id for i in items],
             tokens=[i.fencing_token for i in items],
