@@ -128,17 +128,7 @@ async def start(
     events: list[dict[str, Any]] = []
     for w in started:
         events.append(
-            event_row(
-                at=at,
-                kind="run.transition",
-                tenant_id=w.tenant_id,
-                job_id=w.job_id,
-                run_id=w.id,
-                from_state=START.source.value,
-                to_state=RunState.RUNNING.value,
-                actor=actor,
-                reason="workflow run started",
-            )
+            _event(w, w.id, START.source, RunState.RUNNING, at, actor, "workflow run started")
         )
         for node in dags[w.job_id].nodes:
             run_id = new_id()
