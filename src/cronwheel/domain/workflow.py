@@ -30,7 +30,7 @@ from __future__ import annotations
 import re
 import typing
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -178,6 +178,11 @@ class Dag:
     """A checked DAG, nodes in their submitted order (which is a valid one to show)."""
 
     nodes: tuple[DagNode, ...]
+    # Made once: advancing a 1,000-node workflow run looks nodes up by name 1,000 times.
+    by_name: dict[str, DagNode] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "by_name", {n.name: n for n in self.nodes})
 
     @classmethod
     def of_specs(cls, specs: Sequence[NodeSpec]) -> Dag:
@@ -236,10 +241,6 @@ class Dag:
 
     def to_json(self) -> dict[str, Any]:
         return {"nodes": [n.to_json() for n in self.nodes]}
-
-    @property
-    def by_name(self) -> dict[str, DagNode]:
-        return {n.name: n for n in self.nodes}
 
     def downstream(self) -> dict[str, list[str]]:
         """Each node's direct dependents, in definition order."""

@@ -22,7 +22,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import orjson
 import sqlalchemy as sa
@@ -40,6 +40,7 @@ from cronwheel.domain.states import (
 )
 from cronwheel.domain.workflow import (
     Dag,
+    Decisions,
     decide,
     node_payload,
 )
@@ -205,37 +206,20 @@ async def advance(
     ).all()
     if not owners:
         return
+    # Only what deciding needs: a completion batch of a 1,000-node fan-in reads its
+    # nodes' states at each batch, and most batches make nothing ready.
     nodes = (
         await conn.execute(
-            sa.select(
-                runs.c.id,
-                runs.c.workflow_run_id,
-                runs.c.node,
-                runs.c.state,
-                runs.c.result,
-                runs.c.pool,
-                runs.c.fire_at,
-            ).where(core.driver.id_in(runs.c.workflow_run_id, [w.id for w in owners]))
+            sa.select(runs.c.id, runs.c.workflow_run_id, runs.c.node, runs.c.state).where(
+                core.driver.id_in(runs.c.workflow_run_id, [w.id for w in owners])
+            )
         )
     ).all()
     by_owner: dict[uuid.UUID, dict[str, Any]] = {w.id: {} for w in owners}
     for n in nodes:
         by_owner[n.workflow_run_id][n.node] = n
     dags = await dags_of(core, conn, {w.job_id for w in owners})
-    paused = {
-        r.id
-        for r in await conn.execute(
-            sa.select(jobs.c.id).where(
-                core.driver.id_in(jobs.c.id, list(dags)), jobs.c.state == JobState.PAUSED.value
-            )
-        )
-    }
-    ready_rows: list[dict[str, Any]] = []
-    skipped_rows: list[dict[str, Any]] = []
-    ended_rows: list[dict[str, Any]] = []
-    events: list[dict[str, Any]] = []
-    notices: list[tuple[str, datetime]] = []
-    finished_jobs: list[uuid.UUID] = []
+    decided_runs: list[_Decided] = []
     for w in owners:
         dag = dags[w.job_id]
         mine = by_owner[w.id]
@@ -243,15 +227,26 @@ async def advance(
             continue  # nodes not all created: not this workflow run's DAG (never so)
         states = {name: RunState(row.state) for name, row in mine.items()}
         decided = decide(dag, states, cancelled=w.cancel_requested)
+        decided_runs.append(_Decided(w, dag, mine, states, decided))
+    details, paused = await _ready_details(core, conn, [d for d in decided_runs if d.decided.ready])
+    ready_rows: list[dict[str, Any]] = []
+    skipped_rows: list[dict[str, Any]] = []
+    ended_rows: list[dict[str, Any]] = []
+    events: list[dict[str, Any]] = []
+    notices: list[tuple[str, datetime]] = []
+    finished_jobs: list[uuid.UUID] = []
+    for w, dag, mine, states, decided in decided_runs:
         by_name = dag.by_name
         on_hold = w.job_id in paused
         for name in decided.ready:
             node = by_name[name]
             row = mine[name]
-            upstream = {u: mine[u].result for u in node.after if states[u] is RunState.SUCCESS}
+            upstream = {
+                u: details[mine[u].id].result for u in node.after if states[u] is RunState.SUCCESS
+            }
             target = RunState.SCHEDULED if on_hold else RunState.DISPATCHED
             # A root of a workflow run fired ahead of its instant starts at the instant.
-            fire_at = max(row.fire_at, at)
+            fire_at = max(details[row.id].fire_at, at)
             ready_rows.append(
                 {
                     "id": row.id,
@@ -263,7 +258,7 @@ async def advance(
                 }
             )
             if not on_hold:
-                notices.append((row.pool, fire_at))
+                notices.append((details[row.id].pool, fire_at))
             events.append(
                 _event(w, row.id, READY.source, target, at, actor, _ready_reason(node.after))
             )
@@ -298,6 +293,55 @@ async def advance(
     await jobs_finish_one_off(conn, core.driver, finished_jobs, at, workflows=True)
     if notices:
         await core._notify(conn, CHANNEL_RUNS_READY, ready_notices(notices, at))
+
+
+class _Decided(NamedTuple):
+    """A workflow run being advanced: its row, DAG, node rows and states by name, and
+    what :func:`decide` made of them."""
+
+    run: Any
+    dag: Dag
+    nodes: dict[str, Any]
+    states: dict[str, RunState]
+    decided: Decisions
+
+
+async def _ready_details(
+    core: _Core, conn: AsyncConnection, ready: Sequence[_Decided]
+) -> tuple[dict[uuid.UUID, Any], set[uuid.UUID]]:
+    """For workflow runs with nodes to make ready: each ready node's pool and fire
+    instant and each of its succeeded upstream nodes' result, by run id; and which of
+    their workflows are paused."""
+    if not ready:
+        return {}, set()
+    wanted: set[uuid.UUID] = set()
+    names: set[str] = set()
+    for d in ready:
+        for name in d.decided.ready:
+            up = [u for u in d.dag.by_name[name].after if d.states[u] is RunState.SUCCESS]
+            names.update((name, *up))
+            wanted.update(d.nodes[n].id for n in (name, *up))
+    # Read through the workflow runs' nodes index: a fan-out readies most of them.
+    details = {
+        r.id: r
+        for r in await conn.execute(
+            sa.select(runs.c.id, runs.c.result, runs.c.pool, runs.c.fire_at).where(
+                core.driver.id_in(runs.c.workflow_run_id, [d.run.id for d in ready]),
+                core.driver.id_in(runs.c.node, sorted(names)),
+            )
+        )
+        if r.id in wanted
+    }
+    paused = {
+        r.id
+        for r in await conn.execute(
+            sa.select(jobs.c.id).where(
+                core.driver.id_in(jobs.c.id, list({d.run.job_id for d in ready})),
+                jobs.c.state == JobState.PAUSED.value,
+            )
+        )
+    }
+    return details, paused
 
 
 async def _update_alike(
