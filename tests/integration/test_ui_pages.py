@@ -8,12 +8,18 @@ import hashlib
 import re
 import uuid
 from datetime import timedelta
+from typing import Any
+from zoneinfo import ZoneInfo
 
 import httpx
 import pytest
+from sqlalchemy import event
+from test_api_logs import leased, lines, post_logs
 
-from conftest import ADMIN_KEY, Driver
+from conftest import ADMIN_KEY, Driver, TenantInfo
 from cronwheel.api.auth import hash_key
+from cronwheel.store import Store
+from cronwheel.store.sql import SqlStore
 from cronwheel.ui.sessions import SESSION_COOKIE, SIGN_IN_COOKIE
 
 _CSRF = re.compile(r'name="csrf" value="([0-9a-f]+)"')
@@ -190,7 +196,10 @@ async def test_a_session_expires_when_idle(api: Driver) -> None:
 
 
 async def test_the_admin_sees_every_tenant_and_opens_one(api: Driver) -> None:
-    a = await api.tenant()
+    a, unlimited = await api.tenant(), await api.tenant()
+    limits = {"max_concurrent_runs": 7, "max_pending_runs": 1234, "max_dispatch_rate": 2.5}
+    r = await api.client.patch(f"/v1/tenants/{a.id}", json={"limits": limits}, headers=api.admin)
+    assert r.status_code == 200, r.text
     job = await api.job(a, name="admin-sees-this")
     async with await _browser(api) as browser:
         r = await sign_in(browser, ADMIN_KEY)
@@ -199,6 +208,12 @@ async def test_the_admin_sees_every_tenant_and_opens_one(api: Driver) -> None:
         assert (await browser.get("/ui/jobs")).headers["location"].startswith("/ui/tenants")
         tenants = await browser.get("/ui/tenants")
         assert a.name in tenants.text
+        # Each tenant's row shows the limits set on it with their values, and the
+        # share every tenant has (weight); no limit left unset.
+        rows = dict(re.findall(r"<tr[^>]*>\s*<td>([^<]+)<br>(.*?)</tr>", tenants.text, re.S))
+        shown = dict(re.findall(r"<dt>(\w+)</dt><dd>([^<]*)</dd>", rows[a.name]))
+        assert shown == {**{k: str(v) for k, v in limits.items()}, "weight": "1.0"}
+        assert re.findall(r"<dt>(\w+)</dt>", rows[unlimited.name]) == ["weight"]
         r = await browser.post(
             "/ui/tenants/choose", data={"csrf": _csrf(tenants.text), "tenant": a.id}
         )
@@ -268,3 +283,172 @@ async def test_over_https_the_session_cookie_is_secure(api: Driver) -> None:
         cookie = next(c for c in r.headers.get_list("set-cookie") if c.startswith(SESSION_COOKIE))
         assert "Secure" in cookie and "HttpOnly" in cookie
         assert (await browser.get("/ui/jobs")).status_code == 200
+
+
+async def test_the_runs_page_filters_by_tag_and_pool(api: Driver) -> None:
+    tenant = await api.tenant()
+    red_gpu = await api.job(tenant, name="red-gpu", tags=["red", "night"], pool="gpu")
+    red = await api.job(tenant, name="red-default", tags=["red"])
+    blue_gpu = await api.job(tenant, name="blue-gpu", tags=["blue"], pool="gpu")
+    runs = {j["name"]: j["first_run_id"] for j in (red_gpu, red, blue_gpu)}
+
+    def listed(html: str) -> set[str]:
+        return {name for name, run_id in runs.items() if f"/ui/runs/{run_id}" in html}
+
+    async with await _browser(api) as browser:
+        await sign_in(browser, tenant.key)
+        assert listed((await browser.get("/ui/runs")).text) == set(runs)
+        for query, names in (
+            ({"tag": "red"}, {"red-gpu", "red-default"}),
+            ({"tag": "red, night"}, {"red-gpu"}),  # every tag named
+            ({"tag": "green"}, set()),
+            ({"pool": "gpu"}, {"red-gpu", "blue-gpu"}),
+            ({"pool": " gpu ", "tag": "blue"}, {"blue-gpu"}),
+            ({"pool": "gpu", "state": "SUCCESS"}, set()),
+        ):
+            r = await browser.get("/ui/runs", params=query)
+            assert r.status_code == 200, (query, r.text[:500])
+            assert listed(r.text) == names, query
+        # The filters stay in the form, and in the pager's links.
+        r = await browser.get("/ui/runs", params={"tag": "red", "pool": "gpu"})
+        assert 'name="tag" value="red"' in r.text and 'name="pool" value="gpu"' in r.text
+        # Bad values: a page naming the problem, never a 5xx.
+        for query, problem in (
+            ({"tag": ",".join(f"t{i}" for i in range(11))}, "tag: at most 10 tags"),
+            ({"tag": "x" * 101}, "tag: each tag is 1 to 100 characters"),
+            ({"pool": "p" * 101}, "pool"),
+        ):
+            r = await browser.get("/ui/runs", params=query)
+            assert r.status_code == 422, (query, r.status_code)
+            assert problem in r.text, (query, r.text[:2000])
+
+
+async def test_the_jobs_list_shows_cron_local_time_and_last_outcome(
+    api: Driver, store: Store
+) -> None:
+    tenant = await api.tenant()
+    cron = await api.job(
+        tenant,
+        name="paris-cron",
+        schedule={"cron": "30 9 * * 1-5", "timezone": "Europe/Paris"},
+    )
+    worker, attempt = await leased(api, tenant)  # a second job's run, leased
+    r = await api.client.post(
+        f"/v1/attempts/{attempt['attempt_id']}/fail",
+        json={"fencing_token": attempt["fencing_token"], "error": "boom", "retryable": False},
+        headers=worker,
+    )
+    assert r.status_code == 200, r.text
+    failed_run = attempt["run_id"]
+    idle = await api.job(tenant, name="idle")  # its run not fired
+    async with await _browser(api) as browser:
+        await sign_in(browser, tenant.key)
+        r = await browser.get("/ui/jobs")
+        assert r.status_code == 200, r.text
+        rows = _rows(r.text)
+        # The cron job: its words, its expression, its next due in Paris with the offset.
+        paris = rows[cron["id"]]
+        assert "at 09:30 on Monday through Friday (Europe/Paris)" in paris
+        assert '<code class="cron">30 9 * * 1-5</code>' in paris
+        job = await store.jobs_get(uuid.UUID(tenant.id), uuid.UUID(cron["id"]))
+        assert job.next_due_at is not None
+        local = job.next_due_at.astimezone(ZoneInfo("Europe/Paris"))
+        offset = local.strftime("%z")
+        assert local.strftime("%Y-%m-%d %H:%M:%S") == local.strftime("%Y-%m-%d 09:30:00")
+        assert f"{local:%Y-%m-%d %H:%M:%S} {offset[:3]}:{offset[3:]}" in paris
+        assert "none" in rows[idle["id"]] and "/ui/runs/" not in rows[idle["id"]]
+        assert "/ui/runs/" not in rows[cron["id"]]
+        # The failed run's job: FAILED, linking to that run.
+        [leased_job] = [k for k in rows if k not in (cron["id"], idle["id"])]
+        assert f'href="/ui/runs/{failed_run}"' in rows[leased_job]
+        assert ">FAILED<" in rows[leased_job]
+
+
+def _rows(html: str) -> dict[str, str]:
+    """The jobs table's rows by job id."""
+    found = re.findall(r'<tr>\s*<td><a href="/ui/jobs/([0-9a-f-]+)">(.*?)</tr>', html, re.S)
+    return {job_id: row for job_id, row in found}
+
+
+async def test_the_jobs_list_reads_as_many_statements_for_many_jobs(
+    api: Driver, store: Store
+) -> None:
+    """The last outcomes are one read for the whole page: a page of twelve jobs, some
+    with a finished run, sends no more statements than a page of one."""
+    assert isinstance(store, SqlStore)
+    engine = store.engine
+
+    async def statements(tenant: TenantInfo, jobs: int) -> int:
+        sent: list[str] = []
+
+        def catch(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+            sent.append(statement)
+
+        async with await _browser(api) as browser:
+            await sign_in(browser, tenant.key)
+            assert (await browser.get("/ui/jobs")).status_code == 200  # the session warm
+            event.listen(engine.sync_engine, "before_cursor_execute", catch)
+            try:
+                r = await browser.get("/ui/jobs")
+            finally:
+                event.remove(engine.sync_engine, "before_cursor_execute", catch)
+            assert r.status_code == 200 and len(_rows(r.text)) == jobs
+            assert r.text.count(">CANCELLED<") == (jobs + 1) // 2
+        return len(sent)
+
+    one, many = await api.tenant(), await api.tenant()
+    for tenant, count in ((one, 1), (many, 12)):
+        for i in range(count):
+            job = await api.job(tenant, name=f"job-{i}")
+            if i % 2 == 0:
+                r = await api.client.post(
+                    f"/v1/runs/{job['first_run_id']}/cancel", headers=tenant.headers
+                )
+                assert r.status_code == 200, r.text
+    assert await statements(many, 12) == await statements(one, 1)
+
+
+async def test_a_running_runs_log_follows_live(api: Driver) -> None:
+    """What the page's script polls: lines after the cursor, live while the run goes
+    on, then not."""
+    tenant = await api.tenant()
+    worker, attempt = await leased(api, tenant)
+    run_id = attempt["run_id"]
+    assert (await post_logs(api, worker, attempt, {"lines": lines("one")})).status_code == 200
+    async with await _browser(api) as browser:
+        await sign_in(browser, tenant.key)
+        page = await browser.get(f"/ui/runs/{run_id}")
+        assert page.status_code == 200
+        log = re.search(r'<pre[^>]*id="log"[^>]*>', page.text)
+        assert log is not None, page.text
+        assert 'data-live="yes"' in log.group(0)
+        cursor = re.search(r'data-cursor="([^"]*)"', log.group(0))
+        assert cursor is not None and cursor.group(1)
+        assert "one" in page.text
+
+        async def poll(at: str) -> dict[str, Any]:
+            r = await browser.get(f"/ui/runs/{run_id}/logs.json", params={"cursor": at})
+            assert r.status_code == 200, r.text
+            assert r.headers["cache-control"] == "no-store"
+            body: dict[str, Any] = r.json()
+            return body
+
+        body = await poll(cursor.group(1))
+        assert body["live"] is True and body["run_state"] == "RUNNING" and body["lines"] == []
+        posted = await post_logs(api, worker, attempt, {"lines": lines("two", "three")})
+        assert posted.status_code == 200
+        body = await poll(cursor.group(1))
+        assert body["live"] is True
+        assert [line["message"] for line in body["lines"]] == ["two", "three"]
+        end = body["next_cursor"] or body["end_cursor"]
+        assert (await poll(end))["lines"] == []
+        r = await api.client.post(
+            f"/v1/attempts/{attempt['attempt_id']}/complete",
+            json={"fencing_token": attempt["fencing_token"]},
+            headers=worker,
+        )
+        assert r.status_code == 200, r.text
+        body = await poll(end)
+        assert body["live"] is False and body["run_state"] == "SUCCESS" and body["lines"] == []
+        page = await browser.get(f"/ui/runs/{run_id}")
+        assert 'data-live="no"' in page.text

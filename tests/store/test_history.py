@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import random
 import uuid
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any
 
@@ -16,11 +17,20 @@ from sqlalchemy import event
 
 from cronwheel.domain.errors import ValidationError
 from cronwheel.domain.model import Run
-from cronwheel.store import RunFilter, Store
+from cronwheel.store import FailItem, RunFilter, Store
 from cronwheel.store.rows import history_cursor, history_position
 from cronwheel.store.schema import runs
 
-from .helpers import T0, at, create_job, engine_of, fire, make_tenant, new_job
+from .helpers import (
+    T0,
+    at,
+    create_job,
+    engine_of,
+    fire,
+    leased_run,
+    make_tenant,
+    new_job,
+)
 
 POOLS = ("default", "gpu", "etl")
 TAGS = ("red", "blue", "green")
@@ -241,9 +251,14 @@ def test_cursors_round_trip() -> None:
 
 
 async def _plans(store: Store, tenant_id: uuid.UUID | None, **listing: Any) -> list[str]:
-    """The plans of the statements ``runs_list`` sends for ``listing``, each explained
-    with its own parameters, sequential and bitmap scans off (a table this small would
-    rather be read whole)."""
+    """The plans of the statements ``runs_list`` sends for ``listing``."""
+    return await _plans_of(store, lambda: store.runs_list(tenant_id, **listing))
+
+
+async def _plans_of(store: Store, read: Callable[[], Awaitable[Any]]) -> list[str]:
+    """The plans of the statements on runs that ``read`` sends, each explained with its
+    own parameters, sequential and bitmap scans off (a table this small would rather be
+    read whole)."""
     caught: list[tuple[str, Any]] = []
 
     def catch(_conn: Any, _cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
@@ -253,7 +268,7 @@ async def _plans(store: Store, tenant_id: uuid.UUID | None, **listing: Any) -> l
     engine = engine_of(store)
     event.listen(engine.sync_engine, "before_cursor_execute", catch)
     try:
-        await store.runs_list(tenant_id, **listing)
+        await read()
     finally:
         event.remove(engine.sync_engine, "before_cursor_execute", catch)
     plans: list[str] = []
@@ -326,3 +341,73 @@ async def test_each_listing_is_an_index_range_walked_backwards(store: Store) -> 
                     assert any("tenant_id" in line for line in cond), where
                     if cursor is not None:
                         assert any("due_at <=" in line for line in cond), where
+
+
+async def test_each_jobs_last_outcome_in_one_read(store: Store) -> None:
+    """A job's last outcome is its newest finished run by due instant: a run due later
+    but not finished, or finished later but due earlier, is not it."""
+    tenant, other = await make_tenant(store), await make_tenant(store)
+    # Its first run due in an hour (unfinished), three triggered runs before that.
+    job, first = await create_job(store, tenant.id, due_at=at(3600))
+    triggered = [await store.jobs_trigger(tenant.id, job.id, now=at(i)) for i in (10, 20, 30)]
+    # The later due one finishes first.
+    await store.runs_cancel(tenant.id, triggered[1].id, now=at(40))
+    await store.runs_cancel(tenant.id, triggered[0].id, now=at(45))
+    idle, _ = await create_job(store, tenant.id, due_at=at(3600))
+    failing, attempt = await leased_run(store, tenant.id, now=at(50))
+    failed = await store.attempts_fail_many(
+        items=[FailItem(attempt.attempt_id, attempt.fencing_token, error="boom", retryable=False)],
+        now=at(60),
+    )
+    assert len(failed) == 1
+    theirs, their_first = await create_job(store, other.id)
+    await store.runs_cancel(other.id, their_first.id, now=at(5))
+
+    last = await store.runs_last_finished(
+        tenant.id, job_ids=[job.id, idle.id, failing.job_id, theirs.id, uuid.uuid4()]
+    )
+    assert set(last) == {job.id, failing.job_id}
+    assert last[job.id].id == triggered[1].id and last[job.id].state.value == "CANCELLED"
+    assert last[failing.job_id].id == failing.id
+    assert last[failing.job_id].state.value == "FAILED"
+    assert last[failing.job_id].last_error == "boom"
+    assert first.id not in {r.id for r in last.values()}
+    assert await store.runs_last_finished(tenant.id, job_ids=[]) == {}
+    assert set(await store.runs_last_finished(other.id, job_ids=[theirs.id])) == {theirs.id}
+
+
+async def test_the_last_outcomes_walk_each_jobs_key(store: Store) -> None:
+    """One statement for every job: each job's key walked backwards from its newest
+    run, the runs then read by their id; never a scan or a sort of the runs."""
+    if store.dialect != "postgresql":
+        pytest.skip("PostgreSQL's plans")
+    tenant = await make_tenant(store)
+    job, template = await create_job(store, tenant.id, due_at=at(-10_000))
+    await store.runs_cancel(tenant.id, template.id, now=at(0))
+    copied = {c.name: c.name for c in runs.c} | {
+        "id": "(md5(random()::text))::uuid",
+        "due_at": "due_at - i * interval '1 second'",
+        "fire_at": "due_at - i * interval '1 second'",
+    }
+    async with engine_of(store).begin() as conn:
+        await conn.execute(
+            sa.text(
+                f"INSERT INTO runs ({', '.join(copied)}) SELECT {', '.join(copied.values())} "
+                "FROM runs, generate_series(1, 2000) AS i WHERE runs.id = CAST(:r AS uuid)"
+            ),
+            {"r": str(template.id)},
+        )
+        await conn.execute(sa.text("ANALYZE runs"))
+    # A tenant of many jobs: the page's few are looked up by id, not filtered out.
+    many = await store.jobs_create_many(
+        tenant.id, jobs=[new_job(due_at=at(3600)) for _ in range(1000)], now=T0
+    )
+    async with engine_of(store).begin() as conn:
+        await conn.execute(sa.text("ANALYZE jobs"))
+    ids = [job.id, *(made.id for made, _run, _created in many[:49])]
+    [plan] = await _plans_of(store, lambda: store.runs_last_finished(tenant.id, job_ids=ids))
+    assert "Index Scan Backward using uq_runs_tenant_id_job_id_due_at_node" in plan, plan
+    assert "Seq Scan" not in plan and "Sort" not in plan, plan
+    cond = [line for line in plan.splitlines() if "Index Cond" in line]
+    assert any("id = ANY" in line for line in cond), plan  # the jobs by id
+    assert (await store.runs_last_finished(tenant.id, job_ids=ids))[job.id].id == template.id

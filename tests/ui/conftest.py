@@ -41,6 +41,15 @@ class Site:
         return self.admin.with_tenant(self.tenant_a["id"])
 
 
+# Gates a test opens to let a ``ui.follow`` run go on: by name, made by whichever side
+# comes first.
+_GATES: dict[str, threading.Event] = {}
+
+
+def gate(name: str) -> threading.Event:
+    return _GATES.setdefault(name, threading.Event())
+
+
 def _start_worker(url: str, key: str) -> Callable[[], None]:
     """A worker on its own thread running the test tasks; returns what stops it."""
     worker = Worker(url, api_key=key, lease_wait=0.5, name="ui-test-worker", concurrency=4)
@@ -60,6 +69,16 @@ def _start_worker(url: str, key: str) -> Callable[[], None]:
         if ctx.attempt == 1:  # the first series gives up; a redriven one succeeds
             raise RuntimeError("upstream said 503")
         return "second time lucky"
+
+    @worker.task("ui.follow")
+    def follow(ctx: TaskContext, payload: dict[str, Any]) -> str:
+        """Logs a line, then one more each time the test opens the next gate."""
+        ctx.log.info("before the gates")
+        for name in payload["gates"]:
+            if not gate(name).wait(60):
+                raise NonRetryableError(f"gate {name} never opened")
+            ctx.log.info("through gate %s", name)
+        return "all gates passed"
 
     started = threading.Event()
     loop_and_halt: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []

@@ -1,17 +1,19 @@
 """The dashboard as a person uses it, in headless Chromium: sign in, watch a run
-succeed, pause and resume a job, read a failed run's log, redrive a dead letter; and
+succeed, follow a running run's log live, pause and resume a job, read a failed run's
+log, redrive a dead letter; and
 what must not work — another tenant's pages, a viewer's buttons, a form without its
 CSRF token."""
 
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
-from .conftest import CSRF, Site
+from .conftest import CSRF, Site, gate
 
 # One process runs them all: one server, worker and browser for the module.
 pytestmark = pytest.mark.xdist_group("ui-browser")
@@ -66,6 +68,43 @@ def test_sign_in_and_see_a_job_fire_and_its_run_succeed(page: Any, site: Site) -
     assert page.locator("svg.timeline rect.a-SUCCEEDED").count() == 1
     page.click("nav >> text=Overview")
     assert page.locator("svg.chart").count() == 3
+
+
+def test_a_running_runs_log_follows_live_without_a_reload(page: Any, site: Site) -> None:
+    gates = [f"follow-{uuid.uuid4().hex[:8]}-{i}" for i in (1, 2)]
+    job = site.operator.jobs.create(
+        name="followed", schedule={"asap": True}, task="ui.follow", payload={"gates": gates}
+    )
+    try:
+        sign_in(page, site.tenant_a["api_key"])
+        run_url = f"/ui/runs/{job['first_run_id']}"
+        reload_until(
+            page,
+            run_url,
+            lambda p: state_of(p) == "RUNNING" and "before the gates" in p.inner_text("#log"),
+        )
+        assert page.get_attribute("#log", "data-live") == "yes"
+        assert page.is_visible("#log-live")
+        # A mark on this very document: a reload would lose it.
+        page.evaluate("window.stillTheSamePage = true")
+        gate(gates[0]).set()
+        page.wait_for_function(
+            "gate => document.getElementById('log').textContent.includes('through gate ' + gate)",
+            arg=gates[0],
+        )
+        assert page.evaluate("window.stillTheSamePage === true")
+        assert state_of(page) == "RUNNING"
+        # Once the run is over the script reloads the page once, to show its outcome.
+        with page.expect_navigation():
+            gate(gates[1]).set()
+        assert page.evaluate("window.stillTheSamePage === undefined")
+        assert state_of(page) == "SUCCESS"
+        assert page.get_attribute("#log", "data-live") == "no"
+        log = page.inner_text("#log")
+        assert log.index("before the gates") < log.index(gates[0]) < log.index(gates[1])
+    finally:  # never leave the handler waiting
+        for name in gates:
+            gate(name).set()
 
 
 def test_pause_and_resume_a_job(page: Any, site: Site) -> None:

@@ -598,6 +598,16 @@ class Store(SchedulerSide, WorkerSide):
         :class:`ValidationError`."""
 
     @abstractmethod
+    async def runs_last_finished(
+        self, tenant_id: uuid.UUID, *, job_ids: Sequence[uuid.UUID]
+    ) -> dict[uuid.UUID, Run]:
+        """Each job's last outcome: its newest finished run by due instant (as the
+        history orders a job's runs), by job id. A job with no finished run, or not the
+        tenant's, is left out. One statement for every job: for each, a backward walk
+        of the job's runs by the key (tenant_id, job_id, due_at, node) to its first
+        finished one."""
+
+    @abstractmethod
     async def runs_cancel(
         self,
         tenant_id: uuid.UUID,

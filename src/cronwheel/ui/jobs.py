@@ -1,5 +1,7 @@
-"""The jobs pages: the list (filtered by name and state, paged by cursor) and a job's
-page — its schedule in words, its next due instants, its latest runs — with the
+"""The jobs pages: the list (filtered by name and state, paged by cursor; each job's
+schedule in words and cron, its next due instant in UTC and in its zone, its last
+outcome) and a job's page — its schedule in words, its next due instants, its latest
+runs — with the
 buttons that pause, resume, trigger and cancel it through the API's own routes (the
 same checks, the same history and audit trail)."""
 
@@ -19,6 +21,7 @@ from cronwheel.domain.errors import ValidationError
 from cronwheel.domain.model import Job, Run
 from cronwheel.domain.states import TERMINAL_STATES, JobState, RunState
 from cronwheel.store.values import RunFilter
+from cronwheel.timing import due_local
 from cronwheel.ui.render import UiRoute, page, redirect
 from cronwheel.ui.sessions import Visit, checked_form, signed_in
 from cronwheel.ui.words import schedule_in_words
@@ -58,12 +61,24 @@ async def jobs_page(
         limit=PAGE_SIZE,
         workflows=False,  # on their own page
     )
+    # Every listed job's last outcome in one read, never one per job.
+    last = await api_state(request).store.runs_last_finished(
+        scope.tenant_id, job_ids=[j.id for j in found.items]
+    )
     return page(
         "jobs.html",
         visit,
         title="Jobs",
         section="jobs",
-        jobs=[(j, schedule_in_words(j.schedule)) for j in found.items],
+        jobs=[
+            {
+                "job": j,
+                "words": schedule_in_words(j.schedule),
+                "local": _due_local(j),
+                "last": last.get(j.id),
+            }
+            for j in found.items
+        ],
         next_cursor=found.next_cursor,
         paged=bool(cursor),
         name=name,
@@ -72,18 +87,22 @@ async def jobs_page(
     )
 
 
+def _due_local(job: Job) -> str | None:
+    """The job's next due instant on the wall clock of its zone, with the offset (as
+    the job's page shows its next ones); UTC where no zone applies (an interval)."""
+    if job.next_due_at is None:
+        return None
+    return due_local(jobs_api.schedule_of(job), job.next_due_at) or job.next_due_at.isoformat()
+
+
 async def last_outcome(request: Request, job: Job, recent: list[Run]) -> Run | None:
     """The job's latest finished run: among its latest runs, else the newest of its
-    finished ones (one index range of the job's runs)."""
+    finished ones (the list's read, for one job)."""
     for run in recent:
         if run.state in TERMINAL_STATES:
             return run
-    found = await api_state(request).store.runs_list(
-        job.tenant_id,
-        filter=RunFilter(job_id=job.id, states=[s.value for s in TERMINAL_STATES]),
-        limit=1,
-    )
-    return found.items[0] if found.items else None
+    found = await api_state(request).store.runs_last_finished(job.tenant_id, job_ids=[job.id])
+    return found.get(job.id)
 
 
 def _next_due(job: Job, now: datetime) -> list[dict[str, Any]]:

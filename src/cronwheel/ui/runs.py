@@ -1,4 +1,5 @@
-"""The runs pages: history filtered by job, state and due time (paged by cursor); a
+"""The runs pages: history filtered by job, state, due time, tag and pool (paged by
+cursor); a
 run's page — its attempts on a timeline, its events, payload, result or error, and its
 log, followed live while the run goes on; the dead letters with their redrive. Every
 button goes through the API's own route."""
@@ -57,6 +58,12 @@ def _job_param(value: str) -> uuid.UUID | None:
         raise ValidationError("job: not a job id", field="job") from None
 
 
+def _tags_param(value: str) -> list[str]:
+    """The tag filter from the form: tags separated by commas, every one of them on the
+    run (as ``GET /v1/runs`` takes ``tag`` repeated)."""
+    return runs_api.tags_filter([t.strip() for t in value.split(",") if t.strip()])
+
+
 @router.get("/runs")
 async def runs_page(
     request: Request,
@@ -65,6 +72,8 @@ async def runs_page(
     state: str = Query(default="", max_length=20),
     since: str = Query(default="", max_length=40),
     until: str = Query(default="", max_length=40),
+    tag: str = Query(default="", max_length=1100),
+    pool: str = Query(default="", max_length=100),
     cursor: str = Query(default="", max_length=500),
 ) -> Response:
     scope = visit.scope
@@ -76,7 +85,12 @@ async def runs_page(
     found = await api_state(request).store.runs_list(
         scope.tenant_id,
         filter=RunFilter(
-            job_id=_job_param(job), states=[state] if state else None, since=start, until=end
+            job_id=_job_param(job),
+            states=[state] if state else None,
+            since=start,
+            until=end,
+            tags=_tags_param(tag),
+            pool=pool.strip() or None,
         ),
         cursor=cursor or None,
         limit=PAGE_SIZE,
@@ -93,6 +107,8 @@ async def runs_page(
         state=state,
         since=since,
         until=until,
+        tag=tag,
+        pool=pool,
         states=[s.value for s in RunState],
     )
 

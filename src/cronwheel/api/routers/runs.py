@@ -43,7 +43,15 @@ from cronwheel.domain.states import REDRIVE, RETRY, RunState
 from cronwheel.store import Store
 from cronwheel.store.values import RunFilter
 
-__all__ = ["attempt_out", "dead_letters", "event_out", "router", "run_fields", "run_out"]
+__all__ = [
+    "attempt_out",
+    "dead_letters",
+    "event_out",
+    "router",
+    "run_fields",
+    "run_out",
+    "tags_filter",
+]
 
 router = APIRouter(
     prefix="/v1/runs", tags=["runs"], responses=ERROR_RESPONSES, route_class=StrictJsonRoute
@@ -212,7 +220,7 @@ async def list_runs(
         states=_states(state),
         since=since,
         until=until,
-        tags=_tags(tag),
+        tags=tags_filter(tag),
         pool=pool,
     )
     page = await api_state(request).store.runs_list(
@@ -222,7 +230,8 @@ async def list_runs(
     return RunList(items=[run_out(r) for r in runs], next_cursor=page.next_cursor)
 
 
-def _tags(values: list[str] | None) -> list[str]:
+def tags_filter(values: list[str] | None) -> list[str]:
+    """The history's tag filter: each tag once, at most ten, each 1 to 100 characters."""
     tags = list(dict.fromkeys(values or ()))
     if len(tags) > _MAX_TAGS:
         raise ValidationError(f"tag: at most {_MAX_TAGS} tags, not {len(tags)}", field="tag")

@@ -51,6 +51,36 @@ class RunsMixin(SqlCore):
         more = len(rows) > limit
         return Page(items, history_cursor(items[-1].due_at, items[-1].id) if more else None)
 
+    async def runs_last_finished(
+        self, tenant_id: uuid.UUID, *, job_ids: Sequence[uuid.UUID]
+    ) -> dict[uuid.UUID, Run]:
+        if not job_ids:
+            return {}
+        own = runs.alias("own")
+        # Per job, a correlated walk of its key (tenant_id, job_id, due_at, node) from
+        # the newest end, stopping at the first finished run: it reads the job's
+        # unfinished runs ahead of it (a recurring job keeps one), never its history.
+        # Both databases run the correlated LIMIT 1, where SQLite has no LATERAL.
+        newest = (
+            sa.select(own.c.id)
+            .where(
+                own.c.tenant_id == tenant_id,
+                own.c.job_id == jobs.c.id,
+                own.c.finished_at.is_not(None),
+            )
+            .order_by(own.c.due_at.desc(), own.c.node.desc())
+            .limit(1)
+            .correlate(jobs)
+            .scalar_subquery()
+        )
+        chosen = sa.select(newest).where(
+            jobs.c.tenant_id == tenant_id, self.driver.id_in(jobs.c.id, list(job_ids))
+        )
+        stmt = sa.select(*runs.c).where(runs.c.tenant_id == tenant_id, runs.c.id.in_(chosen))
+        async with self._read() as conn:
+            rows = (await conn.execute(stmt)).all()
+        return {r.job_id: run_from(r) for r in rows}
+
     async def runs_cancel(
         self,
         tenant_id: uuid.UUID,
