@@ -3,6 +3,7 @@ a full walk of the parsed value, whatever the strings hold."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import Any
 
@@ -10,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cronwheel import jsontext
 from cronwheel.api.jsonbody import InvalidJsonError, _deeper_than, loads_strict
 from cronwheel.domain.bounds import JSON_DEPTH_MAX
 from cronwheel.domain.errors import ValidationError
@@ -133,6 +135,24 @@ def test_a_body_reads_as_json_reads_it(tree: Any, ascii_only: bool) -> None:
     body = json.dumps({"t": tree}, ensure_ascii=ascii_only).encode()
     if _depth(tree) < JSON_DEPTH_MAX:
         assert _typed(loads_strict(body)) == _typed(json.loads(body))
+
+
+@settings(deadline=None, max_examples=300)
+@given(
+    tree=st.recursive(
+        numbers | scalars,
+        lambda kids: st.lists(kids, max_size=4) | st.dictionaries(tricky, kids, max_size=4),
+        max_leaves=30,
+    ),
+    ascii_only=st.booleans(),
+)
+def test_what_the_database_hands_back_reads_as_json_reads_it(tree: Any, ascii_only: bool) -> None:
+    # The stores read JSON columns with jsontext.loads: as text (asyncpg, SQLite) or
+    # bytes, the same values of the same types as json.loads, big integers included.
+    text = json.dumps(tree, ensure_ascii=ascii_only)
+    assert _typed(jsontext.loads(text)) == _typed(json.loads(text))
+    with contextlib.suppress(UnicodeEncodeError):  # an unpaired surrogate has no bytes
+        assert _typed(jsontext.loads(text.encode())) == _typed(json.loads(text))
 
 
 @pytest.mark.parametrize(

@@ -22,6 +22,7 @@ from sqlalchemy import event
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
+from cronwheel import jsontext
 from cronwheel.store.drivers.sqlite_firing import CoreFiring
 from cronwheel.store.drivers.sqlite_jobs import CoreJobs
 from cronwheel.store.drivers.sqlite_leasing import CoreLeasing
@@ -41,7 +42,9 @@ class SqliteDriver(CoreFiring, CoreJobs, CoreLeasing):
         path = sa.make_url(self.url).database
         if path and path != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
-        engine = create_async_engine(self.url, connect_args={"timeout": 30})
+        engine = create_async_engine(
+            self.url, connect_args={"timeout": 30}, json_deserializer=jsontext.loads
+        )
 
         @event.listens_for(engine.sync_engine, "connect")
         def _connect(dbapi_connection: Any, _record: Any) -> None:

@@ -1,0 +1,47 @@
+"""JSON text read fast: by orjson — about four times faster than ``json`` — wherever
+it reads a text as ``json`` does, and by ``json`` elsewhere.
+
+orjson refuses more than ``json`` (a byte order mark, an unpaired surrogate, a number
+too large for a double) and differs from it only on integers past 64 bits, which it
+reads as floats. So a text with a number of 19 digits or more, or one orjson refuses,
+is left to ``json``: the answer is always ``json``'s.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import orjson
+
+__all__ = ["loads", "loads_fast"]
+
+# Digits as zeros: an integer of this many digits may be past 64 bits.
+_ZEROS = bytes.maketrans(b"123456789", b"000000000")
+_LONG_NUMBER = b"0" * 19
+
+
+def loads_fast(data: bytes, default: Any) -> Any:
+    """``data`` read by orjson when it reads it as ``json`` would; else ``default``."""
+    if _LONG_NUMBER in data.translate(_ZEROS):
+        return default
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return default
+
+
+_NOT_READ = object()
+
+
+def loads(text: str | bytes) -> Any:
+    """``json.loads(text)``, faster: what a database hands back as JSON is read here."""
+    if isinstance(text, str):
+        try:
+            data = text.encode()
+        except UnicodeEncodeError:  # an unpaired surrogate: never from a database
+            return json.loads(text)
+    else:
+        data = text
+    value = loads_fast(data, _NOT_READ)
+    return json.loads(data) if value is _NOT_READ else value
