@@ -71,6 +71,7 @@ __all__ = ["advance", "dags_of", "reopen", "start"]
 # DAGs by workflow id: a workflow's DAG never changes once created.
 _DAGS: OrderedDict[uuid.UUID, Dag] = OrderedDict()
 _DAGS_MAX = 1_000
+_STATES = {s.value: s for s in RunState}  # a lookup, not RunState(...): 1,000 a batch
 
 
 async def dags_of(
@@ -215,17 +216,19 @@ async def advance(
             )
         )
     ).all()
-    by_owner: dict[uuid.UUID, dict[str, Any]] = {w.id: {} for w in owners}
-    for n in nodes:
-        by_owner[n.workflow_run_id][n.node] = n
+    # By workflow run, each node's run id and state (as tuples: 1,000 rows a batch).
+    node_ids: dict[uuid.UUID, dict[str, uuid.UUID]] = {w.id: {} for w in owners}
+    node_states: dict[uuid.UUID, dict[str, RunState]] = {w.id: {} for w in owners}
+    for run_id, owner, name, state in nodes:
+        node_ids[owner][name] = run_id
+        node_states[owner][name] = _STATES[state]
     dags = await dags_of(core, conn, {w.job_id for w in owners})
     decided_runs: list[_Decided] = []
     for w in owners:
         dag = dags[w.job_id]
-        mine = by_owner[w.id]
+        mine, states = node_ids[w.id], node_states[w.id]
         if len(mine) < len(dag.nodes):
             continue  # nodes not all created: not this workflow run's DAG (never so)
-        states = {name: RunState(row.state) for name, row in mine.items()}
         decided = decide(dag, states, cancelled=w.cancel_requested)
         decided_runs.append(_Decided(w, dag, mine, states, decided))
     details, paused = await _ready_details(core, conn, [d for d in decided_runs if d.decided.ready])
@@ -240,16 +243,16 @@ async def advance(
         on_hold = w.job_id in paused
         for name in decided.ready:
             node = by_name[name]
-            row = mine[name]
+            run_id = mine[name]
             upstream = {
-                u: details[mine[u].id].result for u in node.after if states[u] is RunState.SUCCESS
+                u: details[mine[u]].result for u in node.after if states[u] is RunState.SUCCESS
             }
             target = RunState.SCHEDULED if on_hold else RunState.DISPATCHED
             # A root of a workflow run fired ahead of its instant starts at the instant.
-            fire_at = max(details[row.id].fire_at, at)
+            fire_at = max(details[run_id].fire_at, at)
             ready_rows.append(
                 {
-                    "id": row.id,
+                    "id": run_id,
                     "state": target.value,
                     "fire_at": PARKED_FIRE_AT if on_hold else fire_at,
                     "dispatched_at": None if on_hold else at,
@@ -258,17 +261,21 @@ async def advance(
                 }
             )
             if not on_hold:
-                notices.append((details[row.id].pool, fire_at))
+                notices.append((details[run_id].pool, fire_at))
             events.append(
-                _event(w, row.id, READY.source, target, at, actor, _ready_reason(node.after))
+                _event(w, run_id, READY.source, target, at, actor, _ready_reason(node.after))
             )
         for name, reason in decided.skipped.items():
-            row = mine[name]
             skipped_rows.append(
-                {"id": row.id, "state": RunState.SKIPPED.value, "finished_at": at, "reason": reason}
+                {
+                    "id": mine[name],
+                    "state": RunState.SKIPPED.value,
+                    "finished_at": at,
+                    "reason": reason,
+                }
             )
             events.append(
-                _event(w, row.id, UNSATISFIED.source, RunState.SKIPPED, at, actor, reason)
+                _event(w, mine[name], UNSATISFIED.source, RunState.SKIPPED, at, actor, reason)
             )
         if decided.outcome is not None:
             ended_rows.append(
@@ -296,12 +303,12 @@ async def advance(
 
 
 class _Decided(NamedTuple):
-    """A workflow run being advanced: its row, DAG, node rows and states by name, and
-    what :func:`decide` made of them."""
+    """A workflow run being advanced: its row, DAG, node run ids and states by name,
+    and what :func:`decide` made of them."""
 
     run: Any
     dag: Dag
-    nodes: dict[str, Any]
+    nodes: dict[str, uuid.UUID]
     states: dict[str, RunState]
     decided: Decisions
 
@@ -320,7 +327,7 @@ async def _ready_details(
         for name in d.decided.ready:
             up = [u for u in d.dag.by_name[name].after if d.states[u] is RunState.SUCCESS]
             names.update((name, *up))
-            wanted.update(d.nodes[n].id for n in (name, *up))
+            wanted.update(d.nodes[n] for n in (name, *up))
     # Read through the workflow runs' nodes index: a fan-out readies most of them.
     details = {
         r.id: r
