@@ -332,7 +332,11 @@ async def run_scenario(name: str, args: argparse.Namespace) -> Json:
     )
     async with bench_cluster("postgresql", env=ENV) as cluster:
         setup = await start_cluster(
-            cluster, schedulers=args.schedulers, workers=args.workers, concurrency=args.concurrency
+            cluster,
+            schedulers=args.schedulers,
+            workers=args.workers,
+            concurrency=args.concurrency,
+            worker_options=[] if args.prefetch is None else ["--prefetch", str(args.prefetch)],
         )
         headers = {"Authorization": f"Bearer {setup.keys[0]}"}
         try:
@@ -405,6 +409,12 @@ async def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--concurrency", type=int, default=10, help="slots per worker")
     parser.add_argument(
+        "--prefetch",
+        type=int,
+        default=None,
+        help="the workers' --prefetch (default: theirs, twice the concurrency)",
+    )
+    parser.add_argument(
         "--lead",
         type=float,
         default=None,
@@ -417,6 +427,8 @@ async def main() -> None:
     for name in ("fanout", "chain", "workflows", "nodes", "schedulers", "workers", "concurrency"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1")
+    if args.prefetch is not None and not 0 <= args.prefetch <= 10_000:
+        parser.error("--prefetch must be from 0 to 10000")
     results = {name: await run_scenario(name, args) for name in args.scenario or SCENARIOS}
     result = {
         "benchmark": "dag",
@@ -424,6 +436,7 @@ async def main() -> None:
         "schedulers": args.schedulers,
         "workers": args.workers,
         "concurrency": args.concurrency,
+        "prefetch": args.prefetch,
         "target_start_delay_p99_ms": DELAY_P99_TARGET,
         "scenarios": results,
     }

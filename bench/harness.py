@@ -237,17 +237,29 @@ class Setup:
 
 
 async def start_cluster(
-    cluster: Cluster, *, schedulers: int, workers: int, concurrency: int, tenants: int = 1
+    cluster: Cluster,
+    *,
+    schedulers: int,
+    workers: int,
+    concurrency: int,
+    tenants: int = 1,
+    worker_options: Sequence[str] = (),
 ) -> Setup:
     """Start the API and scheduler nodes (``cronwheel server`` on SQLite), create
     ``tenants`` tenants and start ``workers`` no-op workers on pool ``bench``: with one
-    tenant they use its worker key, with several the admin key (every tenant's runs)."""
+    tenant they use its worker key, with several the admin key (every tenant's runs);
+    ``worker_options`` are more of the workers' command-line options."""
     cluster.start_server(schedulers)
     await cluster.wait_ready()
     made = [await cluster.tenant(f"bench-{i}") for i in range(tenants)]
     worker_key = made[0][2] if tenants == 1 else cluster.admin_key
     cluster.start_workers(
-        workers, worker_key, pool="bench", module="noop_tasks", concurrency=concurrency
+        workers,
+        worker_key,
+        pool="bench",
+        module="noop_tasks",
+        concurrency=concurrency,
+        options=worker_options,
     )
     store = await open_store(cluster.database_url)
     return Setup(

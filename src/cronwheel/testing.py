@@ -204,8 +204,17 @@ class Cluster:
             self.start(f"scheduler-{i}", "scheduler", "--node-id", f"bench-node-{i}")
 
     def start_workers(
-        self, count: int, api_key: str, *, pool: str, module: str, concurrency: int
+        self,
+        count: int,
+        api_key: str,
+        *,
+        pool: str,
+        module: str,
+        concurrency: int,
+        options: Sequence[str] = (),
     ) -> None:
+        """Start ``count`` ``cronwheel worker`` processes (``options``: more of its
+        command-line options, the same for each)."""
         for i in range(count):
             self.start(
                 f"worker-{i}",
@@ -220,6 +229,7 @@ class Cluster:
                 module,
                 "--concurrency",
                 str(concurrency),
+                *options,
             )
 
     def start_worker(
