@@ -243,6 +243,52 @@ async def test_a_paused_workflow_holds_its_ready_nodes(store: Store) -> None:
     assert b.state is RunState.SCHEDULED and b.fire_at <= at(4)
 
 
+async def test_a_node_parked_cancelled_and_rewound_runs_when_ready(store: Store) -> None:
+    # c is made ready while its workflow is paused (parked), cancelled with its workflow
+    # run, and rewound by a retry of b: made ready again, it is due at once, not at the
+    # parked instant it was left with.
+    tenant = await make_tenant(store)
+    nodes = [
+        {"name": "a"},
+        {"name": "b"},
+        {"name": "c", "after": ["a", "b"], "trigger_rule": "one_success"},
+    ]
+    wf = await create(store, tenant.id, nodes)
+    await fire(store, [wf], now=T0)
+    worker = await register_worker(store, tenant.id, now=at(1))
+    leased = await store.attempts_lease(worker=worker, max=10, now=at(1))
+    names = {a.run_id: (await store.runs_get(tenant.id, a.run_id)).node for a in leased}
+    by_node = {names[a.run_id]: a for a in leased}
+    await store.jobs_pause(tenant.id, wf.job_id, now=at(2))
+    a, b = by_node["a"], by_node["b"]
+    await store.attempts_complete_many(
+        items=[CompleteItem(a.attempt_id, a.fencing_token, {"from": "a"})], now=at(3)
+    )
+    c = (await nodes_of(store, tenant.id, wf))["c"]
+    assert c.state is RunState.SCHEDULED and c.fire_at >= PARKED_FIRE_AT
+    await store.attempts_fail_many(
+        items=[FailItem(b.attempt_id, b.fencing_token, "boom", retryable=False)], now=at(4)
+    )
+    await store.runs_cancel(tenant.id, wf.id, reason="stop", now=at(5))
+    assert await states_of(store, tenant.id, wf) == {
+        "a": "SUCCESS",
+        "b": "FAILED",
+        "c": "CANCELLED",
+    }
+    await store.jobs_resume(tenant.id, wf.job_id, now=at(6))
+    b_run = (await nodes_of(store, tenant.id, wf))["b"]
+    await store.runs_redrive(tenant.id, b_run.id, move=RETRY, now=at(100))
+    assert (await states_of(store, tenant.id, wf))["c"] == "PENDING"
+    await fire(store, [b_run], now=at(101))
+    runner = Runner(store, tenant.id)
+    runner.clock = 102
+    assert await runner.step({}) == ["b"]
+    c = (await nodes_of(store, tenant.id, wf))["c"]
+    assert c.state is RunState.DISPATCHED and c.fire_at <= at(104)
+    assert await runner.step({}) == ["c"]
+    assert (await store.runs_get(tenant.id, wf.id)).state is RunState.SUCCESS
+
+
 async def test_a_wide_fan_out_and_in(store: Store) -> None:
     tenant = await make_tenant(store)
     width = 1000

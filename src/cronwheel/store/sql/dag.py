@@ -199,6 +199,7 @@ async def advance(
                 runs.c.job_id,
                 runs.c.cancel_requested,
                 runs.c.payload,
+                runs.c.fire_at,
             )
             .where(core.driver.id_in(runs.c.id, ids), runs.c.state == RunState.RUNNING.value)
             .order_by(runs.c.id)
@@ -231,7 +232,7 @@ async def advance(
             continue  # nodes not all created: not this workflow run's DAG (never so)
         decided = decide(dag, states, cancelled=w.cancel_requested)
         decided_runs.append(_Decided(w, dag, mine, states, decided))
-    details, paused = await _ready_details(core, conn, [d for d in decided_runs if d.decided.ready])
+    results, paused = await _ready_details(core, conn, [d for d in decided_runs if d.decided.ready])
     ready_rows: list[dict[str, Any]] = []
     skipped_rows: list[dict[str, Any]] = []
     ended_rows: list[dict[str, Any]] = []
@@ -244,12 +245,11 @@ async def advance(
         for name in decided.ready:
             node = by_name[name]
             run_id = mine[name]
-            upstream = {
-                u: details[mine[u]].result for u in node.after if states[u] is RunState.SUCCESS
-            }
+            upstream = {u: results[mine[u]] for u in node.after if states[u] is RunState.SUCCESS}
             target = RunState.SCHEDULED if on_hold else RunState.DISPATCHED
-            # A root of a workflow run fired ahead of its instant starts at the instant.
-            fire_at = max(details[run_id].fire_at, at)
+            # A root of a workflow run fired ahead of its instant starts at the instant
+            # (a later node is made ready after it: at is past that instant).
+            fire_at = max(w.fire_at, at)
             ready_rows.append(
                 {
                     "id": run_id,
@@ -261,7 +261,7 @@ async def advance(
                 }
             )
             if not on_hold:
-                notices.append((details[run_id].pool, fire_at))
+                notices.append((node.template.pool, fire_at))
             events.append(
                 _event(w, run_id, READY.source, target, at, actor, _ready_reason(node.after))
             )
@@ -316,8 +316,8 @@ class _Decided(NamedTuple):
 async def _ready_details(
     core: _Core, conn: AsyncConnection, ready: Sequence[_Decided]
 ) -> tuple[dict[uuid.UUID, Any], set[uuid.UUID]]:
-    """For workflow runs with nodes to make ready: each ready node's pool and fire
-    instant and each of its succeeded upstream nodes' result, by run id; and which of
+    """For workflow runs with nodes to make ready: the result of each of their
+    succeeded upstream nodes, by run id (what their payloads pass on); and which of
     their workflows are paused."""
     if not ready:
         return {}, set()
@@ -326,19 +326,23 @@ async def _ready_details(
     for d in ready:
         for name in d.decided.ready:
             up = [u for u in d.dag.by_name[name].after if d.states[u] is RunState.SUCCESS]
-            names.update((name, *up))
-            wanted.update(d.nodes[n] for n in (name, *up))
-    # Read through the workflow runs' nodes index: a fan-out readies most of them.
-    details = {
-        r.id: r
-        for r in await conn.execute(
-            sa.select(runs.c.id, runs.c.result, runs.c.pool, runs.c.fire_at).where(
-                core.driver.id_in(runs.c.workflow_run_id, [d.run.id for d in ready]),
-                core.driver.id_in(runs.c.node, sorted(names)),
+            names.update(up)
+            wanted.update(d.nodes[u] for u in up)
+    # Read through the workflow runs' nodes index: a fan-in's sink needs them all.
+    results = (
+        {
+            run_id: result
+            for run_id, result in await conn.execute(
+                sa.select(runs.c.id, runs.c.result).where(
+                    core.driver.id_in(runs.c.workflow_run_id, [d.run.id for d in ready]),
+                    core.driver.id_in(runs.c.node, sorted(names)),
+                )
             )
-        )
-        if r.id in wanted
-    }
+            if run_id in wanted
+        }
+        if wanted
+        else {}
+    )
     paused = {
         r.id
         for r in await conn.execute(
@@ -348,7 +352,7 @@ async def _ready_details(
             )
         )
     }
-    return details, paused
+    return results, paused
 
 
 async def _update_alike(
