@@ -271,3 +271,10 @@ async def test_runs_lead_to_their_workflow_and_jobs_leave_workflows_out(api: Dri
         assert node.status_code == 200, node.text
         assert f'href="/ui/workflow-runs/{run["id"]}"' in node.text
         assert "node <code>extract</code>" in node.text
+        # In the runs list, a node run names its node and leads to its workflow run.
+        listed = await browser.get("/ui/runs")
+        assert listed.status_code == 200, listed.text
+        row = listed.text[listed.text.index(f'href="/ui/runs/{extract}"') :]
+        row = row[: row.index("</tr>")]
+        assert f'href="/ui/workflow-runs/{run["id"]}"' in row
+        assert "node <code>extract</code>" in row
