@@ -282,6 +282,26 @@ async def _plans_of(store: Store, read: Callable[[], Awaitable[Any]]) -> list[st
     return plans
 
 
+async def _copies(store: Store, template_id: uuid.UUID, **columns: str) -> None:
+    """2,000 copies of run ``template_id``, each a second earlier than the one before,
+    with ``columns`` as SQL expressions (``i``: the copy's number), then ANALYZE."""
+    copied = {c.name: c.name for c in runs.c} | {
+        "id": "(md5(random()::text))::uuid",
+        "due_at": "due_at - i * interval '1 second'",
+        "fire_at": "due_at - i * interval '1 second'",
+        **columns,
+    }
+    async with engine_of(store).begin() as conn:
+        await conn.execute(
+            sa.text(
+                f"INSERT INTO runs ({', '.join(copied)}) SELECT {', '.join(copied.values())} "
+                "FROM runs, generate_series(1, 2000) AS i WHERE runs.id = CAST(:r AS uuid)"
+            ),
+            {"r": str(template_id)},
+        )
+        await conn.execute(sa.text("ANALYZE runs"))
+
+
 async def test_each_listing_is_an_index_range_walked_backwards(store: Store) -> None:
     """Each listing is a backward walk of the index its leading filters pick, the
     tenant an index condition, and no sort of what it reads (only the merge of several
@@ -297,24 +317,14 @@ async def test_each_listing_is_an_index_range_walked_backwards(store: Store) -> 
     # long history gets; a rare tag or pool is read by the tenant's index and sorted, a
     # walk of every run of the tenant either way).
     _job, template = await create_job(store, tenant.id, due_at=at(-10_000))
-    copied = {c.name: c.name for c in runs.c} | {
-        "id": "(md5(random()::text))::uuid",
-        "due_at": "due_at - i * interval '1 second'",
-        "fire_at": "due_at - i * interval '1 second'",
-        "state": "'SUCCESS'",
-        "finished_at": "due_at",
-        "tags": """'["red"]'::jsonb""",
-        "pool": "CASE WHEN i % 2 = 0 THEN 'gpu' ELSE 'default' END",
-    }
-    async with engine_of(store).begin() as conn:
-        await conn.execute(
-            sa.text(
-                f"INSERT INTO runs ({', '.join(copied)}) SELECT {', '.join(copied.values())} "
-                "FROM runs, generate_series(1, 2000) AS i WHERE runs.id = CAST(:r AS uuid)"
-            ),
-            {"r": str(template.id)},
-        )
-        await conn.execute(sa.text("ANALYZE runs"))
+    await _copies(
+        store,
+        template.id,
+        state="'SUCCESS'",
+        finished_at="due_at",
+        tags="""'["red"]'::jsonb""",
+        pool="CASE WHEN i % 2 = 0 THEN 'gpu' ELSE 'default' END",
+    )
     first = await store.runs_list(tenant.id, limit=3)
     cases: list[tuple[RunFilter, str]] = [
         (RunFilter(), "ix_runs_tenant_due"),
@@ -384,20 +394,7 @@ async def test_the_last_outcomes_walk_each_jobs_key(store: Store) -> None:
     tenant = await make_tenant(store)
     job, template = await create_job(store, tenant.id, due_at=at(-10_000))
     await store.runs_cancel(tenant.id, template.id, now=at(0))
-    copied = {c.name: c.name for c in runs.c} | {
-        "id": "(md5(random()::text))::uuid",
-        "due_at": "due_at - i * interval '1 second'",
-        "fire_at": "due_at - i * interval '1 second'",
-    }
-    async with engine_of(store).begin() as conn:
-        await conn.execute(
-            sa.text(
-                f"INSERT INTO runs ({', '.join(copied)}) SELECT {', '.join(copied.values())} "
-                "FROM runs, generate_series(1, 2000) AS i WHERE runs.id = CAST(:r AS uuid)"
-            ),
-            {"r": str(template.id)},
-        )
-        await conn.execute(sa.text("ANALYZE runs"))
+    await _copies(store, template.id)
     # A tenant of many jobs: the page's few are looked up by id, not filtered out.
     many = await store.jobs_create_many(
         tenant.id, jobs=[new_job(due_at=at(3600)) for _ in range(1000)], now=T0

@@ -118,17 +118,15 @@ numbers = (
     | st.floats(allow_nan=False, allow_infinity=False)
     | st.sampled_from([0, -0.0, 2**63, -(2**63) - 1, 2**64, 10**19, 1e-7, 5e-324])
 )
+json_trees = st.recursive(
+    numbers | scalars,
+    lambda kids: st.lists(kids, max_size=4) | st.dictionaries(tricky, kids, max_size=4),
+    max_leaves=30,
+)
 
 
 @settings(deadline=None, max_examples=300)
-@given(
-    tree=st.recursive(
-        numbers | scalars,
-        lambda kids: st.lists(kids, max_size=4) | st.dictionaries(tricky, kids, max_size=4),
-        max_leaves=30,
-    ),
-    ascii_only=st.booleans(),
-)
+@given(tree=json_trees, ascii_only=st.booleans())
 def test_a_body_reads_as_json_reads_it(tree: Any, ascii_only: bool) -> None:
     # Read by orjson where it reads the body as ``json`` does, else by ``json``: the
     # same values of the same types either way.
@@ -138,14 +136,7 @@ def test_a_body_reads_as_json_reads_it(tree: Any, ascii_only: bool) -> None:
 
 
 @settings(deadline=None, max_examples=300)
-@given(
-    tree=st.recursive(
-        numbers | scalars,
-        lambda kids: st.lists(kids, max_size=4) | st.dictionaries(tricky, kids, max_size=4),
-        max_leaves=30,
-    ),
-    ascii_only=st.booleans(),
-)
+@given(tree=json_trees, ascii_only=st.booleans())
 def test_what_the_database_hands_back_reads_as_json_reads_it(tree: Any, ascii_only: bool) -> None:
     # The stores read JSON columns with jsontext.loads: as text (asyncpg, SQLite) or
     # bytes, the same values of the same types as json.loads, big integers included.
