@@ -41,7 +41,11 @@ def loads(text: str | bytes) -> Any:
             data = text.encode()
         except UnicodeEncodeError:  # an unpaired surrogate: never from a database
             return json.loads(text)
-    else:
+    elif isinstance(text, bytes):
         data = text
+    else:
+        # json's own answer, its TypeError included: SQLite hands back a JSON number
+        # as a number, and SQLAlchemy's SQLite dialect keeps it on that TypeError.
+        return json.loads(text)
     value = loads_fast(data, _NOT_READ)
     return json.loads(data) if value is _NOT_READ else value

@@ -146,6 +146,16 @@ def test_what_the_database_hands_back_reads_as_json_reads_it(tree: Any, ascii_on
         assert _typed(jsontext.loads(text.encode())) == _typed(json.loads(text))
 
 
+@pytest.mark.parametrize("value", [5, 2.5, True, None])
+def test_what_is_not_text_is_refused_as_json_refuses_it(value: Any) -> None:
+    # SQLite hands back a JSON number as a number; SQLAlchemy's SQLite dialect keeps it
+    # when the reader raises TypeError, as json.loads does.
+    with pytest.raises(TypeError):
+        json.loads(value)
+    with pytest.raises(TypeError):
+        jsontext.loads(value)
+
+
 @pytest.mark.parametrize(
     ("body", "expected"),
     [
