@@ -4,6 +4,7 @@ rule decides from the upstream nodes' states."""
 from __future__ import annotations
 
 import itertools
+import uuid
 from typing import Any
 
 import pytest
@@ -16,6 +17,8 @@ from cronwheel.domain.workflow import (
     UPSTREAM_KEY,
     Dag,
     WorkflowSpec,
+    cached_dag,
+    dag_of,
     decide,
     node_payload,
 )
@@ -169,3 +172,14 @@ def test_descendants() -> None:
     assert d.descendants("a") == ["b", "c"]
     assert d.descendants("z") == []
     assert Dag.from_json(d.to_json()) == d
+
+
+def test_a_workflows_dag_is_read_once_per_process() -> None:
+    d = dag({"name": "a"}, {"name": "b", "after": ["a"]})
+    workflow_id = uuid.uuid4()
+    assert cached_dag(workflow_id) is None
+    first = dag_of(workflow_id, d.to_json())
+    assert first == d and first.by_name["b"].after == ("a",)
+    assert cached_dag(workflow_id) is first
+    # Once read, the stored form is not read again: a workflow's DAG never changes.
+    assert dag_of(workflow_id, {"nodes": []}) is first

@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import re
 import typing
+import uuid
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -65,6 +67,8 @@ __all__ = [
     "NodeSpec",
     "TriggerRule",
     "WorkflowSpec",
+    "cached_dag",
+    "dag_of",
     "decide",
     "new_workflow",
     "node_payload",
@@ -288,6 +292,27 @@ def _cycle(after: Mapping[str, Sequence[str]]) -> list[str] | None:
                 path.append(nxt)
                 iters.append(iter(after[nxt]))
     return None
+
+
+# DAGs by workflow id, read once per process: a workflow's DAG never changes once
+# created (workflows are not editable), and a 2,000-node one takes milliseconds to read.
+_DAGS: OrderedDict[uuid.UUID, Dag] = OrderedDict()
+_DAGS_MAX = 1_000
+
+
+def cached_dag(workflow_id: uuid.UUID) -> Dag | None:
+    """The DAG of workflow ``workflow_id`` if this process has read it."""
+    return _DAGS.get(workflow_id)
+
+
+def dag_of(workflow_id: uuid.UUID, data: Mapping[str, Any]) -> Dag:
+    """The DAG of workflow ``workflow_id``, stored as ``data`` (``jobs.workflow``)."""
+    dag = _DAGS.get(workflow_id)
+    if dag is None:
+        dag = _DAGS[workflow_id] = Dag.from_json(data)
+        while len(_DAGS) > _DAGS_MAX:
+            _DAGS.popitem(last=False)
+    return dag
 
 
 @dataclass(frozen=True, slots=True)

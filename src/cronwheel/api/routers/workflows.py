@@ -33,7 +33,7 @@ from cronwheel.api.state import api_state
 from cronwheel.domain.errors import ConflictError, NotFoundError, ValidationError
 from cronwheel.domain.model import Job, Run
 from cronwheel.domain.states import RETRY, TERMINAL_STATES, RunState
-from cronwheel.domain.workflow import Dag, WorkflowSpec, new_workflow
+from cronwheel.domain.workflow import Dag, WorkflowSpec, dag_of, new_workflow
 from cronwheel.store.base import Store
 
 __all__ = ["router", "runs_router", "workflow_out", "workflow_run_out"]
@@ -143,7 +143,7 @@ class NodeRetryRequest(RequestModel):
 
 def workflow_out(job: Job, *, first_run_id: uuid.UUID | None = None) -> WorkflowOut:
     assert job.workflow is not None
-    dag = Dag.from_json(job.workflow)
+    dag = dag_of(job.id, job.workflow)
     return WorkflowOut(
         id=job.id,
         tenant_id=job.tenant_id,
@@ -263,7 +263,7 @@ async def _workflow_run(
     if run is None or job is None or job.workflow is None:
         raise NotFoundError(f"workflow run {run_id} not found", run_id=str(run_id))
     nodes = (await store.workflow_run_nodes(tenant_id, [run.id]))[run.id]
-    return run, Dag.from_json(job.workflow), nodes
+    return run, dag_of(job.id, job.workflow), nodes
 
 
 @router.post(
@@ -395,7 +395,7 @@ async def trigger_workflow(
         max_payload_bytes=state.settings.max_payload_bytes,
     )
     assert job.workflow is not None
-    return workflow_run_out(run, Dag.from_json(job.workflow), None)
+    return workflow_run_out(run, dag_of(job.id, job.workflow), None)
 
 
 @router.delete("/{workflow_id}", summary="Delete a workflow", response_model=JobDeletedOut)
@@ -441,7 +441,7 @@ async def list_workflow_runs(
     )
     nodes = await store.workflow_run_nodes(scope.tenant_id, [r.id for r in page.items])
     assert job.workflow is not None
-    dag = Dag.from_json(job.workflow)
+    dag = dag_of(job.id, job.workflow)
     return WorkflowRunList(
         items=[
             workflow_run_out(r, dag, nodes.get(r.id) or None, with_nodes=False) for r in page.items

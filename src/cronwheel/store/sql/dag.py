@@ -19,7 +19,6 @@ tenant's limits and priorities.
 from __future__ import annotations
 
 import uuid
-from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any, NamedTuple, Protocol
@@ -41,6 +40,8 @@ from cronwheel.domain.states import (
 from cronwheel.domain.workflow import (
     Dag,
     Decisions,
+    cached_dag,
+    dag_of,
     decide,
     node_payload,
 )
@@ -68,9 +69,6 @@ class _Core(Protocol):
 
 __all__ = ["advance", "dags_of", "reopen", "start"]
 
-# DAGs by workflow id: a workflow's DAG never changes once created.
-_DAGS: OrderedDict[uuid.UUID, Dag] = OrderedDict()
-_DAGS_MAX = 1_000
 _STATES = {s.value: s for s in RunState}  # a lookup, not RunState(...): 1,000 a batch
 
 
@@ -79,7 +77,7 @@ async def dags_of(
 ) -> dict[uuid.UUID, Dag]:
     """The DAG of each workflow among ``job_ids`` (cached: they never change)."""
     wanted = set(job_ids)
-    out = {j: _DAGS[j] for j in wanted if j in _DAGS}
+    out = {j: dag for j in wanted if (dag := cached_dag(j)) is not None}
     missing = wanted - set(out)
     if missing:
         rows = await conn.execute(
@@ -88,9 +86,7 @@ async def dags_of(
             )
         )
         for r in rows:
-            out[r.id] = _DAGS[r.id] = Dag.from_json(r.workflow)
-        while len(_DAGS) > _DAGS_MAX:
-            _DAGS.popitem(last=False)
+            out[r.id] = dag_of(r.id, r.workflow)
     return out
 
 
