@@ -17,6 +17,7 @@ from cronwheel.domain.spec import JobSpec
 from cronwheel.scheduler import Clock, SchedulerNode
 from cronwheel.settings import Settings
 from cronwheel.store import CHANNEL_RUNS_NEW, RunFilter, Store, Subscription
+from cronwheel.store.notices import parse_announcement
 from cronwheel.testing import wait_until_async
 
 T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
@@ -61,14 +62,16 @@ def _node(store: Store, time: FakeTime) -> SchedulerNode:
     return SchedulerNode(store, settings, node_id="node-e", clock=Clock(time, offset=timedelta(0)))
 
 
-async def _hear(node: SchedulerNode, sub: Subscription, run: Run) -> None:
+async def _hear(node: SchedulerNode, sub: Subscription, run: Run, fire_at: datetime) -> None:
     """What the node's loop does with the notices that came: absorb them (on
-    PostgreSQL they come through LISTEN, a moment after the commit)."""
+    PostgreSQL they come through LISTEN, a moment after the commit). The edit's notice
+    is the one naming the run at its new instant: the creation's own notice, still in
+    flight on the store's shared listener, can reach a subscription opened after it."""
     heard: list[str] = []
 
     async def arrived() -> bool:
         heard.extend(await sub.wait(0.1))
-        return any(p.endswith(run.id.hex) for p in heard)
+        return any((a.id, a.fire_at) == (run.id, fire_at) for a in map(parse_announcement, heard))
 
     await wait_until_async(arrived, 15, what="the edit's notice", interval=0)
     node._absorb(heard)
@@ -89,7 +92,7 @@ async def test_a_run_moved_earlier_fires_at_its_new_instant_with_the_new_templat
         assert await node.run_once() == 0
         assert len(node.window) == 1  # held at its instant, 40 s away
         await _edit(store, job, T0, schedule={"at": at(5).isoformat()}, payload={"v": 2})
-        await _hear(node, sub, run)
+        await _hear(node, sub, run, at(5))
     finally:
         sub.close()
     assert node.window.next_fire_at() == at(5)
@@ -139,7 +142,7 @@ async def test_a_recurring_job_fires_by_its_new_schedule_and_template(store: Sto
         await node.run_once()
         edited = await _edit(store, job, at(1), schedule={"interval": 15}, payload={"v": 2})
         assert edited.next_due_at == at(15)
-        await _hear(node, sub, run)
+        await _hear(node, sub, run, at(15))
     finally:
         sub.close()
     time.value = at(15)
