@@ -186,8 +186,29 @@ class Measured:
             # From a node's handler (its first statement, also its last) to its run's
             # finished_at: the worker's report of the result and the server's storing it.
             "finished_at_after_handler_ms": percentiles(self.recorded_ms()),
+            # The start delay in two parts: to the lease (the server), then to the handler.
+            "leased_after_finished_at_ms": percentiles(self.leased_ms()),
+            "handler_after_leased_ms": percentiles(self.handler_after_lease_ms()),
             "nodes_started_per_s": self.start_rate(),
         }
+
+    def leased_ms(self) -> list[float]:
+        """Each node's run leased (its ``started_at``) after its last upstream run's
+        ``finished_at``: the server's share of the start delay, in ms."""
+        return [
+            (_instant(node["started_at"]).timestamp() - ready) * 1000
+            for node, _, _, ready in self.started()
+            if ready is not None and node["started_at"]
+        ]
+
+    def handler_after_lease_ms(self) -> list[float]:
+        """Each node's handler begun after its run was leased: the lease's answer on its
+        way to the worker and the worker's share, in ms."""
+        return [
+            (began - _instant(node["started_at"]).timestamp()) * 1000
+            for node, began, _, _ in self.started()
+            if node["started_at"]
+        ]
 
     def recorded_ms(self) -> list[float]:
         return [
@@ -371,6 +392,12 @@ def rows_of(name: str, r: Json) -> list[tuple[str, ...]]:
             *p(r["finished_at_after_handler_ms"]),
             "",
         ),
+        (
+            f"{name}: leased after upstream finished_at (ms)",
+            *p(r["leased_after_finished_at_ms"]),
+            "",
+        ),
+        (f"{name}: handler begun after its lease (ms)", *p(r["handler_after_leased_ms"]), ""),
         (f"{name}: node handlers begun/s", str(r["nodes_started_per_s"]), "", "", ""),
     ]
     if "fanout_start_delay_ms" in r:

@@ -7,6 +7,7 @@ from typing import Any
 
 import httpx
 
+from cronwheel import jsontext
 from cronwheel.client.calls import Call, Id, Json
 from cronwheel.client.errors import ApiConnectionError, ApiError, error_from_response
 from cronwheel.domain.model import Page
@@ -100,7 +101,7 @@ class BaseClient:
         if response.status_code == 204 or not response.content:
             return None
         try:
-            return response.json()
+            return jsontext.loads(response.content)
         except ValueError as exc:
             raise ApiError(
                 response.status_code, "bad_response", "the server answered something not JSON"

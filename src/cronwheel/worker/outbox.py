@@ -117,6 +117,10 @@ class Outbox:
         self._failures: list[Failure] = []
         self._releases: list[TokenRef] = []
         self._changed = asyncio.Event()
+        # Set while an outcome that must not wait is queued (a workflow's node: it
+        # readies the nodes after it): the queue goes at once, neither gathered into a
+        # batch nor deferred.
+        self._hurry = asyncio.Event()
 
     def add(self, item: _Item) -> None:
         if isinstance(item, Completion):
@@ -125,6 +129,8 @@ class Outbox:
             self._failures.append(item)
         else:
             self._releases.append(item)
+        if not isinstance(item, TokenRef) and item.urgent:
+            self._hurry.set()
         self._changed.set()
 
     def pending(self) -> int:
@@ -135,8 +141,8 @@ class Outbox:
         backoff = Backoff(self.backoff_max)
         while True:
             await self._changed.wait()
-            if self.pending() < self.flush_size:
-                await asyncio.sleep(self.flush_delay)  # gather a batch
+            if self.pending() < self.flush_size and not self._hurry.is_set():
+                await wait_event(self._hurry, self.flush_delay)  # gather a batch
             await self._defer()
             self._changed.clear()
             try:
@@ -150,10 +156,14 @@ class Outbox:
                 await asyncio.sleep(backoff.next_delay())
                 self._changed.set()
 
+    def _note_hurry(self) -> None:
+        if any(i.urgent for queue in (self._completions, self._failures) for i in queue):
+            self._hurry.set()
+        else:
+            self._hurry.clear()
+
     async def _defer(self) -> None:
-        if self.defer_to is None or any(
-            i.urgent for queue in (self._completions, self._failures) for i in queue
-        ):
+        if self.defer_to is None or self._hurry.is_set():
             return
         end = time.monotonic() + _MAX_DEFER
         # Polled: the condition turns true by the clock (a start falls due), not by an event.
@@ -167,6 +177,7 @@ class Outbox:
             completions, self._completions = _split(self._completions)
             failures, self._failures = _split(self._failures)
             releases, self._releases = _split(self._releases)
+            self._note_hurry()
             if self.pending():
                 self._changed.set()  # more than one request's worth: flush again
             if not (completions or failures or releases):
@@ -183,6 +194,7 @@ class Outbox:
                 self._completions[:0] = completions
                 self._failures[:0] = failures
                 self._releases[:0] = releases
+                self._note_hurry()
                 log_event(
                     logging.WARNING, "worker.flush_failed", error=str(exc), pending=self.pending()
                 )

@@ -29,7 +29,6 @@ from cronwheel.api.worker_schemas import (
     CancelOut,
     CancelsOut,
     CancelsRequest,
-    LeasedAttemptOut,
     LeaseOut,
     LeaseRequest,
     StartOut,
@@ -168,27 +167,29 @@ async def _own_worker(
     return worker
 
 
-def _leased_out(item: LeasedAttempt, secrets: dict[uuid.UUID, str]) -> LeasedAttemptOut:
-    return LeasedAttemptOut(
-        attempt_id=item.attempt_id,
-        run_id=item.run_id,
-        job_id=item.job_id,
-        tenant_id=item.tenant_id,
-        attempt=item.number,
-        task=item.task,
-        webhook=item.webhook,
-        payload=item.payload,
-        fencing_token=item.fencing_token,
-        lease_expires_at=item.lease_expires_at,
-        deadline=item.deadline,
-        due_at=item.due_at,
-        heartbeat_timeout=item.heartbeat_timeout,
-        priority=item.priority,
-        progress_timeout=item.progress_timeout,
-        signing_secret=None if item.task is not None else secrets.get(item.tenant_id),
-        not_before=item.not_before,
-        workflow_run_id=item.workflow_run_id,
-    )
+def _leased_json(item: LeasedAttempt, secrets: dict[uuid.UUID, str]) -> dict[str, Any]:
+    """A :class:`LeasedAttemptOut` as plain JSON, built directly: a lease answers with up
+    to a thousand of them, and a model per item cost more than leasing them."""
+    return {
+        "attempt_id": str(item.attempt_id),
+        "run_id": str(item.run_id),
+        "job_id": str(item.job_id),
+        "tenant_id": str(item.tenant_id),
+        "attempt": item.number,
+        "task": item.task,
+        "webhook": item.webhook,
+        "payload": item.payload,
+        "fencing_token": item.fencing_token,
+        "lease_expires_at": instant_text(item.lease_expires_at),
+        "deadline": instant_text(item.deadline),
+        "due_at": instant_text(item.due_at),
+        "heartbeat_timeout": item.heartbeat_timeout,
+        "priority": item.priority,
+        "progress_timeout": item.progress_timeout,
+        "signing_secret": None if item.task is not None else secrets.get(item.tenant_id),
+        "not_before": instant_text(item.not_before),
+        "workflow_run_id": None if item.workflow_run_id is None else str(item.workflow_run_id),
+    }
 
 
 async def _signing_secrets(
@@ -217,13 +218,18 @@ async def _record_leased(state: ApiState, leased: Sequence[LeasedAttempt]) -> No
         )
 
 
-@router.post("/v1/workers/{worker_id}/lease", summary="Lease runs (long-poll)", responses=_GONE)
+@router.post(
+    "/v1/workers/{worker_id}/lease",
+    summary="Lease runs (long-poll)",
+    response_model=LeaseOut,
+    responses=_GONE,
+)
 async def lease(
     worker_id: str,
     body: LeaseRequest,
     request: Request,
     principal: Principal = Depends(require_worker),
-) -> LeaseOut:
+) -> Response:
     """Up to ``max`` runs the worker can execute, highest priority then oldest first
     (with ``reserve``, that many more not due yet, as reservations).
     When none is ready, waits up to ``wait`` seconds for one and answers as soon as it
@@ -290,10 +296,12 @@ async def lease(
         leased = []
     await _record_leased(state, leased)
     secrets = await _signing_secrets(state, leased)
-    return LeaseOut(
-        attempts=[_leased_out(a, secrets) for a in leased],
-        now=await state.notifier.now(),
-        p0_reserved_slots=admitted.p0_reserved,
+    return json_response(
+        {
+            "attempts": [_leased_json(a, secrets) for a in leased],
+            "now": instant_text(await state.notifier.now()),
+            "p0_reserved_slots": admitted.p0_reserved,
+        }
     )
 
 
