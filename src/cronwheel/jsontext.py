@@ -58,4 +58,5 @@ def dumps(value: Any) -> bytes:
     try:
         return orjson.dumps(value)
     except TypeError:  # orjson.JSONEncodeError is one
-        return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+        # ASCII: an unpaired surrogate (which orjson refuses) is written as its escape.
+        return json.dumps(value, separators=(",", ":")).encode()
