@@ -155,6 +155,18 @@ def test_what_is_written_reads_back_as_json_wrote_it(tree: Any) -> None:
     assert _typed(json.loads(jsontext.dumps(tree))) == _typed(json.loads(json.dumps(tree)))
 
 
+@pytest.mark.parametrize(
+    ("value", "written"),
+    [
+        ({"s": "\ud800"}, b'{"s":"\\ud800"}'),  # orjson refuses an unpaired surrogate
+        ({1: 2**64}, b'{"1":18446744073709551616}'),
+        ({"s": "caf\u00e9"}, '{"s":"café"}'.encode()),
+    ],
+)
+def test_what_orjson_refuses_is_written_by_json(value: Any, written: bytes) -> None:
+    assert jsontext.dumps(value) == written
+
+
 @pytest.mark.parametrize("value", [5, 2.5, True, None])
 def test_what_is_not_text_is_refused_as_json_refuses_it(value: Any) -> None:
     # SQLite hands back a JSON number as a number; SQLAlchemy's SQLite dialect keeps it
