@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import uuid
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
@@ -69,6 +70,13 @@ EVENT_COLUMNS = (
 EVENT_SHARED = 7
 
 
+@functools.cache
+def _allowed(source: str | None, target: str) -> bool:
+    """Whether the state machine allows a run to move from ``source`` to ``target``
+    (a pure function of two names: asked once per pair, not once per event)."""
+    return not illegal_transitions([(source, target)])
+
+
 def event_record(
     *,
     at: datetime,
@@ -86,7 +94,7 @@ def event_record(
     """An event's values, in the order of :data:`EVENT_COLUMNS`. A ``run.transition``
     must be one the state machine allows (a run begins SCHEDULED): a statement about to
     record another fails before it is written."""
-    if kind == "run.transition" and illegal_transitions([(from_state, to_state or "")]):
+    if kind == "run.transition" and not _allowed(from_state, to_state or ""):
         raise IllegalTransitionError(
             f"a run cannot move from {from_state or 'nothing'} to {to_state}",
             source=from_state,
