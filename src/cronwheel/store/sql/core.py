@@ -300,17 +300,38 @@ class SqlCore(Store):
         """Lock the selected runs that are not finished, in id order, before touching
         their job: every path that changes runs and their job (results, expiry, cancel,
         pause) then takes run locks before the job's, so they cannot deadlock, and a
-        retry committed meanwhile cannot slip past a cancel."""
-        await conn.execute(
-            sa.select(runs.c.id)
-            .where(
-                runs.c.tenant_id == tenant_id,
-                where,
-                runs.c.state.in_(sorted(s.value for s in ACTIVE_STATES)),
+        retry committed meanwhile cannot slip past a cancel.
+
+        A workflow run's live nodes are locked before it (the selected nodes, and every
+        node of a selected workflow run): a node's end locks its node, then its workflow
+        run to advance it, and a cancel taking them the other way round would wait for
+        each other."""
+        live = runs.c.state.in_(sorted(s.value for s in ACTIVE_STATES))
+        owners = (
+            (
+                await conn.execute(
+                    sa.select(runs.c.id).where(
+                        runs.c.tenant_id == tenant_id,
+                        where,
+                        live,
+                        runs.c.pool == WORKFLOW_POOL,
+                        runs.c.workflow_run_id.is_(None),
+                    )
+                )
             )
-            .order_by(runs.c.id)
-            .with_for_update()
+            .scalars()
+            .all()
         )
+        nodes = sa.and_(where, runs.c.workflow_run_id.is_not(None))
+        if owners:
+            nodes = sa.or_(nodes, self.driver.id_in(runs.c.workflow_run_id, list(owners)))
+        for chosen in (nodes, where):
+            await conn.execute(
+                sa.select(runs.c.id)
+                .where(runs.c.tenant_id == tenant_id, chosen, live)
+                .order_by(runs.c.id)
+                .with_for_update()
+            )
 
     async def _cancel_runs(
         self,
