@@ -423,11 +423,23 @@ async def start_many(
 
 _COMPLETE = f"""
 {NOW},
+-- The runs are locked first, in id order, as every path that changes many runs at once
+-- takes them (a cancel, a pause, in bulk or of a job): taken in the batch's own order,
+-- a run could be held while another is waited for, held by such a path waiting for it.
+ordered AS (
+    SELECT r.id FROM runs r
+    WHERE r.id IN (SELECT a.run_id FROM attempts a
+                   WHERE a.id = ANY($2::uuid[]) AND a.state = 'RUNNING'
+                     AND ($5::uuid IS NULL OR a.tenant_id = $5))
+    ORDER BY r.id
+    FOR UPDATE OF r
+),
 done AS (
     UPDATE attempts a SET state = 'SUCCEEDED', finished_at = t.now, result = v.result
     FROM t, unnest($2::uuid[], $3::bigint[], $4::jsonb[]) AS v(id, token, result)
     WHERE a.id = v.id AND a.fencing_token = v.token AND a.state = 'RUNNING'
       AND ($5::uuid IS NULL OR a.tenant_id = $5)
+      AND (SELECT count(*) FROM ordered) >= 0  -- evaluated once, before any row
     RETURNING a.id, a.fencing_token, a.run_id, v.result, a.started_at, t.now AS now
 ),
 finished AS (

@@ -1,0 +1,84 @@
+"""A worker's batch of results locks its runs in id order, as every path that changes
+many runs at once does (a cancel or a pause, in bulk or of a job: ``_lock_live_runs``).
+Taken in the batch's own order, a batch could hold one run while it waits for another
+that such a path holds, itself waiting for the first: both stuck until PostgreSQL fails
+one. On PostgreSQL only (SQLite runs one write transaction at a time)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from cronwheel.store import CompleteItem, Store
+from cronwheel.store.schema import runs
+from cronwheel.testing import wait_until_async
+
+from .helpers import (
+    at,
+    create_jobs,
+    engine_of,
+    fire,
+    make_tenant,
+    register_worker,
+)
+
+
+async def _blocked(watcher: AsyncConnection) -> bool:
+    """Whether a session of this database waits on a row lock (read in a transaction of
+    its own: activity is read once per transaction)."""
+    query = sa.text(
+        "SELECT count(*) FROM pg_stat_activity "
+        "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+    )
+    try:
+        return int((await watcher.execute(query)).scalar_one()) > 0
+    finally:
+        await watcher.rollback()
+
+
+async def test_a_batch_of_results_takes_its_runs_in_id_order(store: Store) -> None:
+    engine = engine_of(store)
+    if engine.dialect.name != "postgresql":
+        pytest.skip("SQLite runs one write transaction at a time: nothing can overlap")
+    tenant = await make_tenant(store)
+    # Many runs leased: the batch's attempts and runs are then found by key, in the
+    # batch's order, rather than by reading small tables in the order they were written.
+    await fire(store, await create_jobs(store, tenant.id, 2000, due_at=at(0)), now=at(0))
+    worker = await register_worker(store, tenant.id, now=at(1))
+    leased = []
+    for _ in range(2):
+        leased += await store.attempts_lease(worker=worker, max=1000, now=at(1))
+    assert len(leased) == 2000
+    await engine.dispose()  # no plan made for the small tables stays cached
+    async with engine.begin() as conn:
+        await conn.execute(sa.text("ANALYZE runs, attempts"))
+    first, second = sorted(leased, key=lambda a: a.run_id)[1000:1002]
+    # The batch names the later run first: its own order is not the lock order.
+    items = [CompleteItem(a.attempt_id, a.fencing_token, {"n": 1}) for a in (second, first)]
+
+    async with engine.connect() as bulk, engine.connect() as watcher:
+        # A cancel in bulk, half done: it took the first run, in id order.
+        await bulk.begin()
+        await bulk.execute(sa.select(runs.c.id).where(runs.c.id == first.run_id).with_for_update())
+        results = asyncio.create_task(store.attempts_complete_many(items=items, now=at(2)))
+
+        async def waiting() -> bool:
+            assert not results.done(), "the batch went ahead past a locked run"
+            return await _blocked(watcher)
+
+        await wait_until_async(waiting, 10, what="the batch waiting on the first run")
+        # The cancel goes on to the second run: free, since the batch waits on the
+        # first before it takes any other (taking the second first, this would fail).
+        locked = await bulk.execute(
+            sa.select(runs.c.id).where(runs.c.id == second.run_id).with_for_update(nowait=True)
+        )
+        assert locked.scalar_one() == second.run_id
+        await bulk.commit()
+        outcomes = await asyncio.wait_for(results, timeout=10)
+
+    assert [o.ok for o in outcomes] == [True, True]
+    for a in (first, second):
+        assert (await store.runs_get(tenant.id, a.run_id)).state.value == "SUCCESS"
