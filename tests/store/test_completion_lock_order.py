@@ -12,7 +12,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from cronwheel.store import CompleteItem, Store
+from cronwheel.store import CompleteItem, FailItem, Store
 from cronwheel.store.schema import runs
 from cronwheel.testing import wait_until_async
 
@@ -39,7 +39,8 @@ async def _blocked(watcher: AsyncConnection) -> bool:
         await watcher.rollback()
 
 
-async def test_a_batch_of_results_takes_its_runs_in_id_order(store: Store) -> None:
+@pytest.mark.parametrize("outcome", ["completed", "failed"])
+async def test_a_batch_of_results_takes_its_runs_in_id_order(store: Store, outcome: str) -> None:
     engine = engine_of(store)
     if engine.dialect.name != "postgresql":
         pytest.skip("SQLite runs one write transaction at a time: nothing can overlap")
@@ -57,13 +58,21 @@ async def test_a_batch_of_results_takes_its_runs_in_id_order(store: Store) -> No
         await conn.execute(sa.text("ANALYZE runs, attempts"))
     first, second = sorted(leased, key=lambda a: a.run_id)[1000:1002]
     # The batch names the later run first: its own order is not the lock order.
-    items = [CompleteItem(a.attempt_id, a.fencing_token, {"n": 1}) for a in (second, first)]
+    if outcome == "completed":
+        done = [CompleteItem(a.attempt_id, a.fencing_token, {"n": 1}) for a in (second, first)]
+        report = store.attempts_complete_many(items=done, now=at(2))
+    else:
+        failed = [
+            FailItem(a.attempt_id, a.fencing_token, "boom", retryable=False)
+            for a in (second, first)
+        ]
+        report = store.attempts_fail_many(items=failed, now=at(2))
 
     async with engine.connect() as bulk, engine.connect() as watcher:
         # A cancel in bulk, half done: it took the first run, in id order.
         await bulk.begin()
         await bulk.execute(sa.select(runs.c.id).where(runs.c.id == first.run_id).with_for_update())
-        results = asyncio.create_task(store.attempts_complete_many(items=items, now=at(2)))
+        results = asyncio.create_task(report)
 
         async def waiting() -> bool:
             assert not results.done(), "the batch went ahead past a locked run"
@@ -80,5 +89,6 @@ async def test_a_batch_of_results_takes_its_runs_in_id_order(store: Store) -> No
         outcomes = await asyncio.wait_for(results, timeout=10)
 
     assert [o.ok for o in outcomes] == [True, True]
+    expected = "SUCCESS" if outcome == "completed" else "FAILED"
     for a in (first, second):
-        assert (await store.runs_get(tenant.id, a.run_id)).state.value == "SUCCESS"
+        assert (await store.runs_get(tenant.id, a.run_id)).state.value == expected

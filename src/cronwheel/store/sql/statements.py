@@ -148,11 +148,21 @@ async def attempts_end(
     tenant_id: uuid.UUID | None,
 ) -> tuple[dict[uuid.UUID, uuid.UUID], set[tuple[uuid.UUID, int]]]:
     """End the live attempts among ``items``; returns ``{attempt_id: run_id}`` and the
-    (attempt id, token) pairs that ended."""
+    (attempt id, token) pairs that ended. Their runs are locked first, in id order, as
+    every path that changes many runs at once takes them (a cancel or a pause, in bulk
+    or of a job): taken in the batch's own order, one could be held while another is
+    waited for, held by such a path waiting for the first."""
+    live = attempts_live(items, tenant_id)
+    await conn.execute(
+        sa.select(runs.c.id)
+        .where(runs.c.id.in_(sa.select(attempts.c.run_id).where(live)))
+        .order_by(runs.c.id)
+        .with_for_update()
+    )
     rows = (
         await conn.execute(
             attempts.update()
-            .where(attempts_live(items, tenant_id))
+            .where(live)
             .values(state=state.value, finished_at=at)
             .returning(attempts.c.id, attempts.c.run_id, attempts.c.fencing_token)
         )
