@@ -302,10 +302,12 @@ class SqlCore(Store):
         pause) then takes run locks before the job's, so they cannot deadlock, and a
         retry committed meanwhile cannot slip past a cancel.
 
-        A workflow run's live nodes are locked before it (the selected nodes, and every
-        node of a selected workflow run): a node's end locks its node, then its workflow
-        run to advance it, and a cancel taking them the other way round would wait for
-        each other."""
+        Workflow runs come last: first every selected run that is not one (plain runs
+        and nodes) together with the live nodes of the selected workflow runs, in id
+        order, then the workflow runs, in id order. That is the order of a worker's
+        batch of results: its runs (plain runs and nodes) in id order, then the workflow
+        runs it advances. Any other order could hold a run such a batch waits for while
+        waiting for one it holds."""
         live = runs.c.state.in_(sorted(s.value for s in ACTIVE_STATES))
         owners = (
             (
@@ -322,10 +324,16 @@ class SqlCore(Store):
             .scalars()
             .all()
         )
-        nodes = sa.and_(where, runs.c.workflow_run_id.is_not(None))
-        if owners:
-            nodes = sa.or_(nodes, self.driver.id_in(runs.c.workflow_run_id, list(owners)))
-        for chosen in (nodes, where):
+        not_owners = sa.and_(
+            where,
+            sa.or_(runs.c.workflow_run_id.is_not(None), runs.c.pool != WORKFLOW_POOL),
+        )
+        first = (
+            sa.or_(not_owners, self.driver.id_in(runs.c.workflow_run_id, list(owners)))
+            if owners
+            else not_owners
+        )
+        for chosen in (first, where):
             await conn.execute(
                 sa.select(runs.c.id)
                 .where(runs.c.tenant_id == tenant_id, chosen, live)
