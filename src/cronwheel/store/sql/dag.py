@@ -196,13 +196,10 @@ async def advance(
                 runs.c.cancel_requested,
                 runs.c.payload,
                 runs.c.fire_at,
-                # Whether the nodes it makes ready are parked: read with it, not after.
-                (jobs.c.state == JobState.PAUSED.value).label("paused"),
             )
-            .select_from(runs.join(jobs, jobs.c.id == runs.c.job_id))
             .where(core.driver.id_in(runs.c.id, ids), runs.c.state == RunState.RUNNING.value)
             .order_by(runs.c.id)
-            .with_for_update(of=runs)  # one decision at a time per workflow run
+            .with_for_update()  # one decision at a time per workflow run
         )
     ).all()
     if not owners:
@@ -231,7 +228,7 @@ async def advance(
             continue  # nodes not all created: not this workflow run's DAG (never so)
         decided = decide(dag, states, cancelled=w.cancel_requested)
         decided_runs.append(_Decided(w, dag, mine, states, decided))
-    results = await _upstream_results(core, conn, [d for d in decided_runs if d.decided.ready])
+    results, paused = await _ready_details(core, conn, [d for d in decided_runs if d.decided.ready])
     ready_rows: list[dict[str, Any]] = []
     skipped_rows: list[dict[str, Any]] = []
     ended_rows: list[dict[str, Any]] = []
@@ -240,7 +237,7 @@ async def advance(
     finished_jobs: list[uuid.UUID] = []
     for w, dag, mine, states, decided in decided_runs:
         by_name = dag.by_name
-        on_hold = bool(w.paused)
+        on_hold = w.job_id in paused
         for name in decided.ready:
             node = by_name[name]
             run_id = mine[name]
@@ -312,11 +309,16 @@ class _Decided(NamedTuple):
     decided: Decisions
 
 
-async def _upstream_results(
+async def _ready_details(
     core: _Core, conn: AsyncConnection, ready: Sequence[_Decided]
-) -> dict[uuid.UUID, Any]:
-    """For workflow runs with nodes to make ready: the result of each of those nodes'
-    succeeded upstream nodes, by run id (what their payloads pass on)."""
+) -> tuple[dict[uuid.UUID, Any], set[uuid.UUID]]:
+    """For workflow runs with nodes to make ready: the result of each of their
+    succeeded upstream nodes, by run id (what their payloads pass on); and which of
+    their workflows are paused — read here, by a statement of its own after the
+    workflow runs are locked: read with the lock, a pause committed while the lock was
+    waited for would not be seen (PostgreSQL reads again only the row it locked)."""
+    if not ready:
+        return {}, set()
     wanted: set[uuid.UUID] = set()
     names: set[str] = set()
     for d in ready:
@@ -324,19 +326,31 @@ async def _upstream_results(
             up = [u for u in d.dag.by_name[name].after if d.states[u] is RunState.SUCCESS]
             names.update(up)
             wanted.update(d.nodes[u] for u in up)
-    if not wanted:
-        return {}
     # Read through the workflow runs' nodes index: a fan-in's sink needs them all.
-    return {
-        run_id: result
-        for run_id, result in await conn.execute(
-            sa.select(runs.c.id, runs.c.result).where(
-                core.driver.id_in(runs.c.workflow_run_id, [d.run.id for d in ready]),
-                core.driver.id_in(runs.c.node, sorted(names)),
+    results = (
+        {
+            run_id: result
+            for run_id, result in await conn.execute(
+                sa.select(runs.c.id, runs.c.result).where(
+                    core.driver.id_in(runs.c.workflow_run_id, [d.run.id for d in ready]),
+                    core.driver.id_in(runs.c.node, sorted(names)),
+                )
+            )
+            if run_id in wanted
+        }
+        if wanted
+        else {}
+    )
+    paused = {
+        r.id
+        for r in await conn.execute(
+            sa.select(jobs.c.id).where(
+                core.driver.id_in(jobs.c.id, list({d.run.job_id for d in ready})),
+                jobs.c.state == JobState.PAUSED.value,
             )
         )
-        if run_id in wanted
     }
+    return results, paused
 
 
 async def _update_alike(
