@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from cronwheel.client import AsyncClient
+from cronwheel.client import ApiError, AsyncClient
 from cronwheel.worker.outbox import Outbox, WorkerStats
 from cronwheel.worker.protocol import (
     BatchOutcomes,
@@ -106,3 +106,67 @@ async def test_a_workflow_nodes_outcome_goes_at_once_with_what_waited(
         await protocol.arrived.wait()
     assert sorted(protocol.sent[0]) == ["a-1", "node-1"]
     assert box.pending() == 0
+
+
+async def test_a_workflow_nodes_outcome_ends_the_wait_for_runs_about_to_start() -> None:
+    """While runs are about to begin, a worker's outcomes wait (up to two seconds): the
+    starts go first. A node's outcome queued during that wait ends it."""
+    protocol = NotingProtocol()
+    box = Outbox(
+        protocol,
+        WorkerStats(),
+        flush_delay=0.0,  # nothing gathered: the wait is the deferral's alone
+        flush_size=100,
+        backoff_max=1.0,
+        on_settled=lambda _attempt: None,
+        defer_to=lambda: True,  # runs are always about to begin
+    )
+    runner = asyncio.create_task(box.run())
+    try:
+        box.add(Completion("a-1", 1, {"ok": True}))
+        await asyncio.sleep(0.05)  # the outbox is deferring it now
+        assert protocol.sent == []
+        box.add(Completion("node-1", 1, {"ok": True}, urgent=True))
+        async with asyncio.timeout(1):  # the deferral lasts 2 s: it must end sooner
+            await protocol.arrived.wait()
+        assert sorted(protocol.sent[0]) == ["a-1", "node-1"]
+    finally:
+        runner.cancel()
+        await asyncio.gather(runner, return_exceptions=True)
+
+
+class RefusingResults(NotingProtocol):
+    """Refuses every result (as the server refuses one too large to store)."""
+
+    async def batch(
+        self,
+        *,
+        heartbeats: Sequence[Any] = (),
+        completions: Sequence[Completion] = (),
+        failures: Sequence[Failure] = (),
+        releases: Sequence[TokenRef] = (),
+    ) -> BatchOutcomes:
+        if completions:
+            raise ApiError(422, "validation_error", "result: too large")
+        return await super().batch(failures=failures, releases=releases)
+
+
+async def test_a_nodes_refused_result_goes_back_at_once_as_its_failure() -> None:
+    protocol = RefusingResults()
+    box = Outbox(
+        protocol,
+        WorkerStats(),
+        flush_delay=GATHER,
+        flush_size=100,
+        backoff_max=1.0,
+        on_settled=lambda _attempt: None,
+    )
+    runner = asyncio.create_task(box.run())
+    try:
+        box.add(Completion("node-1", 1, {"big": "x"}, urgent=True))
+        async with asyncio.timeout(1):  # not after GATHER: it still readies nodes
+            await protocol.arrived.wait()
+        assert protocol.sent == [["node-1"]]
+    finally:
+        runner.cancel()
+        await asyncio.gather(runner, return_exceptions=True)

@@ -166,8 +166,11 @@ class Outbox:
         if self.defer_to is None or self._hurry.is_set():
             return
         end = time.monotonic() + _MAX_DEFER
-        # Polled: the condition turns true by the clock (a start falls due), not by an event.
-        while self.defer_to() and time.monotonic() < end:  # noqa: ASYNC110
+        # Polled: the condition turns true by the clock (a start falls due), not by an
+        # event. An outcome that must not wait, queued meanwhile, ends the wait.
+        while (  # noqa: ASYNC110
+            self.defer_to() and not self._hurry.is_set() and time.monotonic() < end
+        ):
             await asyncio.sleep(_DEFER_POLL)
 
     async def flush_once(self) -> bool:
@@ -231,6 +234,7 @@ class Outbox:
                             item.fencing_token,
                             f"the server refused the handler's result: {exc}",
                             retryable=False,
+                            urgent=item.urgent,
                         )
                     )
                     continue
