@@ -3,20 +3,24 @@ through their states with explicit instants, so every test reads as its scenario
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import uuid
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
-from sqlalchemy.ext.asyncio import AsyncEngine
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from cronwheel.domain.audit import Actor
 from cronwheel.domain.model import Event, FiredRun, Job, LeasedAttempt, NewJob, Run, Tenant, Worker
 from cronwheel.domain.sharding import NUM_SHARDS
 from cronwheel.domain.spec import JobSpec
 from cronwheel.store import Store
+from cronwheel.store.schema import runs
 from cronwheel.store.sql import SqlStore
+from cronwheel.testing import wait_until_async
 
 __all__ = [
     "ALL_SHARDS",
@@ -35,8 +39,12 @@ __all__ = [
     "make_tenant",
     "new_job",
     "register_worker",
+    "takes_in_order",
     "transitions_of",
+    "until_lock_wait",
 ]
+
+T = TypeVar("T")
 
 # A fixed instant far from the real clock: a store that used its own clock where a
 # test passed ``now`` would be caught by every assertion on times.
@@ -201,3 +209,48 @@ async def transitions_of(
         for e in await events_of(store, tenant_id, run_id=run_id)
         if e.kind == "run.transition"
     ]
+
+
+async def until_lock_wait(watcher: AsyncConnection, task: asyncio.Task[Any], what: str) -> None:
+    """Wait until some session of this database waits on a row lock (``task``'s, which
+    must not have ended meanwhile). PostgreSQL only."""
+    query = sa.text(
+        "SELECT count(*) FROM pg_stat_activity "
+        "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+    )
+
+    async def blocked() -> bool:
+        assert not task.done(), f"it went ahead instead of waiting: {what}"
+        try:  # activity is read once per transaction: each reading in one of its own
+            return int((await watcher.execute(query)).scalar_one()) > 0
+        finally:
+            await watcher.rollback()
+
+    await wait_until_async(blocked, 10, what=what)
+    assert not task.done()
+
+
+async def takes_in_order(
+    store: Store, first: uuid.UUID, then: uuid.UUID, act: Coroutine[Any, Any, T]
+) -> T:
+    """That ``act`` takes the run ``first`` before ``then``: another transaction holds
+    ``first`` and is about to take ``then``, as a path locking both in that order would;
+    ``act`` must wait on ``first`` holding nothing, so the other one takes ``then``
+    without waiting (a lock ``act`` held there fails it: NOWAIT), commits, and ``act``
+    goes on. Returns what ``act`` returned. PostgreSQL only."""
+    engine = engine_of(store)
+    async with engine.connect() as other, engine.connect() as watcher:
+        await other.begin()
+        await other.execute(sa.select(runs.c.id).where(runs.c.id == first).with_for_update())
+        task = asyncio.create_task(act)
+        try:
+            await until_lock_wait(watcher, task, "waiting on the first run's lock")
+            locked = await other.execute(
+                sa.select(runs.c.id).where(runs.c.id == then).with_for_update(nowait=True)
+            )
+            assert locked.scalar_one() == then
+            await other.commit()
+            return await asyncio.wait_for(task, timeout=10)
+        finally:
+            if not task.done():
+                task.cancel()

@@ -6,37 +6,12 @@ one. On PostgreSQL only (SQLite runs one write transaction at a time)."""
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from cronwheel.store import CompleteItem, FailItem, Store
-from cronwheel.store.schema import runs
-from cronwheel.testing import wait_until_async
 
-from .helpers import (
-    at,
-    create_jobs,
-    engine_of,
-    fire,
-    make_tenant,
-    register_worker,
-)
-
-
-async def _blocked(watcher: AsyncConnection) -> bool:
-    """Whether a session of this database waits on a row lock (read in a transaction of
-    its own: activity is read once per transaction)."""
-    query = sa.text(
-        "SELECT count(*) FROM pg_stat_activity "
-        "WHERE datname = current_database() AND wait_event_type = 'Lock'"
-    )
-    try:
-        return int((await watcher.execute(query)).scalar_one()) > 0
-    finally:
-        await watcher.rollback()
+from .helpers import at, create_jobs, engine_of, fire, make_tenant, register_worker, takes_in_order
 
 
 @pytest.mark.parametrize("outcome", ["completed", "failed"])
@@ -68,25 +43,8 @@ async def test_a_batch_of_results_takes_its_runs_in_id_order(store: Store, outco
         ]
         report = store.attempts_fail_many(items=failed, now=at(2))
 
-    async with engine.connect() as bulk, engine.connect() as watcher:
-        # A cancel in bulk, half done: it took the first run, in id order.
-        await bulk.begin()
-        await bulk.execute(sa.select(runs.c.id).where(runs.c.id == first.run_id).with_for_update())
-        results = asyncio.create_task(report)
-
-        async def waiting() -> bool:
-            assert not results.done(), "the batch went ahead past a locked run"
-            return await _blocked(watcher)
-
-        await wait_until_async(waiting, 10, what="the batch waiting on the first run")
-        # The cancel goes on to the second run: free, since the batch waits on the
-        # first before it takes any other (taking the second first, this would fail).
-        locked = await bulk.execute(
-            sa.select(runs.c.id).where(runs.c.id == second.run_id).with_for_update(nowait=True)
-        )
-        assert locked.scalar_one() == second.run_id
-        await bulk.commit()
-        outcomes = await asyncio.wait_for(results, timeout=10)
+    # A cancel in bulk, half done, holds the first run and is about to take the second.
+    outcomes = await takes_in_order(store, first.run_id, second.run_id, report)
 
     assert [o.ok for o in outcomes] == [True, True]
     expected = "SUCCESS" if outcome == "completed" else "FAILED"

@@ -5,17 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from cronwheel.domain.errors import NotFoundError, WorkerDeregisteredError
 from cronwheel.domain.states import AttemptState, RunState
 from cronwheel.store import Store
 from cronwheel.store.schema import workers
-from cronwheel.testing import wait_until_async
 
 from .helpers import (
     T0,
@@ -26,6 +23,7 @@ from .helpers import (
     hold_all_shards,
     make_tenant,
     register_worker,
+    until_lock_wait,
 )
 
 
@@ -86,7 +84,7 @@ async def test_a_lease_waits_for_a_deregistration_in_flight_and_gets_nothing(
             workers.update().where(workers.c.id == worker.id).values(deregistered_at=at(1))
         )
         lease = asyncio.create_task(store.attempts_lease(worker=worker, max=10, now=at(1)))
-        await _until_blocked(watcher, lease)
+        await until_lock_wait(watcher, lease, "the lease waiting on the worker's row")
         await deregistering.commit()
 
         with pytest.raises(WorkerDeregisteredError):
@@ -112,7 +110,7 @@ async def test_a_deregistration_waits_for_a_lease_in_flight_and_releases_its_run
             sa.select(workers.c.id).where(workers.c.id == worker.id).with_for_update(read=True)
         )
         deregister = asyncio.create_task(store.workers_deregister(worker.id, now=at(1)))
-        await _until_blocked(watcher, deregister)
+        await until_lock_wait(watcher, deregister, "the deregistration waiting on the worker's row")
         # Meanwhile the lease goes on in another transaction and commits first.
         [leased] = await store.attempts_lease(worker=worker, max=10, now=at(1))
         await leasing.commit()
@@ -129,29 +127,6 @@ async def test_a_deregistration_waits_for_a_lease_in_flight_and_releases_its_run
 def _postgres_only(store: Store) -> None:
     if engine_of(store).dialect.name != "postgresql":
         pytest.skip("SQLite runs one write transaction at a time: nothing can overlap")
-
-
-async def _until_blocked(watcher: AsyncConnection, task: asyncio.Task[Any]) -> None:
-    """Wait until some session of this database waits on a row lock (the task's)."""
-    query = sa.text(
-        "SELECT count(*) FROM pg_stat_activity "
-        "WHERE datname = current_database() AND wait_event_type = 'Lock'"
-    )
-
-    async def blocked() -> bool:
-        assert not task.done(), "it went ahead instead of waiting for the row"
-        return await _waiting(watcher, query) > 0
-
-    await wait_until_async(blocked, 10, what="a session waiting on the row lock")
-    assert not task.done()
-
-
-async def _waiting(watcher: AsyncConnection, query: sa.TextClause) -> int:
-    # Activity is read once per transaction: each reading in a transaction of its own.
-    try:
-        return int((await watcher.execute(query)).scalar_one())
-    finally:
-        await watcher.rollback()
 
 
 async def test_leasing_for_an_unknown_worker_is_not_found(store: Store) -> None:

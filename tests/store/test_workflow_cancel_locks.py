@@ -1,45 +1,50 @@
-"""Cancelling a workflow run while one of its nodes ends, on PostgreSQL (SQLite runs one
-write transaction at a time: nothing can overlap). A node's end locks its node's run,
-then its workflow run to advance it; a cancel must take them in that order too, or the
-two wait for each other until PostgreSQL breaks the deadlock by failing one."""
+"""Cancelling runs of workflows while their nodes end, on PostgreSQL (SQLite runs one
+write transaction at a time: nothing can overlap). A worker's batch of results locks
+its runs in id order, then the workflow runs it advances; a cancel must take them in
+that order too, or the two wait for each other until PostgreSQL breaks the deadlock by
+failing one."""
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from cronwheel.domain.audit import Actor
 from cronwheel.domain.bulk import OperationState, Selector
 from cronwheel.store import Store
 from cronwheel.store.schema import runs
-from cronwheel.testing import wait_until_async
 
-from .helpers import at, create_job, engine_of, fire, make_tenant, register_worker
+from .helpers import (
+    at,
+    create_job,
+    engine_of,
+    fire,
+    make_tenant,
+    register_worker,
+    takes_in_order,
+)
 from .test_workflows import create, nodes_of
 
 CHAIN = [{"name": "a"}, {"name": "b", "after": ["a"]}, {"name": "c", "after": ["b"]}]
 
 
-async def _blocked(watcher: AsyncConnection) -> bool:
-    """Whether a session of this database waits on a row lock (read in a transaction of
-    its own: activity is read once per transaction)."""
-    query = sa.text(
-        "SELECT count(*) FROM pg_stat_activity "
-        "WHERE datname = current_database() AND wait_event_type = 'Lock'"
-    )
-    try:
-        return int((await watcher.execute(query)).scalar_one()) > 0
-    finally:
-        await watcher.rollback()
+@pytest.fixture(autouse=True)
+def _postgres_only(store: Store) -> None:
+    if engine_of(store).dialect.name != "postgresql":
+        pytest.skip("SQLite runs one write transaction at a time: nothing can overlap")
+
+
+async def _asked_to_stop(store: Store, tenant_id: object) -> set[object]:
+    async with engine_of(store).connect() as conn:
+        rows = await conn.execute(
+            sa.select(runs.c.id).where(
+                runs.c.tenant_id == tenant_id, runs.c.cancel_requested.is_(sa.true())
+            )
+        )
+        return set(rows.scalars())
 
 
 async def test_a_cancel_takes_the_nodes_before_the_workflow_run(store: Store) -> None:
-    engine = engine_of(store)
-    if engine.dialect.name != "postgresql":
-        pytest.skip("SQLite runs one write transaction at a time: nothing can overlap")
     tenant = await make_tenant(store)
     wf = await create(store, tenant.id, CHAIN)
     await fire(store, [wf], now=at(0))
@@ -47,34 +52,12 @@ async def test_a_cancel_takes_the_nodes_before_the_workflow_run(store: Store) ->
     [leased] = await store.attempts_lease(worker=worker, max=10, now=at(1))
     assert (await nodes_of(store, tenant.id, wf))["a"].state.value == "RUNNING"
 
-    async with engine.connect() as ending, engine.connect() as watcher:
-        # A node's end, half done: its run is locked, its workflow run not yet.
-        await ending.begin()
-        await ending.execute(
-            runs.update().where(runs.c.id == leased.run_id).values(reason=runs.c.reason)
-        )
-        cancel = asyncio.create_task(store.runs_cancel(tenant.id, wf.id, now=at(2)))
+    # A node's end, half done, holds its run and is about to take its workflow run.
+    await takes_in_order(
+        store, leased.run_id, wf.id, store.runs_cancel(tenant.id, wf.id, now=at(2))
+    )
 
-        async def waiting() -> bool:
-            assert not cancel.done(), "the cancel went ahead past a locked node"
-            return await _blocked(watcher)
-
-        await wait_until_async(waiting, 10, what="the cancel waiting on the node's lock")
-        # The end goes on to lock the workflow run: free, since the cancel waits on the
-        # node first (the other order would hold it here, and this would fail).
-        locked = await ending.execute(
-            sa.select(runs.c.id).where(runs.c.id == wf.id).with_for_update(nowait=True)
-        )
-        assert locked.scalar_one() == wf.id
-        await ending.commit()
-        await asyncio.wait_for(cancel, timeout=10)
-        asked = await watcher.execute(
-            sa.select(runs.c.id).where(
-                runs.c.tenant_id == tenant.id, runs.c.cancel_requested.is_(sa.true())
-            )
-        )
-        assert set(asked.scalars()) == {wf.id, leased.run_id}  # asked to stop, running
-
+    assert await _asked_to_stop(store, tenant.id) == {wf.id, leased.run_id}
     nodes = await nodes_of(store, tenant.id, wf)
     assert [nodes[n].state.value for n in "abc"] == ["RUNNING", "CANCELLED", "CANCELLED"]
 
@@ -83,9 +66,6 @@ async def test_a_bulk_cancel_takes_plain_runs_and_nodes_in_one_id_order(store: S
     """A worker's batch of results holding a plain run and a node of a workflow run
     locks them in id order; a bulk cancel naming both must take them in that order too,
     the workflow runs only after them."""
-    engine = engine_of(store)
-    if engine.dialect.name != "postgresql":
-        pytest.skip("SQLite runs one write transaction at a time: nothing can overlap")
     tenant = await make_tenant(store)
     _job, plain = await create_job(store, tenant.id, due_at=at(0), now=at(-60))
     wf = await create(store, tenant.id, CHAIN)  # its nodes are made later: larger ids
@@ -103,30 +83,11 @@ async def test_a_bulk_cancel_takes_plain_runs_and_nodes_in_one_id_order(store: S
     )
     await store.operations_claim(owner="api-1", ttl=30, now=at(2))
 
-    async with engine.connect() as batch, engine.connect() as watcher:
-        # The batch of results, half done: it took the plain run, the first in id order.
-        await batch.begin()
-        await batch.execute(sa.select(runs.c.id).where(runs.c.id == plain.id).with_for_update())
-        step = asyncio.create_task(store.operations_step(op.id, owner="api-1", ttl=30, now=at(2)))
+    # The batch of results, half done, holds the plain run and is about to take the node.
+    done = await takes_in_order(
+        store, plain.id, node.id, store.operations_step(op.id, owner="api-1", ttl=30, now=at(2))
+    )
+    while done.state is not OperationState.DONE:
+        done = await store.operations_step(op.id, owner="api-1", ttl=30, now=at(2))
 
-        async def waiting() -> bool:
-            assert not step.done(), "the cancel went ahead past a locked run"
-            return await _blocked(watcher)
-
-        await wait_until_async(waiting, 10, what="the cancel waiting on the plain run")
-        # The batch goes on to the node: free, since the cancel waits on the plain run
-        # before it takes any other (taking the node first, this would fail).
-        locked = await batch.execute(
-            sa.select(runs.c.id).where(runs.c.id == node.id).with_for_update(nowait=True)
-        )
-        assert locked.scalar_one() == node.id
-        await batch.commit()
-        done = await asyncio.wait_for(step, timeout=10)
-        while done.state is not OperationState.DONE:
-            done = await store.operations_step(op.id, owner="api-1", ttl=30, now=at(2))
-        asked = await watcher.execute(
-            sa.select(runs.c.id).where(
-                runs.c.tenant_id == tenant.id, runs.c.cancel_requested.is_(sa.true())
-            )
-        )
-        assert set(asked.scalars()) >= {plain.id, node.id}
+    assert await _asked_to_stop(store, tenant.id) >= {plain.id, node.id}

@@ -6,6 +6,7 @@ it was sent."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -26,10 +27,13 @@ GATHER = 3600.0  # the outbox's wait to gather a batch: far longer than any test
 
 
 class NotingProtocol(WorkerProtocol):
-    """Answers every batch as accepted and notes the attempts of each."""
+    """Answers every batch as accepted and notes the attempts of each; with
+    ``refuse_results``, refuses a batch with results in it, as the server refuses one
+    too large to store."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, refuse_results: bool = False) -> None:
         super().__init__(AsyncClient("http://127.0.0.1:9", api_key="unused"))
+        self.refuse_results = refuse_results
         self.sent: list[list[str]] = []
         self.arrived = asyncio.Event()
 
@@ -41,6 +45,8 @@ class NotingProtocol(WorkerProtocol):
         failures: Sequence[Failure] = (),
         releases: Sequence[TokenRef] = (),
     ) -> BatchOutcomes:
+        if completions and self.refuse_results:
+            raise ApiError(422, "validation_error", "result: too large")
         items = [*completions, *failures, *releases]
         self.sent.append([i.attempt_id for i in items])
         self.arrived.set()
@@ -51,23 +57,33 @@ class NotingProtocol(WorkerProtocol):
         )
 
 
-@pytest.fixture
-async def outbox() -> AsyncIterator[tuple[Outbox, NotingProtocol]]:
-    protocol = NotingProtocol()
+@contextlib.asynccontextmanager
+async def running(
+    protocol: NotingProtocol, *, flush_delay: float = GATHER, defer_to: Any = None
+) -> AsyncIterator[Outbox]:
+    """An outbox sending through ``protocol``, its loop running."""
     box = Outbox(
         protocol,
         WorkerStats(),
-        flush_delay=GATHER,
+        flush_delay=flush_delay,
         flush_size=100,
         backoff_max=1.0,
         on_settled=lambda _attempt: None,
+        defer_to=defer_to,
     )
     runner = asyncio.create_task(box.run())
     try:
-        yield box, protocol
+        yield box
     finally:
         runner.cancel()
         await asyncio.gather(runner, return_exceptions=True)
+
+
+@pytest.fixture
+async def outbox() -> AsyncIterator[tuple[Outbox, NotingProtocol]]:
+    protocol = NotingProtocol()
+    async with running(protocol) as box:
+        yield box, protocol
 
 
 async def _settle() -> None:
@@ -112,61 +128,21 @@ async def test_a_workflow_nodes_outcome_ends_the_wait_for_runs_about_to_start() 
     """While runs are about to begin, a worker's outcomes wait (up to two seconds): the
     starts go first. A node's outcome queued during that wait ends it."""
     protocol = NotingProtocol()
-    box = Outbox(
-        protocol,
-        WorkerStats(),
-        flush_delay=0.0,  # nothing gathered: the wait is the deferral's alone
-        flush_size=100,
-        backoff_max=1.0,
-        on_settled=lambda _attempt: None,
-        defer_to=lambda: True,  # runs are always about to begin
-    )
-    runner = asyncio.create_task(box.run())
-    try:
+    # Nothing gathered: the wait is the deferral's alone; runs are always about to begin.
+    async with running(protocol, flush_delay=0.0, defer_to=lambda: True) as box:
         box.add(Completion("a-1", 1, {"ok": True}))
         await asyncio.sleep(0.05)  # the outbox is deferring it now
         assert protocol.sent == []
         box.add(Completion("node-1", 1, {"ok": True}, urgent=True))
         async with asyncio.timeout(1):  # the deferral lasts 2 s: it must end sooner
             await protocol.arrived.wait()
-        assert sorted(protocol.sent[0]) == ["a-1", "node-1"]
-    finally:
-        runner.cancel()
-        await asyncio.gather(runner, return_exceptions=True)
-
-
-class RefusingResults(NotingProtocol):
-    """Refuses every result (as the server refuses one too large to store)."""
-
-    async def batch(
-        self,
-        *,
-        heartbeats: Sequence[Any] = (),
-        completions: Sequence[Completion] = (),
-        failures: Sequence[Failure] = (),
-        releases: Sequence[TokenRef] = (),
-    ) -> BatchOutcomes:
-        if completions:
-            raise ApiError(422, "validation_error", "result: too large")
-        return await super().batch(failures=failures, releases=releases)
+    assert sorted(protocol.sent[0]) == ["a-1", "node-1"]
 
 
 async def test_a_nodes_refused_result_goes_back_at_once_as_its_failure() -> None:
-    protocol = RefusingResults()
-    box = Outbox(
-        protocol,
-        WorkerStats(),
-        flush_delay=GATHER,
-        flush_size=100,
-        backoff_max=1.0,
-        on_settled=lambda _attempt: None,
-    )
-    runner = asyncio.create_task(box.run())
-    try:
+    protocol = NotingProtocol(refuse_results=True)
+    async with running(protocol) as box:
         box.add(Completion("node-1", 1, {"big": "x"}, urgent=True))
         async with asyncio.timeout(1):  # not after GATHER: it still readies nodes
             await protocol.arrived.wait()
-        assert protocol.sent == [["node-1"]]
-    finally:
-        runner.cancel()
-        await asyncio.gather(runner, return_exceptions=True)
+    assert protocol.sent == [["node-1"]]
