@@ -24,9 +24,9 @@ from cronwheel.store import RunFilter, Store
 from cronwheel.store.sql import overlay
 from cronwheel.testing import wait_until_async
 
-from .helpers import at, engine_of, hold_all_shards, make_tenant, register_worker
+from .helpers import at, engine_of, hold_all_shards, make_tenant, register_worker, until_lock_wait
 from .test_overrides import minutely
-from .test_worker_deregistered import _postgres_only, _until_blocked
+from .test_worker_deregistered import _postgres_only
 
 
 async def test_a_run_triggered_while_an_override_waits_is_locked_before_it_is_changed(
@@ -79,7 +79,9 @@ async def test_a_run_triggered_while_an_override_waits_is_locked_before_it_is_ch
         )
     )
     async with engine.connect() as watcher:
-        await _until_blocked(watcher, override)  # on the job the trigger holds
+        await until_lock_wait(
+            watcher, override, "the override waiting on the job the trigger holds"
+        )
     release.set()
     triggered = await asyncio.wait_for(trigger, 10)
     made, _reached = await asyncio.wait_for(override, 10)
