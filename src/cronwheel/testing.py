@@ -213,23 +213,16 @@ class Cluster:
         concurrency: int,
         options: Sequence[str] = (),
     ) -> None:
-        """Start ``count`` ``cronwheel worker`` processes (``options``: more of its
-        command-line options, the same for each)."""
+        """Start ``count`` ``cronwheel worker`` processes, ``worker-0`` … (``options``:
+        more of its command-line options, the same for each)."""
         for i in range(count):
-            self.start(
+            self.start_worker(
                 f"worker-{i}",
-                "worker",
-                "--url",
-                self.url,
-                "--api-key",
                 api_key,
-                "--pool",
-                pool,
-                "--import",
-                module,
-                "--concurrency",
-                str(concurrency),
-                *options,
+                pool=pool,
+                module=module,
+                concurrency=concurrency,
+                options=options,
             )
 
     def start_worker(
@@ -244,9 +237,11 @@ class Cluster:
         tags: Sequence[str] = (),
         grace_period: float | None = None,
         env: Mapping[str, str] | None = None,
+        options: Sequence[str] = (),
     ) -> None:
         """Start one ``cronwheel worker`` as ``name`` (also its name on the server); it
-        declares the tasks of ``module``'s handlers, as every SDK worker does."""
+        declares the tasks of ``module``'s handlers, as every SDK worker does.
+        ``options``: more of its command-line options."""
         args = ["--url", self.url, "--api-key", api_key, "--pool", pool, "--import", module]
         args += ["--concurrency", str(concurrency), "--name", name]
         if grace_period is not None:
@@ -255,7 +250,7 @@ class Cluster:
             args += ["--capability", capability]
         for tag in tags:
             args += ["--tag", tag]
-        self.start(name, "worker", *args, env=env)
+        self.start(name, "worker", *args, *options, env=env)
 
     def pid(self, name: str) -> int:
         return self.procs[name].pid

@@ -328,12 +328,13 @@ class SqlCore(Store):
             where,
             sa.or_(runs.c.workflow_run_id.is_not(None), runs.c.pool != WORKFLOW_POOL),
         )
-        first = (
-            sa.or_(not_owners, self.driver.id_in(runs.c.workflow_run_id, list(owners)))
-            if owners
-            else not_owners
-        )
-        for chosen in (first, where):
+        steps = [not_owners]
+        if owners:  # their nodes with the rest, then the workflow runs themselves
+            steps = [
+                sa.or_(not_owners, self.driver.id_in(runs.c.workflow_run_id, list(owners))),
+                self.driver.id_in(runs.c.id, list(owners)),
+            ]
+        for chosen in steps:
             await conn.execute(
                 sa.select(runs.c.id)
                 .where(runs.c.tenant_id == tenant_id, chosen, live)
