@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-__all__ = ["dumps", "loads", "loads_fast"]
+__all__ = ["canonical", "dumps", "loads", "loads_fast"]
 
 # Digits as zeros: an integer of this many digits may be past 64 bits.
 _ZEROS = bytes.maketrans(b"123456789", b"000000000")
@@ -60,3 +60,12 @@ def dumps(value: Any) -> bytes:
     except TypeError:  # orjson.JSONEncodeError is one
         # ASCII: an unpaired surrogate (which orjson refuses) is written as its escape.
         return json.dumps(value, separators=(",", ":")).encode()
+
+
+def canonical(value: Any) -> bytes:
+    """``value`` as JSON text with its keys sorted: equal values, equal texts (a key
+    to group values by). Values not JSON (an instant) are written as their text."""
+    try:
+        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS, default=str)
+    except TypeError:
+        return json.dumps(value, separators=(",", ":"), sort_keys=True, default=str).encode()

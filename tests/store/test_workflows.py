@@ -349,3 +349,26 @@ async def test_a_node_is_due_when_it_became_ready(store: Store) -> None:
     assert b.due_at == at(30)
     b_run = await store.runs_get(tenant.id, b.run_id)
     assert (b_run.due_at, b_run.fire_at) == (T0, at(30))
+
+
+async def test_payloads_and_results_with_integers_past_64_bits_flow_on(store: Store) -> None:
+    """Nodes made ready together are grouped by their payloads' JSON: an integer
+    orjson cannot write must not stop the workflow run."""
+    tenant = await make_tenant(store)
+    big = 2**70
+    wf = await create(
+        store,
+        tenant.id,
+        [
+            {"name": "a", "payload": {"n": big}},
+            {"name": "b", "after": ["a"], "payload": {"n": big}},
+            {"name": "c", "after": ["a"], "payload": {"n": big}},
+        ],
+    )
+    await fire(store, [wf], now=T0)
+    runner = Runner(store, tenant.id)
+    assert await runner.step({}) == ["a"]
+    assert await runner.step({}) == ["b", "c"]
+    nodes = await nodes_of(store, tenant.id, wf)
+    assert nodes["b"].payload == {"n": big, UPSTREAM_KEY: {"a": {"from": "a"}}}
+    assert (await store.runs_get(tenant.id, wf.id)).state is RunState.SUCCESS

@@ -26,12 +26,36 @@ from cronwheel.store.notices import (
     parse_cancels_notice,
     parse_ready_notice,
 )
+from cronwheel.store.values import LeaseShare
 
-__all__ = ["CancelNotifier", "ReadyNotifier", "Wakeups"]
+__all__ = ["CancelNotifier", "ReadyNotifier", "Ticket", "Wakeups"]
 
 log = logging.getLogger("cronwheel.api")
 
 K = TypeVar("K", bound=Hashable)
+
+
+class Ticket(asyncio.Event):
+    """What the long-polls waiting on one key wait on. Once set, the long-polls it
+    woke together are a cohort, which may share what woke them (``ReadyNotifier``: a
+    large batch of ready runs, :meth:`claim`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waiting = 0  # long-polls blocked on it; once set, the cohort it woke
+        self._claimed = 0
+        self._share: LeaseShare | None = None
+
+    def claim(self) -> LeaseShare | None:
+        """For a lease long-poll it woke: the share it leases under, the same for the
+        whole cohort; None when it is the last to claim, or woke alone (it takes all
+        that is left)."""
+        self._claimed += 1
+        if self._claimed >= self.waiting:
+            return None
+        if self._share is None:
+            self._share = LeaseShare(among=self.waiting)
+        return self._share
 
 
 class Wakeups(ABC, Generic[K]):
@@ -45,7 +69,7 @@ class Wakeups(ABC, Generic[K]):
 
     def __init__(self, store: Store) -> None:
         self._store = store
-        self._tickets: dict[K, asyncio.Event] = {}
+        self._tickets: dict[K, Ticket] = {}
         self._task: asyncio.Task[None] | None = None
         self._subscription: Subscription | None = None
         self._waiting = 0
@@ -61,21 +85,24 @@ class Wakeups(ABC, Generic[K]):
         """How many long-polls are blocked right now."""
         return self._waiting
 
-    def _ticket(self, key: K) -> asyncio.Event:
+    def _ticket(self, key: K) -> Ticket:
         self._start()
         event = self._tickets.get(key)
         if event is None:
-            event = self._tickets[key] = asyncio.Event()
+            event = self._tickets[key] = Ticket()
         return event
 
-    async def wait(self, ticket: asyncio.Event, timeout: float) -> None:
+    async def wait(self, ticket: Ticket, timeout: float) -> None:
         self._waiting += 1
+        ticket.waiting += 1
         try:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(timeout):
                     await ticket.wait()
         finally:
             self._waiting -= 1
+            if not ticket.is_set():  # timed out or cancelled: not of the cohort
+                ticket.waiting -= 1
 
     def _wake_keys(self, keys: Iterable[K] | None) -> None:
         """Wake the waiters of ``keys`` (every waiter when None)."""
@@ -158,7 +185,7 @@ class ReadyNotifier(Wakeups[tuple[str, bool]]):
         self._next_clock = 0.0
         self._timers: dict[tuple[str, datetime], asyncio.TimerHandle] = {}
 
-    def ticket(self, pool: str, *, ahead: bool = False) -> asyncio.Event:
+    def ticket(self, pool: str, *, ahead: bool = False) -> Ticket:
         """What a waiter on ``pool`` waits on; ``ahead``: it leases ahead, so runs
         dispatched ahead of their instant wake it at once."""
         return self._ticket((pool, ahead))
@@ -236,7 +263,7 @@ class CancelNotifier(Wakeups[uuid.UUID]):
     channel = CHANNEL_CANCELS
     name = "cancels"
 
-    def ticket(self, worker_id: uuid.UUID) -> asyncio.Event:
+    def ticket(self, worker_id: uuid.UUID) -> Ticket:
         """What the cancels long-polls of ``worker_id`` wait on."""
         return self._ticket(worker_id)
 

@@ -54,6 +54,7 @@ from cronwheel.domain.spec import (
 )
 from cronwheel.domain.states import RunState
 from cronwheel.domain.template import RunTemplate
+from cronwheel.jsontext import canonical
 
 __all__ = [
     "FAILED_STATES",
@@ -184,9 +185,17 @@ class Dag:
     nodes: tuple[DagNode, ...]
     # Made once: advancing a 1,000-node workflow run looks nodes up by name 1,000 times.
     by_name: dict[str, DagNode] = field(init=False, repr=False, compare=False)
+    # Each node's own payload as canonical JSON: nodes made ready together whose
+    # payloads are alike share one write.
+    payload_keys: dict[str, bytes] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "by_name", {n.name: n for n in self.nodes})
+        object.__setattr__(
+            self,
+            "payload_keys",
+            {n.name: canonical(n.template.payload) for n in self.nodes},
+        )
 
     @classmethod
     def of_specs(cls, specs: Sequence[NodeSpec]) -> Dag:
@@ -329,9 +338,15 @@ class Decisions:
 def _verdict(rule: str, ups: Sequence[RunState]) -> bool | None:
     """True: the rule holds; False: it never can; None: not yet."""
     n = len(ups)
-    ok = sum(1 for s in ups if s is RunState.SUCCESS)
-    failed = sum(1 for s in ups if s in FAILED_STATES)
-    done = sum(1 for s in ups if s in _ENDED)
+    ok = failed = done = 0
+    for s in ups:  # one pass: a fan-in's sink counts 1,000 upstream states a batch
+        if s is RunState.SUCCESS:
+            ok += 1
+        elif s in FAILED_STATES:
+            failed += 1
+        elif s in _ENDED:
+            done += 1
+    done += ok + failed
     if rule == "all_success":
         return True if ok == n else (False if done > ok else None)
     if rule == "all_done":

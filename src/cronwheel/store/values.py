@@ -13,6 +13,7 @@ from cronwheel.domain.model import DueRun, LeasedAttempt, Run
 
 __all__ = [
     "REDRIVE_BATCH_MAX",
+    "SHARE_MIN",
     "Admitted",
     "BucketTake",
     "CompleteItem",
@@ -21,6 +22,7 @@ __all__ = [
     "HeartbeatItem",
     "JobDeleted",
     "LeaseRenewal",
+    "LeaseShare",
     "LogChunk",
     "LogHead",
     "LogWrite",
@@ -209,6 +211,31 @@ class Admitted:
     held: dict[uuid.UUID, str]
     retry_in: float | None = None
     p0_reserved: int = 0  # the worker's slots only P0 runs may take
+
+
+@dataclass(slots=True)
+class LeaseShare:
+    """Leases woken together by one notice, ``among`` of them, sharing what woke them:
+    the batch of ready runs the first of them to read the queue found (``batch``, set
+    by that read). Each takes an equal part of it when that part is large enough to be
+    worth a lease of its own (:data:`SHARE_MIN` runs): the batch is then leased by that
+    many statements side by side, and begun by that many workers at once. The last of
+    them to lease is given no share: it takes what is left."""
+
+    among: int
+    batch: int | None = None
+
+    def part(self, ready: int) -> int | None:
+        """This lease's part, ``ready`` being what its read found (None: all)."""
+        if self.batch is None:
+            self.batch = ready
+        part = -(-self.batch // self.among)
+        return part if self.among > 1 and part >= SHARE_MIN else None
+
+
+# The fewest runs a lease sharing a batch takes (:class:`LeaseShare`): a smaller batch
+# goes whole to one lease, one statement taking it in a few milliseconds.
+SHARE_MIN = 250
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,6 +24,7 @@ from cronwheel.store.values import (
     CompleteItem,
     FailItem,
     HeartbeatItem,
+    LeaseShare,
 )
 
 __all__ = ["WorkerSide"]
@@ -147,9 +148,12 @@ class WorkerSide(ABC):
         now: datetime | None = None,
         p0_share: float = 0.0,
         reserve: int = 0,
+        share: LeaseShare | None = None,
     ) -> Admitted:
         """:meth:`attempts_lease`, telling also what admission held back: the tenants
-        a limit held, and when a dispatch-rate limit will let the next run go."""
+        a limit held, and when a dispatch-rate limit will let the next run go. With
+        ``share``, this lease is one of several woken together that share a large
+        batch of ready runs (:class:`LeaseShare`): it takes at most its part."""
 
     @abstractmethod
     async def attempts_start_many(

@@ -48,7 +48,7 @@ from cronwheel.domain.errors import (
 )
 from cronwheel.domain.model import LeasedAttempt, Worker, WorkerStatus
 from cronwheel.metrics import TENANT_NAMES, observe_start_lateness
-from cronwheel.store.values import HeartbeatItem
+from cronwheel.store.values import HeartbeatItem, LeaseShare
 
 __all__ = ["router"]
 
@@ -252,6 +252,7 @@ async def lease(
     worker = await _own_worker(state, principal, worker_id)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + body.wait
+    share: LeaseShare | None = None  # woken with others: the share of what woke them
     while True:
         # The ticket is taken before leasing so that a run dispatched in between wakes us.
         ticket = state.notifier.ticket(worker.pool, ahead=body.ahead > 0) if body.wait > 0 else None
@@ -262,6 +263,7 @@ async def lease(
             ahead=body.ahead,
             p0_share=state.settings.p0_reserved_share,
             reserve=body.reserve,
+            share=share,
         )
         leased = admitted.attempts
         remaining = deadline - loop.time()
@@ -279,6 +281,7 @@ async def lease(
             # again soon, so a held run goes as soon as one ends.
             poll = min(poll, _HELD_POLL_SECONDS)
         await state.notifier.wait(ticket, min(poll, remaining))
+        share = ticket.claim() if ticket.is_set() else None
         # A worker that stopped while we waited would never receive what we lease now.
         if await request.is_disconnected():
             break

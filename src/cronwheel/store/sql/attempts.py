@@ -50,7 +50,7 @@ from cronwheel.store.sql.observed import Execution, observe_executions
 from cronwheel.store.sql.retries import Ended, RetriesMixin
 from cronwheel.store.sql.statements import attempts_end, may, update_each
 from cronwheel.store.sql.workers import WorkersMixin
-from cronwheel.store.values import Admitted, CompleteItem, FailItem, HeartbeatItem
+from cronwheel.store.values import Admitted, CompleteItem, FailItem, HeartbeatItem, LeaseShare
 
 __all__ = ["AttemptsMixin"]
 
@@ -388,13 +388,22 @@ class AttemptsMixin(WorkersMixin, RetriesMixin):
         now: datetime | None = None,
         p0_share: float = 0.0,
         reserve: int = 0,
+        share: LeaseShare | None = None,
     ) -> Admitted:
         if max < 1:
             return Admitted([], {})
         async with self._write() as conn:
             try:
                 leased, plan, got, names = await self._lease_round(
-                    conn, worker, max, webhooks_only, ahead, now, p0_share, later=False
+                    conn,
+                    worker,
+                    max,
+                    webhooks_only,
+                    ahead,
+                    now,
+                    p0_share,
+                    later=False,
+                    share=share,
                 )
                 held, retry_in = dict(plan.held), plan.retry_in(got)
                 # Beyond the slots: runs not due yet, reserved — only when the slots'
@@ -430,6 +439,7 @@ class AttemptsMixin(WorkersMixin, RetriesMixin):
         p0_share: float,
         *,
         later: bool,
+        share: LeaseShare | None = None,
     ) -> tuple[
         list[LeasedAttempt], LeasePlan, dict[tuple[uuid.UUID, int], int], dict[uuid.UUID, str]
     ]:
@@ -445,6 +455,11 @@ class AttemptsMixin(WorkersMixin, RetriesMixin):
             now=now,
             later=later,
         )
+        if share is not None:  # one of several leases woken together
+            part = share.part(
+                min(budget, sum(n for c in queue.supply.values() for n in c.values()))
+            )
+            budget = budget if part is None else min(budget, part)
         plan = await plan_lease(
             self.driver, conn, worker=worker, budget=budget, queue=queue, default_share=p0_share
         )

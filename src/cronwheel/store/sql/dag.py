@@ -23,7 +23,6 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any, NamedTuple, Protocol
 
-import orjson
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -46,6 +45,7 @@ from cronwheel.domain.workflow import (
     node_payload,
 )
 from cronwheel.ids import new_id
+from cronwheel.jsontext import canonical
 from cronwheel.store.driver import Driver
 from cronwheel.store.notices import CHANNEL_RUNS_READY, ready_notices
 from cronwheel.store.rows import event_row, new_run_row
@@ -70,6 +70,9 @@ class _Core(Protocol):
 __all__ = ["advance", "dags_of", "reopen", "start"]
 
 _STATES = {s.value: s for s in RunState}  # a lookup, not RunState(...): 1,000 a batch
+
+# Runs to write the same values to: ``({column: value}, run ids)``.
+_Alike = tuple[dict[str, Any], list[uuid.UUID]]
 
 
 async def dags_of(
@@ -229,8 +232,8 @@ async def advance(
         decided = decide(dag, states, cancelled=w.cancel_requested)
         decided_runs.append(_Decided(w, dag, mine, states, decided))
     results, paused = await _ready_details(core, conn, [d for d in decided_runs if d.decided.ready])
-    ready_rows: list[dict[str, Any]] = []
-    skipped_rows: list[dict[str, Any]] = []
+    ready_sets: list[_Alike] = []
+    skipped_sets: list[_Alike] = []
     ended_rows: list[dict[str, Any]] = []
     events: list[dict[str, Any]] = []
     notices: list[tuple[str, datetime]] = []
@@ -238,37 +241,41 @@ async def advance(
     for w, dag, mine, states, decided in decided_runs:
         by_name = dag.by_name
         on_hold = w.job_id in paused
+        target = RunState.SCHEDULED if on_hold else RunState.DISPATCHED
+        # A root of a workflow run fired ahead of its instant starts at the instant (a
+        # later node is made ready after it: at is past that instant).
+        fire_at = max(w.fire_at, at)
+        # Nodes alike — the same own payload, the same succeeded upstream nodes, roots
+        # or not — get the same payload and event: a fan-out's 1,000 nodes, one of each.
+        alike: dict[tuple[bytes, tuple[str, ...], bool], list[str]] = {}
         for name in decided.ready:
             node = by_name[name]
-            run_id = mine[name]
-            upstream = {u: results[mine[u]] for u in node.after if states[u] is RunState.SUCCESS}
-            target = RunState.SCHEDULED if on_hold else RunState.DISPATCHED
-            # A root of a workflow run fired ahead of its instant starts at the instant
-            # (a later node is made ready after it: at is past that instant).
-            fire_at = max(w.fire_at, at)
-            ready_rows.append(
-                {
-                    "id": run_id,
-                    "state": target.value,
-                    "fire_at": PARKED_FIRE_AT if on_hold else fire_at,
-                    "dispatched_at": None if on_hold else at,
-                    "payload": node_payload(node.template, _extra(w.payload), upstream),
-                    "reason": "job paused" if on_hold else None,
-                }
-            )
+            ups = tuple(u for u in node.after if states[u] is RunState.SUCCESS)
+            alike.setdefault((dag.payload_keys[name], ups, not node.after), []).append(name)
+        for (_, ups, root), names in alike.items():
+            first = by_name[names[0]]
+            upstream = {u: results[mine[u]] for u in ups}
+            values = {
+                "state": target.value,
+                "fire_at": PARKED_FIRE_AT if on_hold else fire_at,
+                "dispatched_at": None if on_hold else at,
+                "payload": node_payload(first.template, _extra(w.payload), upstream),
+                "reason": "job paused" if on_hold else None,
+            }
+            ids = [mine[n] for n in names]
+            ready_sets.append((values, ids))
             if not on_hold:
-                notices.append((node.template.pool, fire_at))
-            events.append(
-                _event(w, run_id, READY.source, target, at, actor, _ready_reason(node.after))
-            )
+                notices += {(by_name[n].template.pool, fire_at) for n in names}
+            why = _ready_reason(() if root else first.after)
+            event = _event(w, ids[0], READY.source, target, at, actor, why)
+            events.append(event)
+            events += [{**event, "run_id": run_id} for run_id in ids[1:]]
         for name, reason in decided.skipped.items():
-            skipped_rows.append(
-                {
-                    "id": mine[name],
-                    "state": RunState.SKIPPED.value,
-                    "finished_at": at,
-                    "reason": reason,
-                }
+            skipped_sets.append(
+                (
+                    {"state": RunState.SKIPPED.value, "finished_at": at, "reason": reason},
+                    [mine[name]],
+                )
             )
             events.append(
                 _event(w, mine[name], UNSATISFIED.source, RunState.SKIPPED, at, actor, reason)
@@ -289,8 +296,8 @@ async def advance(
     # A waiting node is cancelled without its workflow run's lock (a job's or a tenant's
     # cancel reaches runs by their own rows): each node moves only if still waiting.
     waiting = runs.c.state == READY.source.value
-    await _update_alike(core, conn, ready_rows, where=waiting)
-    await _update_alike(core, conn, skipped_rows, where=waiting)
+    await _update_alike(core, conn, ready_sets, where=waiting)
+    await _update_alike(core, conn, skipped_sets, where=waiting)
     await update_each(conn, runs, ended_rows)
     await core._insert_events(conn, events)
     await jobs_finish_one_off(conn, core.driver, finished_jobs, at, workflows=True)
@@ -356,18 +363,16 @@ async def _ready_details(
 async def _update_alike(
     core: _Core,
     conn: AsyncConnection,
-    rows: list[dict[str, Any]],
+    sets: list[_Alike],
     *,
     where: sa.ColumnElement[bool],
 ) -> None:
-    """Write ``rows`` (``{"id": …, column: value}``), one statement per set of values:
-    the 1,000 nodes a fan-out makes ready at once share theirs, so they take one
-    UPDATE instead of 1,000."""
-    alike: dict[bytes, tuple[dict[str, Any], list[uuid.UUID]]] = {}
-    for row in rows:
-        values = {k: v for k, v in row.items() if k != "id"}
-        key = orjson.dumps(values, option=orjson.OPT_SORT_KEYS, default=str)
-        alike.setdefault(key, (values, []))[1].append(row["id"])
+    """Write each set's values to its runs, one statement per distinct set of values:
+    the 1,000 nodes a fan-out makes ready at once share theirs, and so do the roots of
+    many workflow runs fired together, so they take one UPDATE instead of 1,000."""
+    alike: dict[bytes, _Alike] = {}
+    for values, ids in sets:
+        alike.setdefault(canonical(values), (values, []))[1].extend(ids)
     singles = [{"id": ids[0], **values} for values, ids in alike.values() if len(ids) == 1]
     await update_each(conn, runs, singles, where=where)
     for values, ids in alike.values():

@@ -1,0 +1,65 @@
+"""Long-polls woken together by one notice share a large batch of ready runs: a
+1,000-node fan-out made ready at once reaches every waiting worker, a share each, leased
+side by side instead of by the first one to wake; a small batch goes to one."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from cronwheel.store.values import SHARE_MIN
+from cronwheel.testing import wait_until_async
+
+
+async def _waiting_workers(api: Any, count: int) -> tuple[list[asyncio.Task[Any]], Any]:
+    t = await api.tenant()
+    worker = await api.key(t, "worker")
+    polls = []
+    for _ in range(count):
+        r = await api.client.post("/v1/workers", json={"pool": "default"}, headers=worker)
+        worker_id = r.json()["worker_id"]
+        polls.append(
+            asyncio.create_task(
+                api.client.post(
+                    f"/v1/workers/{worker_id}/lease",
+                    json={"max": 4 * SHARE_MIN, "wait": 10},
+                    headers=worker,
+                )
+            )
+        )
+    notifier = api.app.state.api.notifier
+    await wait_until_async(lambda: notifier.waiting == count)
+    return polls, t
+
+
+async def _make_ready(api: Any, t: Any, count: int) -> None:
+    for start in range(0, count, 1000):
+        jobs = [
+            {"name": f"j{i}", "schedule": {"asap": True}, "task": "t.run"}
+            for i in range(start, min(count, start + 1000))
+        ]
+        r = await api.client.post("/v1/jobs/batch", json={"jobs": jobs}, headers=t.headers)
+        assert r.status_code == 201, r.text
+    assert len(await api.fire()) == count  # one notice for them all
+
+
+async def test_workers_woken_together_each_lease_a_share_of_a_large_batch(api) -> None:
+    polls, t = await _waiting_workers(api, 3)
+    await _make_ready(api, t, 3 * SHARE_MIN)
+    answers = await asyncio.wait_for(asyncio.gather(*polls), 20)
+    taken = [[a["run_id"] for a in r.json()["attempts"]] for r in answers]
+    assert sorted(len(ids) for ids in taken) == [SHARE_MIN] * 3
+    every = [run_id for ids in taken for run_id in ids]
+    assert len(set(every)) == 3 * SHARE_MIN
+
+
+async def test_a_small_batch_goes_to_one_of_the_woken_workers(api) -> None:
+    polls, t = await _waiting_workers(api, 3)
+    await _make_ready(api, t, SHARE_MIN)
+    # The first to lease takes it all; the others find nothing and wait on.
+    done, pending = await asyncio.wait(polls, timeout=20, return_when=asyncio.FIRST_COMPLETED)
+    [first] = done
+    assert len(first.result().json()["attempts"]) == SHARE_MIN
+    for poll in pending:
+        poll.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
