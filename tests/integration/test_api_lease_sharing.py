@@ -1,6 +1,6 @@
-"""Long-polls woken together by one notice share a large batch of ready runs: a
-1,000-node fan-out made ready at once reaches every waiting worker, a share each, leased
-side by side instead of by the first one to wake; a small batch goes to one."""
+"""Long-polls woken together by one notice share a large batch of ready runs: a batch
+made ready at once (a 1,000-node fan-out) reaches several waiting workers, a part each,
+leased side by side instead of all by the first one to wake; a small batch goes to one."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ async def _waiting_workers(api: Any, count: int) -> tuple[list[asyncio.Task[Any]
             asyncio.create_task(
                 api.client.post(
                     f"/v1/workers/{worker_id}/lease",
-                    json={"max": 4 * SHARE_MIN, "wait": 10},
+                    json={"max": 1000, "wait": 10},
                     headers=worker,
                 )
             )
@@ -47,6 +47,7 @@ async def test_workers_woken_together_each_lease_a_share_of_a_large_batch(api) -
     polls, t = await _waiting_workers(api, 3)
     await _make_ready(api, t, 3 * SHARE_MIN)
     answers = await asyncio.wait_for(asyncio.gather(*polls), 20)
+    # The batch each can take (1,000, its most) in parts of SHARE_MIN: all three.
     taken = [[a["run_id"] for a in r.json()["attempts"]] for r in answers]
     assert sorted(len(ids) for ids in taken) == [SHARE_MIN] * 3
     every = [run_id for ids in taken for run_id in ids]

@@ -1,7 +1,7 @@
 """Leases woken together by one notice share a large batch of ready runs
-(:class:`LeaseShare`): each takes an equal part of the batch the first of them found,
-so the batch is leased by several statements side by side; a batch whose parts would
-be small goes whole to one lease, and the last of them takes what is left."""
+(:class:`LeaseShare`): each takes an equal part of the batch the first of them found —
+as many parts as leases, or as the batch holds SHARE_MIN runs if fewer — so the batch
+is leased by several statements side by side; a small batch goes whole to one."""
 
 from __future__ import annotations
 
@@ -24,7 +24,8 @@ async def ready(store: Store, count: int) -> None:
     [
         (4 * SHARE_MIN, 4, SHARE_MIN),  # a part each
         (3 * SHARE_MIN + 1, 3, SHARE_MIN + 1),  # rounded up: nothing is left over
-        (2 * SHARE_MIN - 2, 2, 2 * SHARE_MIN - 2),  # a part would be small: all of it
+        (2 * SHARE_MIN, 4, SHARE_MIN),  # fewer parts than leases: none under SHARE_MIN
+        (2 * SHARE_MIN - 2, 2, 2 * SHARE_MIN - 2),  # parts would be small: all of it
         (4 * SHARE_MIN, 1, 4 * SHARE_MIN),  # one among one: all
     ],
 )
@@ -34,7 +35,7 @@ async def test_a_lease_woken_with_others_takes_its_part_of_a_large_batch(
     await ready(store, ready_runs)
     worker = await register_worker(store, now=at(1))
     admitted = await store.attempts_lease_admitted(
-        worker=worker, max=1000, now=at(1), share=LeaseShare(among=among)
+        worker=worker, max=4 * SHARE_MIN, now=at(1), share=LeaseShare(among=among)
     )
     assert len(admitted.attempts) == taken
 
@@ -52,18 +53,18 @@ async def test_the_batch_is_what_the_worker_can_take(store: Store) -> None:
 
 async def test_leases_sharing_a_batch_take_equal_parts_and_all_of_it_once(store: Store) -> None:
     """One after the other (as SQLite's writes always go), each takes a part of the
-    batch the first found, not of what is left when it reads; the last takes the rest."""
+    batch the first found, not of what is left when it reads; one more finds nothing."""
     total = 3 * SHARE_MIN + 2
     await ready(store, total)
-    workers = [await register_worker(store, now=at(1)) for _ in range(3)]
+    workers = [await register_worker(store, now=at(1)) for _ in range(4)]
     share = LeaseShare(among=3)
     taken = []
-    for i, worker in enumerate(workers):
+    for worker in workers:
         admitted = await store.attempts_lease_admitted(
-            worker=worker, max=1000, now=at(1), share=None if i == 2 else share
+            worker=worker, max=4 * SHARE_MIN, now=at(1), share=share
         )
         taken.append([a.run_id for a in admitted.attempts])
     assert share.batch == total
-    assert [len(t) for t in taken] == [SHARE_MIN + 1, SHARE_MIN + 1, SHARE_MIN]
+    assert [len(t) for t in taken] == [SHARE_MIN + 1, SHARE_MIN + 1, SHARE_MIN, 0]
     every = [run_id for t in taken for run_id in t]
     assert len(set(every)) == len(every) == total

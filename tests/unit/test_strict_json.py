@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -165,6 +166,24 @@ def test_what_is_written_reads_back_as_json_wrote_it(tree: Any) -> None:
 )
 def test_what_orjson_refuses_is_written_by_json(value: Any, written: bytes) -> None:
     assert jsontext.dumps(value) == written
+
+
+@pytest.mark.parametrize(
+    "instant",
+    [datetime(2031, 3, 4, 12, 0, tzinfo=UTC), datetime(2031, 3, 4, 12, 0, 0, 500, tzinfo=UTC)],
+)
+def test_an_instant_is_written_alike_by_both(instant: datetime) -> None:
+    """A lease's answer holds instants as they are: UTC ending in Z, orjson or json."""
+    text = instant.isoformat().replace("+00:00", "Z")
+    assert jsontext.dumps({"at": instant}) == f'{{"at":"{text}"}}'.encode()
+    assert jsontext.dumps({"at": instant, "n": 2**64}) == (
+        f'{{"at":"{text}","n":18446744073709551616}}'.encode()
+    )
+
+
+def test_what_neither_can_write_is_refused() -> None:
+    with pytest.raises(TypeError):
+        jsontext.dumps({"n": 2**64, "x": object()})
 
 
 @pytest.mark.parametrize("value", [5, 2.5, True, None])

@@ -1,12 +1,13 @@
 """The lease long-polls woken together by one notice are a cohort: each claims the same
-share of what woke them, the last to claim none (it takes what is left); a long-poll
-whose wait ended before the notice is not of it."""
+share of what woke them; a long-poll whose wait ended before the notice is not of it,
+and one woken alone shares with none."""
 
 from __future__ import annotations
 
 import asyncio
 
 from cronwheel.api.notifier import Ticket, Wakeups
+from cronwheel.testing import wait_until_async
 
 
 class _Keys(Wakeups[str]):
@@ -26,20 +27,18 @@ class _Keys(Wakeups[str]):
         self._wake_keys([key])
 
 
-async def test_long_polls_woken_together_share_and_the_last_takes_the_rest() -> None:
+async def test_long_polls_woken_together_share_one_batch() -> None:
     keys = _Keys(store=None)  # type: ignore[arg-type]
     ticket = keys.ticket("pool")
     early = asyncio.create_task(keys.wait(ticket, 0.01))  # ends before the notice
     await early
     waits = [asyncio.create_task(keys.wait(ticket, 10)) for _ in range(3)]
-    while keys.waiting < 3:
-        await asyncio.sleep(0)
+    await wait_until_async(lambda: keys.waiting == 3)
     assert ticket.waiting == 3
     keys.wake("pool")
     await asyncio.gather(*waits)
-    first, second, last = ticket.claim(), ticket.claim(), ticket.claim()
-    assert first is not None and first is second and first.among == 3
-    assert last is None
+    first, second, third = ticket.claim(), ticket.claim(), ticket.claim()
+    assert first is not None and first is second is third and first.among == 3
     assert keys.ticket("pool") is not ticket  # the next wait is on a new ticket
 
 
@@ -47,8 +46,7 @@ async def test_a_long_poll_woken_alone_takes_all() -> None:
     keys = _Keys(store=None)  # type: ignore[arg-type]
     ticket = keys.ticket("pool")
     wait = asyncio.create_task(keys.wait(ticket, 10))
-    while keys.waiting < 1:
-        await asyncio.sleep(0)
+    await wait_until_async(lambda: keys.waiting == 1)
     keys.wake("pool")
     await wait
     assert ticket.claim() is None

@@ -43,15 +43,14 @@ class Ticket(asyncio.Event):
     def __init__(self) -> None:
         super().__init__()
         self.waiting = 0  # long-polls blocked on it; once set, the cohort it woke
-        self._claimed = 0
         self._share: LeaseShare | None = None
 
     def claim(self) -> LeaseShare | None:
         """For a lease long-poll it woke: the share it leases under, the same for the
-        whole cohort; None when it is the last to claim, or woke alone (it takes all
-        that is left)."""
-        self._claimed += 1
-        if self._claimed >= self.waiting:
+        whole cohort (None: it woke alone). What a share leaves — a part that found
+        fewer runs than it counted — goes to the next lease of a worker with slots
+        still free, at once."""
+        if self.waiting < 2:
             return None
         if self._share is None:
             self._share = LeaseShare(among=self.waiting)

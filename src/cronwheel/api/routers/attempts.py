@@ -65,7 +65,7 @@ def _outcome_json(outcome: AttemptOutcome) -> dict[str, Any]:
         "attempt_id": str(outcome.attempt_id),
         "ok": outcome.ok,
         "error": None if outcome.ok else (outcome.error_code or "stale_fencing_token"),
-        "lease_expires_at": instant_text(outcome.lease_expires_at),
+        "lease_expires_at": outcome.lease_expires_at,  # written by orjson, in UTC
         "cancel_requested": outcome.cancel_requested,
         "run_state": None if outcome.run_state is None else str(outcome.run_state),
     }
@@ -73,7 +73,9 @@ def _outcome_json(outcome: AttemptOutcome) -> dict[str, Any]:
 
 def json_response(body: dict[str, Any]) -> Response:
     """``body`` as the answer, written by orjson: the worker protocol's answers carry up
-    to a thousand items, and a response model per item costs more than the statement."""
+    to a thousand items, and a response model per item costs more than the statement.
+    Instants may be left as they are (UTC): orjson writes them as ``instant_text``
+    does, faster."""
     return Response(jsontext.dumps(body), media_type="application/json")
 
 

@@ -180,14 +180,15 @@ def _leased_json(item: LeasedAttempt, secrets: dict[uuid.UUID, str]) -> dict[str
         "webhook": item.webhook,
         "payload": item.payload,
         "fencing_token": item.fencing_token,
-        "lease_expires_at": instant_text(item.lease_expires_at),
-        "deadline": instant_text(item.deadline),
-        "due_at": instant_text(item.due_at),
+        # Instants as they are: written by orjson (see json_response), in UTC.
+        "lease_expires_at": item.lease_expires_at,
+        "deadline": item.deadline,
+        "due_at": item.due_at,
         "heartbeat_timeout": item.heartbeat_timeout,
         "priority": item.priority,
         "progress_timeout": item.progress_timeout,
         "signing_secret": None if item.task is not None else secrets.get(item.tenant_id),
-        "not_before": instant_text(item.not_before),
+        "not_before": item.not_before,
         "workflow_run_id": None if item.workflow_run_id is None else str(item.workflow_run_id),
     }
 
