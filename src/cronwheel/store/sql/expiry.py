@@ -76,13 +76,17 @@ class ExpiryMixin(RetriesMixin):
                     )
                 )
             ).one()
-        if not (due or lapsed):
-            return 0
+        freed = 0
+        if lapsed:
+            # A transaction of its own: what it holds (runs taken in no set order) is
+            # let go before the expiry below waits on runs in id order, as a cancel
+            # does: holding the one while waiting for the other could deadlock.
+            async with self._write() as conn:
+                freed = await self._lapse_reservations(conn, await self._now(conn, now))
+        if not due:
+            return freed
         async with self._write() as conn:
             at = await self._now(conn, now)
-            freed = await self._lapse_reservations(conn, at) if lapsed else 0
-            if not due:
-                return freed
             return freed + await self._expire(conn, at, limit, sa.true())
 
     async def _expire(
@@ -134,11 +138,19 @@ class ExpiryMixin(RetriesMixin):
     async def _lapse_reservations(self, conn: AsyncConnection, at: datetime) -> int:
         """Void reservations not started by their expiry: the runs still DISPATCHED are
         back in the ready queue (another worker takes them), and the odd one that ended
-        while reserved no longer sits in the reservation index."""
+        while reserved no longer sits in the reservation index. A run another
+        transaction holds (its worker starting it, a cancel) is passed over, never waited
+        for: the next sweep voids it if it is still due to be."""
+        lapsed = (
+            sa.select(runs.c.id)
+            .where(runs.c.reserved_token.is_not(None), runs.c.reserved_until < at)
+            .with_for_update(skip_locked=True)
+            .scalar_subquery()
+        )
         rows = (
             await conn.execute(
                 runs.update()
-                .where(runs.c.reserved_token.is_not(None), runs.c.reserved_until < at)
+                .where(runs.c.id.in_(lapsed))
                 .values(**NO_RESERVATION)
                 .returning(runs.c.pool, runs.c.state)
             )
