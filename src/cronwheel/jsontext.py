@@ -56,7 +56,7 @@ def loads(text: str | bytes) -> Any:
 
 def dumps(value: Any) -> bytes:
     """``value`` as compact JSON text in UTF-8, as ``json.dumps`` would write it; an
-    instant in UTC as ISO 8601 text ending in ``Z`` (``2031-03-04T12:00:00.5Z``)."""
+    instant in UTC as ISO 8601 text ending in ``Z`` (``2031-03-04T12:00:00.500000Z``)."""
     try:
         return orjson.dumps(value, option=orjson.OPT_UTC_Z)
     except TypeError:  # orjson.JSONEncodeError is one

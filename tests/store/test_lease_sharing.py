@@ -40,14 +40,30 @@ async def test_a_lease_woken_with_others_takes_its_part_of_a_large_batch(
     assert len(admitted.attempts) == taken
 
 
-async def test_the_batch_is_what_the_worker_can_take(store: Store) -> None:
-    """A worker with few free slots takes them all: a part of its own budget would be
-    small, whatever waits behind it."""
+async def test_the_batch_is_what_the_first_lease_to_read_could_take(store: Store) -> None:
+    """A worker with few free slots reading first makes the batch small: it takes all it
+    can, and so does the next, whatever waits behind them (parts never split what no
+    lease of the cohort could have taken)."""
     await ready(store, 4 * SHARE_MIN)
-    worker = await register_worker(store, now=at(1))
-    admitted = await store.attempts_lease_admitted(
-        worker=worker, max=SHARE_MIN, now=at(1), share=LeaseShare(among=4)
+    share = LeaseShare(among=2)
+    small, large = await register_worker(store, now=at(1)), await register_worker(store, now=at(1))
+    first = await store.attempts_lease_admitted(worker=small, max=SHARE_MIN, now=at(1), share=share)
+    second = await store.attempts_lease_admitted(
+        worker=large, max=4 * SHARE_MIN, now=at(1), share=share
     )
+    assert share.batch == SHARE_MIN
+    assert (len(first.attempts), len(second.attempts)) == (SHARE_MIN, 3 * SHARE_MIN)
+
+
+async def test_the_slots_kept_for_p0_come_on_top_of_a_part(store: Store) -> None:
+    """A pool keeping half of a worker's slots for P0: a part of lower-class runs is
+    still a whole part, not a part less those slots."""
+    await ready(store, 2 * SHARE_MIN)  # P2 runs
+    worker = await register_worker(store, now=at(1))  # 100 slots: 50 kept for P0
+    admitted = await store.attempts_lease_admitted(
+        worker=worker, max=4 * SHARE_MIN, now=at(1), p0_share=0.5, share=LeaseShare(among=2)
+    )
+    assert admitted.p0_reserved == 50
     assert len(admitted.attempts) == SHARE_MIN
 
 

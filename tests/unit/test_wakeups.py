@@ -50,3 +50,29 @@ async def test_a_long_poll_woken_alone_takes_all() -> None:
     keys.wake("pool")
     await wait
     assert ticket.claim() is None
+
+
+async def test_a_long_poll_cancelled_as_it_is_woken_is_not_of_the_cohort() -> None:
+    keys = _Keys(store=None)  # type: ignore[arg-type]
+    ticket = keys.ticket("pool")
+    waits = [asyncio.create_task(keys.wait(ticket, 10)) for _ in range(3)]
+    await wait_until_async(lambda: keys.waiting == 3)
+    keys.wake("pool")
+    waits[0].cancel()  # before it runs again: woken, then cancelled
+    await asyncio.gather(*waits, return_exceptions=True)
+    assert waits[0].cancelled()
+    share = ticket.claim()
+    assert share is not None and share.among == 2
+
+
+async def test_a_long_poll_joining_after_one_woke_alone_shares_with_none() -> None:
+    keys = _Keys(store=None)  # type: ignore[arg-type]
+    ticket = keys.ticket("pool")
+    wait = asyncio.create_task(keys.wait(ticket, 10))
+    await wait_until_async(lambda: keys.waiting == 1)
+    keys.wake("pool")
+    await wait
+    assert ticket.claim() is None
+    await keys.wait(ticket, 10)  # already set: returns at once, counted
+    assert ticket.waiting == 2
+    assert ticket.claim() is None

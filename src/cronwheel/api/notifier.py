@@ -44,13 +44,13 @@ class Ticket(asyncio.Event):
         super().__init__()
         self.waiting = 0  # long-polls blocked on it; once set, the cohort it woke
         self._share: LeaseShare | None = None
+        self._alone = False
 
     def claim(self) -> LeaseShare | None:
         """For a lease long-poll it woke: the share it leases under, the same for the
-        whole cohort (None: it woke alone). What a share leaves — a part that found
-        fewer runs than it counted — goes to the next lease of a worker with slots
-        still free, at once."""
-        if self.waiting < 2:
+        whole cohort (None: it woke alone, and so does one that joins after)."""
+        if self._share is None and (self._alone or self.waiting < 2):
+            self._alone = True
             return None
         if self._share is None:
             self._share = LeaseShare(among=self.waiting)
@@ -94,13 +94,15 @@ class Wakeups(ABC, Generic[K]):
     async def wait(self, ticket: Ticket, timeout: float) -> None:
         self._waiting += 1
         ticket.waiting += 1
+        woken = False
         try:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(timeout):
                     await ticket.wait()
+            woken = ticket.is_set()
         finally:
             self._waiting -= 1
-            if not ticket.is_set():  # timed out or cancelled: not of the cohort
+            if not woken:  # timed out or cancelled: not of the cohort
                 ticket.waiting -= 1
 
     def _wake_keys(self, keys: Iterable[K] | None) -> None:

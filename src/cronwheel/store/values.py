@@ -220,7 +220,10 @@ class LeaseShare:
     by that read), split into as many equal parts as there are leases, or as it holds
     :data:`SHARE_MIN` runs if fewer: the batch is then leased by that many statements
     side by side, and begun by that many workers at once. A lease finding its part
-    taken takes nothing (and waits on); what a part leaves goes to the next lease."""
+    taken takes nothing (and waits on). A part is of the runs of every class: the slots
+    a pool keeps for P0 come on top of it. What no lease of the cohort took (one of
+    them went away) is read again at once: each lease that took a part wakes the pool's
+    other waiting leases."""
 
     among: int
     batch: int | None = None

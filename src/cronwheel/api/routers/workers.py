@@ -267,6 +267,10 @@ async def lease(
             share=share,
         )
         leased = admitted.attempts
+        if share is not None and leased:
+            # Parts nobody takes (a lease of the cohort that went away, or could not
+            # take these runs) are read again by whoever waits on the pool, now.
+            state.notifier.wake([worker.pool])
         remaining = deadline - loop.time()
         if leased or ticket is None or remaining <= 0 or state.notifier.closed:
             break
