@@ -42,16 +42,6 @@ async def test_long_polls_woken_together_share_one_batch() -> None:
     assert keys.ticket("pool") is not ticket  # the next wait is on a new ticket
 
 
-async def test_a_long_poll_woken_alone_takes_all() -> None:
-    keys = _Keys(store=None)  # type: ignore[arg-type]
-    ticket = keys.ticket("pool")
-    wait = asyncio.create_task(keys.wait(ticket, 10))
-    await wait_until_async(lambda: keys.waiting == 1)
-    keys.wake("pool")
-    await wait
-    assert ticket.claim() is None
-
-
 async def test_a_long_poll_cancelled_as_it_is_woken_is_not_of_the_cohort() -> None:
     keys = _Keys(store=None)  # type: ignore[arg-type]
     ticket = keys.ticket("pool")
@@ -65,7 +55,7 @@ async def test_a_long_poll_cancelled_as_it_is_woken_is_not_of_the_cohort() -> No
     assert share is not None and share.among == 2
 
 
-async def test_a_long_poll_joining_after_one_woke_alone_shares_with_none() -> None:
+async def test_a_long_poll_woken_alone_takes_all_and_so_does_one_joining_after() -> None:
     keys = _Keys(store=None)  # type: ignore[arg-type]
     ticket = keys.ticket("pool")
     wait = asyncio.create_task(keys.wait(ticket, 10))
