@@ -12,12 +12,12 @@ value is written by ``json``.
 from __future__ import annotations
 
 import json
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
 
-__all__ = ["canonical", "dumps", "loads", "loads_fast"]
+__all__ = ["canonical", "dumps", "instant_text", "loads", "loads_fast"]
 
 # Digits as zeros: an integer of this many digits may be past 64 bits.
 _ZEROS = bytes.maketrans(b"123456789", b"000000000")
@@ -64,10 +64,15 @@ def dumps(value: Any) -> bytes:
         return json.dumps(value, separators=(",", ":"), default=_instant).encode()
 
 
+def instant_text(value: datetime) -> str:
+    """An instant as ISO 8601 text in UTC ending in ``Z``, as ``dumps`` writes one."""
+    return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
 def _instant(value: Any) -> str:
     """An instant as orjson writes it under ``OPT_UTC_Z`` (for ``json``)."""
     if isinstance(value, datetime):
-        return value.isoformat().replace("+00:00", "Z")
+        return instant_text(value)
     raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 

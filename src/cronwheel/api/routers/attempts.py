@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, TypeVar
 
 from fastapi import APIRouter, Depends, Request, Response
@@ -55,7 +55,7 @@ Item = TypeVar("Item", HeartbeatItem, CompleteItem, FailItem)
 
 
 def instant_text(value: datetime | None) -> str | None:
-    return None if value is None else value.astimezone(UTC).isoformat().replace("+00:00", "Z")
+    return None if value is None else jsontext.instant_text(value)
 
 
 def _outcome_json(outcome: AttemptOutcome) -> dict[str, Any]:

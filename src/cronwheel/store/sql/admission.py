@@ -48,7 +48,7 @@ from cronwheel.store.schema import (
 )
 from cronwheel.store.sql.core import SqlCore
 from cronwheel.store.sql.statements import workers_live
-from cronwheel.store.values import Grant, ReadyQueue, Releasable
+from cronwheel.store.values import Grant, LeaseShare, ReadyQueue, Releasable
 
 __all__ = [
     "AdmissionMixin",
@@ -122,11 +122,21 @@ async def plan_lease(
     budget: int,
     queue: ReadyQueue,
     default_share: float,
+    cohort: LeaseShare | None = None,
 ) -> LeasePlan:
     """Decide what the worker is given of ``queue``: lock and read the state the
-    decision needs (none in the common case), then apply the rules."""
+    decision needs (none in the common case), then apply the rules. ``cohort``: the
+    lease is one of several woken together, and takes at most its part of the batch
+    (:class:`LeaseShare`) — of the runs of every class: the slots kept for P0 are the
+    worker's, on top of it."""
     share = default_share if queue.share is None else queue.share
-    reserve = min(reserved_slots(worker.capacity, share), budget)
+    kept = reserved_slots(worker.capacity, share)
+    if cohort is not None:
+        ready = sum(n for classes in queue.supply.values() for n in classes.values())
+        part = cohort.part(min(budget, ready))
+        if part is not None:
+            budget = min(budget, part + kept)
+    reserve = min(kept, budget)
     capped = sorted(t for t in queue.supply if queue.limits[t].get("max_concurrent_runs"))
     rated = sorted(t for t in queue.supply if _rate_of(queue.limits[t]) is not None)
     by_class: dict[int, int] = {}
@@ -167,7 +177,7 @@ async def plan_lease(
         fair=fair,
     )
     grants = [Grant(t, cls, n) for (t, cls), n in sorted(allocation.grants.items()) if n > 0]
-    return LeasePlan(queue.now, grants, allocation, reserved_slots(worker.capacity, share), levels)
+    return LeasePlan(queue.now, grants, allocation, kept, levels)
 
 
 async def settle_lease(

@@ -24,7 +24,6 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from cronwheel.domain.admission import reserved_slots
 from cronwheel.domain.errors import (
     StaleFencingTokenError,
 )
@@ -456,19 +455,14 @@ class AttemptsMixin(WorkersMixin, RetriesMixin):
             now=now,
             later=later,
         )
-        if share is not None:  # one of several leases woken together
-            part = share.part(
-                min(budget, sum(n for c in queue.supply.values() for n in c.values()))
-            )
-            if part is not None:
-                # The part is of the runs of every class; the slots the pool keeps for
-                # P0 are the worker's, on top of it.
-                p0 = reserved_slots(
-                    worker.capacity, p0_share if queue.share is None else queue.share
-                )
-                budget = min(budget, part + p0)
         plan = await plan_lease(
-            self.driver, conn, worker=worker, budget=budget, queue=queue, default_share=p0_share
+            self.driver,
+            conn,
+            worker=worker,
+            budget=budget,
+            queue=queue,
+            default_share=p0_share,
+            cohort=share,
         )
         leased, got = await self.driver.attempts_lease(
             conn,
