@@ -12,6 +12,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from datetime import datetime
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import generate_latest
@@ -329,12 +330,17 @@ class TenantNames:
 TENANT_NAMES = TenantNames()
 
 
-def observe_start_lateness(
-    *, due_at: datetime, started_at: datetime, tenant: str, priority: int
-) -> None:
-    START_LATENESS.labels(tenant=tenant, priority=priority_class(priority)).observe(
-        max(0.0, (started_at - due_at).total_seconds())
-    )
+def observe_start_lateness(starts: Iterable[tuple[datetime, datetime, str, int]]) -> None:
+    """Each ``(due_at, started_at, tenant name, priority)`` of runs begun: the labels
+    are looked up once per tenant and class, however many runs a lease answer holds."""
+    children: dict[tuple[str, int], Any] = {}
+    for due_at, started_at, tenant, priority in starts:
+        child = children.get((tenant, priority))
+        if child is None:
+            child = children[(tenant, priority)] = START_LATENESS.labels(
+                tenant=tenant, priority=priority_class(priority)
+            )
+        child.observe(max(0.0, (started_at - due_at).total_seconds()))
 
 
 def observe_dispatch_lateness(

@@ -209,14 +209,15 @@ async def _record_leased(state: ApiState, leased: Sequence[LeasedAttempt]) -> No
     if not first:
         return
     names = await TENANT_NAMES.names({i.tenant_id for i in first}, state.store.tenant_names)
-    for item in first:
-        started_at = item.lease_expires_at - timedelta(seconds=item.heartbeat_timeout)
-        observe_start_lateness(
-            due_at=item.due_at,
-            started_at=started_at,
-            tenant=names[item.tenant_id],
-            priority=item.priority,
+    observe_start_lateness(
+        (
+            item.due_at,
+            item.lease_expires_at - timedelta(seconds=item.heartbeat_timeout),
+            names[item.tenant_id],
+            item.priority,
         )
+        for item in first
+    )
 
 
 @router.post(
@@ -348,10 +349,10 @@ async def start(
         names = await TENANT_NAMES.names(
             {t for _, _, t, _ in done.first_tries}, state.store.tenant_names
         )
-        for due_at, began, tenant_id, priority in done.first_tries:
-            observe_start_lateness(
-                due_at=due_at, started_at=began, tenant=names[tenant_id], priority=priority
-            )
+        observe_start_lateness(
+            (due_at, began, names[tenant_id], priority)
+            for due_at, began, tenant_id, priority in done.first_tries
+        )
     return json_response(
         {
             "started_at": instant_text(done.started_at),
