@@ -84,3 +84,90 @@ async def test_leases_sharing_a_batch_take_equal_parts_and_all_of_it_once(store:
     assert [len(t) for t in taken] == [SHARE_MIN + 1, SHARE_MIN + 1, SHARE_MIN, 0]
     every = [run_id for t in taken for run_id in t]
     assert len(set(every)) == len(every) == total
+
+
+async def test_once_the_parts_of_all_there_was_are_handed_out_a_lease_alike_takes_none(
+    store: Store,
+) -> None:
+    """The first read found every run (fewer than its budget): a third lease that can
+    take the same runs gets no part — it would only find them locked — while a lease
+    whose worker runs other tasks still takes its own runs."""
+    tenant = await make_tenant(store)
+    runs = await create_jobs(store, tenant.id, 2 * SHARE_MIN, task="a")
+    runs += await create_jobs(store, tenant.id, SHARE_MIN, task="b")
+    await fire(store, runs, now=T0)
+    share = LeaseShare(among=4)
+    a1, a2, a3 = [await register_worker(store, tasks=["a"], now=at(1)) for _ in range(3)]
+    b = await register_worker(store, tasks=["b"], now=at(1))
+    taken = []
+    # a2 has room for 100 only: a3 still gets no part, and the 400 left wait for the
+    # cohort's end (the wake of LeaseShare.ended).
+    for worker, room in ((a1, 4 * SHARE_MIN), (b, 4 * SHARE_MIN), (a2, 100), (a3, 4 * SHARE_MIN)):
+        share.joined()
+        admitted = await store.attempts_lease_admitted(
+            worker=worker, max=room, now=at(1), share=share
+        )
+        taken.append(len(admitted.attempts))
+        woke = share.ended()
+    assert share.whole and share.batch == 2 * SHARE_MIN
+    assert taken == [SHARE_MIN, SHARE_MIN, 100, 0]
+    # The last of the cohort to end: 600 of the batch's 1,000 taken (b's runs are not
+    # the batch's), so the waiting leases read again.
+    assert share.taken == SHARE_MIN + 100 and woke
+
+
+async def test_when_the_first_read_found_more_than_it_could_take_every_lease_takes_a_part(
+    store: Store,
+) -> None:
+    """1,500 ready runs, leases of 1,000: the first read cannot tell the batch is all
+    there is (it is not), so the third lease still takes a part, of the runs past it."""
+    await ready(store, 3 * SHARE_MIN)
+    share = LeaseShare(among=3)
+    taken = []
+    for _ in range(3):
+        worker = await register_worker(store, now=at(1))
+        admitted = await store.attempts_lease_admitted(
+            worker=worker, max=2 * SHARE_MIN, now=at(1), share=share
+        )
+        taken.append(len(admitted.attempts))
+    assert not share.whole and share.batch == 2 * SHARE_MIN
+    assert taken == [SHARE_MIN, SHARE_MIN, SHARE_MIN]
+
+
+async def test_exactly_a_budget_of_ready_runs_is_all_there_is(store: Store) -> None:
+    """The read goes one run past the budget: a batch of exactly the budget is known
+    to be all there is."""
+    await ready(store, 2 * SHARE_MIN)
+    share = LeaseShare(among=3)
+    worker = await register_worker(store, now=at(1))
+    admitted = await store.attempts_lease_admitted(
+        worker=worker, max=2 * SHARE_MIN, now=at(1), share=share
+    )
+    assert len(admitted.attempts) == SHARE_MIN
+    assert share.whole and share.batch == 2 * SHARE_MIN
+
+
+def test_only_the_last_lease_of_a_cohort_to_end_wakes_and_only_when_runs_may_be_left() -> None:
+    def cohort(*, ready: int, budget: int) -> LeaseShare:
+        share = LeaseShare(among=2)
+        share.joined()
+        share.joined()
+        assert share.part(ready, budget=budget, view="v") == SHARE_MIN
+        return share
+
+    share = cohort(ready=2 * SHARE_MIN, budget=2 * SHARE_MIN)  # all there was
+    share.took(SHARE_MIN, view="v")
+    assert not share.ended()  # the other lease is still leasing
+    share.took(SHARE_MIN, view="v")
+    assert not share.ended()  # the batch is taken: nothing to read again
+
+    share = cohort(ready=2 * SHARE_MIN, budget=2 * SHARE_MIN)
+    share.took(SHARE_MIN, view="v")
+    assert not share.ended()
+    assert share.ended()  # the other took nothing (its part is left)
+
+    share = cohort(ready=2 * SHARE_MIN + 1, budget=2 * SHARE_MIN)  # more than the batch
+    share.took(SHARE_MIN, view="v")
+    share.took(SHARE_MIN, view="v")
+    assert not share.ended()
+    assert share.ended()  # the batch is taken, but runs past it wait

@@ -4,7 +4,7 @@ of a worker's batches, a run filter, what a renewal or a bulk redrive did."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -221,19 +221,55 @@ class LeaseShare:
     :data:`SHARE_MIN` runs if fewer: the batch is then leased by that many statements
     side by side, and begun by that many workers at once. A lease finding its part
     taken takes nothing (and waits on). A part is of the runs of every class: the slots
-    a pool keeps for P0 come on top of it. What no lease of the cohort took (one of
-    them went away) is read again at once: each lease that took a part wakes the pool's
-    other waiting leases."""
+    a pool keeps for P0 come on top of it.
+
+    When that first read found every run its worker could take (no more than its
+    budget), the batch is all there is for workers that can take the same runs
+    (``view``): once its parts are handed out, a further lease of that view takes no
+    part (it would only find them locked) and waits on. What the cohort left of the
+    batch (a lease of it went away, or could not take its part) is read again at
+    once: the last of its leases to end wakes the pool's waiting leases (:meth:`ended`)."""
 
     among: int
     batch: int | None = None
+    view: Hashable = None  # what the first reader's worker can take
+    whole: bool = False  # the first read found no more than its budget
+    handed: int = 0  # parts handed to leases of the first reader's view
+    leasing: int = 0  # leases of the cohort between :meth:`joined` and :meth:`ended`
+    taken: int = 0  # runs the leases of the first reader's view took
 
-    def part(self, ready: int) -> int | None:
-        """This lease's part, ``ready`` being what its read found (None: all)."""
+    def part(self, ready: int, *, budget: int, view: Hashable = None) -> int | None:
+        """This lease's part, ``ready`` being what its read found — read up to one run
+        past its ``budget``, to tell whether there was more (None: all it can take;
+        0: none, the parts are all handed out)."""
         if self.batch is None:
-            self.batch = ready
+            self.batch, self.view, self.whole = min(budget, ready), view, ready <= budget
         parts = min(self.among, self.batch // SHARE_MIN)
-        return -(-self.batch // parts) if parts > 1 else None
+        if parts <= 1:
+            return None
+        if view == self.view:
+            self.handed += 1
+            if self.whole and self.handed > parts:
+                return 0
+        return -(-self.batch // parts)
+
+    def took(self, count: int, *, view: Hashable = None) -> None:
+        """A lease of the cohort took ``count`` runs."""
+        if view == self.view:
+            self.taken += count
+
+    def joined(self) -> None:
+        """A lease of the cohort begins."""
+        self.leasing += 1
+
+    def ended(self) -> bool:
+        """A lease of the cohort ended: whether it was the last, and runs may be left —
+        of the batch, or past it when the first read did not find them all (the pool's
+        waiting leases should read again)."""
+        self.leasing -= 1
+        if self.leasing or self.batch is None:
+            return False
+        return self.taken < self.batch or not self.whole
 
 
 # The fewest runs a part of a shared batch holds (:class:`LeaseShare`): a batch is

@@ -258,20 +258,24 @@ async def lease(
     while True:
         # The ticket is taken before leasing so that a run dispatched in between wakes us.
         ticket = state.notifier.ticket(worker.pool, ahead=body.ahead > 0) if body.wait > 0 else None
-        admitted = await state.store.attempts_lease_admitted(
-            worker=worker,
-            max=body.max,
-            webhooks_only=body.webhooks_only,
-            ahead=body.ahead,
-            p0_share=state.settings.p0_reserved_share,
-            reserve=body.reserve,
-            share=share,
-        )
+        if share is not None:
+            share.joined()
+        try:
+            admitted = await state.store.attempts_lease_admitted(
+                worker=worker,
+                max=body.max,
+                webhooks_only=body.webhooks_only,
+                ahead=body.ahead,
+                p0_share=state.settings.p0_reserved_share,
+                reserve=body.reserve,
+                share=share,
+            )
+        finally:
+            # What the cohort left (a lease of it went away, or could not take its
+            # part) is read again by whoever waits on the pool, now.
+            if share is not None and share.ended():
+                state.notifier.wake([worker.pool])
         leased = admitted.attempts
-        if share is not None and leased:
-            # Parts nobody takes (a lease of the cohort that went away, or could not
-            # take these runs) are read again by whoever waits on the pool, now.
-            state.notifier.wake([worker.pool])
         remaining = deadline - loop.time()
         if leased or ticket is None or remaining <= 0 or state.notifier.closed:
             break

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -123,17 +123,19 @@ async def plan_lease(
     queue: ReadyQueue,
     default_share: float,
     cohort: LeaseShare | None = None,
+    view: Hashable = None,
 ) -> LeasePlan:
     """Decide what the worker is given of ``queue``: lock and read the state the
     decision needs (none in the common case), then apply the rules. ``cohort``: the
     lease is one of several woken together, and takes at most its part of the batch
-    (:class:`LeaseShare`) — of the runs of every class: the slots kept for P0 are the
-    worker's, on top of it."""
+    (:class:`LeaseShare`; ``view``, what its worker can take, and ``queue`` read up to
+    one run past ``budget``) — of the runs of every class: the slots kept for P0 are
+    the worker's, on top of it."""
     share = default_share if queue.share is None else queue.share
     kept = reserved_slots(worker.capacity, share)
     if cohort is not None:
         ready = sum(n for classes in queue.supply.values() for n in classes.values())
-        part = cohort.part(min(budget, ready))
+        part = cohort.part(ready, budget=budget, view=view)
         if part is not None:
             budget = min(budget, part + kept)
     reserve = min(kept, budget)

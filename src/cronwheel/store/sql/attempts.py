@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from datetime import datetime
 from typing import Any, cast
 
@@ -446,10 +446,12 @@ class AttemptsMixin(WorkersMixin, RetriesMixin):
         """Read the ready queue, let admission decide, take what it granted and write
         its decisions back: ``(attempts, the plan, how many runs each grant gave, the
         waiting tenants' names)``."""
+        view = _view(worker, webhooks_only, ahead)
         queue = await self.driver.ready_queue(
             conn,
             worker=worker,
-            max=budget,
+            # In a cohort, one run more: whether the first read found all there was.
+            max=budget if share is None else budget + 1,
             webhooks_only=webhooks_only,
             ahead=ahead,
             now=now,
@@ -463,6 +465,7 @@ class AttemptsMixin(WorkersMixin, RetriesMixin):
             queue=queue,
             default_share=p0_share,
             cohort=share,
+            view=view,
         )
         leased, got = await self.driver.attempts_lease(
             conn,
@@ -474,6 +477,8 @@ class AttemptsMixin(WorkersMixin, RetriesMixin):
             later=later,
         )
         await settle_lease(self.driver, conn, plan, pool=worker.pool, got=got)
+        if share is not None:
+            share.took(len(leased), view=view)
         return leased, plan, got, dict(queue.names)
 
     async def attempts_start_many(
@@ -553,6 +558,20 @@ class AttemptsMixin(WorkersMixin, RetriesMixin):
             stmt = stmt.where(runs.c.tenant_id == tenant_id)
         rows = await conn.execute(stmt)
         return [HeartbeatItem(r.reserved_attempt, r.reserved_token) for r in rows]
+
+
+def _view(worker: Worker, webhooks_only: bool, ahead: float) -> Hashable:
+    """What a lease can take of its pool's ready queue: two leases alike take the same
+    runs."""
+    tasks = None if worker.tasks is None else tuple(sorted(worker.tasks))
+    return (
+        worker.tenant_id,
+        tuple(sorted(worker.capabilities)),
+        tuple(sorted(worker.tags)),
+        tasks,
+        webhooks_only,
+        ahead,
+    )
 
 
 def _executions(outcomes: Iterable[AttemptOutcome]) -> list[Execution]:
