@@ -64,3 +64,51 @@ async def test_a_small_batch_goes_to_one_of_the_woken_workers(api) -> None:
     for poll in pending:
         poll.cancel()
     await asyncio.gather(*pending, return_exceptions=True)
+
+
+async def test_leases_woken_together_that_admission_holds_back_do_not_wake_each_other(
+    api,
+) -> None:
+    """Workers whose free slots are all kept for P0, and only P2 runs ready: the
+    cohort one notice wakes takes nothing, and looks again at its poll, not in a loop
+    of rounds waking each other."""
+    r = await api.client.put(
+        "/v1/pools/default", json={"p0_reserved_share": 0.5}, headers=api.admin
+    )
+    assert r.status_code == 200, r.text
+    t = await api.tenant()
+    worker = await api.key(t, "worker")
+    state = api.app.state.api
+    rounds = 0
+    lease = state.store.attempts_lease_admitted
+
+    async def counted(**kwargs: Any) -> Any:
+        nonlocal rounds
+        rounds += 1
+        return await lease(**kwargs)
+
+    state.store.attempts_lease_admitted = counted
+    polls = []
+    for _ in range(3):
+        r = await api.client.post(
+            "/v1/workers", json={"pool": "default", "capacity": 2}, headers=worker
+        )
+        worker_id = r.json()["worker_id"]
+        polls.append(
+            asyncio.create_task(
+                api.client.post(
+                    f"/v1/workers/{worker_id}/lease", json={"max": 1, "wait": 10}, headers=worker
+                )
+            )
+        )
+    await wait_until_async(lambda: state.notifier.waiting == 3)
+    before = rounds
+    await _make_ready(api, t, 10)
+    await asyncio.sleep(0.8)
+    # Each long-poll reads once on the notice, then at its poll (a second): three, give
+    # or take a wake-up. Waking each other, they made 9 on PostgreSQL, 57 on SQLite.
+    assert rounds - before <= 6
+    assert not any(poll.done() for poll in polls)
+    for poll in polls:
+        poll.cancel()
+    await asyncio.gather(*polls, return_exceptions=True)

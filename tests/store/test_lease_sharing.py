@@ -135,8 +135,8 @@ async def test_when_the_first_read_found_more_than_it_could_take_every_lease_tak
 
 
 async def test_exactly_a_budget_of_ready_runs_is_all_there_is(store: Store) -> None:
-    """The read goes one run past the budget: a batch of exactly the budget is known
-    to be all there is."""
+    """A batch of exactly the budget is all there is (the read went one run past the
+    budget and found none more)."""
     await ready(store, 2 * SHARE_MIN)
     share = LeaseShare(among=3)
     worker = await register_worker(store, now=at(1))
@@ -171,3 +171,31 @@ def test_only_the_last_lease_of_a_cohort_to_end_wakes_and_only_when_runs_may_be_
     share.took(SHARE_MIN, view="v")
     assert not share.ended()
     assert share.ended()  # the batch is taken, but runs past it wait
+
+    share = cohort(ready=2 * SHARE_MIN, budget=2 * SHARE_MIN)
+    share.took(SHARE_MIN, view="w")  # a lease of another view: not the batch's runs
+    assert not share.ended()
+    assert share.ended()
+
+    share = cohort(ready=2 * SHARE_MIN + 1, budget=2 * SHARE_MIN)
+    assert not share.ended()
+    # Admission held every run back: the cohort took nothing, and does not wake itself
+    # into another round that would take nothing too.
+    assert not share.ended()
+
+
+async def test_the_run_read_past_the_budget_changes_no_decision(store: Store) -> None:
+    """A tenant that may run as many runs as the lease's budget, with more waiting: a
+    lease of a cohort is granted them all and not reported held, as a lone lease is
+    (the extra run only tells the cohort there was more)."""
+    tenant = await make_tenant(store, max_concurrent_runs=SHARE_MIN)
+    runs = await create_jobs(store, tenant.id, 2 * SHARE_MIN)
+    await fire(store, runs, now=T0)
+    share = LeaseShare(among=2)
+    worker = await register_worker(store, now=at(1))
+    admitted = await store.attempts_lease_admitted(
+        worker=worker, max=SHARE_MIN, now=at(1), share=share
+    )
+    assert len(admitted.attempts) == SHARE_MIN
+    assert admitted.held == {}
+    assert not share.whole

@@ -227,8 +227,11 @@ class LeaseShare:
     budget), the batch is all there is for workers that can take the same runs
     (``view``): once its parts are handed out, a further lease of that view takes no
     part (it would only find them locked) and waits on. What the cohort left of the
-    batch (a lease of it went away, or could not take its part) is read again at
-    once: the last of its leases to end wakes the pool's waiting leases (:meth:`ended`)."""
+    batch (a lease of it went away, or could not take its part) is read again when the
+    cohort ends: its last lease to end wakes the pool's waiting leases, if the cohort
+    took runs and some may be left (:meth:`ended`). A cohort that took nothing (admission
+    held every run back) does not wake itself again: its leases look again when their
+    poll says (at a limit's pace)."""
 
     among: int
     batch: int | None = None
@@ -237,6 +240,7 @@ class LeaseShare:
     handed: int = 0  # parts handed to leases of the first reader's view
     leasing: int = 0  # leases of the cohort between :meth:`joined` and :meth:`ended`
     taken: int = 0  # runs the leases of the first reader's view took
+    took_any: int = 0  # runs any lease of the cohort took
 
     def part(self, ready: int, *, budget: int, view: Hashable = None) -> int | None:
         """This lease's part, ``ready`` being what its read found — read up to one run
@@ -254,7 +258,8 @@ class LeaseShare:
         return -(-self.batch // parts)
 
     def took(self, count: int, *, view: Hashable = None) -> None:
-        """A lease of the cohort took ``count`` runs."""
+        """A lease of the cohort took ``count`` runs (committed)."""
+        self.took_any += count
         if view == self.view:
             self.taken += count
 
@@ -263,11 +268,11 @@ class LeaseShare:
         self.leasing += 1
 
     def ended(self) -> bool:
-        """A lease of the cohort ended: whether it was the last, and runs may be left —
-        of the batch, or past it when the first read did not find them all (the pool's
-        waiting leases should read again)."""
+        """A lease of the cohort ended: whether it was the last, the cohort took runs,
+        and runs may be left — of the batch, or past it when the first read did not find
+        them all (the pool's waiting leases should read again)."""
         self.leasing -= 1
-        if self.leasing or self.batch is None:
+        if self.leasing or self.batch is None or not self.took_any:
             return False
         return self.taken < self.batch or not self.whole
 

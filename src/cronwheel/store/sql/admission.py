@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import uuid
 from collections.abc import Hashable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -136,6 +136,7 @@ async def plan_lease(
     if cohort is not None:
         ready = sum(n for classes in queue.supply.values() for n in classes.values())
         part = cohort.part(ready, budget=budget, view=view)
+        queue = _within(queue, budget)
         if part is not None:
             budget = min(budget, part + kept)
     reserve = min(kept, budget)
@@ -180,6 +181,23 @@ async def plan_lease(
     )
     grants = [Grant(t, cls, n) for (t, cls), n in sorted(allocation.grants.items()) if n > 0]
     return LeasePlan(queue.now, grants, allocation, kept, levels)
+
+
+def _within(queue: ReadyQueue, budget: int) -> ReadyQueue:
+    """``queue`` with each tenant's runs cut back to ``budget``, from its last class (a
+    cohort's read goes one run past the budget, only to tell whether there was more)."""
+    supply: dict[uuid.UUID, dict[int, int]] = {}
+    for tenant_id, classes in queue.supply.items():
+        over = sum(classes.values()) - budget
+        kept = dict(classes)
+        for cls in sorted(kept, reverse=True):
+            if over <= 0:
+                break
+            cut = min(over, kept[cls])
+            kept[cls] -= cut
+            over -= cut
+        supply[tenant_id] = {cls: n for cls, n in kept.items() if n}
+    return replace(queue, supply=supply)
 
 
 async def settle_lease(

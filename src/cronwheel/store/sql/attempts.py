@@ -392,6 +392,7 @@ class AttemptsMixin(WorkersMixin, RetriesMixin):
     ) -> Admitted:
         if max < 1:
             return Admitted([], {})
+        view = _view(worker, webhooks_only, ahead)
         async with self._write() as conn:
             try:
                 leased, plan, got, names = await self._lease_round(
@@ -404,7 +405,9 @@ class AttemptsMixin(WorkersMixin, RetriesMixin):
                     p0_share,
                     later=False,
                     share=share,
+                    view=view,
                 )
+                took = len(leased)
                 held, retry_in = dict(plan.held), plan.retry_in(got)
                 # Beyond the slots: runs not due yet, reserved — only when the slots'
                 # share did not already take all there was, and reached runs not due.
@@ -424,6 +427,8 @@ class AttemptsMixin(WorkersMixin, RetriesMixin):
                     retry_in = min(waits) if waits else None
             except WorkerGone as gone:
                 raise await self._worker_gone(conn, gone.worker_id) from None
+        if share is not None:  # committed: the runs are the cohort's
+            share.took(took, view=view)
         for tenant_id, limit in held.items():
             RUNS_THROTTLED.labels(tenant=names[tenant_id], limit=limit).inc()
         return Admitted(leased, held, retry_in, plan.reserve)
@@ -440,13 +445,13 @@ class AttemptsMixin(WorkersMixin, RetriesMixin):
         *,
         later: bool,
         share: LeaseShare | None = None,
+        view: Hashable = None,
     ) -> tuple[
         list[LeasedAttempt], LeasePlan, dict[tuple[uuid.UUID, int], int], dict[uuid.UUID, str]
     ]:
         """Read the ready queue, let admission decide, take what it granted and write
         its decisions back: ``(attempts, the plan, how many runs each grant gave, the
         waiting tenants' names)``."""
-        view = _view(worker, webhooks_only, ahead)
         queue = await self.driver.ready_queue(
             conn,
             worker=worker,
@@ -477,8 +482,6 @@ class AttemptsMixin(WorkersMixin, RetriesMixin):
             later=later,
         )
         await settle_lease(self.driver, conn, plan, pool=worker.pool, got=got)
-        if share is not None:
-            share.took(len(leased), view=view)
         return leased, plan, got, dict(queue.names)
 
     async def attempts_start_many(
