@@ -271,8 +271,9 @@ async def lease(
                 share=share,
             )
         finally:
-            # What the cohort left (a lease of it went away, or could not take its
-            # part) is read again by whoever waits on the pool, now.
+            # The cohort's last lease to end: what the cohort left (a lease of it went
+            # away, or could not take its part) is read again by whoever waits on the
+            # pool, now (LeaseShare.ended).
             if share is not None and share.ended():
                 state.notifier.wake([worker.pool])
         leased = admitted.attempts
