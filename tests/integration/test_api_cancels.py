@@ -100,8 +100,10 @@ async def test_another_workers_cancel_does_not_answer_it(api, app) -> None:
     worker, wid, _ = await ready_attempt(api, t)
     other, _, theirs = await ready_attempt(api, t)
     notifier = app.state.api.cancels
+    # Long enough to still be waiting once its request has been read, under any load
+    # (with 0.5 s, a busy database made the wait run out before it began).
     poll = asyncio.create_task(
-        api.client.post(f"/v1/workers/{wid}/cancels", json={"wait": 0.5}, headers=worker)
+        api.client.post(f"/v1/workers/{wid}/cancels", json={"wait": 3}, headers=worker)
     )
     await wait_until_async(lambda: notifier.waiting == 1)
     r = await api.client.post(f"/v1/runs/{theirs['run_id']}/cancel", headers=t.headers)
