@@ -12,7 +12,6 @@ from __future__ import annotations
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from datetime import datetime
-from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import generate_latest
@@ -333,7 +332,7 @@ TENANT_NAMES = TenantNames()
 def observe_start_lateness(starts: Iterable[tuple[datetime, datetime, str, int]]) -> None:
     """Each ``(due_at, started_at, tenant name, priority)`` of runs begun: the labels
     are looked up once per tenant and class, however many runs a lease answer holds."""
-    children: dict[tuple[str, int], Any] = {}
+    children: dict[tuple[str, int], Histogram] = {}
     for due_at, started_at, tenant, priority in starts:
         child = children.get((tenant, priority))
         if child is None:
