@@ -209,6 +209,25 @@ async def test_failure_skips_then_a_retry_continues(api) -> None:
     assert (await run_of(api, t, run_id))["state"] == "SUCCESS"
 
 
+async def test_a_node_whose_rule_can_no_longer_hold_is_not_retried(api) -> None:
+    # Cancelled with its run, load cannot run until left and right are retried: the
+    # retry is refused, and nothing changes.
+    t = await api.tenant()
+    wf = await create(api, t)
+    run_id = wf["first_run_id"]
+    await api.fire()
+    r = await api.client.post(f"/v1/workflow-runs/{run_id}/cancel", headers=t.headers)
+    assert r.status_code == 200, r.text
+    before = await run_of(api, t, run_id)
+    assert states(before)["load"] == "CANCELLED"
+    r = await api.client.post(f"/v1/workflow-runs/{run_id}/nodes/load/retry", headers=t.headers)
+    assert r.status_code == 409, r.text
+    error = error_of(r)
+    assert "cannot run: upstream failed: left, right" in error["message"]
+    assert "retry its upstream nodes first" in error["message"]
+    assert await run_of(api, t, run_id) == before
+
+
 async def test_cancel_a_run_and_the_job_operations(api) -> None:
     t = await api.tenant()
     other = await api.tenant()

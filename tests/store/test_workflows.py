@@ -18,7 +18,7 @@ from cronwheel.domain.workflow import UPSTREAM_KEY, WorkflowSpec, new_workflow
 from cronwheel.store import CompleteItem, FailItem, Store
 from cronwheel.store.schema import PARKED_FIRE_AT
 
-from .helpers import T0, at, fire, make_tenant, register_worker, transitions_of
+from .helpers import T0, at, events_of, fire, make_tenant, register_worker, transitions_of
 
 ONE_TRY = {"max_attempts": 1, "initial_delay": 1.0}
 
@@ -245,8 +245,8 @@ async def test_a_paused_workflow_holds_its_ready_nodes(store: Store) -> None:
 
 async def test_a_node_parked_cancelled_and_rewound_runs_when_ready(store: Store) -> None:
     # c is made ready while its workflow is paused (parked), cancelled with its workflow
-    # run, and rewound by a retry of b: made ready again, it is due at once, not at the
-    # parked instant it was left with.
+    # run, and rewound by a retry of b: its rule (one_success) holds by a, so it is made
+    # ready again at once, due then, not at the parked instant it was left with.
     tenant = await make_tenant(store)
     nodes = [
         {"name": "a"},
@@ -278,14 +278,12 @@ async def test_a_node_parked_cancelled_and_rewound_runs_when_ready(store: Store)
     await store.jobs_resume(tenant.id, wf.job_id, now=at(6))
     b_run = (await nodes_of(store, tenant.id, wf))["b"]
     await store.runs_redrive(tenant.id, b_run.id, move=RETRY, now=at(100))
-    assert (await states_of(store, tenant.id, wf))["c"] == "PENDING"
+    c = (await nodes_of(store, tenant.id, wf))["c"]
+    assert c.state is RunState.DISPATCHED and c.fire_at <= at(100)
     await fire(store, [b_run], now=at(101))
     runner = Runner(store, tenant.id)
     runner.clock = 102
-    assert await runner.step({}) == ["b"]
-    c = (await nodes_of(store, tenant.id, wf))["c"]
-    assert c.state is RunState.DISPATCHED and c.fire_at <= at(104)
-    assert await runner.step({}) == ["c"]
+    assert await runner.step({}) == ["b", "c"]
     assert (await store.runs_get(tenant.id, wf.id)).state is RunState.SUCCESS
 
 
@@ -372,3 +370,94 @@ async def test_payloads_and_results_with_integers_past_64_bits_flow_on(store: St
     nodes = await nodes_of(store, tenant.id, wf)
     assert nodes["b"].payload == {"n": big, UPSTREAM_KEY: {"a": {"from": "a"}}}
     assert (await store.runs_get(tenant.id, wf.id)).state is RunState.SUCCESS
+
+
+async def test_a_retried_node_waits_for_its_upstream_nodes(store: Store) -> None:
+    # b is cancelled while it waits for a, which runs; retried, b waits for a again
+    # rather than running at once, and when a ends it is made ready with a's result.
+    tenant = await make_tenant(store)
+    chain = [{"name": "a"}, {"name": "b", "after": ["a"]}, {"name": "c", "after": ["b"]}]
+    wf = await create(store, tenant.id, chain)
+    await fire(store, [wf], now=T0)
+    worker = await register_worker(store, tenant.id, now=at(1))
+    [a] = await store.attempts_lease(worker=worker, max=10, now=at(1))
+    nodes = await nodes_of(store, tenant.id, wf)
+    await store.runs_cancel(tenant.id, nodes["b"].id, reason="not now", now=at(2))
+    assert await states_of(store, tenant.id, wf) == {
+        "a": "RUNNING",
+        "b": "CANCELLED",
+        "c": "SKIPPED",
+    }
+    await store.runs_redrive(tenant.id, nodes["b"].id, move=RETRY, now=at(3))
+    b = (await nodes_of(store, tenant.id, wf))["b"]
+    assert (b.state, b.reason) == (RunState.PENDING, "retried: waits for its upstream nodes")
+    assert await states_of(store, tenant.id, wf) == {
+        "a": "RUNNING",
+        "b": "PENDING",
+        "c": "PENDING",
+    }
+    assert await store.attempts_lease(worker=worker, max=10, now=at(4)) == []
+    await store.attempts_complete_many(
+        items=[CompleteItem(a.attempt_id, a.fencing_token, {"from": "a"})], now=at(5)
+    )
+    b = (await nodes_of(store, tenant.id, wf))["b"]
+    assert b.state is RunState.DISPATCHED
+    assert b.payload[UPSTREAM_KEY] == {"a": {"from": "a"}}
+    runner = Runner(store, tenant.id)
+    runner.clock = 6
+    assert await runner.step({}) == ["b"]
+    assert await runner.step({}) == ["c"]
+    assert (await store.runs_get(tenant.id, wf.id)).state is RunState.SUCCESS
+    assert [
+        (e.from_state, e.to_state, e.reason)
+        for e in await events_of(store, tenant.id, run_id=b.id)
+        if e.kind == "run.transition" and e.at == at(3)
+    ] == [
+        ("CANCELLED", "SCHEDULED", "sent back by request"),
+        ("SCHEDULED", "PENDING", "retried: waits for its upstream nodes"),
+    ]
+    assert illegal_transitions(await transitions_of(store, tenant.id, b.id)) == []
+
+
+async def test_a_retry_while_the_workflow_run_is_being_cancelled_lets_it_end(
+    store: Store,
+) -> None:
+    # r runs when its workflow run is cancelled; a (in a pool no worker serves yet) and
+    # c after it are cancelled. Retrying a ends the cancel: the run goes on, and ends
+    # once its nodes have, rather than waiting forever with c PENDING.
+    tenant = await make_tenant(store)
+    wf = await create(
+        store,
+        tenant.id,
+        [{"name": "r"}, {"name": "a", "pool": "other"}, {"name": "c", "after": ["a"]}],
+    )
+    await fire(store, [wf], now=T0)
+    worker = await register_worker(store, tenant.id, now=at(1))
+    [r] = await store.attempts_lease(worker=worker, max=10, now=at(1))
+    await store.runs_cancel(tenant.id, wf.id, reason="stop", now=at(2))
+    assert await states_of(store, tenant.id, wf) == {
+        "r": "RUNNING",
+        "a": "CANCELLED",
+        "c": "CANCELLED",
+    }
+    a_run = (await nodes_of(store, tenant.id, wf))["a"]
+    await store.runs_redrive(tenant.id, a_run.id, move=RETRY, now=at(3))
+    await store.attempts_complete_many(
+        items=[CompleteItem(r.attempt_id, r.fencing_token, None)], now=at(4)
+    )
+    await fire(store, [a_run], now=at(5))
+    other = await register_worker(store, tenant.id, pool="other", now=at(6))
+    [a] = await store.attempts_lease(worker=other, max=10, now=at(6))
+    await store.attempts_complete_many(
+        items=[CompleteItem(a.attempt_id, a.fencing_token, None)], now=at(7)
+    )
+    runner = Runner(store, tenant.id)
+    runner.clock = 8
+    assert await runner.step({}) == ["c"]
+    assert await states_of(store, tenant.id, wf) == {
+        "r": "CANCELLED",
+        "a": "SUCCESS",
+        "c": "SUCCESS",
+    }
+    ended = await store.runs_get(tenant.id, wf.id)
+    assert (ended.state, ended.reason) == (RunState.FAILED, "nodes failed: r")

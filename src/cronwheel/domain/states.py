@@ -47,6 +47,7 @@ from cronwheel.domain.errors import IllegalTransitionError
 
 __all__ = [
     "ACTIVE_STATES",
+    "AWAIT",
     "CANCEL",
     "CONCLUDE",
     "CREATED_AS",
@@ -151,18 +152,20 @@ REDRIVE = _move("redrive", {RunState.DEAD_LETTER}, {_S})
 RETRY = _move("retry", {RunState.FAILED, RunState.CANCELLED, RunState.DEAD_LETTER}, {_S})
 # Workflows (``domain/workflow.py``). A node run waits PENDING until its trigger rule
 # holds (READY) or never can (UNSATISFIED); a node retried sends the nodes it had
-# skipped or cancelled downstream back to waiting (REWIND). A workflow run is fired
+# skipped or cancelled downstream back to waiting (REWIND), and itself waits for its
+# own upstream nodes (AWAIT) unless it is a root. A workflow run is fired
 # like any run and started at once by the store (START, with no attempt); it ends
 # when its last node does (CONCLUDE), and a node retried reopens it (REOPEN).
 READY = _move("ready", {_P}, {_D, _S})  # SCHEDULED: parked, its workflow paused
 UNSATISFIED = _move("unsatisfied", {_P}, {RunState.SKIPPED})
 REWIND = _move("rewind", {RunState.SKIPPED, RunState.CANCELLED}, {_P})
+AWAIT = _move("await", {_S}, {_P})
 CONCLUDE = _move("conclude", {_R}, {RunState.SUCCESS, RunState.FAILED, RunState.CANCELLED})
 REOPEN = _move("reopen", {RunState.FAILED, RunState.CANCELLED}, {_R})
 
 MOVES: tuple[Move, ...] = (
     FIRE, SKIP, CANCEL, PARK, START, RELEASE, FINISH, FAIL, QUARANTINE, REDRIVE, RETRY,
-    READY, UNSATISFIED, REWIND, CONCLUDE, REOPEN,
+    READY, UNSATISFIED, REWIND, AWAIT, CONCLUDE, REOPEN,
 )  # fmt: skip
 
 # The table every recorded (from_state, to_state) pair is held to: the moves' union.

@@ -71,6 +71,7 @@ __all__ = [
     "cached_dag",
     "dag_of",
     "decide",
+    "never_runs",
     "new_workflow",
     "node_payload",
 ]
@@ -358,6 +359,15 @@ def _verdict(rule: str, ups: Sequence[RunState]) -> bool | None:
     if rule == "none_failed":
         return False if failed else (True if done == n else None)
     raise ValueError(f"unknown trigger rule {rule!r}")
+
+
+def never_runs(dag: Dag, name: str, states: Mapping[str, RunState]) -> str | None:
+    """Why node ``name``'s trigger rule can never hold over its upstream nodes'
+    ``states``, each node's by name (None: it holds, or may yet)."""
+    node = dag.by_name[name]
+    if _verdict(node.trigger_rule, [states[u] for u in node.after]) is False:
+        return _skip_reason(node.trigger_rule, node, states)
+    return None
 
 
 def _skip_reason(rule: str, node: DagNode, states: Mapping[str, RunState]) -> str:

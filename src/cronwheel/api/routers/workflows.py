@@ -33,7 +33,7 @@ from cronwheel.api.state import api_state
 from cronwheel.domain.errors import ConflictError, NotFoundError, ValidationError
 from cronwheel.domain.model import Job, Run
 from cronwheel.domain.states import RETRY, TERMINAL_STATES, RunState
-from cronwheel.domain.workflow import Dag, WorkflowSpec, dag_of, new_workflow
+from cronwheel.domain.workflow import Dag, WorkflowSpec, dag_of, never_runs, new_workflow
 from cronwheel.store.base import Store
 
 __all__ = ["router", "runs_router", "workflow_out", "workflow_run_out"]
@@ -498,9 +498,11 @@ async def retry_node(
     body: NodeRetryRequest | None = Body(default=None),
     scope: TenantScope = Depends(tenant_writer),
 ) -> WorkflowRunOut:
-    """A FAILED, DEAD_LETTER or CANCELLED node runs again (a new series of attempts);
-    the nodes it had skipped or cancelled downstream wait for it again, and a finished
-    workflow run runs again from there. 409 for a node in any other state."""
+    """A FAILED, DEAD_LETTER or CANCELLED node runs again (a new series of attempts)
+    once its trigger rule holds over its upstream nodes (at once if it does now); the
+    nodes it had skipped or cancelled downstream wait for it again, and a finished
+    workflow run, or one being cancelled, runs on from there. 409 for a node in any
+    other state, or one whose rule can no longer hold (retry its upstream nodes first)."""
     store = api_state(request).store
     ident = parse_id(run_id, "run")
     _run, _dag, nodes = await _workflow_run(store, scope.tenant_id, ident)
@@ -512,6 +514,11 @@ async def retry_node(
             f"node {node!r} is {found.state}; only a FAILED, DEAD_LETTER or CANCELLED node "
             "can be retried",
             node=node,
+        )
+    why = never_runs(_dag, node, {n.node: n.state for n in nodes})
+    if why is not None:
+        raise ConflictError(
+            f"node {node!r} cannot run: {why}; retry its upstream nodes first", node=node
         )
     await store.runs_redrive(
         scope.tenant_id,

@@ -27,6 +27,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from cronwheel.domain.states import (
+    AWAIT,
     CONCLUDE,
     READY,
     REOPEN,
@@ -168,6 +169,9 @@ async def start(
     await insert_ignoring(conn, core.driver, runs, rows)
     await core._insert_events(conn, events)
     await advance(core, conn, [w.id for w in started], at=at, actor=actor)
+
+
+_AWAIT_REASON = "retried: waits for its upstream nodes"
 
 
 def _waiting(after: Sequence[str]) -> str | None:
@@ -422,12 +426,15 @@ async def reopen(
 ) -> None:
     """Node runs sent back to SCHEDULED (a retry, a redrive) continue their workflow
     run: the nodes they had skipped or cancelled downstream wait again (PENDING), and a
-    workflow run that had ended runs again."""
+    workflow run that had ended runs again — or that was being cancelled, goes on. A
+    node with upstream nodes waits for them too (AWAIT): it is made ready, its payload
+    holding their results, when its trigger rule holds, at once if it does now, and
+    skipped if it never can (:func:`advance`, called here)."""
     if not node_run_ids:
         return
     sent = (
         await conn.execute(
-            sa.select(runs.c.workflow_run_id, runs.c.node).where(
+            sa.select(runs.c.id, runs.c.workflow_run_id, runs.c.node).where(
                 core.driver.id_in(runs.c.id, list(node_run_ids)),
                 runs.c.workflow_run_id.is_not(None),
             )
@@ -447,12 +454,20 @@ async def reopen(
     dags = await dags_of(core, conn, {w.job_id for w in owners})
     events: list[dict[str, Any]] = []
     reopened: list[dict[str, Any]] = []
+    waiting: list[dict[str, Any]] = []
     for w in owners:
         dag = dags[w.job_id]
         below: set[str] = set()
         for s in sent:
             if s.workflow_run_id == w.id:
                 below.update(dag.descendants(s.node))
+                if dag.by_name[s.node].after:
+                    waiting.append(
+                        {"id": s.id, "state": RunState.PENDING.value, "reason": _AWAIT_REASON}
+                    )
+                    events.append(
+                        _event(w, s.id, AWAIT.source, RunState.PENDING, at, actor, _AWAIT_REASON)
+                    )
         if below:
             rewound = (
                 await conn.execute(
@@ -487,6 +502,16 @@ async def reopen(
             events.append(
                 _event(w, w.id, RunState(w.state), RunState.RUNNING, at, actor, "a node retried")
             )
-    # The workflow run is no longer cancelled: its nodes may run again.
-    await update_each(conn, runs, [{**r, "cancel_requested": False} for r in reopened])
+    # The workflow run is no longer cancelled, nor being cancelled: its nodes may run
+    # again (a node still running under the cancel is stopped all the same: the cancel
+    # was asked of its own run too).
+    await update_each(conn, runs, reopened)
+    await conn.execute(
+        runs.update()
+        .where(core.driver.id_in(runs.c.id, [w.id for w in owners]), runs.c.cancel_requested)
+        .values(cancel_requested=False)
+    )
+    await update_each(conn, runs, waiting, where=runs.c.state == AWAIT.source.value)
     await core._insert_events(conn, events)
+    # Those that wait are decided now: made ready if their rule holds.
+    await advance(core, conn, [w.id for w in owners], at=at, actor=actor)
