@@ -10,6 +10,8 @@ from typing import Any
 from answers import error_of
 from test_api_workers import lease, register
 
+from conftest import MAX_PAYLOAD
+
 DIAMOND: list[dict[str, Any]] = [
     {"name": "extract", "task": "etl.extract"},
     {"name": "left", "task": "etl.left", "after": ["extract"]},
@@ -96,6 +98,8 @@ async def test_bad_workflows_are_refused_and_nothing_is_stored(api) -> None:
         (body([]), "at least 1", "nodes"),
         (body([{"name": "a"}]), "exactly one of 'task' or 'webhook'", "nodes.0"),
         (body([{"name": "a b", "task": "x"}]), "node name", "nodes.0.name"),
+        (body([{"name": "..", "task": "x"}]), "dots alone", "nodes.0.name"),
+        (body([{"name": ".", "task": "x"}]), "dots alone", "nodes.0.name"),
         (
             body([{"name": "a", "task": "x", "trigger_rule": "sometimes"}]),
             "",
@@ -207,6 +211,28 @@ async def test_failure_skips_then_a_retry_continues(api) -> None:
     assert await work(api, worker, wid) == ["etl.left"]
     assert await work(api, worker, wid) == ["etl.load"]
     assert (await run_of(api, t, run_id))["state"] == "SUCCESS"
+
+
+async def test_a_trigger_payload_is_checked_as_the_nodes_payloads_are(api) -> None:
+    # Merged over every node's own payload: the upstream key is refused, and so is a
+    # payload that makes a node's too large. Nothing is fired either way.
+    t = await api.tenant()
+    big = "x" * (MAX_PAYLOAD // 2)
+    nodes = [{**DIAMOND[0], "payload": {"own": big}}, *DIAMOND[1:]]
+    wf = await create(api, t, nodes=nodes, schedule={"cron": "0 0 1 1 *"})
+    before = await api.snapshot(t)
+    path = f"/v1/workflows/{wf['id']}/trigger"
+    r = await api.client.post(path, json={"payload": {"upstream": {"a": 1}}}, headers=t.headers)
+    assert r.status_code == 422, r.text
+    error = error_of(r)
+    assert error["field"] == "payload" and "'upstream'" in error["message"]
+    r = await api.client.post(path, json={"payload": {"more": big}}, headers=t.headers)
+    assert r.status_code == 413, r.text
+    error = error_of(r)
+    assert error["field"] == "payload" and "node 'extract'" in error["message"]
+    assert await api.snapshot(t) == before
+    r = await api.client.post(path, json={"payload": {"more": "x"}}, headers=t.headers)
+    assert r.status_code == 201, r.text
 
 
 async def test_a_node_whose_rule_can_no_longer_hold_is_not_retried(api) -> None:

@@ -40,7 +40,7 @@ from pydantic import AfterValidator, Field, ValidatorFunctionWrapHandler, field_
 
 from cronwheel.domain.audit import Actor
 from cronwheel.domain.bounds import Label, Name, Seconds
-from cronwheel.domain.errors import ValidationError
+from cronwheel.domain.errors import PayloadTooLargeError, ValidationError
 from cronwheel.domain.model import NewJob
 from cronwheel.domain.new_job import JobLimits, check_json_size, new_job
 from cronwheel.domain.spec import (
@@ -69,6 +69,7 @@ __all__ = [
     "TriggerRule",
     "WorkflowSpec",
     "cached_dag",
+    "check_trigger_payload",
     "dag_of",
     "decide",
     "never_runs",
@@ -99,6 +100,9 @@ _NODE_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,100}")
 def _node_name(value: str) -> str:
     if not _NODE_NAME.fullmatch(value):
         raise ValueError("a node name is 1 to 100 letters, digits, '_', '-' or '.'")
+    if not value.strip("."):
+        # '.' and '..' would be path segments in the node's URLs, which clients resolve.
+        raise ValueError("a node name cannot be dots alone")
     return value
 
 
@@ -422,6 +426,25 @@ def decide(dag: Dag, states: Mapping[str, RunState], *, cancelled: bool = False)
         else:
             outcome = RunState.SUCCESS
     return Decisions(ready, skipped, outcome, reason)
+
+
+def check_trigger_payload(dag: Dag, payload: Mapping[str, Any], *, limit: int) -> None:
+    """Refuse a trigger's ``payload``, merged over every node's own (see
+    :func:`node_payload`), that takes the key of the upstream results (422) or that
+    makes a node's payload larger than ``limit`` bytes of JSON (413, naming the node)."""
+    if UPSTREAM_KEY in payload:
+        raise ValidationError(
+            f"payload: {UPSTREAM_KEY!r} is where a node receives its upstream nodes' "
+            "results: choose another key",
+            field="payload",
+        )
+    for node in dag.nodes:
+        try:
+            check_json_size({**node.template.payload, **payload}, limit=limit, field="payload")
+        except PayloadTooLargeError as exc:
+            raise PayloadTooLargeError(
+                f"{exc.message}, merged over node {node.name!r}'s own", field="payload"
+            ) from None
 
 
 def node_payload(

@@ -33,7 +33,14 @@ from cronwheel.api.state import api_state
 from cronwheel.domain.errors import ConflictError, NotFoundError, ValidationError
 from cronwheel.domain.model import Job, Run
 from cronwheel.domain.states import RETRY, TERMINAL_STATES, RunState
-from cronwheel.domain.workflow import Dag, WorkflowSpec, dag_of, never_runs, new_workflow
+from cronwheel.domain.workflow import (
+    Dag,
+    WorkflowSpec,
+    check_trigger_payload,
+    dag_of,
+    never_runs,
+    new_workflow,
+)
 from cronwheel.store.base import Store
 
 __all__ = ["router", "runs_router", "workflow_out", "workflow_run_out"]
@@ -383,10 +390,16 @@ async def trigger_workflow(
     scope: TenantScope = Depends(tenant_writer),
 ) -> WorkflowRunOut:
     """A workflow run due now (origin `trigger`); `payload` is merged over every node's
-    payload. 409 for a cancelled workflow."""
+    payload: 422 if it takes the key of the upstream results, 413 if a node's payload
+    would exceed the payload limit. 409 for a cancelled workflow."""
     state = api_state(request)
     ident = parse_id(workflow_id, "workflow")
     job = await _workflow(state.store, scope.tenant_id, ident)
+    assert job.workflow is not None
+    if body is not None and body.payload is not None:
+        check_trigger_payload(
+            dag_of(job.id, job.workflow), body.payload, limit=state.settings.max_payload_bytes
+        )
     run = await state.store.jobs_trigger(
         scope.tenant_id,
         ident,
@@ -394,7 +407,6 @@ async def trigger_workflow(
         payload=body.payload if body else None,
         max_payload_bytes=state.settings.max_payload_bytes,
     )
-    assert job.workflow is not None
     return workflow_run_out(run, dag_of(job.id, job.workflow), None)
 
 
