@@ -282,6 +282,8 @@ async def test_cancel_a_run_and_the_job_operations(api) -> None:
     assert r.json()["counts"] == {"SKIPPED": 4}
     assert {n["state"] for n in r.json()["nodes"]} == {"SKIPPED"}
     assert "ended CANCELLED before it started" in r.json()["nodes"][0]["reason"]
+    r = await api.client.post(f"/v1/workflow-runs/{never}/nodes/load/retry", headers=t.headers)
+    assert r.status_code == 409 and "before it started" in error_of(r)["message"], r.text
     await api.fire()
     worker = await api.key(t, "worker")
     wid = await register(api, worker)

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from cronwheel.domain import workflow
 from cronwheel.domain.errors import ValidationError
 from cronwheel.domain.states import RunState
 from cronwheel.domain.workflow import (
@@ -112,6 +113,31 @@ def test_roots_are_ready_and_skips_propagate() -> None:
     assert "upstream failed: a" in decided.skipped["b"]
     assert "upstream skipped: b" in decided.skipped["c"]
     assert decided.outcome is None  # d is still to run
+
+
+def test_a_skip_passes_down_a_chain_listed_downstream_first_in_one_pass(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Submitted last node first: each node's rule is still read once, after its
+    # upstream node's (in a pass per node it was read ~n²/2 times, inside the lock).
+    chain = [
+        {"name": f"n{i}", **({"after": [f"n{i - 1}"]} if i else {})}
+        for i in reversed(range(NODES_MAX))
+    ]
+    d = dag(*chain)
+    reads = 0
+    verdict = workflow._verdict
+
+    def counted(rule: str, ups: Any) -> bool | None:
+        nonlocal reads
+        reads += 1
+        return verdict(rule, ups)
+
+    monkeypatch.setattr(workflow, "_verdict", counted)
+    decided = decide(d, {"n0": BAD, **{f"n{i}": P for i in range(1, NODES_MAX)}})
+    assert len(decided.skipped) == NODES_MAX - 1 and decided.ready == []
+    assert decided.outcome is BAD
+    assert reads == NODES_MAX - 1
 
 
 def test_the_outcome_follows_the_nodes() -> None:

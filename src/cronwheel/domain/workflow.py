@@ -34,6 +34,7 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from graphlib import TopologicalSorter
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, ValidatorFunctionWrapHandler, field_validator
@@ -193,9 +194,16 @@ class Dag:
     # Each node's own payload as canonical JSON: nodes made ready together whose
     # payloads are alike share one write.
     payload_keys: dict[str, bytes] = field(init=False, repr=False, compare=False)
+    # Every node after its upstream nodes, whatever the submitted order: deciding in
+    # this order passes a skip down a whole chain in one pass.
+    order: tuple[DagNode, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "by_name", {n.name: n for n in self.nodes})
+        sorter = TopologicalSorter({n.name: n.after for n in self.nodes})
+        object.__setattr__(
+            self, "order", tuple(self.by_name[name] for name in sorter.static_order())
+        )
         object.__setattr__(
             self,
             "payload_keys",
@@ -398,20 +406,17 @@ def decide(dag: Dag, states: Mapping[str, RunState], *, cancelled: bool = False)
     ready: list[str] = []
     skipped: dict[str, str] = {}
     if not cancelled:
-        changed = True
-        while changed:
-            changed = False
-            for node in dag.nodes:
-                if now[node.name] is not RunState.PENDING:
-                    continue
-                verdict = _verdict(node.trigger_rule, [now[u] for u in node.after])
-                if verdict is True:
-                    ready.append(node.name)
-                    now[node.name] = RunState.DISPATCHED
-                elif verdict is False:
-                    skipped[node.name] = _skip_reason(node.trigger_rule, node, now)
-                    now[node.name] = RunState.SKIPPED
-                    changed = True  # its dependents may now be decided too
+        # Upstream nodes first: a node's rule reads their states as decided here.
+        for node in dag.order:
+            if now[node.name] is not RunState.PENDING:
+                continue
+            verdict = _verdict(node.trigger_rule, [now[u] for u in node.after])
+            if verdict is True:
+                ready.append(node.name)
+                now[node.name] = RunState.DISPATCHED
+            elif verdict is False:
+                skipped[node.name] = _skip_reason(node.trigger_rule, node, now)
+                now[node.name] = RunState.SKIPPED
     outcome: RunState | None = None
     reason: str | None = None
     if all(s in _ENDED for s in now.values()):

@@ -517,8 +517,16 @@ async def retry_node(
     other state, or one whose rule can no longer hold (retry its upstream nodes first)."""
     store = api_state(request).store
     ident = parse_id(run_id, "run")
-    _run, _dag, nodes = await _workflow_run(store, scope.tenant_id, ident)
+    run, _dag, nodes = await _workflow_run(store, scope.tenant_id, ident)
     found = next((n for n in nodes if n.node == node), None)
+    if found is None and node in _dag.by_name:
+        raise ConflictError(
+            f"workflow run {run_id} ended {run.state} before it started: its nodes never "
+            "ran, so there is nothing to retry (trigger the workflow to run it again)"
+            if run.state in TERMINAL_STATES
+            else f"workflow run {run_id} has not started: its nodes run once it fires",
+            node=node,
+        )
     if found is None:
         raise NotFoundError(f"workflow run {run_id} has no node {node!r}", node=node)
     if found.state not in RETRY.sources:
