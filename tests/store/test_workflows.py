@@ -461,3 +461,25 @@ async def test_a_retry_while_the_workflow_run_is_being_cancelled_lets_it_end(
     }
     ended = await store.runs_get(tenant.id, wf.id)
     assert (ended.state, ended.reason) == (RunState.FAILED, "nodes failed: r")
+
+
+async def test_a_cancel_with_a_reason_ends_the_run_with_it(store: Store) -> None:
+    # a runs when its workflow run is cancelled with a reason: a ends CANCELLED
+    # "cancelled while running" when its worker reports, and the run with the reason.
+    tenant = await make_tenant(store)
+    wf = await create(store, tenant.id, [{"name": "a"}, {"name": "b", "after": ["a"]}])
+    await fire(store, [wf], now=T0)
+    worker = await register_worker(store, tenant.id, now=at(1))
+    [a] = await store.attempts_lease(worker=worker, max=10, now=at(1))
+    await store.runs_cancel(tenant.id, wf.id, reason="operator stop", now=at(2))
+    assert (await store.runs_get(tenant.id, wf.id)).state is RunState.RUNNING
+    await store.attempts_complete_many(
+        items=[CompleteItem(a.attempt_id, a.fencing_token, None)], now=at(3)
+    )
+    nodes = await nodes_of(store, tenant.id, wf)
+    assert (nodes["a"].state, nodes["a"].reason) == (
+        RunState.CANCELLED,
+        "cancelled while running",
+    )
+    ended = await store.runs_get(tenant.id, wf.id)
+    assert (ended.state, ended.reason) == (RunState.CANCELLED, "operator stop")

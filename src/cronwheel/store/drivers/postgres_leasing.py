@@ -444,7 +444,8 @@ done AS (
 ),
 finished AS (
     UPDATE runs SET state = CASE WHEN runs.cancel_requested THEN 'CANCELLED' ELSE 'SUCCESS' END,
-                    finished_at = done.now, result = done.result, reason = NULL
+                    finished_at = done.now, result = done.result,
+                    reason = CASE WHEN runs.cancel_requested THEN 'cancelled while running' END
     FROM done
     WHERE runs.id = done.run_id AND {FINISH.sql("runs.state")}
     RETURNING runs.id, runs.tenant_id, runs.job_id, runs.state, runs.task, done.id AS attempt_id,

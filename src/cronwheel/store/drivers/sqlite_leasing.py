@@ -484,7 +484,9 @@ class CoreLeasing(Driver):
                         else_=RunState.SUCCESS.value,
                     ),
                     finished_at=at,
-                    reason=None,
+                    reason=sa.case(
+                        (runs.c.cancel_requested, "cancelled while running"), else_=None
+                    ),
                 )
                 .returning(
                     runs.c.id,

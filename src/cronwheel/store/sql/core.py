@@ -391,7 +391,17 @@ class SqlCore(Store):
                     runs.c.state == RunState.RUNNING.value,
                     runs.c.cancel_requested.is_(sa.false()),
                 )
-                .values(cancel_requested=True)
+                # A workflow run keeps why, to end with it once its nodes have.
+                .values(
+                    cancel_requested=True,
+                    reason=sa.case(
+                        (
+                            sa.and_(runs.c.pool == WORKFLOW_POOL, runs.c.workflow_run_id.is_(None)),
+                            reason,
+                        ),
+                        else_=runs.c.reason,
+                    ),
+                )
                 .returning(runs.c.id, runs.c.job_id, runs.c.pool, runs.c.workflow_run_id)
             )
         ).all()

@@ -203,6 +203,7 @@ async def advance(
                 runs.c.cancel_requested,
                 runs.c.payload,
                 runs.c.fire_at,
+                runs.c.reason,
             )
             .where(core.driver.id_in(runs.c.id, ids), runs.c.state == RunState.RUNNING.value)
             .order_by(runs.c.id)
@@ -285,17 +286,12 @@ async def advance(
                 _event(w, mine[name], UNSATISFIED.source, RunState.SKIPPED, at, actor, reason)
             )
         if decided.outcome is not None:
+            # Cancelled: with the reason its cancel was asked with, if one was given.
+            ending: str | None = (w.cancel_requested and w.reason) or decided.reason
             ended_rows.append(
-                {
-                    "id": w.id,
-                    "state": decided.outcome.value,
-                    "finished_at": at,
-                    "reason": decided.reason,
-                }
+                {"id": w.id, "state": decided.outcome.value, "finished_at": at, "reason": ending}
             )
-            events.append(
-                _event(w, w.id, CONCLUDE.source, decided.outcome, at, actor, decided.reason)
-            )
+            events.append(_event(w, w.id, CONCLUDE.source, decided.outcome, at, actor, ending))
             finished_jobs.append(w.job_id)
     # A waiting node is cancelled without its workflow run's lock (a job's or a tenant's
     # cancel reaches runs by their own rows): each node moves only if still waiting.
@@ -509,7 +505,7 @@ async def reopen(
     await conn.execute(
         runs.update()
         .where(core.driver.id_in(runs.c.id, [w.id for w in owners]), runs.c.cancel_requested)
-        .values(cancel_requested=False)
+        .values(cancel_requested=False, reason=None)
     )
     await update_each(conn, runs, waiting, where=runs.c.state == AWAIT.source.value)
     await core._insert_events(conn, events)
