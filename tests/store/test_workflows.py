@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from cronwheel.domain.errors import IllegalTransitionError, ValidationError
-from cronwheel.domain.model import Run
+from cronwheel.domain.model import LeasedAttempt, Run
 from cronwheel.domain.new_job import JobLimits
 from cronwheel.domain.states import RETRY, RunState, illegal_transitions
 from cronwheel.domain.workflow import UPSTREAM_KEY, WorkflowSpec, new_workflow
@@ -203,26 +203,36 @@ async def test_a_workflow_run_cannot_itself_be_retried(store: Store) -> None:
         await store.runs_redrive(tenant.id, wf.id, move=RETRY, now=at(100))
 
 
-async def test_cancelling_mid_run(store: Store) -> None:
+async def cancelled_while_one_runs(
+    store: Store, nodes: list[dict[str, Any]], *, reason: str = "stop"
+) -> tuple[uuid.UUID, Run, LeasedAttempt]:
+    """A workflow run of ``nodes`` fired, the one node a worker of the default pool can
+    lease leased (at(1)) and the run cancelled with ``reason`` (at(2)): the tenant, the
+    workflow run and that node's attempt."""
     tenant = await make_tenant(store)
-    wf = await create(store, tenant.id, DIAMOND)
+    wf = await create(store, tenant.id, nodes)
     await fire(store, [wf], now=T0)
     worker = await register_worker(store, tenant.id, now=at(1))
-    [a] = await store.attempts_lease(worker=worker, max=10, now=at(1))
-    await store.runs_cancel(tenant.id, wf.id, reason="stop", now=at(2))
+    [attempt] = await store.attempts_lease(worker=worker, max=10, now=at(1))
+    await store.runs_cancel(tenant.id, wf.id, reason=reason, now=at(2))
+    return tenant.id, wf, attempt
+
+
+async def test_cancelling_mid_run(store: Store) -> None:
+    tenant_id, wf, a = await cancelled_while_one_runs(store, DIAMOND)
     # a runs: asked to stop; the rest never will.
-    assert await states_of(store, tenant.id, wf) == {
+    assert await states_of(store, tenant_id, wf) == {
         "a": "RUNNING",
         "b": "CANCELLED",
         "c": "CANCELLED",
         "d": "CANCELLED",
     }
-    assert (await store.runs_get(tenant.id, wf.id)).state is RunState.RUNNING
+    assert (await store.runs_get(tenant_id, wf.id)).state is RunState.RUNNING
     await store.attempts_complete_many(
         items=[CompleteItem(a.attempt_id, a.fencing_token, None)], now=at(3)
     )
-    assert (await states_of(store, tenant.id, wf))["a"] == "CANCELLED"
-    done = await store.runs_get(tenant.id, wf.id)
+    assert (await states_of(store, tenant_id, wf))["a"] == "CANCELLED"
+    done = await store.runs_get(tenant_id, wf.id)
     assert done.state is RunState.CANCELLED
 
 
@@ -425,61 +435,51 @@ async def test_a_retry_while_the_workflow_run_is_being_cancelled_lets_it_end(
     # r runs when its workflow run is cancelled; a (in a pool no worker serves yet) and
     # c after it are cancelled. Retrying a ends the cancel: the run goes on, and ends
     # once its nodes have, rather than waiting forever with c PENDING.
-    tenant = await make_tenant(store)
-    wf = await create(
-        store,
-        tenant.id,
-        [{"name": "r"}, {"name": "a", "pool": "other"}, {"name": "c", "after": ["a"]}],
+    tenant_id, wf, r = await cancelled_while_one_runs(
+        store, [{"name": "r"}, {"name": "a", "pool": "other"}, {"name": "c", "after": ["a"]}]
     )
-    await fire(store, [wf], now=T0)
-    worker = await register_worker(store, tenant.id, now=at(1))
-    [r] = await store.attempts_lease(worker=worker, max=10, now=at(1))
-    await store.runs_cancel(tenant.id, wf.id, reason="stop", now=at(2))
-    assert await states_of(store, tenant.id, wf) == {
+    assert await states_of(store, tenant_id, wf) == {
         "r": "RUNNING",
         "a": "CANCELLED",
         "c": "CANCELLED",
     }
-    a_run = (await nodes_of(store, tenant.id, wf))["a"]
-    await store.runs_redrive(tenant.id, a_run.id, move=RETRY, now=at(3))
+    a_run = (await nodes_of(store, tenant_id, wf))["a"]
+    await store.runs_redrive(tenant_id, a_run.id, move=RETRY, now=at(3))
     await store.attempts_complete_many(
         items=[CompleteItem(r.attempt_id, r.fencing_token, None)], now=at(4)
     )
     await fire(store, [a_run], now=at(5))
-    other = await register_worker(store, tenant.id, pool="other", now=at(6))
+    other = await register_worker(store, tenant_id, pool="other", now=at(6))
     [a] = await store.attempts_lease(worker=other, max=10, now=at(6))
     await store.attempts_complete_many(
         items=[CompleteItem(a.attempt_id, a.fencing_token, None)], now=at(7)
     )
-    runner = Runner(store, tenant.id)
+    runner = Runner(store, tenant_id)
     runner.clock = 8
     assert await runner.step({}) == ["c"]
-    assert await states_of(store, tenant.id, wf) == {
+    assert await states_of(store, tenant_id, wf) == {
         "r": "CANCELLED",
         "a": "SUCCESS",
         "c": "SUCCESS",
     }
-    ended = await store.runs_get(tenant.id, wf.id)
+    ended = await store.runs_get(tenant_id, wf.id)
     assert (ended.state, ended.reason) == (RunState.FAILED, "nodes failed: r")
 
 
 async def test_a_cancel_with_a_reason_ends_the_run_with_it(store: Store) -> None:
     # a runs when its workflow run is cancelled with a reason: a ends CANCELLED
     # "cancelled while running" when its worker reports, and the run with the reason.
-    tenant = await make_tenant(store)
-    wf = await create(store, tenant.id, [{"name": "a"}, {"name": "b", "after": ["a"]}])
-    await fire(store, [wf], now=T0)
-    worker = await register_worker(store, tenant.id, now=at(1))
-    [a] = await store.attempts_lease(worker=worker, max=10, now=at(1))
-    await store.runs_cancel(tenant.id, wf.id, reason="operator stop", now=at(2))
-    assert (await store.runs_get(tenant.id, wf.id)).state is RunState.RUNNING
+    tenant_id, wf, a = await cancelled_while_one_runs(
+        store, [{"name": "a"}, {"name": "b", "after": ["a"]}], reason="operator stop"
+    )
+    assert (await store.runs_get(tenant_id, wf.id)).state is RunState.RUNNING
     await store.attempts_complete_many(
         items=[CompleteItem(a.attempt_id, a.fencing_token, None)], now=at(3)
     )
-    nodes = await nodes_of(store, tenant.id, wf)
+    nodes = await nodes_of(store, tenant_id, wf)
     assert (nodes["a"].state, nodes["a"].reason) == (
         RunState.CANCELLED,
         "cancelled while running",
     )
-    ended = await store.runs_get(tenant.id, wf.id)
+    ended = await store.runs_get(tenant_id, wf.id)
     assert (ended.state, ended.reason) == (RunState.CANCELLED, "operator stop")
