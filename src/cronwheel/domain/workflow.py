@@ -200,15 +200,23 @@ class Dag:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "by_name", {n.name: n for n in self.nodes})
-        sorter = TopologicalSorter({n.name: n.after for n in self.nodes})
-        object.__setattr__(
-            self, "order", tuple(self.by_name[name] for name in sorter.static_order())
-        )
+        object.__setattr__(self, "order", self._dependency_order())
         object.__setattr__(
             self,
             "payload_keys",
             {n.name: canonical(n.template.payload) for n in self.nodes},
         )
+
+    def _dependency_order(self) -> tuple[DagNode, ...]:
+        """The nodes, each after its upstream nodes: as submitted when they already are
+        (the builder sends them so; a linear check), sorted otherwise."""
+        seen: set[str] = set()
+        for node in self.nodes:
+            if not seen.issuperset(node.after):
+                sorter = TopologicalSorter({n.name: n.after for n in self.nodes})
+                return tuple(self.by_name[name] for name in sorter.static_order())
+            seen.add(node.name)
+        return self.nodes
 
     @classmethod
     def of_specs(cls, specs: Sequence[NodeSpec]) -> Dag:
