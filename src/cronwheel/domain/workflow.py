@@ -73,6 +73,7 @@ __all__ = [
     "check_trigger_payload",
     "dag_of",
     "decide",
+    "may_hold",
     "never_runs",
     "new_workflow",
     "node_payload",
@@ -385,9 +386,14 @@ def never_runs(dag: Dag, name: str, states: Mapping[str, RunState]) -> str | Non
     """Why node ``name``'s trigger rule can never hold over its upstream nodes'
     ``states``, each node's by name (None: it holds, or may yet)."""
     node = dag.by_name[name]
-    if _verdict(node.trigger_rule, [states[u] for u in node.after]) is False:
+    if not may_hold(node.trigger_rule, [states[u] for u in node.after]):
         return _skip_reason(node.trigger_rule, node, states)
     return None
+
+
+def may_hold(rule: str, ups: Sequence[RunState]) -> bool:
+    """Whether trigger rule ``rule`` holds, or may yet, over upstream states ``ups``."""
+    return _verdict(rule, ups) is not False
 
 
 def _skip_reason(rule: str, node: DagNode, states: Mapping[str, RunState]) -> str:

@@ -18,6 +18,7 @@ from cronwheel.api.routers import workflows as workflows_api
 from cronwheel.api.routers.workflows import NodeOut, NodeRunOut
 from cronwheel.domain.errors import ValidationError
 from cronwheel.domain.states import RETRY, RunState
+from cronwheel.domain.workflow import may_hold
 from cronwheel.ui.dag import NodeLook, dag_svg, layered
 from cronwheel.ui.jobs import PAGE_SIZE
 from cronwheel.ui.render import UiRoute, first_line, page, redirect, svg
@@ -186,12 +187,16 @@ async def workflow_run_page(
     run = await workflows_api.get_workflow_run(run_id=run_id, request=request, scope=visit.scope)
     nodes = run.nodes or []
     chosen = [n for n in nodes if not state or n.state == state]
+    states = {n.node: RunState(n.state) for n in nodes}
     rows = [
         {
             "node": n,
             "state": n.state,
             "took": _seconds(n.started_at, n.finished_at),
-            "may_retry": n.state in _RETRYABLE,
+            # What the API's node retry takes: failed or cancelled, its rule still able
+            # to hold over its upstream nodes.
+            "may_retry": n.state in _RETRYABLE
+            and may_hold(n.trigger_rule, [states[u] for u in n.after]),
         }
         for n in chosen[:NODE_ROWS]
     ]
