@@ -251,6 +251,10 @@ async def test_a_node_whose_rule_can_no_longer_hold_is_not_retried(api) -> None:
     error = error_of(r)
     assert "cannot run: upstream failed: left, right" in error["message"]
     assert "retry its upstream nodes first" in error["message"]
+    # The same through the run's own retry.
+    load = next(n for n in before["nodes"] if n["node"] == "load")
+    r = await api.client.post(f"/v1/runs/{load['run_id']}/retry", headers=t.headers)
+    assert r.status_code == 409 and "cannot run" in error_of(r)["message"], r.text
     assert await run_of(api, t, run_id) == before
 
 

@@ -38,7 +38,6 @@ from cronwheel.domain.workflow import (
     WorkflowSpec,
     check_trigger_payload,
     dag_of,
-    never_runs,
     new_workflow,
 )
 from cronwheel.store.base import Store
@@ -534,11 +533,6 @@ async def retry_node(
             f"node {node!r} is {found.state}; only a FAILED, DEAD_LETTER or CANCELLED node "
             "can be retried",
             node=node,
-        )
-    why = never_runs(_dag, node, {n.node: n.state for n in nodes})
-    if why is not None:
-        raise ConflictError(
-            f"node {node!r} cannot run: {why}; retry its upstream nodes first", node=node
         )
     await store.runs_redrive(
         scope.tenant_id,

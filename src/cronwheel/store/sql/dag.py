@@ -26,6 +26,7 @@ from typing import Any, NamedTuple, Protocol
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from cronwheel.domain.errors import ConflictError
 from cronwheel.domain.states import (
     AWAIT,
     CONCLUDE,
@@ -43,6 +44,7 @@ from cronwheel.domain.workflow import (
     cached_dag,
     dag_of,
     decide,
+    never_runs,
     node_payload,
 )
 from cronwheel.ids import new_id
@@ -68,7 +70,7 @@ class _Core(Protocol):
     ) -> None: ...
 
 
-__all__ = ["advance", "dags_of", "reopen", "start"]
+__all__ = ["advance", "dags_of", "refuse_unrunnable", "reopen", "start"]
 
 _STATES = {s.value: s for s in RunState}  # a lookup, not RunState(...): 1,000 a batch
 
@@ -410,6 +412,34 @@ def _event(
         actor=actor,
         reason=reason,
     )
+
+
+async def refuse_unrunnable(core: _Core, conn: AsyncConnection, run: Any) -> None:
+    """Refuse (409) to send back ``run`` (its ``id``, ``workflow_run_id``, ``node``
+    and ``job_id``) when it is a workflow's node whose trigger rule can no longer hold
+    over its upstream nodes: retried, it would only be skipped again."""
+    if run.workflow_run_id is None:
+        return
+    dag = (await dags_of(core, conn, [run.job_id]))[run.job_id]
+    states = {
+        name: _STATES[state]
+        for name, state in await conn.execute(
+            sa.select(runs.c.node, runs.c.state).where(
+                runs.c.workflow_run_id == run.workflow_run_id,
+                core.driver.id_in(runs.c.node, list(dag.by_name[run.node].after)),
+            )
+        )
+    }
+    why = (
+        never_runs(dag, run.node, states)
+        if len(states) == len(dag.by_name[run.node].after)
+        else None
+    )
+    if why is not None:
+        raise ConflictError(
+            f"node {run.node!r} cannot run: {why}; retry its upstream nodes first",
+            node=run.node,
+        )
 
 
 async def reopen(

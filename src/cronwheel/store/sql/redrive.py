@@ -76,7 +76,14 @@ class RedriveMixin(SqlCore):
             max_pending = await tenant_for_new_runs(conn, tenant_id)
             current = (
                 await conn.execute(
-                    sa.select(runs.c.id, runs.c.state, runs.c.pool, runs.c.workflow_run_id)
+                    sa.select(
+                        runs.c.id,
+                        runs.c.state,
+                        runs.c.pool,
+                        runs.c.workflow_run_id,
+                        runs.c.node,
+                        runs.c.job_id,
+                    )
                     .where(runs.c.tenant_id == tenant_id, runs.c.id == run_id)
                     .with_for_update()
                 )
@@ -97,6 +104,7 @@ class RedriveMixin(SqlCore):
                     source=current.state,
                     target=RunState.SCHEDULED.value,
                 )
+            await dag.refuse_unrunnable(self, conn, current)
             job_state = (await self._job_states(conn, tenant_id, [run_id]))[run_id]
             if job_state == JobState.CANCELLED.value:
                 raise IllegalTransitionError(
