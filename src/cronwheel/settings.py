@@ -7,10 +7,11 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from cronwheel.domain.new_job import JobLimits
+from cronwheel.domain.workflow import NODE_INPUT_MAX
 
 __all__ = ["OTHER_POOLS", "Settings", "normalise_database_url"]
 
@@ -70,6 +71,10 @@ class Settings(BaseSettings):
     anonymous_rate_limit_burst: int = Field(default=100, ge=1)
 
     max_payload_bytes: int = Field(default=64 * 1024, ge=1024)
+    # The most a workflow's node is given when it is made ready: its payload with its
+    # upstream nodes' results (docs/workflows.md). At least the payload limit, so that
+    # a node's own payload always fits.
+    max_node_input_bytes: int = Field(default=NODE_INPUT_MAX, ge=1024)
     # Database connections a process keeps open (PostgreSQL). An API process makes all
     # of its ``api_pool_size`` at start-up, so a burst's start statements never wait for
     # one; a process without the API (a scheduler node) keeps ``db_pool_size``. Under
@@ -257,6 +262,17 @@ class Settings(BaseSettings):
         from cronwheel.worker.webhook import AllowList
 
         AllowList.parse(value)  # a bad entry fails at start-up, naming itself
+        return value
+
+    @field_validator("max_node_input_bytes")
+    @classmethod
+    def _node_input(cls, value: int, info: ValidationInfo) -> int:
+        payload = info.data.get("max_payload_bytes")
+        if payload is not None and value < payload:
+            raise ValueError(
+                f"must be at least max_payload_bytes ({payload}): a node's own payload "
+                "must fit in it"
+            )
         return value
 
     @field_validator("database_url")

@@ -18,9 +18,11 @@ from workflow_work import EtlTasks, work_until_over
 from cronwheel import ApiError, AsyncClient, Client
 from cronwheel.api import create_app
 from cronwheel.client import Workflow
+from cronwheel.runtime import BackgroundRuntime, Runtime
 from cronwheel.settings import Settings
 from cronwheel.store import Store
 from cronwheel.testing import wait_until
+from cronwheel.worker import TaskContext, Worker
 
 ADMIN_KEY = "workflows-client-admin-key"
 NODES = ("extract", "transform_a", "transform_b", "load")
@@ -179,6 +181,47 @@ def test_a_bad_workflow_is_refused_and_nothing_is_stored(live: tuple[str, Client
 
 
 # -- the asyncio client, over the app in process ---------------------------------------
+
+
+def test_a_node_given_more_than_the_node_input_limit_fails(store_url: str, tmp_path: Path) -> None:
+    # The server's limit, lowered to the payload limit: two upstream results of 40 kB
+    # are over it together, so the node they are given to fails without running.
+    limit = 64 * 1024
+    settings = Settings(
+        database_url=store_url,
+        data_dir=tmp_path,
+        port=0,
+        admin_key=ADMIN_KEY,
+        max_node_input_bytes=limit,
+    )
+    with (
+        BackgroundRuntime(Runtime(settings)) as server,
+        Client(server.url, api_key=ADMIN_KEY) as admin,
+    ):
+        tenant = admin.tenants.create(f"input-{uuid.uuid4().hex[:6]}")
+        worker_key = admin.tenants.create_key(tenant["id"], role="worker")["api_key"]
+        wf = Workflow("wide-results", schedule={"delay": 3600})
+        [wf.node(n, task="big") for n in ("a", "b")] >> wf.node("join", task="small")
+        ran: list[str] = []
+
+        def big(ctx: TaskContext, payload: dict[str, Any]) -> dict[str, Any]:
+            ran.append("big")
+            return {"blob": "z" * 40_000}
+
+        def small(ctx: TaskContext, payload: dict[str, Any]) -> None:
+            ran.append("small")
+
+        worker = Worker(server.url, api_key=worker_key, lease_wait=0.5)
+        worker.task("big")(big)
+        worker.task("small")(small)
+        with Client(server.url, api_key=tenant["api_key"]) as client:
+            run = client.workflows.trigger(client.workflows.create(wf)["id"])
+            done = work_until_over(worker, lambda: client.workflows.run(run["id"]))
+    assert done["state"] == "FAILED" and ran == ["big", "big"]
+    join = done["nodes"][2]
+    assert (join["node"], join["state"]) == ("join", "FAILED")
+    assert join["reason"].startswith("input too large: ")
+    assert f"the limit is {limit}" in join["reason"]
 
 
 @pytest.fixture

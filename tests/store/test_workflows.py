@@ -14,8 +14,8 @@ from cronwheel.domain.errors import IllegalTransitionError, ValidationError
 from cronwheel.domain.model import LeasedAttempt, Run
 from cronwheel.domain.new_job import JobLimits
 from cronwheel.domain.states import RETRY, RunState, illegal_transitions
-from cronwheel.domain.workflow import UPSTREAM_KEY, WorkflowSpec, new_workflow
-from cronwheel.store import CompleteItem, FailItem, Store
+from cronwheel.domain.workflow import NODE_INPUT_MAX, UPSTREAM_KEY, WorkflowSpec, new_workflow
+from cronwheel.store import CompleteItem, FailItem, Store, create_store
 from cronwheel.store.schema import PARKED_FIRE_AT
 
 from .helpers import T0, at, events_of, fire, make_tenant, register_worker, transitions_of
@@ -483,3 +483,90 @@ async def test_a_cancel_with_a_reason_ends_the_run_with_it(store: Store) -> None
     )
     ended = await store.runs_get(tenant_id, wf.id)
     assert (ended.state, ended.reason) == (RunState.CANCELLED, "operator stop")
+
+
+async def complete_all(store: Store, tenant_id: uuid.UUID, result: Any, *, clock: float) -> int:
+    """Lease every ready node run and complete each with ``result``; how many."""
+    worker = await register_worker(store, tenant_id, now=at(clock))
+    leased = await store.attempts_lease(worker=worker, max=1000, now=at(clock))
+    await store.attempts_complete_many(
+        items=[CompleteItem(a.attempt_id, a.fencing_token, result) for a in leased],
+        now=at(clock + 1),
+    )
+    return len(leased)
+
+
+async def test_a_node_whose_input_is_over_the_limit_fails_and_the_run_goes_on(
+    store: Store,
+) -> None:
+    # Three upstream results of 400 kB: over the 1 MiB default together, not alone.
+    tenant = await make_tenant(store)
+    nodes = [
+        {"name": "a"},
+        {"name": "b"},
+        {"name": "c"},
+        {"name": "join", "after": ["a", "b", "c"]},
+        {"name": "report", "after": ["join"]},
+        {"name": "cleanup", "after": ["join"], "trigger_rule": "all_done"},
+    ]
+    wf = await create(store, tenant.id, nodes)
+    await fire(store, [wf], now=T0)
+    assert await complete_all(store, tenant.id, {"rows": "x" * 400_000}, clock=1) == 3
+
+    found = await nodes_of(store, tenant.id, wf)
+    join = found["join"]
+    assert join.state is RunState.FAILED and join.attempt == 0 and join.finished_at is not None
+    assert join.reason is not None and join.reason.startswith("input too large: ")
+    assert f"the limit is {NODE_INPUT_MAX}" in join.reason
+    assert await transitions_of(store, tenant.id, join.id) == [
+        (None, "PENDING"),
+        ("PENDING", "FAILED"),
+    ]
+    # Its dependents are decided as after any failure, in the same transaction.
+    assert found["report"].state is RunState.SKIPPED
+    assert found["report"].reason is not None and "upstream failed: join" in found["report"].reason
+    assert found["cleanup"].state is RunState.DISPATCHED
+    assert UPSTREAM_KEY not in found["cleanup"].payload  # join gave it nothing
+    assert await complete_all(store, tenant.id, None, clock=3) == 1
+    done = await store.runs_get(tenant.id, wf.id)
+    assert done.state is RunState.FAILED
+    assert done.reason is not None and "join" in done.reason
+    # Retried, it waits for its upstream nodes, whose results are over the limit still:
+    # it fails again at once, and so does the workflow run.
+    await store.runs_redrive(tenant.id, join.id, move=RETRY, now=at(10))
+    again = await nodes_of(store, tenant.id, wf)
+    assert (again["join"].state, again["report"].state) == (RunState.FAILED, RunState.SKIPPED)
+    assert again["join"].reason == join.reason
+    assert (await store.runs_get(tenant.id, wf.id)).state is RunState.FAILED
+
+
+async def test_the_node_input_limit_is_the_stores_and_fails_a_whole_fan_out(
+    store_url: str,
+) -> None:
+    # A store made with a lower limit: a 3 kB result is over it for each of the nodes
+    # it is given to, which all fail; the sink is skipped and the run ends at once.
+    small = create_store(store_url, max_node_input_bytes=2048)
+    await small.open()
+    try:
+        tenant = await make_tenant(small)
+        width = 5
+        nodes = [
+            {"name": "root"},
+            *({"name": f"n{i}", "after": ["root"]} for i in range(width)),
+            {"name": "sink", "after": [f"n{i}" for i in range(width)]},
+        ]
+        wf = await create(small, tenant.id, nodes)
+        await fire(small, [wf], now=T0)
+        assert await complete_all(small, tenant.id, {"blob": "y" * 3000}, clock=1) == 1
+        found = await states_of(small, tenant.id, wf)
+        assert found == {
+            "root": "SUCCESS",
+            **{f"n{i}": "FAILED" for i in range(width)},
+            "sink": "SKIPPED",
+        }
+        reason = (await nodes_of(small, tenant.id, wf))["n0"].reason
+        assert reason is not None and "the limit is 2048" in reason
+        assert (await small.runs_get(tenant.id, wf.id)).state is RunState.FAILED
+        assert illegal_transitions(await small.events_transitions()) == []
+    finally:
+        await small.close()

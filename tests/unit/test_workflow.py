@@ -7,12 +7,14 @@ import itertools
 import uuid
 from typing import Any
 
+import pydantic
 import pytest
 
 from cronwheel.domain import workflow
 from cronwheel.domain.errors import ValidationError
 from cronwheel.domain.states import RunState
 from cronwheel.domain.workflow import (
+    NODE_INPUT_MAX,
     NODES_MAX,
     TRIGGER_RULES,
     UPSTREAM_KEY,
@@ -23,6 +25,7 @@ from cronwheel.domain.workflow import (
     decide,
     node_payload,
 )
+from cronwheel.settings import Settings
 
 P, D, R = RunState.PENDING, RunState.DISPATCHED, RunState.RUNNING
 OK, BAD, SKIP = RunState.SUCCESS, RunState.FAILED, RunState.SKIPPED
@@ -209,3 +212,14 @@ def test_a_workflows_dag_is_read_once_per_process() -> None:
     assert cached_dag(workflow_id) is first
     # Once read, the stored form is not read again: a workflow's DAG never changes.
     assert dag_of(workflow_id, {"nodes": []}) is first
+
+
+def test_the_node_input_limit_is_read_and_may_not_be_below_the_payload_limit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert Settings().max_node_input_bytes == NODE_INPUT_MAX == 1024 * 1024
+    monkeypatch.setenv("CRONWHEEL_MAX_NODE_INPUT_BYTES", "4194304")
+    assert Settings().max_node_input_bytes == 4 * 1024 * 1024
+    monkeypatch.setenv("CRONWHEEL_MAX_PAYLOAD_BYTES", "8388608")
+    with pytest.raises(pydantic.ValidationError, match=r"at least max_payload_bytes \(8388608\)"):
+        Settings()

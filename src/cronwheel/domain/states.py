@@ -55,6 +55,7 @@ __all__ = [
     "FINISH",
     "FIRE",
     "MOVES",
+    "OVERSIZE",
     "PARK",
     "QUARANTINE",
     "READY",
@@ -160,12 +161,15 @@ READY = _move("ready", {_P}, {_D, _S})  # SCHEDULED: parked, its workflow paused
 UNSATISFIED = _move("unsatisfied", {_P}, {RunState.SKIPPED})
 REWIND = _move("rewind", {RunState.SKIPPED, RunState.CANCELLED}, {_P})
 AWAIT = _move("await", {_S}, {_P})
+# A node whose input — its payload with its upstream nodes' results — is over the limit
+# when its rule holds: failed, never dispatched (its dependents go on as after a failure).
+OVERSIZE = _move("oversize", {_P}, {RunState.FAILED})
 CONCLUDE = _move("conclude", {_R}, {RunState.SUCCESS, RunState.FAILED, RunState.CANCELLED})
 REOPEN = _move("reopen", {RunState.FAILED, RunState.CANCELLED}, {_R})
 
 MOVES: tuple[Move, ...] = (
     FIRE, SKIP, CANCEL, PARK, START, RELEASE, FINISH, FAIL, QUARANTINE, REDRIVE, RETRY,
-    READY, UNSATISFIED, REWIND, AWAIT, CONCLUDE, REOPEN,
+    READY, UNSATISFIED, REWIND, AWAIT, OVERSIZE, CONCLUDE, REOPEN,
 )  # fmt: skip
 
 # The table every recorded (from_state, to_state) pair is held to: the moves' union.

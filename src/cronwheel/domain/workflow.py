@@ -59,6 +59,7 @@ from cronwheel.jsontext import canonical
 
 __all__ = [
     "FAILED_STATES",
+    "NODE_INPUT_MAX",
     "NODES_MAX",
     "TRIGGER_RULES",
     "UPSTREAM_KEY",
@@ -81,6 +82,11 @@ __all__ = [
 
 NODES_MAX = 2_000
 """The most nodes a workflow may have."""
+
+NODE_INPUT_MAX = 1024 * 1024
+"""The most bytes of JSON a ready node's payload may be by default, its upstream
+nodes' results included (``CRONWHEEL_MAX_NODE_INPUT_BYTES``): a node made ready over it
+fails instead of being dispatched."""
 
 WORKFLOW_POOL = ""
 """The pool of a workflow run: no pool name can be empty, so no worker ever leases one,

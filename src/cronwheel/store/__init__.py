@@ -27,13 +27,17 @@ def create_store(
     pool_size: int = 10,
     pool_overflow: int = 8,
     warm: bool = False,
+    max_node_input_bytes: int | None = None,
 ) -> Store:
     """A store for a normalised database URL (see ``Settings``); call ``open()`` next.
     PostgreSQL only: ``idle_transaction_timeout``, how long the server lets a session
     sit inside a transaction before ending it; ``pool_size``, the connections kept
     open; ``pool_overflow``, how many more may be opened under load; ``warm``, open the
     pool at ``open()`` rather than on demand (see
-    :class:`~cronwheel.store.drivers.postgres.PostgresDriver`)."""
+    :class:`~cronwheel.store.drivers.postgres.PostgresDriver`). Either backend:
+    ``max_node_input_bytes``, the most bytes of JSON a workflow's node is given when it
+    is made ready, its upstream nodes' results included (by default
+    :data:`~cronwheel.domain.workflow.NODE_INPUT_MAX`)."""
     from cronwheel.store.driver import Driver
     from cronwheel.store.sql import SqlStore
 
@@ -54,4 +58,6 @@ def create_store(
         driver = SqliteDriver(url)
     else:
         raise ValueError(f"unsupported database URL: {url}")
-    return SqlStore(driver)
+    if max_node_input_bytes is None:
+        return SqlStore(driver)
+    return SqlStore(driver, node_input_limit=max_node_input_bytes)

@@ -20,7 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from cronwheel.domain.audit import Actor
 from cronwheel.domain.errors import NotFoundError, StoreUnavailableError
 from cronwheel.domain.states import ACTIVE_STATES, CANCEL, AttemptState, RunState
-from cronwheel.domain.workflow import WORKFLOW_POOL
+from cronwheel.domain.workflow import NODE_INPUT_MAX, WORKFLOW_POOL
 from cronwheel.store.base import Store, Subscription
 from cronwheel.store.driver import Driver
 from cronwheel.store.notices import CHANNEL_CANCELS, cancels_notice
@@ -73,8 +73,10 @@ class SqlCore(Store):
     """The one store: engine, transactions, notifications and shared steps, over a
     driver that knows the database (``store/driver.py``)."""
 
-    def __init__(self, driver: Driver) -> None:
+    def __init__(self, driver: Driver, *, node_input_limit: int = NODE_INPUT_MAX) -> None:
         self.driver = driver
+        # The most bytes of JSON a workflow's node is given when made ready (dag.py).
+        self.node_input_limit = node_input_limit
         self.url = driver.url
         self._engine: AsyncEngine | None = None
         self._subs: dict[str, list[LocalSubscription]] = {}

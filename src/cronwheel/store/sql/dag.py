@@ -13,7 +13,8 @@ them alone, so it is idempotent: running it again changes nothing.
 Node runs are created PENDING with their workflow run, all at once. A node made ready
 gets its upstream results in its payload and goes DISPATCHED at once (SCHEDULED and
 parked while its workflow is paused); workers lease it like any run, under the
-tenant's limits and priorities.
+tenant's limits and priorities. A node whose payload would then be over the store's
+``node_input_limit`` fails instead (OVERSIZE), and its dependents are decided again.
 """
 
 from __future__ import annotations
@@ -27,9 +28,11 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from cronwheel.domain.errors import ConflictError
+from cronwheel.domain.new_job import json_size_over
 from cronwheel.domain.states import (
     AWAIT,
     CONCLUDE,
+    OVERSIZE,
     READY,
     REOPEN,
     REWIND,
@@ -60,6 +63,7 @@ class _Core(Protocol):
     """What advancing needs of the store it runs in (``store/sql/core.SqlCore``)."""
 
     driver: Driver
+    node_input_limit: int
 
     async def _insert_events(
         self, conn: AsyncConnection, rows: Sequence[dict[str, Any]]
@@ -240,7 +244,8 @@ async def advance(
         decided_runs.append(_Decided(w, dag, mine, states, decided))
     results, paused = await _ready_details(core, conn, [d for d in decided_runs if d.decided.ready])
     ready_sets: list[_Alike] = []
-    skipped_sets: list[_Alike] = []
+    ended_sets: list[_Alike] = []  # nodes that end without running: skipped, failed
+    oversized: set[uuid.UUID] = set()  # workflow runs with a node failed: decided again
     ended_rows: list[dict[str, Any]] = []
     events: list[dict[str, Any]] = []
     notices: list[tuple[str, datetime]] = []
@@ -262,14 +267,26 @@ async def advance(
         for (_, ups, root), names in alike.items():
             first = by_name[names[0]]
             upstream = {u: results[mine[u]] for u in ups}
+            payload = node_payload(first.template, _extra(w.payload), upstream)
+            ids = [mine[n] for n in names]
+            size = json_size_over(payload, core.node_input_limit)
+            if size is not None:
+                why = _oversize_reason(size, core.node_input_limit)
+                ended_sets.append(
+                    ({"state": RunState.FAILED.value, "finished_at": at, "reason": why}, ids)
+                )
+                events += [
+                    _event(w, i, OVERSIZE.source, RunState.FAILED, at, actor, why) for i in ids
+                ]
+                oversized.add(w.id)
+                continue
             values = {
                 "state": target.value,
                 "fire_at": PARKED_FIRE_AT if on_hold else fire_at,
                 "dispatched_at": None if on_hold else at,
-                "payload": node_payload(first.template, _extra(w.payload), upstream),
+                "payload": payload,
                 "reason": "job paused" if on_hold else None,
             }
-            ids = [mine[n] for n in names]
             ready_sets.append((values, ids))
             if not on_hold:
                 notices += {(by_name[n].template.pool, fire_at) for n in names}
@@ -278,7 +295,7 @@ async def advance(
             events.append(event)
             events += [{**event, "run_id": run_id} for run_id in ids[1:]]
         for name, reason in decided.skipped.items():
-            skipped_sets.append(
+            ended_sets.append(
                 (
                     {"state": RunState.SKIPPED.value, "finished_at": at, "reason": reason},
                     [mine[name]],
@@ -299,12 +316,14 @@ async def advance(
     # cancel reaches runs by their own rows): each node moves only if still waiting.
     waiting = runs.c.state == READY.source.value
     await _update_alike(core, conn, ready_sets, where=waiting)
-    await _update_alike(core, conn, skipped_sets, where=waiting)
+    await _update_alike(core, conn, ended_sets, where=waiting)
     await update_each(conn, runs, ended_rows)
     await core._insert_events(conn, events)
     await jobs_finish_one_off(conn, core.driver, finished_jobs, at, workflows=True)
     if notices:
         await core._notify(conn, CHANNEL_RUNS_READY, ready_notices(notices, at))
+    if oversized:  # their dependents are decided as after any failure
+        await advance(core, conn, oversized, at=at, actor=actor)
 
 
 class _Decided(NamedTuple):
@@ -386,6 +405,13 @@ async def _update_alike(
 
 def _extra(payload: Any) -> dict[str, Any]:
     return payload if isinstance(payload, dict) else {}
+
+
+def _oversize_reason(size: int, limit: int) -> str:
+    return (
+        f"input too large: its payload with its upstream nodes' results is {size} bytes "
+        f"of JSON; the limit is {limit} (have upstream nodes return references, not data)"
+    )
 
 
 def _ready_reason(after: Sequence[str]) -> str:
