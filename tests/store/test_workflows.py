@@ -6,6 +6,7 @@ nodes; cancelling and retrying continue from where the run is."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -540,33 +541,63 @@ async def test_a_node_whose_input_is_over_the_limit_fails_and_the_run_goes_on(
     assert (await store.runs_get(tenant.id, wf.id)).state is RunState.FAILED
 
 
-async def test_the_node_input_limit_is_the_stores_and_fails_a_whole_fan_out(
-    store_url: str,
-) -> None:
-    # A store made with a lower limit: a 3 kB result is over it for each of the nodes
-    # it is given to, which all fail; the sink is skipped and the run ends at once.
+@pytest.fixture
+async def small_store(store_url: str) -> AsyncIterator[Store]:
+    """A store whose node input limit is 2,048 bytes."""
     small = create_store(store_url, max_node_input_bytes=2048)
     await small.open()
     try:
-        tenant = await make_tenant(small)
-        width = 5
-        nodes = [
-            {"name": "root"},
-            *({"name": f"n{i}", "after": ["root"]} for i in range(width)),
-            {"name": "sink", "after": [f"n{i}" for i in range(width)]},
-        ]
-        wf = await create(small, tenant.id, nodes)
-        await fire(small, [wf], now=T0)
-        assert await complete_all(small, tenant.id, {"blob": "y" * 3000}, clock=1) == 1
-        found = await states_of(small, tenant.id, wf)
-        assert found == {
-            "root": "SUCCESS",
-            **{f"n{i}": "FAILED" for i in range(width)},
-            "sink": "SKIPPED",
-        }
-        reason = (await nodes_of(small, tenant.id, wf))["n0"].reason
-        assert reason is not None and "the limit is 2048" in reason
-        assert (await small.runs_get(tenant.id, wf.id)).state is RunState.FAILED
+        yield small
         assert illegal_transitions(await small.events_transitions()) == []
     finally:
         await small.close()
+
+
+async def test_the_node_input_limit_is_the_stores_and_fails_a_whole_fan_out(
+    small_store: Store,
+) -> None:
+    # A 3 kB result is over the limit for each of the nodes it is given to, which all
+    # fail; the sink is skipped and the run ends at once.
+    tenant = await make_tenant(small_store)
+    width = 5
+    nodes = [
+        {"name": "root"},
+        *({"name": f"n{i}", "after": ["root"]} for i in range(width)),
+        {"name": "sink", "after": [f"n{i}" for i in range(width)]},
+    ]
+    wf = await create(small_store, tenant.id, nodes)
+    await fire(small_store, [wf], now=T0)
+    assert await complete_all(small_store, tenant.id, {"blob": "y" * 3000}, clock=1) == 1
+    assert await states_of(small_store, tenant.id, wf) == {
+        "root": "SUCCESS",
+        **{f"n{i}": "FAILED" for i in range(width)},
+        "sink": "SKIPPED",
+    }
+    reason = (await nodes_of(small_store, tenant.id, wf))["n0"].reason
+    assert reason is not None and "the limit is 2048" in reason
+    assert (await small_store.runs_get(tenant.id, wf.id)).state is RunState.FAILED
+
+
+async def test_failures_over_the_limit_cascade_in_one_transaction(small_store: Store) -> None:
+    # Each x fails over the limit (two 1.5 kB results), which makes the next one ready
+    # (all_done) with two results again: decided pass after pass, until the sink, which
+    # is given nothing, is ready.
+    tenant = await make_tenant(small_store)
+    done = {"trigger_rule": "all_done"}
+    nodes = [
+        *({"name": f"b{i}"} for i in range(4)),
+        {"name": "x1", "after": ["b0", "b1"]},
+        {"name": "x2", "after": ["x1", "b2", "b3"], **done},
+        {"name": "x3", "after": ["x2", "b0", "b1"], **done},
+        {"name": "sink", "after": ["x3"], **done},
+    ]
+    wf = await create(small_store, tenant.id, nodes)
+    await fire(small_store, [wf], now=T0)
+    assert await complete_all(small_store, tenant.id, {"blob": "z" * 1500}, clock=1) == 4
+    found = await states_of(small_store, tenant.id, wf)
+    assert [found[n] for n in ("x1", "x2", "x3", "sink")] == [
+        "FAILED",
+        "FAILED",
+        "FAILED",
+        "DISPATCHED",
+    ]

@@ -196,10 +196,23 @@ async def advance(
     actor: str | None,
 ) -> None:
     """Decide every waiting node of the RUNNING workflow runs ``workflow_run_ids`` from
-    their nodes' states, and end the workflow runs whose nodes have all ended."""
-    ids = sorted(set(workflow_run_ids))
-    if not ids:
-        return
+    their nodes' states, and end the workflow runs whose nodes have all ended. Those
+    where a node made ready failed instead (its input over the limit) are decided
+    again, until none is."""
+    ids = set(workflow_run_ids)
+    while ids:
+        ids = await _advance_once(core, conn, sorted(ids), at=at, actor=actor)
+
+
+async def _advance_once(
+    core: _Core,
+    conn: AsyncConnection,
+    owner_ids: list[uuid.UUID],
+    *,
+    at: datetime,
+    actor: str | None,
+) -> set[uuid.UUID]:
+    """One pass of :func:`advance`: the workflow runs to decide again."""
     owners = (
         await conn.execute(
             sa.select(
@@ -211,13 +224,13 @@ async def advance(
                 runs.c.fire_at,
                 runs.c.reason,
             )
-            .where(core.driver.id_in(runs.c.id, ids), runs.c.state == RunState.RUNNING.value)
+            .where(core.driver.id_in(runs.c.id, owner_ids), runs.c.state == RunState.RUNNING.value)
             .order_by(runs.c.id)
             .with_for_update()  # one decision at a time per workflow run
         )
     ).all()
     if not owners:
-        return
+        return set()
     # Only what deciding needs: a completion batch of a 1,000-node fan-in reads its
     # nodes' states at each batch, and most batches make nothing ready.
     nodes = (
@@ -322,8 +335,7 @@ async def advance(
     await jobs_finish_one_off(conn, core.driver, finished_jobs, at, workflows=True)
     if notices:
         await core._notify(conn, CHANNEL_RUNS_READY, ready_notices(notices, at))
-    if oversized:  # their dependents are decided as after any failure
-        await advance(core, conn, oversized, at=at, actor=actor)
+    return oversized  # their dependents are decided as after any failure
 
 
 class _Decided(NamedTuple):
