@@ -289,7 +289,7 @@ class Runtime:
             pool_size=settings.api_pool_size if self.with_api else settings.db_pool_size,
             pool_overflow=settings.db_pool_overflow,
             warm=self.with_api,
-            max_node_input_bytes=settings.max_node_input_bytes,
+            max_node_input_bytes=settings.node_input_limit,
         )
         try:
             await store.open()

@@ -73,8 +73,9 @@ class Settings(BaseSettings):
     max_payload_bytes: int = Field(default=64 * 1024, ge=1024)
     # The most a workflow's node is given when it is made ready: its payload with its
     # upstream nodes' results (docs/workflows.md). At least the payload limit, so that
-    # a node's own payload always fits.
-    max_node_input_bytes: int = Field(default=NODE_INPUT_MAX, ge=1024)
+    # a node's own payload always fits; unset, 1 MiB or the payload limit if larger
+    # (``node_input_limit``).
+    max_node_input_bytes: int | None = Field(default=None, ge=1024)
     # Database connections a process keeps open (PostgreSQL). An API process makes all
     # of its ``api_pool_size`` at start-up, so a burst's start statements never wait for
     # one; a process without the API (a scheduler node) keeps ``db_pool_size``. Under
@@ -266,11 +267,12 @@ class Settings(BaseSettings):
 
     @field_validator("max_node_input_bytes")
     @classmethod
-    def _node_input(cls, value: int, info: ValidationInfo) -> int:
+    def _node_input(cls, value: int | None, info: ValidationInfo) -> int | None:
         payload = info.data.get("max_payload_bytes")
-        if payload is not None and value < payload:
+        if value is not None and payload is not None and value < payload:
             raise ValueError(
-                f"must be at least max_payload_bytes ({payload}): a node's own payload "
+                f"CRONWHEEL_MAX_NODE_INPUT_BYTES ({value}) must be at least the payload "
+                f"limit, CRONWHEEL_MAX_PAYLOAD_BYTES ({payload}): a node's own payload "
                 "must fit in it"
             )
         return value
@@ -294,6 +296,14 @@ class Settings(BaseSettings):
             max_horizon=timedelta(days=self.max_horizon_days),
             past_grace=timedelta(seconds=self.past_grace_seconds),
         )
+
+    @property
+    def node_input_limit(self) -> int:
+        """The most bytes of JSON a workflow's node is given when made ready: the
+        setting, else 1 MiB or the payload limit if larger."""
+        if self.max_node_input_bytes is not None:
+            return self.max_node_input_bytes
+        return max(NODE_INPUT_MAX, self.max_payload_bytes)
 
     @property
     def resolved_log_store(self) -> str:

@@ -217,9 +217,16 @@ def test_a_workflows_dag_is_read_once_per_process() -> None:
 def test_the_node_input_limit_is_read_and_may_not_be_below_the_payload_limit(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    assert Settings().max_node_input_bytes == NODE_INPUT_MAX == 1024 * 1024
+    assert Settings().node_input_limit == NODE_INPUT_MAX == 1024 * 1024
     monkeypatch.setenv("CRONWHEEL_MAX_NODE_INPUT_BYTES", "4194304")
-    assert Settings().max_node_input_bytes == 4 * 1024 * 1024
+    assert Settings().node_input_limit == 4 * 1024 * 1024
     monkeypatch.setenv("CRONWHEEL_MAX_PAYLOAD_BYTES", "8388608")
-    with pytest.raises(pydantic.ValidationError, match=r"at least max_payload_bytes \(8388608\)"):
+    with pytest.raises(
+        pydantic.ValidationError,
+        match=r"CRONWHEEL_MAX_NODE_INPUT_BYTES \(4194304\) must be at least the payload limit, "
+        r"CRONWHEEL_MAX_PAYLOAD_BYTES \(8388608\)",
+    ):
         Settings()
+    # Unset, it follows a payload limit set above it: raising that alone still starts.
+    monkeypatch.delenv("CRONWHEEL_MAX_NODE_INPUT_BYTES")
+    assert Settings().node_input_limit == 8 * 1024 * 1024
