@@ -59,8 +59,8 @@ from cronwheel.jsontext import canonical
 
 __all__ = [
     "FAILED_STATES",
-    "NODE_INPUT_MAX",
     "NODES_MAX",
+    "NODE_INPUT_MAX",
     "TRIGGER_RULES",
     "UPSTREAM_KEY",
     "WORKFLOW_POOL",
