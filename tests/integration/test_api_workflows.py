@@ -97,7 +97,7 @@ async def test_bad_workflows_are_refused_and_nothing_is_stored(api) -> None:
         (body([{"name": f"n{i}", "task": "x"} for i in range(2001)]), "2000", "nodes"),
         (body([]), "at least 1", "nodes"),
         (body([{"name": "a"}]), "exactly one of 'task' or 'webhook'", "nodes.0"),
-        (body([{"name": "a b", "task": "x"}]), "node name", "nodes.0.name"),
+        (body([{"name": "a b", "task": "x"}]), "'a b': a node name", "nodes.0.name"),
         (body([{"name": "..", "task": "x"}]), "dots alone", "nodes.0.name"),
         (body([{"name": ".", "task": "x"}]), "dots alone", "nodes.0.name"),
         (
@@ -111,6 +111,12 @@ async def test_bad_workflows_are_refused_and_nothing_is_stored(api) -> None:
             "nodes.0.payload",
         ),
         (body([{"name": "a", "task": "x", "timeout": -1}]), "", "nodes.0.timeout"),
+        # A node's field is shown with the node's name: known by it, not by its place.
+        (
+            body([{"name": "a", "task": "x"}, {"name": "load", "task": "x", "timeout": -1}]),
+            "nodes.1.timeout (node 'load'): ",
+            "nodes.1.timeout",
+        ),
         (body(schedule={"cron": "61 * * * *"}), "", "schedule"),
     ]
     for sent, message, field in cases:

@@ -4,6 +4,9 @@ workflow's node) is refused where it is written."""
 
 from __future__ import annotations
 
+import json
+import uuid
+from datetime import UTC, date, datetime
 from typing import Any
 
 import pytest
@@ -190,3 +193,48 @@ def test_a_chain_of_the_most_nodes_a_workflow_may_have() -> None:
         previous = previous >> wf.node(f"n{i}", task="t")
     names = [n["name"] for n in wf.to_spec()["nodes"]]
     assert names == [f"n{i}" for i in range(2000)]
+
+
+def test_a_refused_link_links_nothing() -> None:
+    wf = Workflow("w", schedule={"asap": True})
+    x, y, z = (wf.node(n, task="t") for n in "xyz")
+    z >> x
+    with pytest.raises(ValueError, match="x >> z would close a cycle: x -> z -> x"):
+        x >> [y, z]
+    assert y.after == () and x.after == (z,)
+    with pytest.raises(ValueError, match="x >> z would close a cycle"):
+        z.set_after(y, x)
+    assert z.after == () and _after(wf.to_spec()) == {"y": [], "z": [], "x": ["z"]}
+
+
+def test_what_is_not_a_mapping_is_refused_where_it_is_written() -> None:
+    with pytest.raises(TypeError, match=r"schedule: expected a mapping \(a JSON object\)"):
+        Workflow("w", schedule=None)  # type: ignore[arg-type]
+    wf = Workflow("w", schedule={"asap": True})
+    for field in ("payload", "webhook", "retry"):
+        with pytest.raises(
+            TypeError, match=rf"{field}: expected a mapping \(a JSON object\), got \[1, 2\]"
+        ):
+            wf.node("a", task="t", **{field: [1, 2]})
+    assert len(wf) == 0
+
+
+def test_instants_dates_and_ids_are_sent_as_json() -> None:
+    at = datetime(2031, 1, 2, 3, 4, 5, tzinfo=UTC)
+    wf = Workflow("w", schedule={"at": at})
+    wf.node("a", task="t", payload={"day": date(2031, 1, 2), "id": uuid.UUID(int=7)})
+    body = Calls.workflows_create(wf).json
+    assert body["schedule"] == {"at": "2031-01-02T03:04:05Z"}
+    assert body["nodes"][0]["payload"] == {
+        "day": "2031-01-02",
+        "id": "00000000-0000-0000-0000-000000000007",
+    }
+    assert json.loads(json.dumps(body)) == body
+
+
+@pytest.mark.parametrize("name", ["", ".", "..", "a/b", "x" * 101])
+def test_a_node_name_no_node_can_have_is_refused_before_it_is_sent(name: str) -> None:
+    with pytest.raises(ValueError, match="no node is named"):
+        Calls.workflow_runs_retry_node(uuid.UUID(int=1), name, None)
+    call = Calls.workflow_runs_retry_node(uuid.UUID(int=1), "load.v2", None)
+    assert call.path.endswith("/nodes/load.v2/retry")

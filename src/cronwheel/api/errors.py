@@ -121,8 +121,23 @@ def _message_of(error: dict[str, Any], field: str | None) -> str:
     return f"{field}: {msg}"
 
 
-def validation_error_body(errors: Sequence[Any]) -> tuple[int, dict[str, Any]]:
-    """The status and JSON body for a list of Pydantic/FastAPI error dicts."""
+def _node_of(body: Any, loc: Sequence[Any]) -> str | None:
+    """The name of the workflow node a field of the request ``body`` belongs to
+    (``nodes.3.timeout``: the fourth node's), when it has a name to show: a node is
+    known to the user by its name, not by its place in a list."""
+    if len(loc) < 3 or list(loc[:2]) != ["body", "nodes"] or not isinstance(loc[2], int):
+        return None
+    nodes = body.get("nodes") if isinstance(body, dict) else None
+    if not isinstance(nodes, list) or not 0 <= loc[2] < len(nodes):
+        return None
+    node = nodes[loc[2]]
+    name = node.get("name") if isinstance(node, dict) else None
+    return name if isinstance(name, str) and len(name) <= 100 else None
+
+
+def validation_error_body(errors: Sequence[Any], body: Any = None) -> tuple[int, dict[str, Any]]:
+    """The status and JSON body for a list of Pydantic/FastAPI error dicts (``body``:
+    the request's, to name the workflow node a field belongs to)."""
     if not errors:
         return 422, {"error": {"code": "invalid_request", "message": "invalid request"}}
     first = errors[0]
@@ -140,17 +155,19 @@ def validation_error_body(errors: Sequence[Any]) -> tuple[int, dict[str, Any]]:
             "error": {"code": "invalid_request", "message": "a JSON request body is required"}
         }
     field = _field_of(loc)
-    body: dict[str, Any] = {"code": "invalid_request", "message": _message_of(first, field)}
+    node = _node_of(body, loc)
+    shown = field if node is None or field is None else f"{field} (node {node!r})"
+    out: dict[str, Any] = {"code": "invalid_request", "message": _message_of(first, shown)}
     if field is not None:
-        body["field"] = field
+        out["field"] = field
     if len(errors) > 1:
-        body["details"] = {
+        out["details"] = {
             "errors": [
                 {"field": _field_of(e.get("loc", ())), "message": _message_of(e, None)}
                 for e in errors
             ]
         }
-    return 422, {"error": body}
+    return 422, {"error": out}
 
 
 async def _cronwheel_error(request: Request, exc: Exception) -> JSONResponse:
@@ -175,7 +192,7 @@ async def _cronwheel_error(request: Request, exc: Exception) -> JSONResponse:
 
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    status, body = validation_error_body(exc.errors())
+    status, body = validation_error_body(exc.errors(), exc.body)
     return JSONResponse(body, status_code=status)
 
 

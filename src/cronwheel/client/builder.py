@@ -14,12 +14,13 @@
     client.workflows.create(wf)
 
 ``a >> b`` puts ``b`` after ``a`` (``a`` becomes one of ``b``'s upstream nodes) and
-answers ``b``, so that chains read left to right; a list on either side fans out or in
-(``a >> [b, c]`` answers the list, ``[b, c] >> d`` answers ``d``). The builder refuses
-at once what can never be sent: a node name used twice, an edge between two
-workflows' nodes, and an edge that closes a cycle. Everything else (node names, field
-values, the number of nodes) is the server's to check, so that its rules live in one
-place.
+answers ``b``, so that chains read left to right; a list on one side fans out or in
+(``a >> [b, c]`` answers the list, ``[b, c] >> d`` answers ``d``; Python has no ``>>``
+between two lists: link them node by node). The builder refuses at once what can
+never be sent: a node name used twice, an edge between two workflows' nodes, an edge
+that closes a cycle (a ``>>`` refused links nothing), and a schedule, payload, webhook
+or retry policy that is not a mapping. Everything else (node names, field values, the
+number of nodes) is the server's to check, so that its rules live in one place.
 """
 
 from __future__ import annotations
@@ -68,9 +69,9 @@ class Node:
 
     def set_after(self, *upstream: Node) -> Node:
         """Put this node after each of ``upstream`` (those it already follows are
-        left as they are); answers this node."""
-        for node in upstream:
-            self.workflow._link(node, self)
+        left as they are); answers this node. Refused (one of them is of another
+        workflow, or would close a cycle), it links none of them."""
+        self.workflow._link_all([(node, self) for node in upstream])
         return self
 
     @overload
@@ -81,8 +82,7 @@ class Node:
         if isinstance(other, Node):
             return other.set_after(self)
         downstream = _nodes(other, "the right of >>")
-        for node in downstream:
-            node.set_after(self)
+        self.workflow._link_all([(self, node) for node in downstream])
         return downstream
 
     def __rrshift__(self, other: Sequence[Node]) -> Node:
@@ -91,6 +91,12 @@ class Node:
 
     def __repr__(self) -> str:
         return f"<Node {self.name!r} of workflow {self.workflow.name!r}>"
+
+
+def _mapping(value: object, what: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{what}: expected a mapping (a JSON object), got {value!r}")
+    return value
 
 
 def _nodes(value: object, where: str) -> list[Node]:
@@ -112,7 +118,7 @@ class Workflow:
         lateness_budget: float | None = None,
     ) -> None:
         self.name = name
-        self.schedule = dict(schedule)
+        self.schedule = dict(_mapping(schedule, "schedule"))
         self.tags = None if tags is None else list(tags)
         self.lateness_budget = lateness_budget
         self._nodes: dict[str, Node] = {}
@@ -145,14 +151,14 @@ class Workflow:
             raise ValueError(f"workflow {self.name!r} already has a node named {name!r}")
         given = {
             "task": task,
-            "webhook": None if webhook is None else dict(webhook),
-            "payload": None if payload is None else dict(payload),
+            "webhook": None if webhook is None else dict(_mapping(webhook, "webhook")),
+            "payload": None if payload is None else dict(_mapping(payload, "payload")),
             "pool": pool,
             "requires": None if requires is None else list(requires),
             "tags": None if tags is None else list(tags),
             "route_tags": None if route_tags is None else list(route_tags),
             "priority": priority,
-            "retry": None if retry is None else dict(retry),
+            "retry": None if retry is None else dict(_mapping(retry, "retry")),
             "timeout": timeout,
             "heartbeat_timeout": heartbeat_timeout,
             "progress_timeout": progress_timeout,
@@ -194,18 +200,21 @@ class Workflow:
                 f"linked to the nodes of workflow {self.name!r}"
             )
 
-    def _link(self, upstream: Node, node: Node) -> None:
-        self._check_own(node)
-        if not isinstance(upstream, Node) or upstream.workflow is not self:
-            self._check_own(upstream)  # raises, naming the workflows
-        if upstream in node._after:
-            return
-        path = self._path(node, upstream)
-        if path is not None:
-            cycle = " -> ".join(n.name for n in [upstream, *path])
-            raise ValueError(f"{upstream.name} >> {node.name} would close a cycle: {cycle}")
-        node._after.append(upstream)
-        self._downstream.setdefault(upstream.name, []).append(node)
+    def _link_all(self, edges: Sequence[tuple[Node, Node]]) -> None:
+        """Put each ``(upstream, node)``'s node after its upstream node, all or none:
+        every edge is checked first. (Edges that share one end — all a ``>>`` makes —
+        cannot close a cycle together that none closes alone.)"""
+        for upstream, node in edges:
+            self._check_own(node)
+            self._check_own(upstream)
+            path = self._path(node, upstream)
+            if path is not None and upstream not in node._after:
+                cycle = " -> ".join(n.name for n in [upstream, *path])
+                raise ValueError(f"{upstream.name} >> {node.name} would close a cycle: {cycle}")
+        for upstream, node in edges:
+            if upstream not in node._after:
+                node._after.append(upstream)
+                self._downstream.setdefault(upstream.name, []).append(node)
 
     def _path(self, start: Node, goal: Node) -> list[Node] | None:
         """The nodes from ``start`` down to ``goal`` (both included) along the links,

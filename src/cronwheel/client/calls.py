@@ -14,6 +14,7 @@ from pydantic_core import to_jsonable_python
 
 from cronwheel.client.builder import Workflow
 from cronwheel.domain.spec import TenantLimits
+from cronwheel.domain.workflow import node_name_problem
 
 __all__ = ["Call", "Calls", "Id", "Json", "query_params"]
 
@@ -366,7 +367,7 @@ class Calls:
 
     @staticmethod
     def workflows_create(spec: Workflow | Mapping[str, Any]) -> Call:
-        body = spec.to_spec() if isinstance(spec, Workflow) else _body(dict(spec))
+        body = _body(spec.to_spec() if isinstance(spec, Workflow) else dict(spec))
         return Call("POST", "/v1/workflows", json=body)
 
     @staticmethod
@@ -412,5 +413,10 @@ class Calls:
 
     @staticmethod
     def workflow_runs_retry_node(run_id: Id, node: str, reason: str | None) -> Call:
+        # A name no node can have would make another path ('..', '', 'a/b'): refused
+        # here, naming it, rather than sent to an endpoint that does not exist.
+        problem = node_name_problem(node)
+        if problem is not None:
+            raise ValueError(f"no node is named {problem}")
         path = f"/v1/workflow-runs/{_seg(run_id)}/nodes/{_seg(node)}/retry"
         return Call("POST", path, json=_reason(reason))

@@ -77,6 +77,7 @@ __all__ = [
     "may_hold",
     "never_runs",
     "new_workflow",
+    "node_name_problem",
     "node_payload",
 ]
 
@@ -105,12 +106,21 @@ _ENDED = FAILED_STATES | {RunState.SUCCESS, RunState.SKIPPED}
 _NODE_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,100}")
 
 
-def _node_name(value: str) -> str:
+def node_name_problem(value: str) -> str | None:
+    """Why ``value`` cannot be a node's name (None: it can)."""
+    shown = repr(value if len(value) <= 100 else value[:100] + "…")
     if not _NODE_NAME.fullmatch(value):
-        raise ValueError("a node name is 1 to 100 letters, digits, '_', '-' or '.'")
+        return f"{shown}: a node name is 1 to 100 letters, digits, '_', '-' or '.'"
     if not value.strip("."):
         # '.' and '..' would be path segments in the node's URLs, which clients resolve.
-        raise ValueError("a node name cannot be dots alone")
+        return f"{shown}: a node name cannot be dots alone"
+    return None
+
+
+def _node_name(value: str) -> str:
+    problem = node_name_problem(value)
+    if problem is not None:
+        raise ValueError(problem)
     return value
 
 
