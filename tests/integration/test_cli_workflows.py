@@ -14,6 +14,7 @@ from workflow_work import EtlTasks, work_until_over
 
 from cronwheel import Client
 from cronwheel.cli.workflows import run_tree
+from cronwheel.worker import NonRetryableError, TaskContext, Worker
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "pipeline.yaml"
 NODES = ("extract", "transform_a", "transform_b", "load")
@@ -195,3 +196,53 @@ def test_control_cancel_a_run_and_delete(cli_server: Server, tmp_path: Path) -> 
     assert "not_found" in _refused(cli_server, "workflows", "get", wid)
     assert "not_found" in _refused(cli_server, "workflows", "show", run["id"])
     assert cli_server.json("workflows", "list")["items"] == []
+
+
+def test_a_long_chain_is_shown_whole_in_a_narrow_terminal(
+    cli_server: Server, tmp_path: Path
+) -> None:
+    # 30 nodes one after the other, the fourth failing with a long error: at 80
+    # columns every node is shown (deep branches go on from the top level, saying so)
+    # and the error wraps instead of being cut at the edge.
+    steps = [f"step{i:02d}" for i in range(30)]
+    spec = {
+        "name": "long-chain",
+        "schedule": {"delay": 3600},
+        "nodes": [
+            {
+                "name": s,
+                "task": "chain.step",
+                "after": steps[i - 1 : i],
+                "retry": {"max_attempts": 1},
+            }
+            for i, s in enumerate(steps)
+        ],
+    }
+    path = tmp_path / "chain.json"
+    path.write_text(json.dumps(spec))
+    workflow = cli_server.json("workflows", "create", "-f", str(path))
+    run = cli_server.json("workflows", "trigger", workflow["id"])
+    error = "the third step found the ledger locked by another writer and gave up at once"
+
+    def step(ctx: TaskContext, payload: dict[str, Any]) -> None:
+        if "step02" in payload.get("upstream", {}):
+            raise NonRetryableError(error)
+
+    worker = Worker(cli_server.url, api_key=_worker_key(cli_server), lease_wait=0.5)
+    worker.task("chain.step")(step)
+    with Client(cli_server.url, api_key=cli_server.operator_key) as client:
+        failed = work_until_over(worker, lambda: client.workflows.run(run["id"]))
+    assert failed["state"] == "FAILED"
+
+    result = cli_server.cli("workflows", "show", run["id"], COLUMNS="80")
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    shown = " ".join(result.stdout.split())
+    for s in steps:
+        assert f" {s} " in shown, s
+    assert error in " ".join(w for w in shown.split() if w not in "│├└──")
+    assert "↳ step06 goes on from the top level, below" in shown
+    assert "step06 SKIPPED (after step05, above)" in shown
+    for node in failed["nodes"]:
+        assert node["run_id"] in result.stdout  # each id whole, on one line

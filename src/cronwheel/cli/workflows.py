@@ -5,6 +5,7 @@ workflow run as a tree of its nodes, cancel it, retry one of its nodes."""
 from __future__ import annotations
 
 import json
+from collections import deque
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -29,6 +30,7 @@ from cronwheel.cli.options import (
     parse_json_object,
 )
 from cronwheel.cli.output import (
+    PIPE_WIDTH,
     command_group,
     console,
     count,
@@ -84,6 +86,8 @@ STATE_STYLES = {
     "SKIPPED": "dim yellow",
 }
 # States whose reason (or last error) says what went wrong.
+# The fewest levels a workflow run's tree shows before a branch goes on from the top.
+_TREE_DEPTH_MIN = 4
 _EXPLAINED = frozenset({"FAILED", "DEAD_LETTER", "CANCELLED", "SKIPPED"})
 
 
@@ -434,7 +438,9 @@ def _instant(value: str) -> datetime:
     return datetime.fromisoformat(value.replace("Z", "+00:00"))
 
 
-def _node_label(node: Mapping[str, Any], joined: Sequence[str]) -> Text:
+def _node_label(node: Mapping[str, Any], joined: Sequence[str], *, resumed: bool = False) -> Text:
+    """``resumed``: drawn at the top level though it has upstream nodes (its branch
+    went on from there)."""
     state = str(node.get("state", ""))
     label = Text.assemble((str(node["node"]), "bold"), "  ", (state, STATE_STYLES.get(state, "")))
     if node.get("attempt"):
@@ -442,8 +448,8 @@ def _node_label(node: Mapping[str, Any], joined: Sequence[str]) -> Text:
     took = _seconds(node)
     if took:
         label.append(f"  {took}")
-    if len(joined) > 1:
-        label.append(f"  (after {', '.join(joined)})", "italic")
+    if len(joined) > 1 or resumed:
+        label.append(f"  (after {', '.join(joined)}{', above' if resumed else ''})", "italic")
     if state in _EXPLAINED:
         # One line: a traceback's last names the exception.
         told = (node.get("reason") or node.get("last_error") or "").splitlines()
@@ -457,11 +463,14 @@ def _node_label(node: Mapping[str, Any], joined: Sequence[str]) -> Text:
     return label
 
 
-def run_tree(run: Mapping[str, Any]) -> Tree:
+def run_tree(run: Mapping[str, Any], *, width: int | None = None) -> Tree:
     """A workflow run as a tree: the run at the root, each node under its first
     upstream node (a root node under the run) with its downstream nodes below it. A
     node with several upstream nodes is drawn once, under the first, saying which it
-    waits for; under each other one it is a line pointing there."""
+    waits for; under each other one it is a line pointing there. For a terminal
+    ``width`` columns wide, a branch deeper than a third of it goes on from the top
+    level, below the rest (a line says so where it left off): a long chain's nodes
+    would otherwise be indented past the edge, and lost."""
     nodes: list[Mapping[str, Any]] = list(run.get("nodes") or [])
     state = str(run.get("state", ""))
     title = Text.assemble(
@@ -477,18 +486,32 @@ def run_tree(run: Mapping[str, Any]) -> Tree:
     for node in nodes:
         for upstream in node.get("after") or []:
             below.setdefault(upstream, []).append(node)
+    # Each level indents by four columns.
+    deepest = max(_TREE_DEPTH_MIN, (width or PIPE_WIDTH) // 12)
     # Depth first without recursion (a chain may be 2,000 nodes long), in the
     # workflow's order; pointers go after a node's own children, once all are drawn.
     pointers: list[tuple[Tree, Text]] = []
-    todo: list[tuple[Tree, Mapping[str, Any]]] = [
-        (root, n) for n in reversed(nodes) if not n.get("after")
+    todo: list[tuple[Tree, Mapping[str, Any], int]] = [
+        (root, n, 1) for n in reversed(nodes) if not n.get("after")
     ]
-    while todo:
-        parent, node = todo.pop()
+    resumed: deque[Mapping[str, Any]] = deque()  # branches going on from the top level
+    while todo or resumed:
+        if not todo:
+            todo.append((root, resumed.popleft(), 1))
+        parent, node, depth = todo.pop()
         name = node["node"]
-        branch = parent.add(_node_label(node, node.get("after") or []))
+        after = node.get("after") or []
+        branch = parent.add(_node_label(node, after, resumed=depth == 1 and bool(after)))
         children = below.get(name, [])
-        todo += [(branch, c) for c in reversed(children) if c["after"][0] == name]
+        own = [c for c in children if c["after"][0] == name]
+        if depth < deepest:
+            todo += [(branch, c, depth + 1) for c in reversed(own)]
+        else:
+            resumed += own
+            pointers += [
+                (branch, Text(f"↳ {c['node']} goes on from the top level, below", "dim"))
+                for c in own
+            ]
         pointers += [
             (branch, Text(f"↳ {c['node']} (also after this; shown under {c['after'][0]})", "dim"))
             for c in children
@@ -506,7 +529,10 @@ def _print_run(run: Mapping[str, Any]) -> None:
         f"  finished {short_time(run.get('finished_at')) or '—'}  ",
         _counts(run.get("counts")),
     )
-    console.print(Group(run_tree(run), line), highlight=False)
+    # Wrapped, not cut: a long reason or error goes on to the next line, within the
+    # tree (ids have no spaces, so each stays whole on its line).
+    tree = run_tree(run, width=console.width)
+    console.print(Group(tree, line), highlight=False, soft_wrap=False)
 
 
 @workflows_app.command("show")
