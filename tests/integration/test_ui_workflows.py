@@ -5,6 +5,8 @@ missing buttons, CSRF, and a 1,000-node fan-out that stays a small page."""
 
 from __future__ import annotations
 
+import html
+import re
 import uuid
 import xml.etree.ElementTree as ET
 from typing import Any
@@ -12,6 +14,7 @@ from typing import Any
 from test_ui_pages import _browser, _csrf, sign_in
 
 from conftest import Driver, TenantInfo
+from cronwheel.domain.workflow import NODES_MAX
 
 SVG = "{http://www.w3.org/2000/svg}"
 
@@ -248,9 +251,27 @@ async def test_a_thousand_node_fan_out_is_a_small_page(api: Driver) -> None:
         drawn = _drawn(page.text)
         assert len(drawn) <= 14 and {"split", "merge"} <= drawn.keys()
         assert "988 more nodes" in page.text or "989 more nodes" in page.text
-        assert "The first 200 of 1002 are listed" in page.text
+        assert "Nodes 1 to 200 of 1002" in page.text
         pending = await browser.get(f"/ui/workflow-runs/{run['id']}?state=PENDING")
         assert pending.text.count("<tr data-node=") == 200
+        # Every node can be reached: page after page, or by a part of its name.
+        seen: list[str] = []
+        path = f"/ui/workflow-runs/{run['id']}?state=PENDING"
+        while path:
+            listed = await browser.get(path)
+            assert listed.status_code == 200, listed.text
+            seen += re.findall(r'<tr data-node="([^"]+)"', listed.text)
+            more = re.search(r'<a href="([^"]+)">Next \d+ »</a>', listed.text)
+            path = html.unescape(more.group(1)) if more else ""
+        assert len(seen) == len(set(seen)) == 1001 and set(fan) <= set(seen)
+        assert "Nodes 1001 to 1001 of 1001" in listed.text and "« Previous 200" in listed.text
+        named = await browser.get(f"/ui/workflow-runs/{run['id']}?name=shard-09")
+        assert re.findall(r'<tr data-node="([^"]+)"', named.text) == fan[900:1000]
+        for bad in ("start=-1", "start=x", f"start={NODES_MAX + 1}", "name=" + "n" * 101):
+            refused = await browser.get(f"/ui/workflow-runs/{run['id']}?{bad}")
+            assert refused.status_code == 422, bad
+        beyond = await browser.get(f"/ui/workflow-runs/{run['id']}?start=1500")
+        assert beyond.status_code == 200 and "No node run from number 1501" in beyond.text
         definition = await browser.get(f"/ui/workflows/{workflow['id']}")
         assert len(_drawn(definition.text)) <= 14
         assert len(definition.content) < 60_000

@@ -18,7 +18,7 @@ from cronwheel.api.routers import workflows as workflows_api
 from cronwheel.api.routers.workflows import NodeOut, NodeRunOut
 from cronwheel.domain.errors import ValidationError
 from cronwheel.domain.states import RETRY, RunState
-from cronwheel.domain.workflow import may_hold
+from cronwheel.domain.workflow import NODES_MAX, may_hold
 from cronwheel.ui.dag import NodeLook, dag_svg, layered
 from cronwheel.ui.jobs import PAGE_SIZE
 from cronwheel.ui.render import UiRoute, first_line, page, redirect, svg
@@ -180,13 +180,17 @@ async def workflow_run_page(
     request: Request,
     visit: Visit = Depends(signed_in),
     state: str = Query(default="", max_length=20),
+    name: str = Query(default="", max_length=100),
+    start: int = Query(default=0, ge=0, le=NODES_MAX),
     notice: str = Query(default="", max_length=200),
 ) -> Response:
+    """A workflow run: its DAG drawn, and its node runs listed ``NODE_ROWS`` at a time
+    from ``start``, by state and by a part of their name."""
     if state and state not in _RANK:
         raise ValidationError(f"state: unknown node state {state!r}", field="state")
     run = await workflows_api.get_workflow_run(run_id=run_id, request=request, scope=visit.scope)
     nodes = run.nodes or []
-    chosen = [n for n in nodes if not state or n.state == state]
+    chosen = [n for n in nodes if (not state or n.state == state) and name in n.node]
     states = {n.node: RunState(n.state) for n in nodes}
     rows = [
         {
@@ -198,7 +202,7 @@ async def workflow_run_page(
             "may_retry": n.state in _RETRYABLE
             and may_hold(n.trigger_rule, [states[u] for u in n.after]),
         }
-        for n in chosen[:NODE_ROWS]
+        for n in chosen[start : start + NODE_ROWS]
     ]
     counts = _Counts.of(run.counts)
     return page(
@@ -212,9 +216,11 @@ async def workflow_run_page(
         counts=counts,
         graph=svg(run_svg(nodes, label=f"the nodes of workflow run {run.id}")),
         rows=rows,
-        shown=len(rows),
+        start=start,
+        page_size=NODE_ROWS,
         matching=len(chosen),
         state=state,
+        name=name,
         states=[s for s, _ in counts.items],
         took=_seconds(run.started_at, run.finished_at),
         may_cancel=run.state in _LIVE_RUN,
