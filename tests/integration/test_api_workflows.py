@@ -326,7 +326,20 @@ async def test_cancel_a_run_and_the_job_operations(api) -> None:
     assert r.status_code in (409, 422) and "workflow" in r.text, r.text
     r = await api.client.get("/v1/jobs", headers=t.headers)
     assert all(j["id"] != wf["id"] for j in r.json()["items"])
+    # Its runs are filtered by a workflow run's states: a node's own are refused.
+    r = await api.client.get(f"/v1/workflows/{wf['id']}/runs?state=PENDING", headers=t.headers)
+    assert r.status_code == 422 and "'PENDING' is not a workflow run's state" in r.text
+    r = await api.client.get(f"/v1/workflows/{wf['id']}/runs?state=SKIPPED", headers=t.headers)
+    assert r.status_code == 200 and r.json()["items"] == []
+    # A workflow with a run in progress is deleted only by force, and says it is one.
+    r = await api.client.post(f"/v1/workflows/{wf['id']}/trigger", headers=t.headers)
+    await api.fire()
     r = await api.client.delete(f"/v1/workflows/{wf['id']}", headers=t.headers)
+    assert r.status_code == 409, r.text
+    said = error_of(r)["message"]
+    assert said.startswith(f"workflow {wf['id']} has 2 runs in progress"), said
+    assert "cancel the workflow and let them finish" in said and "job" not in said
+    r = await api.client.delete(f"/v1/workflows/{wf['id']}?force=true", headers=t.headers)
     assert r.status_code == 200, r.text
     r = await api.client.get(f"/v1/workflows/{wf['id']}", headers=t.headers)
     assert r.status_code == 404

@@ -89,6 +89,28 @@ def test_bad_files_and_refused_workflows(cli_server: Server, tmp_path: Path) -> 
     said = _refused(cli_server, "workflows", "create", "-f", str(bad_json))
     assert f"{bad_json} is not valid JSON" in said and "line 1" in said
 
+    # A key given twice is refused, not read as its last value (a node's second
+    # ``after`` would drop its first); NaN and infinities are not JSON numbers.
+    for name, text, expected in (
+        (
+            "twice.yaml",
+            "name: x\nschedule: {asap: true}\nnodes:\n"
+            "  - name: b\n    task: t\n    after: [a]\n    after: []\n  - {name: a, task: t}\n",
+            "is not valid YAML: the key 'after' is given twice (line 7, column 5)",
+        ),
+        ("twice.json", '{"name": "x", "name": "y"}', "the key 'name' is given twice"),
+        (
+            "nan.yaml",
+            "name: x\nschedule: {asap: true}\nnodes:\n  - {name: a, task: t, payload: {v: .inf}}\n",
+            "nan.yaml: nodes.0.payload.v is inf, which is not a number in JSON",
+        ),
+        ("nan.json", '{"name": "x", "nodes": [NaN]}', "NaN is not a number in JSON"),
+    ):
+        path = tmp_path / name
+        path.write_text(text)
+        said = _refused(cli_server, "workflows", "create", "-f", str(path))
+        assert expected in said, said
+
     a_list = tmp_path / "list.yaml"
     a_list.write_text("- name: x\n")
     said = _refused(cli_server, "workflows", "create", "-f", str(a_list))

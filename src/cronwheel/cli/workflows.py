@@ -5,8 +5,9 @@ workflow run as a tree of its nodes, cancel it, retry one of its nodes."""
 from __future__ import annotations
 
 import json
+import math
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
@@ -103,9 +104,14 @@ def read_spec(path: str) -> dict[str, Any]:
     except UnicodeDecodeError:
         fail(f"{where} is not UTF-8 text")
     try:
-        spec = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
+        if path.endswith(".json"):
+            spec = json.loads(text, object_pairs_hook=_no_twice, parse_constant=_no_constant)
+        else:
+            spec = yaml.load(text, Loader=_SpecLoader)  # a SafeLoader
     except json.JSONDecodeError as exc:
         fail(f"{where} is not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})")
+    except ValueError as exc:  # a key twice, or NaN
+        fail(f"{where} is not valid JSON: {exc}")
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = "" if mark is None else f" (line {mark.line + 1}, column {mark.column + 1})"
@@ -116,7 +122,57 @@ def read_spec(path: str) -> dict[str, Any]:
             f"{where} must hold one workflow: a mapping with name, schedule and nodes "
             "(see examples/pipeline.yaml)"
         )
+    bad = _not_a_number(spec, "")
+    if bad is not None:
+        fail(f"{where}: {bad[0]} is {bad[1]!r}, which is not a number in JSON")
     return spec
+
+
+def _no_twice(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"the key {key!r} is given twice in one object")
+        out[key] = value
+    return out
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number in JSON")
+
+
+def _not_a_number(value: Any, path: str) -> tuple[str, float] | None:
+    """The first NaN or infinity in ``value`` (YAML writes them ``.nan``, ``.inf``),
+    with where it is (``nodes.0.payload.x``)."""
+    todo: list[tuple[str, Any]] = [(path, value)]
+    while todo:
+        where, item = todo.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            return where, item
+        if isinstance(item, dict):
+            todo += [(f"{where}.{k}".lstrip("."), v) for k, v in reversed(item.items())]
+        elif isinstance(item, list):
+            todo += [(f"{where}.{i}".lstrip("."), v) for i, v in reversed(list(enumerate(item)))]
+    return None
+
+
+class _SpecLoader(yaml.SafeLoader):  # type: ignore[misc]  # (PyYAML has no types)
+    """YAML as safe_load reads it, but a key given twice in one mapping is an error
+    (safe_load keeps the last: a node's second ``after`` would drop the first)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, Hashable) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    "while reading a mapping",
+                    node.start_mark,
+                    f"the key {key!r} is given twice",
+                    key_node.start_mark,
+                )
+            seen.add(key)
+        return dict(super().construct_mapping(node, deep=deep))
 
 
 @workflows_app.command("create")

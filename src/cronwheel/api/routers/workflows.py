@@ -440,11 +440,12 @@ async def list_workflow_runs(
     ident = parse_id(workflow_id, "workflow")
     job = await _workflow(store, scope.tenant_id, ident)
     states = [s for s in (state or "").split(",") if s]
-    known = {s.value for s in RunState}
+    # A workflow run is fired like a run and then runs: never waiting as a node does.
+    known = {s.value for s in RunState if s is not RunState.PENDING}
     for s in states:
         if s not in known:
             raise ValidationError(
-                f"state: unknown run state {s!r}; one of {', '.join(sorted(known))}",
+                f"state: {s!r} is not a workflow run's state; one of {', '.join(sorted(known))}",
                 field="state",
             )
     page = await store.workflow_runs_list(

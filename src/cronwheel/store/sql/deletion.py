@@ -103,10 +103,11 @@ class DeletionMixin(SqlCore):
             of_job = sa.and_(runs.c.tenant_id == tenant_id, runs.c.job_id == job_id)
             stopped = await self._in_progress(conn, of_job)
             if stopped and not force:
+                what = "workflow" if job.is_dag else "job"
                 raise InUseError(
-                    f"job {job_id} has {_listing(stopped, 'run', 'in progress')}; cancel the "
-                    "job and let them finish, or force the deletion (force=true) to end them "
-                    "now",
+                    f"{what} {job_id} has {_listing(stopped, 'run', 'in progress')}; cancel "
+                    f"the {what} and let them finish, or force the deletion (force=true) to "
+                    "end them now",
                     field="force",
                     runs=[{"id": str(i), "state": s} for i, s in stopped[:100]],
                     count=len(stopped),
@@ -271,7 +272,7 @@ class DeletionMixin(SqlCore):
     ) -> Any:
         row = (
             await conn.execute(
-                sa.select(jobs.c.name, jobs.c.state)
+                sa.select(jobs.c.name, jobs.c.state, jobs.c.workflow.is_not(None).label("is_dag"))
                 .where(jobs.c.tenant_id == tenant_id, jobs.c.id == job_id)
                 .with_for_update()
             )
