@@ -580,8 +580,8 @@ async def test_the_node_input_limit_is_the_stores_and_fails_a_whole_fan_out(
 
 async def test_failures_over_the_limit_cascade_in_one_transaction(small_store: Store) -> None:
     # Each x fails over the limit (two 1.5 kB results), which makes the next one ready
-    # (all_done) with two results again: decided pass after pass, until the sink, which
-    # is given nothing, is ready.
+    # (all_done) with two results again: all decided in one walk of the DAG, down to
+    # the sink, which is given nothing and is ready.
     tenant = await make_tenant(small_store)
     done = {"trigger_rule": "all_done"}
     nodes = [

@@ -230,3 +230,31 @@ def test_the_node_input_limit_is_read_and_may_not_be_below_the_payload_limit(
     # Unset, it follows a payload limit set above it: raising that alone still starts.
     monkeypatch.delenv("CRONWHEEL_MAX_NODE_INPUT_BYTES")
     assert Settings().node_input_limit == 8 * 1024 * 1024
+
+
+def test_a_node_refused_as_unfit_fails_and_its_dependents_are_decided_in_the_same_walk() -> None:
+    # x1 is refused; x2 (all_done) then holds and is refused too; x3 (all_done) holds
+    # and fits; y (all_success after x1) is skipped; the run ends FAILED once x3 has.
+    d = dag(
+        {"name": "a"},
+        {"name": "x1", "after": ["a"]},
+        {"name": "x2", "after": ["x1"], "trigger_rule": "all_done"},
+        {"name": "x3", "after": ["x2"], "trigger_rule": "all_done"},
+        {"name": "y", "after": ["x1"]},
+    )
+    asked: list[tuple[str, dict[str, RunState]]] = []
+
+    def unfit(node: workflow.DagNode, now: Any) -> str | None:
+        asked.append((node.name, {u: now[u] for u in node.after}))
+        return "too big" if node.name in ("x1", "x2") else None
+
+    states = {"a": OK, "x1": P, "x2": P, "x3": P, "y": P}
+    decided = decide(d, states, unfit=unfit)
+    assert decided.failed == {"x1": "too big", "x2": "too big"}
+    assert decided.ready == ["x3"] and list(decided.skipped) == ["y"]
+    assert "upstream failed: x1" in decided.skipped["y"]
+    assert decided.outcome is None
+    # Asked only of nodes whose rule holds, each seeing its upstream as decided so far.
+    assert asked == [("x1", {"a": OK}), ("x2", {"x1": BAD}), ("x3", {"x2": BAD})]
+    assert decide(d, {**states, "x1": BAD, "x2": BAD, "x3": OK, "y": SKIP}).outcome is BAD
+    assert decide(d, states).failed == {}

@@ -31,7 +31,7 @@ import re
 import typing
 import uuid
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from graphlib import TopologicalSorter
@@ -69,6 +69,7 @@ __all__ = [
     "Decisions",
     "NodeSpec",
     "TriggerRule",
+    "Unfit",
     "WorkflowSpec",
     "cached_dag",
     "check_trigger_payload",
@@ -364,13 +365,20 @@ def dag_of(workflow_id: uuid.UUID, data: Mapping[str, Any]) -> Dag:
 
 @dataclass(frozen=True, slots=True)
 class Decisions:
-    """What :func:`decide` found: nodes to make ready, nodes to skip (with why), and
-    the workflow run's state when every node has ended (None while one is live)."""
+    """What :func:`decide` found: nodes to make ready, nodes to skip (with why), nodes
+    that fail instead of being made ready (with why: ``unfit``), and the workflow
+    run's state when every node has ended (None while one is live)."""
 
     ready: list[str]
     skipped: dict[str, str]
     outcome: RunState | None
     reason: str | None = None
+    failed: dict[str, str] = field(default_factory=dict)
+
+
+Unfit = Callable[[DagNode, Mapping[str, RunState]], str | None]
+"""Why a node whose rule holds cannot be made ready, given every node's state as
+decided so far (None: it can)."""
 
 
 def _verdict(rule: str, ups: Sequence[RunState]) -> bool | None:
@@ -427,21 +435,34 @@ def _skip_reason(rule: str, node: DagNode, states: Mapping[str, RunState]) -> st
     return f"{'; '.join(parts)} (trigger rule {rule})"
 
 
-def decide(dag: Dag, states: Mapping[str, RunState], *, cancelled: bool = False) -> Decisions:
+def decide(
+    dag: Dag,
+    states: Mapping[str, RunState],
+    *,
+    cancelled: bool = False,
+    unfit: Unfit | None = None,
+) -> Decisions:
     """From each node's run state, the PENDING nodes that become ready or skipped —
     skips followed through to their dependents — and the workflow run's outcome once
-    no node is live. A cancelled workflow run makes nothing ready: its waiting nodes
-    are left for the store to cancel."""
+    no node is live. A node whose rule holds but which ``unfit`` refuses fails
+    instead, and its dependents are decided as after any failure, in the same walk. A
+    cancelled workflow run makes nothing ready: its waiting nodes are left for the
+    store to cancel."""
     now = dict(states)
     ready: list[str] = []
     skipped: dict[str, str] = {}
+    failed: dict[str, str] = {}
     if not cancelled:
         # Upstream nodes first: a node's rule reads their states as decided here.
         for node in dag.order:
             if now[node.name] is not RunState.PENDING:
                 continue
             verdict = _verdict(node.trigger_rule, [now[u] for u in node.after])
-            if verdict is True:
+            why = None if verdict is not True or unfit is None else unfit(node, now)
+            if why is not None:
+                failed[node.name] = why
+                now[node.name] = RunState.FAILED
+            elif verdict is True:
                 ready.append(node.name)
                 now[node.name] = RunState.DISPATCHED
             elif verdict is False:
@@ -450,17 +471,17 @@ def decide(dag: Dag, states: Mapping[str, RunState], *, cancelled: bool = False)
     outcome: RunState | None = None
     reason: str | None = None
     if all(s in _ENDED for s in now.values()):
-        failed = [n.name for n in dag.nodes if now[n.name] in FAILED_STATES]
+        ended_badly = [n.name for n in dag.nodes if now[n.name] in FAILED_STATES]
         if cancelled:
             outcome, reason = RunState.CANCELLED, "workflow run cancelled"
-        elif failed:
+        elif ended_badly:
             outcome = RunState.FAILED
-            reason = f"nodes failed: {', '.join(failed[:20])}" + (
-                f" and {len(failed) - 20} more" if len(failed) > 20 else ""
+            reason = f"nodes failed: {', '.join(ended_badly[:20])}" + (
+                f" and {len(ended_badly) - 20} more" if len(ended_badly) > 20 else ""
             )
         else:
             outcome = RunState.SUCCESS
-    return Decisions(ready, skipped, outcome, reason)
+    return Decisions(ready, skipped, outcome, reason, failed)
 
 
 def check_trigger_payload(dag: Dag, payload: Mapping[str, Any], *, limit: int) -> None:

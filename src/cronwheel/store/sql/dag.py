@@ -14,13 +14,15 @@ Node runs are created PENDING with their workflow run, all at once. A node made 
 gets its upstream results in its payload and goes DISPATCHED at once (SCHEDULED and
 parked while its workflow is paused); workers lease it like any run, under the
 tenant's limits and priorities. A node whose payload would then be over the store's
-``node_input_limit`` fails instead (OVERSIZE), and its dependents are decided again.
+``node_input_limit`` fails instead (OVERSIZE), and its dependents are decided as after
+any failure, in the same walk of the DAG.
 """
 
 from __future__ import annotations
 
+import functools
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, NamedTuple, Protocol
 
@@ -43,6 +45,7 @@ from cronwheel.domain.states import (
 )
 from cronwheel.domain.workflow import (
     Dag,
+    DagNode,
     Decisions,
     cached_dag,
     dag_of,
@@ -196,23 +199,10 @@ async def advance(
     actor: str | None,
 ) -> None:
     """Decide every waiting node of the RUNNING workflow runs ``workflow_run_ids`` from
-    their nodes' states, and end the workflow runs whose nodes have all ended. Those
-    where a node made ready failed instead (its input over the limit) are decided
-    again, until none is."""
-    ids = set(workflow_run_ids)
-    while ids:
-        ids = await _advance_once(core, conn, sorted(ids), at=at, actor=actor)
-
-
-async def _advance_once(
-    core: _Core,
-    conn: AsyncConnection,
-    owner_ids: list[uuid.UUID],
-    *,
-    at: datetime,
-    actor: str | None,
-) -> set[uuid.UUID]:
-    """One pass of :func:`advance`: the workflow runs to decide again."""
+    their nodes' states, and end the workflow runs whose nodes have all ended."""
+    ids = sorted(set(workflow_run_ids))
+    if not ids:
+        return
     owners = (
         await conn.execute(
             sa.select(
@@ -224,13 +214,13 @@ async def _advance_once(
                 runs.c.fire_at,
                 runs.c.reason,
             )
-            .where(core.driver.id_in(runs.c.id, owner_ids), runs.c.state == RunState.RUNNING.value)
+            .where(core.driver.id_in(runs.c.id, ids), runs.c.state == RunState.RUNNING.value)
             .order_by(runs.c.id)
             .with_for_update()  # one decision at a time per workflow run
         )
     ).all()
     if not owners:
-        return set()
+        return
     # Only what deciding needs: a completion batch of a 1,000-node fan-in reads its
     # nodes' states at each batch, and most batches make nothing ready.
     nodes = (
@@ -256,57 +246,71 @@ async def _advance_once(
         decided = decide(dag, states, cancelled=w.cancel_requested)
         decided_runs.append(_Decided(w, dag, mine, states, decided))
     results, paused = await _ready_details(core, conn, [d for d in decided_runs if d.decided.ready])
+    groups = {d.run.id: _alike(d, results) for d in decided_runs}
+    # A node whose input would be over the limit fails instead of being made ready, and
+    # its dependents are decided as after any failure: its workflow run is decided
+    # again, in one walk, with every result a node of it could be given.
+    limit = core.node_input_limit
+    unfit = [
+        d
+        for d in decided_runs
+        if any(json_size_over(g.payload, limit) is not None for g in groups[d.run.id])
+    ]
+    if unfit:
+        results.update(await _succeeded_results(core, conn, [d.run.id for d in unfit]))
+        redone = {
+            d.run.id: d._replace(
+                decided=decide(
+                    d.dag,
+                    d.states,
+                    cancelled=d.run.cancel_requested,
+                    unfit=functools.partial(_too_large, d, results, limit),
+                )
+            )
+            for d in unfit
+        }
+        decided_runs = [redone.get(d.run.id, d) for d in decided_runs]
+        groups.update({i: _alike(d, results) for i, d in redone.items()})
     ready_sets: list[_Alike] = []
     ended_sets: list[_Alike] = []  # nodes that end without running: skipped, failed
-    oversized: set[uuid.UUID] = set()  # workflow runs with a node failed: decided again
     ended_rows: list[dict[str, Any]] = []
     events: list[dict[str, Any]] = []
     notices: list[tuple[str, datetime]] = []
     finished_jobs: list[uuid.UUID] = []
-    for w, dag, mine, states, decided in decided_runs:
+    for w, dag, mine, _states, decided in decided_runs:
         by_name = dag.by_name
         on_hold = w.job_id in paused
         target = RunState.SCHEDULED if on_hold else RunState.DISPATCHED
         # A root of a workflow run fired ahead of its instant starts at the instant (a
         # later node is made ready after it: at is past that instant).
         fire_at = max(w.fire_at, at)
-        # Nodes alike — the same own payload, the same succeeded upstream nodes, roots
-        # or not — get the same payload and event: a fan-out's 1,000 nodes, one of each.
-        alike: dict[tuple[bytes, tuple[str, ...], bool], list[str]] = {}
-        for name in decided.ready:
-            node = by_name[name]
-            ups = tuple(u for u in node.after if states[u] is RunState.SUCCESS)
-            alike.setdefault((dag.payload_keys[name], ups, not node.after), []).append(name)
-        for (_, ups, root), names in alike.items():
-            first = by_name[names[0]]
-            upstream = {u: results[mine[u]] for u in ups}
-            payload = node_payload(first.template, _extra(w.payload), upstream)
-            ids = [mine[n] for n in names]
-            size = json_size_over(payload, core.node_input_limit)
-            if size is not None:
-                why = _oversize_reason(size, core.node_input_limit)
-                ended_sets.append(
-                    ({"state": RunState.FAILED.value, "finished_at": at, "reason": why}, ids)
-                )
-                events += [
-                    _event(w, i, OVERSIZE.source, RunState.FAILED, at, actor, why) for i in ids
-                ]
-                oversized.add(w.id)
-                continue
+        for group in groups[w.id]:
+            first = by_name[group.names[0]]
             values = {
                 "state": target.value,
                 "fire_at": PARKED_FIRE_AT if on_hold else fire_at,
                 "dispatched_at": None if on_hold else at,
-                "payload": payload,
+                "payload": group.payload,
                 "reason": "job paused" if on_hold else None,
             }
+            ids = [mine[n] for n in group.names]
             ready_sets.append((values, ids))
             if not on_hold:
-                notices += {(by_name[n].template.pool, fire_at) for n in names}
-            why = _ready_reason(() if root else first.after)
+                notices += {(by_name[n].template.pool, fire_at) for n in group.names}
+            why = _ready_reason(() if group.root else first.after)
             event = _event(w, ids[0], READY.source, target, at, actor, why)
             events.append(event)
             events += [{**event, "run_id": run_id} for run_id in ids[1:]]
+        for name, reason in decided.failed.items():
+            ended_sets.append(
+                (
+                    {"state": RunState.FAILED.value, "finished_at": at, "reason": reason},
+                    [mine[name]],
+                )
+            )
+            events.append(
+                _event(w, mine[name], OVERSIZE.source, RunState.FAILED, at, actor, reason)
+            )
         for name, reason in decided.skipped.items():
             ended_sets.append(
                 (
@@ -335,7 +339,65 @@ async def _advance_once(
     await jobs_finish_one_off(conn, core.driver, finished_jobs, at, workflows=True)
     if notices:
         await core._notify(conn, CHANNEL_RUNS_READY, ready_notices(notices, at))
-    return oversized  # their dependents are decided as after any failure
+
+
+class _Group(NamedTuple):
+    """Nodes made ready alike — the same own payload, the same succeeded upstream
+    nodes, roots or not — with the payload they get and one event, copied: a
+    fan-out's 1,000 nodes are one group."""
+
+    names: list[str]
+    root: bool
+    payload: dict[str, Any]
+
+
+def _alike(d: _Decided, results: dict[uuid.UUID, Any]) -> list[_Group]:
+    """The nodes ``d`` makes ready, in groups alike, each with its payload."""
+    by_name, states = d.dag.by_name, d.states
+    alike: dict[tuple[bytes, tuple[str, ...], bool], list[str]] = {}
+    for name in d.decided.ready:
+        node = by_name[name]
+        ups = tuple(u for u in node.after if states[u] is RunState.SUCCESS)
+        alike.setdefault((d.dag.payload_keys[name], ups, not node.after), []).append(name)
+    return [
+        _Group(
+            names,
+            root,
+            node_payload(
+                by_name[names[0]].template,
+                _extra(d.run.payload),
+                {u: results[d.nodes[u]] for u in ups},
+            ),
+        )
+        for (_, ups, root), names in alike.items()
+    ]
+
+
+def _too_large(
+    d: _Decided,
+    results: dict[uuid.UUID, Any],
+    limit: int,
+    node: DagNode,
+    now: Mapping[str, RunState],
+) -> str | None:
+    """Why ``node`` of ``d`` cannot be made ready (:data:`Unfit`): its payload with the
+    results of its succeeded upstream nodes over ``limit`` bytes of JSON."""
+    upstream = {u: results[d.nodes[u]] for u in node.after if now[u] is RunState.SUCCESS}
+    size = json_size_over(node_payload(node.template, _extra(d.run.payload), upstream), limit)
+    return None if size is None else _oversize_reason(size, limit)
+
+
+async def _succeeded_results(
+    core: _Core, conn: AsyncConnection, workflow_run_ids: list[uuid.UUID]
+) -> dict[uuid.UUID, Any]:
+    """The result of every succeeded node of the workflow runs, by run id."""
+    rows = await conn.execute(
+        sa.select(runs.c.id, runs.c.result).where(
+            core.driver.id_in(runs.c.workflow_run_id, workflow_run_ids),
+            runs.c.state == RunState.SUCCESS.value,
+        )
+    )
+    return {run_id: result for run_id, result in rows}
 
 
 class _Decided(NamedTuple):
