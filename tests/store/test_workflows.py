@@ -298,15 +298,19 @@ async def test_a_node_parked_cancelled_and_rewound_runs_when_ready(store: Store)
     assert (await store.runs_get(tenant.id, wf.id)).state is RunState.SUCCESS
 
 
-async def test_a_wide_fan_out_and_in(store: Store) -> None:
-    tenant = await make_tenant(store)
-    width = 1000
-    nodes = [
+def fan_out_and_in(width: int) -> list[dict[str, Any]]:
+    """root, then n0 … n(width - 1) after it, then sink after them all."""
+    return [
         {"name": "root"},
         *({"name": f"n{i}", "after": ["root"]} for i in range(width)),
         {"name": "sink", "after": [f"n{i}" for i in range(width)]},
     ]
-    wf = await create(store, tenant.id, nodes)
+
+
+async def test_a_wide_fan_out_and_in(store: Store) -> None:
+    tenant = await make_tenant(store)
+    width = 1000
+    wf = await create(store, tenant.id, fan_out_and_in(width))
     await fire(store, [wf], now=T0)
     runner = Runner(store, tenant.id)
     assert await runner.step({}) == ["root"]
@@ -560,12 +564,7 @@ async def test_the_node_input_limit_is_the_stores_and_fails_a_whole_fan_out(
     # fail; the sink is skipped and the run ends at once.
     tenant = await make_tenant(small_store)
     width = 5
-    nodes = [
-        {"name": "root"},
-        *({"name": f"n{i}", "after": ["root"]} for i in range(width)),
-        {"name": "sink", "after": [f"n{i}" for i in range(width)]},
-    ]
-    wf = await create(small_store, tenant.id, nodes)
+    wf = await create(small_store, tenant.id, fan_out_and_in(width))
     await fire(small_store, [wf], now=T0)
     assert await complete_all(small_store, tenant.id, {"blob": "y" * 3000}, clock=1) == 1
     assert await states_of(small_store, tenant.id, wf) == {

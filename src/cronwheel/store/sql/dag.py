@@ -301,26 +301,15 @@ async def advance(
             event = _event(w, ids[0], READY.source, target, at, actor, why)
             events.append(event)
             events += [{**event, "run_id": run_id} for run_id in ids[1:]]
-        for name, reason in decided.failed.items():
-            ended_sets.append(
-                (
-                    {"state": RunState.FAILED.value, "finished_at": at, "reason": reason},
-                    [mine[name]],
-                )
-            )
-            events.append(
-                _event(w, mine[name], OVERSIZE.source, RunState.FAILED, at, actor, reason)
-            )
-        for name, reason in decided.skipped.items():
-            ended_sets.append(
-                (
-                    {"state": RunState.SKIPPED.value, "finished_at": at, "reason": reason},
-                    [mine[name]],
-                )
-            )
-            events.append(
-                _event(w, mine[name], UNSATISFIED.source, RunState.SKIPPED, at, actor, reason)
-            )
+        # Nodes that end without running: failed over the input limit, or skipped.
+        for ended, move, end in (
+            (decided.failed, OVERSIZE, RunState.FAILED),
+            (decided.skipped, UNSATISFIED, RunState.SKIPPED),
+        ):
+            for name, reason in ended.items():
+                values = {"state": end.value, "finished_at": at, "reason": reason}
+                ended_sets.append((values, [mine[name]]))
+                events.append(_event(w, mine[name], move.source, end, at, actor, reason))
         if decided.outcome is not None:
             # Cancelled: with the reason its cancel was asked with, if one was given.
             ending: str | None = (w.cancel_requested and w.reason) or decided.reason
