@@ -18,6 +18,7 @@ from cronwheel.domain.states import RETRY, RunState, illegal_transitions
 from cronwheel.domain.workflow import NODE_INPUT_MAX, UPSTREAM_KEY, WorkflowSpec, new_workflow
 from cronwheel.store import CompleteItem, FailItem, Store, create_store
 from cronwheel.store.schema import PARKED_FIRE_AT
+from cronwheel.store.sql import dag as dag_module
 
 from .helpers import T0, at, events_of, fire, make_tenant, register_worker, transitions_of
 
@@ -600,3 +601,55 @@ async def test_failures_over_the_limit_cascade_in_one_transaction(small_store: S
         "FAILED",
         "DISPATCHED",
     ]
+
+
+async def test_the_history_shows_a_node_over_the_limit_failing_before_what_it_readied(
+    small_store: Store,
+) -> None:
+    # x fails over the limit; y (all_done after x) is made ready by that failure, and
+    # z (all_success after x) skipped: the history has x's end first.
+    tenant = await make_tenant(small_store)
+    nodes = [
+        {"name": "a"},
+        {"name": "b"},
+        {"name": "x", "after": ["a", "b"]},
+        {"name": "y", "after": ["x"], "trigger_rule": "all_done"},
+        {"name": "z", "after": ["x"]},
+    ]
+    wf = await create(small_store, tenant.id, nodes)
+    await fire(small_store, [wf], now=T0)
+    assert await complete_all(small_store, tenant.id, {"blob": "w" * 1500}, clock=1) == 2
+    ids = {n.id: name for name, n in (await nodes_of(small_store, tenant.id, wf)).items()}
+    page = await small_store.events_list(tenant.id, job_id=wf.job_id, limit=1000)
+    decided = [
+        (ids[e.run_id], e.to_state)
+        for e in page.items
+        if e.run_id in ids and e.from_state == "PENDING"
+    ]
+    assert decided[-3:] == [("x", "FAILED"), ("z", "SKIPPED"), ("y", "DISPATCHED")]
+
+
+async def test_nodes_alike_over_the_limit_are_measured_once(
+    small_store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 50 nodes given the same 3 kB result: one measure when they are grouped, one when
+    # the workflow run is decided again with the check in the walk — not one per node.
+    measured: list[int] = []
+    real = dag_module.json_size_over
+
+    def counting(value: Any, limit: int) -> int | None:
+        measured.append(limit)
+        return real(value, limit)
+
+    monkeypatch.setattr(dag_module, "json_size_over", counting)
+    tenant = await make_tenant(small_store)
+    wf = await create(small_store, tenant.id, fan_out_and_in(50))
+    await fire(small_store, [wf], now=T0)
+    measured.clear()
+    assert await complete_all(small_store, tenant.id, {"blob": "v" * 3000}, clock=1) == 1
+    assert set((await states_of(small_store, tenant.id, wf)).values()) == {
+        "SUCCESS",
+        "FAILED",
+        "SKIPPED",
+    }
+    assert measured == [2048, 2048]

@@ -20,7 +20,6 @@ any failure, in the same walk of the DAG.
 
 from __future__ import annotations
 
-import functools
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
@@ -264,7 +263,7 @@ async def advance(
                     d.dag,
                     d.states,
                     cancelled=d.run.cancel_requested,
-                    unfit=functools.partial(_too_large, d, results, limit),
+                    unfit=_TooLarge(d, results, limit),
                 )
             )
             for d in unfit
@@ -284,6 +283,22 @@ async def advance(
         # A root of a workflow run fired ahead of its instant starts at the instant (a
         # later node is made ready after it: at is past that instant).
         fire_at = max(w.fire_at, at)
+        # Nodes that end without running — failed over the input limit, or skipped — in
+        # the order the walk decided them, each after what made it so; then those made
+        # ready (nothing is decided by a node made ready: it has not ended).
+        ended = [
+            (name, reason, OVERSIZE, RunState.FAILED) for name, reason in decided.failed.items()
+        ] + [
+            (name, reason, UNSATISFIED, RunState.SKIPPED)
+            for name, reason in decided.skipped.items()
+        ]
+        if decided.failed and decided.skipped:
+            rank = {n.name: i for i, n in enumerate(dag.order)}
+            ended.sort(key=lambda e: rank[e[0]])
+        for name, reason, move, end in ended:
+            closed: dict[str, Any] = {"state": end.value, "finished_at": at, "reason": reason}
+            ended_sets.append((closed, [mine[name]]))
+            events.append(_event(w, mine[name], move.source, end, at, actor, reason))
         for group in groups[w.id]:
             first = by_name[group.names[0]]
             values = {
@@ -301,15 +316,6 @@ async def advance(
             event = _event(w, ids[0], READY.source, target, at, actor, why)
             events.append(event)
             events += [{**event, "run_id": run_id} for run_id in ids[1:]]
-        # Nodes that end without running: failed over the input limit, or skipped.
-        for ended, move, end in (
-            (decided.failed, OVERSIZE, RunState.FAILED),
-            (decided.skipped, UNSATISFIED, RunState.SKIPPED),
-        ):
-            for name, reason in ended.items():
-                values = {"state": end.value, "finished_at": at, "reason": reason}
-                ended_sets.append((values, [mine[name]]))
-                events.append(_event(w, mine[name], move.source, end, at, actor, reason))
         if decided.outcome is not None:
             # Cancelled: with the reason its cancel was asked with, if one was given.
             ending: str | None = (w.cancel_requested and w.reason) or decided.reason
@@ -362,18 +368,25 @@ def _alike(d: _Decided, results: dict[uuid.UUID, Any]) -> list[_Group]:
     ]
 
 
-def _too_large(
-    d: _Decided,
-    results: dict[uuid.UUID, Any],
-    limit: int,
-    node: DagNode,
-    now: Mapping[str, RunState],
-) -> str | None:
-    """Why ``node`` of ``d`` cannot be made ready (:data:`Unfit`): its payload with the
-    results of its succeeded upstream nodes over ``limit`` bytes of JSON."""
-    upstream = {u: results[d.nodes[u]] for u in node.after if now[u] is RunState.SUCCESS}
-    size = json_size_over(node_payload(node.template, _extra(d.run.payload), upstream), limit)
-    return None if size is None else _oversize_reason(size, limit)
+class _TooLarge:
+    """:data:`~cronwheel.domain.workflow.Unfit` for the nodes of one workflow run: a
+    node whose payload, with the results of its succeeded upstream nodes, is over
+    ``limit`` bytes of JSON. Measured once per group of nodes alike (a fan-out's 1,000
+    nodes are one: each measure of a large input costs milliseconds)."""
+
+    def __init__(self, d: _Decided, results: dict[uuid.UUID, Any], limit: int) -> None:
+        self.d, self.results, self.limit = d, results, limit
+        self.found: dict[tuple[bytes, tuple[str, ...], bool], str | None] = {}
+
+    def __call__(self, node: DagNode, now: Mapping[str, RunState]) -> str | None:
+        ups = tuple(u for u in node.after if now[u] is RunState.SUCCESS)
+        key = (self.d.dag.payload_keys[node.name], ups, not node.after)
+        if key not in self.found:
+            upstream = {u: self.results[self.d.nodes[u]] for u in ups}
+            payload = node_payload(node.template, _extra(self.d.run.payload), upstream)
+            size = json_size_over(payload, self.limit)
+            self.found[key] = None if size is None else _oversize_reason(size, self.limit)
+        return self.found[key]
 
 
 async def _succeeded_results(
