@@ -73,6 +73,25 @@ def test_a_json_file_and_standard_input(cli_server: Server, tmp_path: Path) -> N
     assert json.loads(result.stdout)["name"] == "etl-hourly"
 
 
+def test_yaml_anchors_and_merge_keys_share_node_fields(cli_server: Server, tmp_path: Path) -> None:
+    # Fields shared through an anchor and ``<<``; a key beside it overrides one of its
+    # own (name, timeout): that is not a key given twice.
+    path = tmp_path / "anchors.yaml"
+    path.write_text(
+        "name: shared\nschedule: {delay: 3600}\nnodes:\n"
+        "  - &d {name: first, task: etl.step, timeout: 60}\n"
+        "  - {<<: *d, name: a}\n"
+        "  - {<<: *d, name: b, after: [a, first], timeout: 120}\n"
+    )
+    made = cli_server.json("workflows", "create", "-f", str(path))
+    fields = {n["name"]: (n["task"], n["timeout"], n["after"]) for n in made["nodes"]}
+    assert fields == {
+        "first": ("etl.step", 60, []),
+        "a": ("etl.step", 60, []),
+        "b": ("etl.step", 120, ["a", "first"]),
+    }
+
+
 def test_bad_files_and_refused_workflows(cli_server: Server, tmp_path: Path) -> None:
     missing = tmp_path / "nowhere.yaml"
     assert f"cannot read {missing}" in _refused(
@@ -105,6 +124,11 @@ def test_bad_files_and_refused_workflows(cli_server: Server, tmp_path: Path) -> 
             "nan.yaml: nodes.0.payload.v is inf, which is not a number in JSON",
         ),
         ("nan.json", '{"name": "x", "nodes": [NaN]}', "NaN is not a number in JSON"),
+        (
+            "no-day.yaml",
+            "name: x\nschedule: {at: 2031-02-30T00:00:00Z}\nnodes: []\n",
+            "no-day.yaml is not valid YAML: day is out of range for month",
+        ),
     ):
         path = tmp_path / name
         path.write_text(text)

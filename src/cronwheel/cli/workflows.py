@@ -110,13 +110,13 @@ def read_spec(path: str) -> dict[str, Any]:
             spec = yaml.load(text, Loader=_SpecLoader)  # a SafeLoader
     except json.JSONDecodeError as exc:
         fail(f"{where} is not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})")
-    except ValueError as exc:  # a key twice, or NaN
-        fail(f"{where} is not valid JSON: {exc}")
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = "" if mark is None else f" (line {mark.line + 1}, column {mark.column + 1})"
         problem = getattr(exc, "problem", None) or str(exc)
         fail(f"{where} is not valid YAML: {problem}{at}")
+    except ValueError as exc:  # a JSON key twice or NaN; a YAML date that is no day
+        fail(f"{where} is not valid {'JSON' if path.endswith('.json') else 'YAML'}: {exc}")
     if not isinstance(spec, dict):
         fail(
             f"{where} must hold one workflow: a mapping with name, schedule and nodes "
@@ -163,6 +163,8 @@ class _SpecLoader(yaml.SafeLoader):  # type: ignore[misc]  # (PyYAML has no type
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: set[Any] = set()
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # ``<<: *defaults``: keys given beside it override its own
             key = self.construct_object(key_node, deep=deep)
             if isinstance(key, Hashable) and key in seen:
                 raise yaml.constructor.ConstructorError(
