@@ -653,3 +653,32 @@ async def test_nodes_alike_over_the_limit_are_measured_once(
         "SKIPPED",
     }
     assert measured == [2048, 2048]
+
+
+async def test_a_workflow_run_is_not_counted_against_its_tenants_concurrency_limit(
+    store: Store,
+) -> None:
+    # The workflow run is RUNNING while its nodes run, but no worker holds it: under a
+    # limit of 1 its root is leased, and under 3 a fan-out runs 3 nodes at a time.
+    tenant = await make_tenant(store, max_concurrent_runs=1)
+    wf = await create(store, tenant.id, [{"name": "root"}, {"name": "n0", "after": ["root"]}])
+    await fire(store, [wf], now=T0)
+    assert await store.tenants_held([tenant.id], now=at(1)) == {}
+    worker = await register_worker(store, tenant.id, now=at(1))
+    [root] = await store.attempts_lease(worker=worker, max=10, now=at(1))
+    assert (await store.runs_get(tenant.id, root.run_id)).node == "root"
+    held = await store.tenants_held([tenant.id], now=at(1))
+    assert held[tenant.id].startswith("held by the tenant's limit max_concurrent_runs (1 ")
+
+    wide = await make_tenant(store, max_concurrent_runs=3)
+    fan = await create(store, wide.id, fan_out_and_in(10))
+    await fire(store, [fan], now=T0)
+    assert await complete_all(store, wide.id, None, clock=1) == 1  # the root
+    sizes = []
+    for clock in range(3, 30, 2):
+        done = await complete_all(store, wide.id, None, clock=clock)
+        if not done:
+            break
+        sizes.append(done)
+    assert sizes == [3, 3, 3, 1, 1]  # the 10 nodes three at a time, then the sink
+    assert (await store.runs_get(wide.id, fan.id)).state is RunState.SUCCESS

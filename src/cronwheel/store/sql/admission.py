@@ -36,6 +36,7 @@ from cronwheel.domain.admission import (
 from cronwheel.domain.bucket import TokenBucket
 from cronwheel.domain.model import DueRun, Worker
 from cronwheel.domain.states import RunState
+from cronwheel.domain.workflow import WORKFLOW_POOL
 from cronwheel.store.driver import Driver
 from cronwheel.store.schema import (
     READY,
@@ -282,11 +283,15 @@ async def _holding(
     driver: Driver, conn: AsyncConnection, tenants: Sequence[uuid.UUID]
 ) -> dict[uuid.UUID, int]:
     """The runs each tenant holds leased or running: RUNNING, or reserved for a worker
-    (each read by a tenant-led index, so the count costs what the tenant holds)."""
+    (each read by a tenant-led index, so the count costs what the tenant holds). A
+    workflow run is RUNNING while its nodes run, but no worker holds it: only its node
+    runs count (counted, a limit of 1 would hold back its every node, for good)."""
     if not tenants:
         return {}
     running = sa.select(runs.c.tenant_id).where(
-        driver.id_in(runs.c.tenant_id, tenants), runs.c.state == RunState.RUNNING.value
+        driver.id_in(runs.c.tenant_id, tenants),
+        runs.c.state == RunState.RUNNING.value,
+        runs.c.pool != WORKFLOW_POOL,
     )
     reserved = sa.select(runs.c.tenant_id).where(
         driver.id_in(runs.c.tenant_id, tenants),
