@@ -33,6 +33,13 @@ def _ok(cli_server: Server, *args: str) -> str:
     return result.stdout
 
 
+def _created(cli_server: Server, path: Path, text: str) -> dict[str, Any]:
+    """The workflow ``cronwheel workflows create -f`` makes of ``text``, written at ``path``."""
+    path.write_text(text)
+    made: dict[str, Any] = cli_server.json("workflows", "create", "-f", str(path))
+    return made
+
+
 def _refused(cli_server: Server, *args: str) -> str:
     result = cli_server.cli(*args)
     assert result.exit_code == 1 and result.stdout == "", result.output
@@ -76,14 +83,14 @@ def test_a_json_file_and_standard_input(cli_server: Server, tmp_path: Path) -> N
 def test_yaml_anchors_and_merge_keys_share_node_fields(cli_server: Server, tmp_path: Path) -> None:
     # Fields shared through an anchor and ``<<``; a key beside it overrides one of its
     # own (name, timeout): that is not a key given twice.
-    path = tmp_path / "anchors.yaml"
-    path.write_text(
+    made = _created(
+        cli_server,
+        tmp_path / "anchors.yaml",
         "name: shared\nschedule: {delay: 3600}\nnodes:\n"
         "  - &d {name: first, task: etl.step, timeout: 60}\n"
         "  - {<<: *d, name: a}\n"
-        "  - {<<: *d, name: b, after: [a, first], timeout: 120}\n"
+        "  - {<<: *d, name: b, after: [a, first], timeout: 120}\n",
     )
-    made = cli_server.json("workflows", "create", "-f", str(path))
     fields = {n["name"]: (n["task"], n["timeout"], n["after"]) for n in made["nodes"]}
     assert fields == {
         "first": ("etl.step", 60, []),
@@ -217,13 +224,13 @@ def test_a_run_is_shown_as_a_tree_retried_and_listed(cli_server: Server) -> None
 
 
 def test_control_cancel_a_run_and_delete(cli_server: Server, tmp_path: Path) -> None:
-    path = tmp_path / "idle.yaml"
-    path.write_text(
+    workflow = _created(
+        cli_server,
+        tmp_path / "idle.yaml",
         "name: idle\nschedule: {cron: '0 3 * * *'}\nnodes:\n"
         "  - {name: first, task: not.served}\n"
-        "  - {name: second, task: not.served, after: [first]}\n"
+        "  - {name: second, task: not.served, after: [first]}\n",
     )
-    workflow = cli_server.json("workflows", "create", "-f", str(path))
     wid = workflow["id"]
     assert f"paused workflow {wid} (idle)" in _ok(
         cli_server, "workflows", "pause", wid, "--reason", "r"
@@ -264,9 +271,7 @@ def test_a_long_chain_is_shown_whole_in_a_narrow_terminal(
             for i, s in enumerate(steps)
         ],
     }
-    path = tmp_path / "chain.json"
-    path.write_text(json.dumps(spec))
-    workflow = cli_server.json("workflows", "create", "-f", str(path))
+    workflow = _created(cli_server, tmp_path / "chain.json", json.dumps(spec))
     run = cli_server.json("workflows", "trigger", workflow["id"])
     error = "the third step found the ledger locked by another writer and gave up at once"
 
