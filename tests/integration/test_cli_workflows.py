@@ -124,7 +124,11 @@ def test_bad_files_and_refused_workflows(cli_server: Server, tmp_path: Path) -> 
             "  - name: b\n    task: t\n    after: [a]\n    after: []\n  - {name: a, task: t}\n",
             "is not valid YAML: the key 'after' is given twice (line 7, column 5)",
         ),
-        ("twice.json", '{"name": "x", "name": "y"}', "the key 'name' is given twice"),
+        (
+            "twice.json",
+            '{"name": "x",\n "nodes": [{"name": "a", "task": "t", "after": [], "after": ["b"]}]}',
+            "the key 'after' is given twice in one object (line 2, column 52)",
+        ),
         (
             "nan.yaml",
             "name: x\nschedule: {asap: true}\nnodes:\n  - {name: a, task: t, payload: {v: .inf}}\n",

@@ -115,7 +115,9 @@ def read_spec(path: str) -> dict[str, Any]:
         at = "" if mark is None else f" (line {mark.line + 1}, column {mark.column + 1})"
         problem = getattr(exc, "problem", None) or str(exc)
         fail(f"{where} is not valid YAML: {problem}{at}")
-    except ValueError as exc:  # a JSON key twice or NaN; a YAML date that is no day
+    except _KeyTwice as exc:
+        fail(f"{where} is not valid JSON: {exc}{_place_of_twice(text)}")
+    except ValueError as exc:  # NaN in JSON; a YAML date that is no day
         fail(f"{where} is not valid {'JSON' if path.endswith('.json') else 'YAML'}: {exc}")
     if not isinstance(spec, dict):
         fail(
@@ -128,13 +130,30 @@ def read_spec(path: str) -> dict[str, Any]:
     return spec
 
 
+class _KeyTwice(ValueError):
+    """A JSON object gives a key twice."""
+
+
 def _no_twice(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in pairs:
         if key in out:
-            raise ValueError(f"the key {key!r} is given twice in one object")
+            raise _KeyTwice(f"the key {key!r} is given twice in one object")
         out[key] = value
     return out
+
+
+def _place_of_twice(text: str) -> str:
+    """Where a JSON text gives a key twice, `` (line L, column C)``, as the YAML reader
+    finds it (JSON's gives no place to the hook that sees it; JSON is YAML but for
+    rare corners, where this says nothing)."""
+    try:
+        yaml.load(text, Loader=_SpecLoader)  # a SafeLoader
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        if mark is not None and "given twice" in str(getattr(exc, "problem", "")):
+            return f" (line {mark.line + 1}, column {mark.column + 1})"
+    return ""
 
 
 def _no_constant(name: str) -> Any:
