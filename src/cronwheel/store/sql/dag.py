@@ -346,25 +346,32 @@ class _Group(NamedTuple):
     payload: dict[str, Any]
 
 
+# What makes nodes alike: their own payload, their succeeded upstream nodes, root or not.
+_GroupKey = tuple[bytes, tuple[str, ...], bool]
+
+
+def _group_key(d: _Decided, node: DagNode, states: Mapping[str, RunState]) -> _GroupKey:
+    ups = tuple(u for u in node.after if states[u] is RunState.SUCCESS)
+    return d.dag.payload_keys[node.name], ups, not node.after
+
+
+def _input(
+    d: _Decided, node: DagNode, key: _GroupKey, results: dict[uuid.UUID, Any]
+) -> dict[str, Any]:
+    """The payload ``node`` of ``d`` is given, its group being ``key``."""
+    upstream = {u: results[d.nodes[u]] for u in key[1]}
+    return node_payload(node.template, _extra(d.run.payload), upstream)
+
+
 def _alike(d: _Decided, results: dict[uuid.UUID, Any]) -> list[_Group]:
     """The nodes ``d`` makes ready, in groups alike, each with its payload."""
-    by_name, states = d.dag.by_name, d.states
-    alike: dict[tuple[bytes, tuple[str, ...], bool], list[str]] = {}
+    by_name = d.dag.by_name
+    alike: dict[_GroupKey, list[str]] = {}
     for name in d.decided.ready:
-        node = by_name[name]
-        ups = tuple(u for u in node.after if states[u] is RunState.SUCCESS)
-        alike.setdefault((d.dag.payload_keys[name], ups, not node.after), []).append(name)
+        alike.setdefault(_group_key(d, by_name[name], d.states), []).append(name)
     return [
-        _Group(
-            names,
-            root,
-            node_payload(
-                by_name[names[0]].template,
-                _extra(d.run.payload),
-                {u: results[d.nodes[u]] for u in ups},
-            ),
-        )
-        for (_, ups, root), names in alike.items()
+        _Group(names, key[2], _input(d, by_name[names[0]], key, results))
+        for key, names in alike.items()
     ]
 
 
@@ -376,15 +383,12 @@ class _TooLarge:
 
     def __init__(self, d: _Decided, results: dict[uuid.UUID, Any], limit: int) -> None:
         self.d, self.results, self.limit = d, results, limit
-        self.found: dict[tuple[bytes, tuple[str, ...], bool], str | None] = {}
+        self.found: dict[_GroupKey, str | None] = {}
 
     def __call__(self, node: DagNode, now: Mapping[str, RunState]) -> str | None:
-        ups = tuple(u for u in node.after if now[u] is RunState.SUCCESS)
-        key = (self.d.dag.payload_keys[node.name], ups, not node.after)
+        key = _group_key(self.d, node, now)
         if key not in self.found:
-            upstream = {u: self.results[self.d.nodes[u]] for u in ups}
-            payload = node_payload(node.template, _extra(self.d.run.payload), upstream)
-            size = json_size_over(payload, self.limit)
+            size = json_size_over(_input(self.d, node, key, self.results), self.limit)
             self.found[key] = None if size is None else _oversize_reason(size, self.limit)
         return self.found[key]
 
