@@ -211,9 +211,11 @@ async def transitions_of(
     ]
 
 
-async def until_lock_wait(watcher: AsyncConnection, task: asyncio.Task[Any], what: str) -> None:
-    """Wait until some session of this database waits on a row lock (``task``'s, which
-    must not have ended meanwhile). PostgreSQL only."""
+async def until_lock_wait(
+    watcher: AsyncConnection, task: asyncio.Task[Any], what: str, *, waiting: int = 1
+) -> None:
+    """Wait until ``waiting`` sessions of this database wait on a row lock (``task``'s
+    among them, which must not have ended meanwhile). PostgreSQL only."""
     query = sa.text(
         "SELECT count(*) FROM pg_stat_activity "
         "WHERE datname = current_database() AND wait_event_type = 'Lock'"
@@ -222,7 +224,7 @@ async def until_lock_wait(watcher: AsyncConnection, task: asyncio.Task[Any], wha
     async def blocked() -> bool:
         assert not task.done(), f"it went ahead instead of waiting: {what}"
         try:  # activity is read once per transaction: each reading in one of its own
-            return int((await watcher.execute(query)).scalar_one()) > 0
+            return int((await watcher.execute(query)).scalar_one()) >= waiting
         finally:
             await watcher.rollback()
 

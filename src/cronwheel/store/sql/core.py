@@ -37,6 +37,11 @@ T = TypeVar("T")
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 
+# A job's live runs, locked before it (``_lock_live_runs``), and how many times the
+# locks are taken again when a run was made between the two (``_lock_jobs_with_runs``).
+_LIVE = sorted(s.value for s in ACTIVE_STATES)
+_RELOCKS = 20
+
 # How long a measured offset from the database clock serves ``db_now_estimate``.
 _CLOCK_MAX_AGE = 10.0
 
@@ -296,9 +301,54 @@ class SqlCore(Store):
         )
         await conn.execute(audit.insert().values(dict(zip(AUDIT_COLUMNS, record, strict=True))))
 
+    async def _lock_jobs_with_runs(
+        self, conn: AsyncConnection, tenant_id: uuid.UUID, job_ids: Sequence[uuid.UUID]
+    ) -> None:
+        """Lock the jobs' live runs (``_lock_live_runs``), then the jobs in id order,
+        with none of their live runs left out.
+
+        A run committed between the two (a scheduler firing one occurrence makes the
+        next) was not there to be locked. Left so, this transaction would hold its job
+        and then wait for that run, to change it, while whoever locked the run — to fire
+        it, lease it or start it — may wait for the job: a new run it makes references
+        the job, and a trigger or an override locks it. That is a deadlock. So the locks
+        are taken under a savepoint and, when a live run of the jobs is found that they
+        missed, given back and taken again from the start: rolling back to the savepoint
+        lets the other transaction go first. SQLite runs one write transaction at a
+        time: nothing can come between."""
+        ids = sorted(set(job_ids))
+        of_jobs = self.driver.id_in(runs.c.job_id, ids)
+        lock_jobs = (
+            sa.select(jobs.c.id)
+            .where(jobs.c.tenant_id == tenant_id, self.driver.id_in(jobs.c.id, ids))
+            .order_by(jobs.c.id)
+            .with_for_update()
+        )
+        if self.driver.dialect == "sqlite":
+            await self._lock_live_runs(conn, tenant_id, of_jobs)
+            await conn.execute(lock_jobs)
+            return
+        for _ in range(_RELOCKS):
+            savepoint = await conn.begin_nested()
+            locked = await self._lock_live_runs(conn, tenant_id, of_jobs)
+            await conn.execute(lock_jobs)
+            live = await conn.execute(
+                sa.select(runs.c.id).where(
+                    runs.c.tenant_id == tenant_id, of_jobs, runs.c.state.in_(_LIVE)
+                )
+            )
+            if set(live.scalars()) <= locked:
+                await savepoint.commit()
+                return
+            await savepoint.rollback()
+        # Runs keep being made between the two: lock them now, as before this check.
+        await self._lock_live_runs(conn, tenant_id, of_jobs)
+        await conn.execute(lock_jobs)
+        await self._lock_live_runs(conn, tenant_id, of_jobs)
+
     async def _lock_live_runs(
         self, conn: AsyncConnection, tenant_id: uuid.UUID, where: sa.ColumnElement[bool]
-    ) -> None:
+    ) -> set[uuid.UUID]:
         """Lock the selected runs that are not finished, in id order, before touching
         their job: every path that changes runs and their job (results, expiry, cancel,
         pause) then takes run locks before the job's, so they cannot deadlock, and a
@@ -310,7 +360,7 @@ class SqlCore(Store):
         batch of results: its runs (plain runs and nodes) in id order, then the workflow
         runs it advances. Any other order could hold a run such a batch waits for while
         waiting for one it holds."""
-        live = runs.c.state.in_(sorted(s.value for s in ACTIVE_STATES))
+        live = runs.c.state.in_(_LIVE)
         owners = (
             (
                 await conn.execute(
@@ -336,13 +386,16 @@ class SqlCore(Store):
                 sa.or_(not_owners, self.driver.id_in(runs.c.workflow_run_id, list(owners))),
                 self.driver.id_in(runs.c.id, list(owners)),
             ]
+        locked: set[uuid.UUID] = set()
         for chosen in steps:
-            await conn.execute(
+            rows = await conn.execute(
                 sa.select(runs.c.id)
                 .where(runs.c.tenant_id == tenant_id, chosen, live)
                 .order_by(runs.c.id)
                 .with_for_update()
             )
+            locked.update(rows.scalars())
+        return locked
 
     async def _cancel_runs(
         self,

@@ -98,7 +98,7 @@ class DeletionMixin(SqlCore):
     ) -> JobDeleted:
         async with self._write() as conn:
             at = await self._now(conn, now)
-            await self._lock_live_runs(conn, tenant_id, runs.c.job_id == job_id)
+            await self._lock_jobs_with_runs(conn, tenant_id, [job_id])
             job = await self._job_locked(conn, tenant_id, job_id)
             of_job = sa.and_(runs.c.tenant_id == tenant_id, runs.c.job_id == job_id)
             stopped = await self._in_progress(conn, of_job)

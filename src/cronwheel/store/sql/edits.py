@@ -124,7 +124,7 @@ class EditsMixin(JobsMixin):
     ) -> Job:
         async with self._write() as conn:
             at = await self._now(conn, now)
-            await self._lock_live_runs(conn, tenant_id, runs.c.job_id == job_id)
+            await self._lock_jobs_with_runs(conn, tenant_id, [job_id])
             job = await self._job_edited(conn, tenant_id, job_id, edit, at)
             if "progress_timeout" in edit.after:
                 await check_override_timeouts(conn, job)

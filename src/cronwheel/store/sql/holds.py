@@ -11,7 +11,7 @@ jobs, never one per job.
 
 A parked run keeps its due instant; ``fire_at >= PARKED_FIRE_AT`` is exactly "parked".
 The jobs' live runs are locked first, in id order, as every path that changes runs and
-their jobs does (``SqlCore._lock_live_runs``).
+their jobs does (``SqlCore._lock_jobs_with_runs``).
 """
 
 from __future__ import annotations
@@ -52,15 +52,9 @@ class HoldsMixin(SqlCore):
         locked first): the ones moved, in id order."""
         if not job_ids:
             return []
-        await self._lock_live_runs(conn, tenant_id, self.driver.id_in(runs.c.job_id, job_ids))
         # The jobs in id order too: an UPDATE of many takes them in whatever order its
         # plan reads them, and a redrive of their runs locks them in id order.
-        await conn.execute(
-            sa.select(jobs.c.id)
-            .where(jobs.c.tenant_id == tenant_id, self.driver.id_in(jobs.c.id, list(job_ids)))
-            .order_by(jobs.c.id)
-            .with_for_update()
-        )
+        await self._lock_jobs_with_runs(conn, tenant_id, job_ids)
         moved = await conn.execute(
             jobs.update()
             .where(

@@ -572,7 +572,7 @@ class JobsMixin(HoldsMixin):
         by = name_of(actor)
         async with self._write() as conn:
             at = await self._now(conn, now)
-            await self._lock_live_runs(conn, tenant_id, runs.c.job_id == job_id)
+            await self._lock_jobs_with_runs(conn, tenant_id, [job_id])
             current = await self._job_for_update(conn, tenant_id, job_id)
             if current.state not in (JobState.ACTIVE, JobState.PAUSED):
                 raise IllegalTransitionError(
@@ -733,7 +733,7 @@ class JobsMixin(HoldsMixin):
         (NotFoundError, or IllegalTransitionError naming its state). The job's live runs
         are locked first, in id order, as every path that changes runs and their job
         does (see ``_lock_live_runs``)."""
-        await self._lock_live_runs(conn, tenant_id, runs.c.job_id == job_id)
+        await self._lock_jobs_with_runs(conn, tenant_id, [job_id])
         row = (
             await conn.execute(
                 jobs.update()

@@ -231,11 +231,11 @@ async def runs_overlaid(
     written from its base and its overrides in the merge order. A run left with no
     override gets its base back. ``max_payload_bytes``: a payload the overrides make
     larger is refused (413)."""
-    # Locked here too, in id order: the caller locked the job's live runs before its job,
-    # but a run made meanwhile by a transaction that held only the job (a trigger) is
-    # read here for the first time. Unlocked, it could be fired, leased and started
-    # before it is written, and its worker would hold a payload the run no longer
-    # records; locked, one that started meanwhile is read as started and left alone.
+    # Locked here too, in id order, though the caller holds the job and every live run
+    # of it (``_lock_jobs_with_runs``): unlocked, a run could be fired, leased and
+    # started before it is written, and its worker would hold a payload the run no
+    # longer records; locked, one that started meanwhile is read as started and left
+    # alone.
     rows = list(
         await conn.execute(
             sa.select(*_RUN_COLUMNS)
