@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import statistics
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
@@ -151,17 +152,18 @@ class Measured:
             if ready is not None and (names is None or node["node"] in names)
         ]
 
-    def summary(self, instant: datetime, nodes_each: int) -> Json:
+    def summary(self, nodes_each: int) -> Json:
+        """Each workflow run measured from its own instant (its ``due_at``)."""
         by_finish = [(began - ready) * 1000 for _, began, _, ready in self.started() if ready]
         roots = [
-            (began - instant.timestamp()) * 1000
-            for node, began, _, _ in self.started()
-            if not node["after"]
+            (began - _instant(run["due_at"]).timestamp()) * 1000
+            for run in self.runs
+            for node in run["nodes"]
+            if not node["after"] and (began := self.handler(node["run_id"])) is not None
         ]
         node_runs = [n for run in self.runs for n in run["nodes"]]
-        finished = [_instant(r["finished_at"]) for r in self.runs if r["finished_at"]]
         complete = [
-            (_instant(r["finished_at"]) - instant).total_seconds()
+            (_instant(r["finished_at"]) - _instant(r["due_at"])).total_seconds()
             for r in self.runs
             if r["finished_at"]
         ]
@@ -175,10 +177,9 @@ class Measured:
                 1 for n in node_runs if len(self.starts.get(uuid.UUID(n["run_id"]), ())) > 1
             ),
             "nodes_retried": sum(1 for n in node_runs if (n["attempt"] or 0) > 1),
-            # From the instant the workflows fired to the last one finished.
-            "all_complete_s": round(
-                max(finished, default=instant).timestamp() - instant.timestamp(), 3
-            ),
+            # From the instant the workflows fired to the last one finished (the longest
+            # of several rounds).
+            "all_complete_s": round(max(complete, default=0.0), 3),
             "complete_s": percentiles(complete),
             "start_delay_ms": percentiles(self.delays_ms()),
             "start_delay_from_finished_at_ms": percentiles(by_finish),
@@ -220,12 +221,22 @@ class Measured:
 
     def start_rate(self, names: set[str] | None = None) -> int | None:
         """Handlers begun per second, from the first to the last of the nodes named
-        ``names`` (every node by default)."""
-        began = sorted(
-            at for node, at, _, _ in self.started() if names is None or node["node"] in names
-        )
-        span = began[-1] - began[0] if len(began) > 1 else 0.0
-        return round(len(began) / span) if span else None
+        ``names`` (every node by default) of the workflow runs of one instant; with
+        several instants (rounds), the median of theirs."""
+        by_instant: dict[str, list[Json]] = {}
+        for run in self.runs:
+            by_instant.setdefault(str(run["due_at"]), []).append(run)
+        rates = []
+        for runs in by_instant.values():
+            began = sorted(
+                at
+                for node, at, _, _ in Measured(runs, self.starts).started()
+                if names is None or node["node"] in names
+            )
+            span = began[-1] - began[0] if len(began) > 1 else 0.0
+            if span:
+                rates.append(len(began) / span)
+        return round(statistics.median(rates)) if rates else None
 
 
 def _instant(value: str) -> datetime:
@@ -289,13 +300,30 @@ Scenario = Callable[[Bench, argparse.Namespace], Awaitable[Json]]
 async def one_workflow(
     bench: Bench, args: argparse.Namespace, name: str, dag: list[Node]
 ) -> tuple[Json, Measured]:
+    """``--rounds`` workflows of ``dag``, one after the other, each created, fired at its
+    own instant and waited for before the next: measured together."""
     lead = args.lead if args.lead is not None else 5 + len(dag) / 200
-    instant = await bench.instant(lead)
-    created = await bench.create([workflow_body(name, dag, {"at": instant.isoformat()})], instant)
-    done = await wait_done(bench.setup.store, len(dag) + 1, args.timeout + lead)
-    measured = await bench.measure(instant)
-    summary = {"done": done, "create_s": round(created, 3), "nodes_each": len(dag)}
-    return {**summary, **measured.summary(instant, len(dag))}, measured
+    created, done, runs = 0.0, True, []
+    for round_ in range(args.rounds):
+        if args.rounds > 1:
+            console.print(f"round {round_ + 1} of {args.rounds}")
+        instant = await bench.instant(lead)
+        body = workflow_body(f"{name}-{round_}", dag, {"at": instant.isoformat()})
+        created += await bench.create([body], instant)
+        finished = (round_ + 1) * (len(dag) + 1)
+        done = await wait_done(bench.setup.store, finished, args.timeout + lead) and done
+        runs += (await bench.measure(instant)).runs
+    measured = Measured(runs=runs, starts=handler_starts(bench.cluster))
+    summary = {"done": done, "create_s": round(created / args.rounds, 3), "nodes_each": len(dag)}
+    return {**summary, **measured.summary(len(dag))}, measured
+
+
+def by_round(measured: Measured, names: set[str]) -> list[float | None]:
+    """The p99 delay of the nodes named ``names`` in each workflow run, in order."""
+    return [
+        percentiles(Measured([run], measured.starts).delays_ms(names))["p99"]
+        for run in sorted(measured.runs, key=lambda r: str(r["due_at"]))
+    ]
 
 
 async def fanout(bench: Bench, args: argparse.Namespace) -> Json:
@@ -303,6 +331,7 @@ async def fanout(bench: Bench, args: argparse.Namespace) -> Json:
     out, measured = await one_workflow(bench, args, "fanout", dag)
     middle = {n for n, _ in dag[1:-1]}
     out["fanout_start_delay_ms"] = percentiles(measured.delays_ms(middle))
+    out["fanout_p99_by_round_ms"] = by_round(measured, middle)
     out["sink_start_delay_ms"] = percentiles(measured.delays_ms({"sink"}))
     # How fast the workers got through the parallel nodes: their capacity, not a delay.
     out["fanout_nodes_per_s"] = measured.start_rate(middle)
@@ -310,7 +339,8 @@ async def fanout(bench: Bench, args: argparse.Namespace) -> Json:
 
 
 async def chain(bench: Bench, args: argparse.Namespace) -> Json:
-    out, _ = await one_workflow(bench, args, "chain", chain_dag(args.chain))
+    out, measured = await one_workflow(bench, args, "chain", chain_dag(args.chain))
+    out["chain_p99_by_round_ms"] = by_round(measured, {n for n, _ in chain_dag(args.chain)})
     return out
 
 
@@ -339,7 +369,7 @@ async def many(bench: Bench, args: argparse.Namespace) -> Json:
         "create_s": round(created, 3),
         "nodes_each": len(dag),
         "edges_each": sum(len(after) for _, after in dag),
-        **measured.summary(instant, len(dag)),
+        **measured.summary(len(dag)),
     }
 
 
@@ -410,6 +440,10 @@ def rows_of(name: str, r: Json) -> list[tuple[str, ...]]:
         )
         rows.append((f"{name}: the sink's delay (ms)", *p(r["sink_start_delay_ms"]), ""))
         rows.append((f"{name}: parallel nodes started/s", str(r["fanout_nodes_per_s"]), "", "", ""))
+    for key in ("fanout_p99_by_round_ms", "chain_p99_by_round_ms"):
+        if len(r.get(key) or ()) > 1:
+            each = ", ".join(str(v) for v in r[key])
+            rows.append((f"{name}: p99 of each round (ms)", each, "", "", ""))
     rows.append(
         (
             f"{name}: nodes not SUCCESS / run twice / retried",
@@ -432,6 +466,12 @@ async def main() -> None:
     parser.add_argument("--workflows", type=int, default=100, help="workflows of the many scenario")
     parser.add_argument("--nodes", type=int, default=20, help="nodes of each of those workflows")
     parser.add_argument("--many-schedule", choices=["cron", "at"], default="cron")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="fanout and chain: workflows run one after the other, measured together",
+    )
     parser.add_argument("--schedulers", type=int, default=1)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--concurrency", type=int, default=10, help="slots per worker")
@@ -451,7 +491,16 @@ async def main() -> None:
         "--timeout", type=float, default=300, help="seconds each scenario may take from its instant"
     )
     args = parser.parse_args()
-    for name in ("fanout", "chain", "workflows", "nodes", "schedulers", "workers", "concurrency"):
+    for name in (
+        "fanout",
+        "chain",
+        "workflows",
+        "nodes",
+        "rounds",
+        "schedulers",
+        "workers",
+        "concurrency",
+    ):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1")
     if args.prefetch is not None and not 0 <= args.prefetch <= 10_000:
@@ -464,6 +513,7 @@ async def main() -> None:
         "workers": args.workers,
         "concurrency": args.concurrency,
         "prefetch": args.prefetch,
+        "rounds": args.rounds,
         "target_start_delay_p99_ms": DELAY_P99_TARGET,
         "scenarios": results,
     }
