@@ -256,3 +256,63 @@ async def takes_in_order(
         finally:
             if not task.done():
                 task.cancel()
+
+
+async def collide(
+    store: Store,
+    hold: sa.Executable,
+    first: Coroutine[Any, Any, Any],
+    second: Coroutine[Any, Any, Any],
+    *,
+    what: tuple[str, str],
+) -> list[Any]:
+    """Two store calls made to meet in the order that shows whether their locks can form
+    a cycle: ``hold`` taken by a transaction of its own, so that ``first`` waits on it
+    (or on something behind it); ``second`` started and left to wait too — or to end
+    without waiting, as a store taking its locks in order may; then the hold let go.
+    Returns both outcomes, an exception for a call that failed. PostgreSQL only."""
+    engine = engine_of(store)
+    async with engine.connect() as holder, engine.connect() as watcher:
+        await holder.begin()
+        await holder.execute(hold)
+        one = asyncio.create_task(first)
+        two: asyncio.Task[Any] | None = None
+        try:
+            await until_lock_wait(watcher, one, what[0])
+            two = asyncio.create_task(second)
+            waiting = sa.text(
+                "SELECT count(*) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            )
+
+            async def settled() -> bool:
+                assert two is not None
+                assert not one.done(), f"it went ahead instead of waiting: {what[0]}"
+                if two.done():
+                    return True
+                try:  # activity is read once per transaction: each reading its own
+                    return int((await watcher.execute(waiting)).scalar_one()) >= 2
+                finally:
+                    await watcher.rollback()
+
+            await wait_until_async(settled, 10, what=what[1])
+            await holder.commit()
+            return list(
+                await asyncio.wait_for(asyncio.gather(one, two, return_exceptions=True), 30)
+            )
+        finally:
+            for task in (one, two):
+                if task is not None and not task.done():
+                    task.cancel()
+            if two is None:  # never started: no "never awaited" warning
+                second.close()
+
+
+def no_failures(outcomes: Sequence[Any], names: tuple[str, str]) -> None:
+    """Neither call failed (a deadlock fails one of them)."""
+    failed = [
+        f"{name}: {type(o).__name__}: {str(getattr(o.__cause__, 'orig', o)).splitlines()[0]}"
+        for name, o in zip(names, outcomes, strict=True)
+        if isinstance(o, BaseException)
+    ]
+    assert not failed, "\n".join(failed)

@@ -342,12 +342,23 @@ _START = f"""
 -- The reservations named, found through the reservation index by token, always: with
 -- statistics that lag a burst the planner would rather read every ready run (IS TRUE
 -- keeps the state condition from pointing it at the ready-queue index).
-picked AS MATERIALIZED (
-    SELECT id, reserved_attempt, reserved_token, fire_at FROM runs
+found AS MATERIALIZED (
+    SELECT id FROM runs
     WHERE EXISTS (SELECT 1 FROM live)
       AND reserved_token = ANY($2::bigint[]) AND reserved_token IS NOT NULL
       AND ({START.sql()}) IS TRUE AND reserved_by = $3
       AND ($4::uuid IS NULL OR tenant_id = $4)
+),
+-- Then locked, by primary key in id order, as every path that changes many runs takes
+-- them (a cancel, a pause, in bulk or of a job): in the tokens' order (the lease's:
+-- highest class, soonest first) a run could be held while another is waited for, held
+-- by such a path waiting for it. One that such a path changed first is read again.
+picked AS MATERIALIZED (
+    SELECT id, reserved_attempt, reserved_token, fire_at FROM runs
+    WHERE id = ANY(ARRAY(SELECT id FROM found))
+      AND (reserved_token = ANY($2::bigint[]) AND {START.sql()} AND reserved_by = $3) IS TRUE
+    ORDER BY id
+    FOR UPDATE
 ),
 -- Each by primary key: still DISPATCHED under this reservation, and due within $5
 -- seconds; it begins at the later of now and its instant. A cancel or pause that got

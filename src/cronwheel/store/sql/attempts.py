@@ -524,6 +524,7 @@ class AttemptsMixin(WorkersMixin, RetriesMixin):
                 runs.c.reserved_token.in_([i.fencing_token for i in items]),
                 runs.c.state == RunState.DISPATCHED.value,
             )
+            .order_by(runs.c.id)  # in id order, as every path locking many runs
             .with_for_update()
         )
         if tenant_id is not None:
