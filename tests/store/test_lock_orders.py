@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from cronwheel.domain.audit import Actor
 from cronwheel.domain.bulk import Selector
 from cronwheel.domain.states import RunState
-from cronwheel.store import Store
+from cronwheel.store import CompleteItem, Store
 from cronwheel.store.schema import runs
 
 from .helpers import (
@@ -22,7 +22,9 @@ from .helpers import (
     at,
     collide,
     create_job,
+    create_jobs,
     engine_of,
+    fire,
     make_tenant,
     no_failures,
     register_worker,
@@ -74,3 +76,33 @@ async def test_starting_reservations_takes_the_runs_in_id_order(store: Store) ->
     no_failures(outcomes, ("bulk cancel", "start"))
     states = {r: (await store.runs_get(tenant.id, r)).state for r in (older.id, newer.id)}
     assert states == {older.id: RunState.CANCELLED, newer.id: RunState.CANCELLED}
+
+
+async def test_the_expiry_sweep_takes_the_run_before_its_attempt(store: Store) -> None:
+    """A worker's batch of results locks its runs in id order, then their attempts; the
+    sweep ending an attempt whose lease ran out must not hold the attempt while waiting
+    for its run (a late result for it)."""
+    tenant = await make_tenant(store)
+    made = await create_jobs(store, tenant.id, 2, due_at=at(0))
+    await fire(store, made, now=at(0))
+    worker = await register_worker(store, tenant.id, now=at(0))
+    leased = await store.attempts_lease(worker=worker, max=2, now=at(0))
+    low, high = sorted(leased, key=lambda a: a.run_id)
+
+    outcomes = await collide(
+        store,
+        # The later run held a moment: the batch holds the first and waits.
+        sa.select(runs.c.id).where(runs.c.id == high.run_id).with_for_update(),
+        store.attempts_complete_many(
+            items=[CompleteItem(a.attempt_id, a.fencing_token, {"ok": 1}) for a in (low, high)],
+            now=at(20),
+        ),
+        # The sweep, once the lease ran out: the batch holds the first attempt's run.
+        store.attempts_expire(attempt_ids=[low.attempt_id], now=at(600)),
+        what=("the batch holding the first run", "the sweep"),
+    )
+
+    no_failures(outcomes, ("results", "expiry sweep"))
+    assert outcomes[1] == 0  # passed over, not waited for
+    for a in (low, high):
+        assert (await store.runs_get(tenant.id, a.run_id)).state is RunState.SUCCESS

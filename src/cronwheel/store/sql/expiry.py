@@ -92,7 +92,30 @@ class ExpiryMixin(RetriesMixin):
     async def _expire(
         self, conn: AsyncConnection, at: datetime, limit: int, only: sa.ColumnElement[bool]
     ) -> int:
-        """End up to ``limit`` expired attempts among ``only``; returns how many."""
+        """End up to ``limit`` expired attempts among ``only``; returns how many.
+
+        Their runs are locked first, in id order, then the attempts, as a worker's
+        batch of results takes them: taking an attempt first, the sweep could hold it
+        while waiting for its run, held by a late result for it waiting for the
+        attempt. Both are passed over when another transaction holds them, never waited
+        for: the next sweep ends what is still expired then."""
+        found = (
+            sa.select(attempts.c.run_id).where(_expired(at), only).limit(limit).scalar_subquery()
+        )
+        run_ids = (
+            (
+                await conn.execute(
+                    sa.select(runs.c.id)
+                    .where(runs.c.id.in_(found))
+                    .order_by(runs.c.id)
+                    .with_for_update(skip_locked=True)
+                )
+            )
+            .scalars()
+            .all()
+        )
+        if not run_ids:
+            return 0
         rows = (
             await conn.execute(
                 sa.select(
@@ -104,8 +127,8 @@ class ExpiryMixin(RetriesMixin):
                     attempts.c.progress_deadline,
                     attempts.c.progress_at,
                 )
-                .where(_expired(at), only)
-                .limit(limit)
+                .where(_expired(at), only, self.driver.id_in(attempts.c.run_id, list(run_ids)))
+                .order_by(attempts.c.id)
                 .with_for_update(skip_locked=True)
             )
         ).all()
