@@ -7,14 +7,16 @@ at the API. Each must instead wait for the other and go on."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import sqlalchemy as sa
 
 from cronwheel.domain.audit import Actor
 from cronwheel.domain.bulk import Selector
-from cronwheel.domain.states import RunState
+from cronwheel.domain.states import JobState, RunState
 from cronwheel.store import CompleteItem, Store
-from cronwheel.store.schema import runs
+from cronwheel.store.schema import jobs, runs
 
 from .helpers import (
     ALL_SHARDS,
@@ -106,3 +108,67 @@ async def test_the_expiry_sweep_takes_the_run_before_its_attempt(store: Store) -
     assert outcomes[1] == 0  # passed over, not waited for
     for a in (low, high):
         assert (await store.runs_get(tenant.id, a.run_id)).state is RunState.SUCCESS
+
+
+CANCEL_PREVIOUS = {"cron": "* * * * *", "timezone": "UTC", "overlap": "cancel_previous"}
+
+
+async def _asked_to_stop(store: Store, run_id: Any) -> bool:
+    async with engine_of(store).connect() as conn:
+        query = sa.select(runs.c.cancel_requested).where(runs.c.id == run_id)
+        return bool((await conn.execute(query)).scalar_one())
+
+
+async def _overlapping(store: Store) -> tuple[Any, Any, Any, Any]:
+    """A cancel_previous job whose first run is still running when the second is due:
+    the tenant, the job, the first run and the second."""
+    tenant = await make_tenant(store)
+    job, first = await create_job(store, tenant.id, due_at=at(60), schedule=CANCEL_PREVIOUS)
+    await fire(store, [first], now=at(60))
+    worker = await register_worker(store, tenant.id, now=at(61))
+    [leased] = await store.attempts_lease(worker=worker, max=1, now=at(61))
+    assert leased.run_id == first.id
+    [second] = [
+        r
+        for r in (await store.runs_list(tenant.id, limit=10)).items
+        if r.state is RunState.SCHEDULED
+    ]
+    assert first.id < second.id
+    return tenant, job, first, second
+
+
+async def test_firing_with_cancel_previous_takes_the_older_run_first(store: Store) -> None:
+    """Firing holds its candidate, the newer run, then cancels the older one; a cancel
+    of the job takes the older first. Firing must not wait for the older run."""
+    tenant, job, first, second = await _overlapping(store)
+
+    outcomes = await collide(
+        store,
+        # The job held a moment (a trigger, an override): firing the second run holds
+        # it and waits here, to make the next occurrence.
+        sa.select(jobs.c.id).where(jobs.c.id == job.id).with_for_update(),
+        fire(store, [second], now=at(120)),
+        store.jobs_cancel(tenant.id, job.id, now=at(121)),
+        what=("firing holding the second run", "the cancel of the job"),
+    )
+
+    no_failures(outcomes, ("firing", "job cancel"))
+    assert (await store.jobs_get(tenant.id, job.id)).state is JobState.CANCELLED
+    assert await _asked_to_stop(store, first.id)
+
+
+async def test_a_previous_run_held_elsewhere_leaves_its_successor_for_the_next_poll(
+    store: Store,
+) -> None:
+    tenant, _job, first, second = await _overlapping(store)
+    async with engine_of(store).connect() as other:
+        await other.begin()
+        await other.execute(sa.select(runs.c.id).where(runs.c.id == first.id).with_for_update())
+        assert await fire(store, [second], now=at(120)) == []  # not waited for
+        await other.rollback()
+    assert (await store.runs_get(tenant.id, second.id)).state is RunState.SCHEDULED
+    assert not await _asked_to_stop(store, first.id)
+
+    fired = await fire(store, [second], now=at(121))
+    assert [f.id for f in fired] == [second.id]
+    assert await _asked_to_stop(store, first.id)

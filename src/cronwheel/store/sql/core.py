@@ -29,7 +29,7 @@ from cronwheel.store.schema import UtcDateTime, attempts, audit, jobs, runs, ten
 from cronwheel.store.sql import dag
 from cronwheel.store.values import Migrated
 
-__all__ = ["MIGRATIONS_DIR", "LocalSubscription", "SqlCore", "jobs_select"]
+__all__ = ["LIVE_STATES", "MIGRATIONS_DIR", "LocalSubscription", "SqlCore", "jobs_select"]
 
 log = logging.getLogger("cronwheel.store")
 
@@ -39,7 +39,7 @@ MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 
 # A job's live runs, locked before it (``_lock_live_runs``), and how many times the
 # locks are taken again when a run was made between the two (``_lock_jobs_with_runs``).
-_LIVE = sorted(s.value for s in ACTIVE_STATES)
+LIVE_STATES = sorted(s.value for s in ACTIVE_STATES)
 _RELOCKS = 20
 
 # How long a measured offset from the database clock serves ``db_now_estimate``.
@@ -334,7 +334,7 @@ class SqlCore(Store):
             await conn.execute(lock_jobs)
             live = await conn.execute(
                 sa.select(runs.c.id).where(
-                    runs.c.tenant_id == tenant_id, of_jobs, runs.c.state.in_(_LIVE)
+                    runs.c.tenant_id == tenant_id, of_jobs, runs.c.state.in_(LIVE_STATES)
                 )
             )
             if set(live.scalars()) <= locked:
@@ -347,7 +347,12 @@ class SqlCore(Store):
         await self._lock_live_runs(conn, tenant_id, of_jobs)
 
     async def _lock_live_runs(
-        self, conn: AsyncConnection, tenant_id: uuid.UUID, where: sa.ColumnElement[bool]
+        self,
+        conn: AsyncConnection,
+        tenant_id: uuid.UUID,
+        where: sa.ColumnElement[bool],
+        *,
+        skip_locked: bool = False,
     ) -> set[uuid.UUID]:
         """Lock the selected runs that are not finished, in id order, before touching
         their job: every path that changes runs and their job (results, expiry, cancel,
@@ -359,8 +364,12 @@ class SqlCore(Store):
         order, then the workflow runs, in id order. That is the order of a worker's
         batch of results: its runs (plain runs and nodes) in id order, then the workflow
         runs it advances. Any other order could hold a run such a batch waits for while
-        waiting for one it holds."""
-        live = runs.c.state.in_(_LIVE)
+        waiting for one it holds.
+
+        Returns the ids locked. ``skip_locked``: what another transaction holds is
+        passed over, not waited for (for a caller that already holds runs out of this
+        order)."""
+        live = runs.c.state.in_(LIVE_STATES)
         owners = (
             (
                 await conn.execute(
@@ -392,7 +401,7 @@ class SqlCore(Store):
                 sa.select(runs.c.id)
                 .where(runs.c.tenant_id == tenant_id, chosen, live)
                 .order_by(runs.c.id)
-                .with_for_update()
+                .with_for_update(skip_locked=skip_locked)
             )
             locked.update(rows.scalars())
         return locked

@@ -40,6 +40,7 @@ from cronwheel.store.schema import (
     runs,
 )
 from cronwheel.store.sql import dag
+from cronwheel.store.sql.core import LIVE_STATES
 from cronwheel.store.sql.quarantine import Poison, QuarantineMixin
 from cronwheel.store.sql.statements import update_each
 from cronwheel.timing.catchup import MISFIRE_GRACE, FirePlan, plan_fire
@@ -92,6 +93,8 @@ class FiringMixin(QuarantineMixin):
         schedules = {r.job_id: r.schedule for r in candidates}
         guarded = [j for j, s in schedules.items() if s.get("overlap", "allow") != "allow"]
         busy, waiting = await self._overlap_state(conn, candidates, guarded)
+        held_back = await self._previous_held(conn, candidates, busy)
+        candidates = [r for r in candidates if r.job_id not in held_back]
 
         plans: dict[uuid.UUID, FirePlan] = {}
         stray: dict[uuid.UUID, str] = {}
@@ -211,6 +214,40 @@ class FiringMixin(QuarantineMixin):
         for r in rows:
             (busy if r.state in _ACTIVE else waiting)[r.job_id].add(r.id)
         return busy, waiting
+
+    async def _previous_held(
+        self,
+        conn: AsyncConnection,
+        candidates: Sequence[FireCandidate],
+        busy: dict[uuid.UUID, set[uuid.UUID]],
+    ) -> set[uuid.UUID]:
+        """overlap=cancel_previous: the runs still going of a job whose run fires are
+        cancelled in the same transaction (``_cancel_previous``). They are locked now,
+        before anything is written, in the order every path takes runs
+        (``_lock_live_runs``), passing over what another transaction holds: the
+        candidate's own run, newer than they are, is held already, and waiting for an
+        older one could close a cycle with a path that holds it and waits for the
+        candidate (a cancel of the job). Returns the jobs with a run still going that
+        could not be taken: their candidates are left for the next poll."""
+        previous: dict[uuid.UUID, list[uuid.UUID]] = defaultdict(list)
+        for r in candidates:
+            if r.schedule.get("overlap") == "cancel_previous" and busy.get(r.job_id):
+                previous[r.tenant_id] += sorted(busy[r.job_id] - {r.id})
+        held_back: set[uuid.UUID] = set()
+        for tenant_id, ids in previous.items():
+            if not ids:
+                continue
+            chosen = self.driver.id_in(runs.c.id, ids)
+            locked = await self._lock_live_runs(conn, tenant_id, chosen, skip_locked=True)
+            going = await conn.execute(
+                sa.select(runs.c.id, runs.c.job_id).where(
+                    runs.c.tenant_id == tenant_id,
+                    sa.or_(chosen, self.driver.id_in(runs.c.workflow_run_id, ids)),
+                    runs.c.state.in_(LIVE_STATES),
+                )
+            )
+            held_back.update(r.job_id for r in going if r.id not in locked)
+        return held_back
 
     async def _apply_fates(
         self,
