@@ -14,8 +14,9 @@ import sqlalchemy as sa
 
 from cronwheel.domain.audit import Actor
 from cronwheel.domain.bulk import Selector
-from cronwheel.domain.states import JobState, RunState
-from cronwheel.store import CompleteItem, Store
+from cronwheel.domain.model import Run
+from cronwheel.domain.states import RETRY, JobState, RunState
+from cronwheel.store import CompleteItem, FailItem, Store
 from cronwheel.store.schema import jobs, runs
 
 from .helpers import (
@@ -31,6 +32,7 @@ from .helpers import (
     no_failures,
     register_worker,
 )
+from .test_workflows import create, nodes_of
 
 
 @pytest.fixture(autouse=True)
@@ -172,3 +174,44 @@ async def test_a_previous_run_held_elsewhere_leaves_its_successor_for_the_next_p
     fired = await fire(store, [second], now=at(121))
     assert [f.id for f in fired] == [second.id]
     assert await _asked_to_stop(store, first.id)
+
+
+async def _one_failed_one_running(store: Store, tenant_id: Any) -> tuple[Run, Run]:
+    """A workflow run of two independent nodes: a failed, b still running (so the
+    workflow run is RUNNING). Returns the workflow run and a."""
+    wf = await create(store, tenant_id, [{"name": "a"}, {"name": "b"}])
+    await fire(store, [wf], now=at(0))
+    worker = await register_worker(store, tenant_id, now=at(1))
+    leased = await store.attempts_lease(worker=worker, max=10, now=at(1))
+    nodes = await nodes_of(store, tenant_id, wf)
+    [attempt_a] = [x for x in leased if x.run_id == nodes["a"].id]
+    await store.attempts_fail_many(
+        items=[FailItem(attempt_a.attempt_id, attempt_a.fencing_token, "boom", retryable=False)],
+        now=at(2),
+    )
+    nodes = await nodes_of(store, tenant_id, wf)
+    assert (nodes["a"].state, nodes["b"].state) == (RunState.FAILED, RunState.RUNNING)
+    return wf, nodes["a"]
+
+
+async def test_retrying_a_node_takes_its_workflow_run_before_the_job(store: Store) -> None:
+    """A pause of the job takes its live runs, the workflow run among them, then the
+    job; a retry of a failed node must take the workflow run before the job too."""
+    tenant = await make_tenant(store)
+    wf, a = await _one_failed_one_running(store, tenant.id)
+
+    outcomes = await collide(
+        store,
+        # A share of the job (a scheduler making a run of it): the pause, holding the
+        # workflow run, waits for it; the retry's own lock of the job does not.
+        sa.select(jobs.c.id)
+        .where(jobs.c.id == wf.job_id)
+        .with_for_update(read=True, key_share=True),
+        store.jobs_pause(tenant.id, wf.job_id, now=at(3)),
+        store.runs_redrive(tenant.id, a.id, move=RETRY, now=at(3)),
+        what=("the pause holding the workflow run", "the retry"),
+    )
+
+    no_failures(outcomes, ("job pause", "node retry"))
+    assert (await store.jobs_get(tenant.id, wf.job_id)).state is JobState.PAUSED
+    assert (await nodes_of(store, tenant.id, wf))["a"].state is RunState.SCHEDULED

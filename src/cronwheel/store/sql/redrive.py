@@ -344,6 +344,25 @@ class RedriveMixin(SqlCore):
         finished job would each hold a share and wait for the other's to update it."""
         if not run_ids:
             return {}
+        # A node's workflow run before its job, as a pause or a cancel of the job takes
+        # them (``_lock_live_runs``: runs, then workflow runs, then the job); reopening
+        # the workflow run (``dag.reopen``) would otherwise take it after the job.
+        nodes = runs.alias("nodes")
+        await conn.execute(
+            sa.select(runs.c.id)
+            .where(
+                runs.c.tenant_id == tenant_id,
+                runs.c.id.in_(
+                    sa.select(nodes.c.workflow_run_id).where(
+                        nodes.c.tenant_id == tenant_id,
+                        self.driver.id_in(nodes.c.id, run_ids),
+                        nodes.c.workflow_run_id.is_not(None),
+                    )
+                ),
+            )
+            .order_by(runs.c.id)
+            .with_for_update()
+        )
         rows = await conn.execute(
             sa.select(runs.c.id, jobs.c.state)
             .join(jobs, sa.and_(jobs.c.tenant_id == runs.c.tenant_id, jobs.c.id == runs.c.job_id))
