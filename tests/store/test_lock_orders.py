@@ -17,7 +17,7 @@ from cronwheel.domain.bulk import Selector
 from cronwheel.domain.model import Run
 from cronwheel.domain.states import RETRY, JobState, RunState
 from cronwheel.store import CompleteItem, FailItem, Store
-from cronwheel.store.schema import jobs, runs
+from cronwheel.store.schema import jobs, runs, tenants
 
 from .helpers import (
     ALL_SHARDS,
@@ -215,3 +215,24 @@ async def test_retrying_a_node_takes_its_workflow_run_before_the_job(store: Stor
     no_failures(outcomes, ("job pause", "node retry"))
     assert (await store.jobs_get(tenant.id, wf.job_id)).state is JobState.PAUSED
     assert (await nodes_of(store, tenant.id, wf))["a"].state is RunState.SCHEDULED
+
+
+async def test_retrying_a_node_while_its_tenant_is_deleted(store: Store) -> None:
+    """A retry takes the tenant (as every path adding runs), then the node and its
+    workflow run; a deletion of the tenant takes its live runs, then the tenant."""
+    tenant = await make_tenant(store)
+    _wf, a = await _one_failed_one_running(store, tenant.id)
+
+    outcomes = await collide(
+        store,
+        # A share of the tenant (a job being created in it): the deletion waits for it.
+        sa.select(tenants.c.id)
+        .where(tenants.c.id == tenant.id)
+        .with_for_update(read=True, key_share=True),
+        store.tenants_delete(tenant.id, force=True, now=at(3)),
+        store.runs_redrive(tenant.id, a.id, move=RETRY, now=at(3)),
+        what=("the deletion waiting for the tenant", "the retry"),
+    )
+
+    no_failures(outcomes, ("tenant deletion", "node retry"))
+    assert (await store.tenants_list()).items == []  # deleted, after the retry

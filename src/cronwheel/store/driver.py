@@ -266,6 +266,11 @@ class Driver(ABC):
         in the pool within its timeout)."""
         return isinstance(exc, OperationalError | OSError | PoolTimeoutError)
 
+    def lock_not_available(self, exc: BaseException) -> bool:
+        """``exc`` says a row asked for without waiting (NOWAIT) is held by another
+        transaction (SQLite never says so: one writer at a time)."""
+        return False
+
     def integrity_error(self, exc: BaseException) -> str | None:
         """What a broken constraint (a unique key) that ``exc`` reports says, or None
         when ``exc`` is something else."""

@@ -266,6 +266,11 @@ class PostgresDriver(Driver):
         # This process hears them through LISTEN, as every other does.
         self._committed_notices.send(channel, payloads, within=within)
 
+    def lock_not_available(self, exc: BaseException) -> bool:
+        cause = exc.orig if isinstance(exc, DBAPIError) else exc
+        cause = getattr(cause, "__cause__", None) or cause
+        return isinstance(cause, asyncpg.LockNotAvailableError)
+
     def integrity_error(self, exc: BaseException) -> str | None:
         # The hot statements speak asyncpg directly, so its errors arrive untranslated.
         if isinstance(exc, asyncpg.IntegrityConstraintViolationError):

@@ -353,6 +353,7 @@ class SqlCore(Store):
         where: sa.ColumnElement[bool],
         *,
         skip_locked: bool = False,
+        nowait: bool = False,
     ) -> set[uuid.UUID]:
         """Lock the selected runs that are not finished, in id order, before touching
         their job: every path that changes runs and their job (results, expiry, cancel,
@@ -368,7 +369,7 @@ class SqlCore(Store):
 
         Returns the ids locked. ``skip_locked``: what another transaction holds is
         passed over, not waited for (for a caller that already holds runs out of this
-        order)."""
+        order); ``nowait``: it fails the statement (``Driver.lock_not_available``)."""
         live = runs.c.state.in_(LIVE_STATES)
         owners = (
             (
@@ -401,7 +402,7 @@ class SqlCore(Store):
                 sa.select(runs.c.id)
                 .where(runs.c.tenant_id == tenant_id, chosen, live)
                 .order_by(runs.c.id)
-                .with_for_update(skip_locked=skip_locked)
+                .with_for_update(skip_locked=skip_locked, nowait=nowait)
             )
             locked.update(rows.scalars())
         return locked

@@ -27,16 +27,18 @@ Worker log lines are not in the database: the caller deletes them from its log s
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from datetime import datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from cronwheel.domain.audit import Actor, name_of
 from cronwheel.domain.bounds import TIMEOUT_MAX
-from cronwheel.domain.errors import InUseError
+from cronwheel.domain.errors import InUseError, StoreUnavailableError
 from cronwheel.domain.states import AttemptState, JobState, RunState
 from cronwheel.store.notices import CHANNEL_KEYS_REVOKED, key_revoked
 from cronwheel.store.rows import event_row
@@ -66,6 +68,9 @@ TOMBSTONE_TTL = timedelta(seconds=TIMEOUT_MAX) + timedelta(days=1)
 # How many runs' attempts and events a deletion removes per statement (SQLite's bound on
 # a statement's parameters is 32,766).
 _CHUNK = 10_000
+# How many times a deletion takes its tenant's runs and row, one waited for and the other
+# not (``_tenant_after_runs``), backing off from 5 ms to 250 ms between tries (about 10 s).
+_TENANT_TRIES = 48
 
 # How many of the runs or jobs in the way an error's message names (its details list up
 # to 100).
@@ -165,12 +170,7 @@ class DeletionMixin(SqlCore):
     ) -> TenantDeleted:
         async with self._write() as conn:
             at = await self._now(conn, now)
-            await self._lock_live_runs(conn, tenant_id, sa.true())
-            tenant = (
-                await conn.execute(
-                    sa.select(tenants.c.name).where(tenants.c.id == tenant_id).with_for_update()
-                )
-            ).first()
+            tenant = await self._tenant_after_runs(conn, tenant_id)
             if tenant is None:
                 raise self._not_found("tenant", tenant_id)
             live_jobs = [
@@ -265,6 +265,42 @@ class DeletionMixin(SqlCore):
             stopped=stopped,
             api_keys=counts["api_keys"],
             workers=counts["workers"],
+        )
+
+    async def _tenant_after_runs(self, conn: AsyncConnection, tenant_id: uuid.UUID) -> Any:
+        """The tenant's live runs (``_lock_live_runs``) and the tenant's row (FOR
+        UPDATE) locked; the row read (None: there is no such tenant).
+
+        Paths that add runs take the tenant first and a run after (retrying a node: the
+        tenant, the node, its workflow run), while firing takes its runs first and the
+        tenant after (a new run's key to it): no order fits both. So one of the two is
+        waited for with nothing held, the other asked for without waiting; when that
+        fails, what was taken is given back (rolled back to a savepoint) and the two are
+        taken again the other way round, a moment later."""
+        the_tenant = sa.select(tenants.c.name).where(tenants.c.id == tenant_id)
+        if self.driver.dialect == "sqlite":  # one writer: nothing comes between
+            await self._lock_live_runs(conn, tenant_id, sa.true())
+            return (await conn.execute(the_tenant)).first()
+        for attempt in range(_TENANT_TRIES):
+            savepoint = await conn.begin_nested()
+            try:
+                if attempt % 2 == 0:
+                    await self._lock_live_runs(conn, tenant_id, sa.true())
+                    row = (await conn.execute(the_tenant.with_for_update(nowait=True))).first()
+                else:
+                    row = (await conn.execute(the_tenant.with_for_update())).first()
+                    await self._lock_live_runs(conn, tenant_id, sa.true(), nowait=True)
+            except DBAPIError as exc:
+                if not self.driver.lock_not_available(exc):
+                    raise
+                await savepoint.rollback()
+                await asyncio.sleep(min(0.005 * 2**attempt, 0.25))
+                continue
+            await savepoint.commit()
+            return row
+        raise StoreUnavailableError(
+            f"tenant {tenant_id} is too busy to be deleted now (its runs and its row are "
+            "held by other changes); try again"
         )
 
     async def _job_locked(
