@@ -236,3 +236,69 @@ async def test_retrying_a_node_while_its_tenant_is_deleted(store: Store) -> None
 
     no_failures(outcomes, ("tenant deletion", "node retry"))
     assert (await store.tenants_list()).items == []  # deleted, after the retry
+
+
+async def test_advancing_a_workflow_run_and_cancelling_its_waiting_node(store: Store) -> None:
+    """A node's end advances its workflow run: the workflow run locked, then the nodes
+    it makes ready. A cancel of a waiting node must take the workflow run before it."""
+    tenant = await make_tenant(store)
+    wf = await create(store, tenant.id, [{"name": "a"}, {"name": "b", "after": ["a"]}])
+    await fire(store, [wf], now=at(0))
+    worker = await register_worker(store, tenant.id, now=at(1))
+    [a] = await store.attempts_lease(worker=worker, max=10, now=at(1))
+    b = (await nodes_of(store, tenant.id, wf))["b"]
+    assert b.state is RunState.PENDING
+
+    outcomes = await collide(
+        store,
+        # The workflow run held a moment (another node ending): both queue on it.
+        sa.select(runs.c.id).where(runs.c.id == wf.id).with_for_update(),
+        store.attempts_complete_many(
+            items=[CompleteItem(a.attempt_id, a.fencing_token, {"x": 1})], now=at(2)
+        ),
+        store.runs_cancel(tenant.id, b.id, now=at(2)),
+        what=("a's result waiting for the workflow run", "b's cancel"),
+    )
+
+    no_failures(outcomes, ("a's result", "b's cancel"))
+    nodes = await nodes_of(store, tenant.id, wf)
+    assert (nodes["a"].state, nodes["b"].state) == (RunState.SUCCESS, RunState.CANCELLED)
+
+
+async def test_a_cancel_of_a_workflow_waits_for_a_node_ending_before_its_waiting_nodes(
+    store: Store,
+) -> None:
+    """A worker's result for node b holds b, then the workflow run, then makes c ready.
+    A cancel of the workflow must not take c, still waiting, before b: here c's run has
+    the smaller id."""
+    tenant = await make_tenant(store)
+    wf = await create(
+        store,
+        tenant.id,
+        [{"name": "a"}, {"name": "c", "after": ["b"]}, {"name": "b", "after": ["a"]}],
+    )
+    await fire(store, [wf], now=at(0))
+    worker = await register_worker(store, tenant.id, now=at(1))
+    [a] = await store.attempts_lease(worker=worker, max=10, now=at(1))
+    await store.attempts_complete_many(
+        items=[CompleteItem(a.attempt_id, a.fencing_token, {"x": 1})], now=at(2)
+    )
+    [b] = await store.attempts_lease(worker=worker, max=10, now=at(3))
+    nodes = await nodes_of(store, tenant.id, wf)
+    assert nodes["c"].id < b.run_id and nodes["c"].state is RunState.PENDING
+
+    outcomes = await collide(
+        store,
+        # The workflow run held a moment: b's result holds b and waits for it.
+        sa.select(runs.c.id).where(runs.c.id == wf.id).with_for_update(),
+        store.attempts_complete_many(
+            items=[CompleteItem(b.attempt_id, b.fencing_token, {"y": 2})], now=at(4)
+        ),
+        store.jobs_cancel(tenant.id, wf.job_id, now=at(4)),
+        what=("b's result waiting for the workflow run", "the cancel of the workflow"),
+    )
+
+    no_failures(outcomes, ("b's result", "job cancel"))
+    assert (await store.jobs_get(tenant.id, wf.job_id)).state is JobState.CANCELLED
+    nodes = await nodes_of(store, tenant.id, wf)
+    assert (nodes["b"].state, nodes["c"].state) == (RunState.SUCCESS, RunState.CANCELLED)

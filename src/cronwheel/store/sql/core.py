@@ -360,52 +360,77 @@ class SqlCore(Store):
         pause) then takes run locks before the job's, so they cannot deadlock, and a
         retry committed meanwhile cannot slip past a cancel.
 
-        Workflow runs come last: first every selected run that is not one (plain runs
-        and nodes) together with the live nodes of the selected workflow runs, in id
-        order, then the workflow runs, in id order. That is the order of a worker's
-        batch of results: its runs (plain runs and nodes) in id order, then the workflow
-        runs it advances. Any other order could hold a run such a batch waits for while
-        waiting for one it holds.
+        Workflow runs are taken between their nodes: first every selected run that is
+        not a workflow run (plain runs and nodes) together with the live nodes of the
+        selected workflow runs, in id order, but for the nodes still waiting (PENDING);
+        then the workflow runs selected and those of the waiting nodes selected, in id
+        order; then the waiting nodes. That is the order of a worker's batch of results
+        (its runs, plain runs and running nodes, in id order, then the workflow runs it
+        advances) and of advancing a workflow run (``dag.advance``: it holds the
+        workflow run when it makes its waiting nodes ready or skips them). Any other
+        order could hold a run such a path waits for while waiting for one it holds.
+
+        A node still waiting when the workflow runs were picked may have been made
+        ready, leased and ended meanwhile, its worker's result now holding it and
+        waiting for the workflow run held here: the waiting nodes are asked for without
+        waiting, and when one is held the locks are given back (a savepoint) and taken
+        again a moment later.
 
         Returns the ids locked. ``skip_locked``: what another transaction holds is
         passed over, not waited for (for a caller that already holds runs out of this
         order); ``nowait``: it fails the statement (``Driver.lock_not_available``)."""
         live = runs.c.state.in_(LIVE_STATES)
-        owners = (
-            (
-                await conn.execute(
-                    sa.select(runs.c.id).where(
-                        runs.c.tenant_id == tenant_id,
-                        where,
-                        live,
-                        runs.c.pool == WORKFLOW_POOL,
-                        runs.c.workflow_run_id.is_(None),
-                    )
+        waiting = runs.c.state == RunState.PENDING.value
+        is_owner = sa.and_(runs.c.pool == WORKFLOW_POOL, runs.c.workflow_run_id.is_(None))
+        found = (
+            await conn.execute(
+                sa.select(runs.c.id, runs.c.workflow_run_id, runs.c.state).where(
+                    runs.c.tenant_id == tenant_id,
+                    where,
+                    sa.or_(sa.and_(live, is_owner), waiting),
                 )
             )
-            .scalars()
-            .all()
+        ).all()
+        owners = sorted({r.id for r in found if r.workflow_run_id is None})
+        workflows = sorted(
+            set(owners) | {r.workflow_run_id for r in found if r.workflow_run_id is not None}
         )
-        not_owners = sa.and_(
-            where,
-            sa.or_(runs.c.workflow_run_id.is_not(None), runs.c.pool != WORKFLOW_POOL),
-        )
-        steps = [not_owners]
-        if owners:  # their nodes with the rest, then the workflow runs themselves
-            steps = [
-                sa.or_(not_owners, self.driver.id_in(runs.c.workflow_run_id, list(owners))),
-                self.driver.id_in(runs.c.id, list(owners)),
-            ]
-        locked: set[uuid.UUID] = set()
-        for chosen in steps:
+        chosen = sa.and_(where, sa.not_(is_owner))  # plain runs and nodes selected
+        if owners:
+            chosen = sa.or_(chosen, self.driver.id_in(runs.c.workflow_run_id, owners))
+
+        async def take(which: sa.ColumnElement[bool], *, now: bool = False) -> set[uuid.UUID]:
             rows = await conn.execute(
                 sa.select(runs.c.id)
-                .where(runs.c.tenant_id == tenant_id, chosen, live)
+                .where(runs.c.tenant_id == tenant_id, which, live)
                 .order_by(runs.c.id)
-                .with_for_update(skip_locked=skip_locked, nowait=nowait)
+                .with_for_update(skip_locked=skip_locked, nowait=nowait or now)
             )
-            locked.update(rows.scalars())
-        return locked
+            return set(rows.scalars())
+
+        if not workflows:
+            return await take(chosen)
+        steps = [
+            (sa.and_(chosen, sa.not_(waiting)), False),
+            (self.driver.id_in(runs.c.id, workflows), False),
+            (sa.and_(chosen, runs.c.workflow_run_id.is_not(None)), not skip_locked),
+        ]
+        if self.driver.dialect == "sqlite" or skip_locked or nowait:
+            return {i for which, _ in steps for i in await take(which)}
+        for attempt in range(_RELOCKS):
+            savepoint = await conn.begin_nested()
+            try:
+                locked = {i for which, now in steps for i in await take(which, now=now)}
+            except DBAPIError as exc:
+                if not self.driver.lock_not_available(exc):
+                    raise
+                await savepoint.rollback()
+                await asyncio.sleep(min(0.002 * 2**attempt, 0.1))
+                continue
+            await savepoint.commit()
+            return locked
+        # Held all along: wait for them (as before this check).
+        return {i for which, _ in steps for i in await take(which)}
 
     async def _cancel_runs(
         self,
