@@ -490,8 +490,19 @@ async def complete_many(
     results: Sequence[Any],
     tenant_id: uuid.UUID | None,
 ) -> Outcomes:
-    encoded = [None if r is None else json.dumps(r) for r in results]
-    rows = await conn.fetch(_COMPLETE, now, list(ids), list(tokens), encoded, tenant_id)
+    # In attempt id order, as heartbeats name them: two statements updating the same
+    # attempts through their arrays take them in the arrays' order (a nested loop by
+    # primary key), and in opposite orders could each hold one the other waits for.
+    order = sorted(range(len(ids)), key=lambda k: ids[k])
+    encoded = [None if results[k] is None else json.dumps(results[k]) for k in order]
+    rows = await conn.fetch(
+        _COMPLETE,
+        now,
+        [ids[k] for k in order],
+        [tokens[k] for k in order],
+        encoded,
+        tenant_id,
+    )
     return {
         (r["id"], r["fencing_token"]): AttemptOutcome(
             r["id"],
@@ -534,6 +545,7 @@ async def heartbeat_many(
     # only one of several rows joining the same attempt, and not a chosen one.
     reports = {(i.attempt_id, i.fencing_token): i for i in last_reports(items)}
     beats = list(({(i.attempt_id, i.fencing_token): i for i in items} | reports).values())
+    beats.sort(key=lambda i: i.attempt_id)  # in id order, as completions (complete_many)
     rows = await conn.fetch(
         _HEARTBEAT,
         now,
