@@ -7,6 +7,7 @@ at the API. Each must instead wait for the other and go on."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -31,6 +32,7 @@ from .helpers import (
     make_tenant,
     no_failures,
     register_worker,
+    until_lock_wait,
 )
 from .test_workflows import create, nodes_of
 
@@ -302,3 +304,33 @@ async def test_a_cancel_of_a_workflow_waits_for_a_node_ending_before_its_waiting
     assert (await store.jobs_get(tenant.id, wf.job_id)).state is JobState.CANCELLED
     nodes = await nodes_of(store, tenant.id, wf)
     assert (nodes["b"].state, nodes["c"].state) == (RunState.SUCCESS, RunState.CANCELLED)
+
+
+async def test_a_waiting_node_held_elsewhere_is_asked_for_again_in_one_subtransaction(
+    store: Store,
+) -> None:
+    """A waiting node held by another transaction: a cancel of its workflow gives back
+    its locks and takes them again, over and over, then waits. However many tries, it
+    holds one subtransaction (past 64, every session's visibility checks slow down)."""
+    tenant = await make_tenant(store)
+    wf = await create(store, tenant.id, [{"name": "a"}, {"name": "b", "after": ["a"]}])
+    await fire(store, [wf], now=at(0))
+    b = (await nodes_of(store, tenant.id, wf))["b"]
+    assert b.state is RunState.PENDING
+    held = sa.text(
+        "SELECT count(*) FILTER (WHERE l.locktype = 'transactionid' AND l.granted) "
+        "FROM pg_stat_activity a JOIN pg_locks l ON l.pid = a.pid "
+        "WHERE a.datname = current_database() AND a.wait_event_type = 'Lock' GROUP BY a.pid"
+    )
+    engine = engine_of(store)
+    async with engine.connect() as holder, engine.connect() as watcher:
+        await holder.begin()
+        await holder.execute(sa.select(runs.c.id).where(runs.c.id == b.id).with_for_update())
+        cancel = asyncio.create_task(store.jobs_cancel(tenant.id, wf.job_id, now=at(1)))
+        await until_lock_wait(watcher, cancel, "the cancel waiting, its tries spent")
+        xids = (await watcher.execute(held)).scalars().all()
+        await watcher.rollback()
+        await holder.commit()
+        await asyncio.wait_for(cancel, 10)
+    assert (await store.jobs_get(tenant.id, wf.job_id)).state is JobState.CANCELLED
+    assert xids and max(xids) <= 3, f"transaction ids held by the cancel: {xids}"

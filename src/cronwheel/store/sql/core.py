@@ -29,7 +29,7 @@ from cronwheel.store.schema import UtcDateTime, attempts, audit, jobs, runs, ten
 from cronwheel.store.sql import dag
 from cronwheel.store.values import Migrated
 
-__all__ = ["LIVE_STATES", "MIGRATIONS_DIR", "LocalSubscription", "SqlCore", "jobs_select"]
+__all__ = ["LIVE_STATES", "MIGRATIONS_DIR", "LocalSubscription", "Retake", "SqlCore", "jobs_select"]
 
 log = logging.getLogger("cronwheel.store")
 
@@ -72,6 +72,28 @@ class LocalSubscription(Subscription):
         subs = self._owner.get(self._channel, [])
         if self in subs:
             subs.remove(self)
+
+
+class Retake:
+    """A savepoint (PostgreSQL) that locks are given back to, to be taken again: set
+    once, rolled back to as often as needed, released at the end. One subtransaction in
+    all, however many tries: a new nested transaction per try would leave one behind at
+    each rollback (PostgreSQL sets the savepoint again), and past 64 of them every other
+    session's visibility checks slow down."""
+
+    def __init__(self, conn: AsyncConnection, name: str) -> None:
+        self._conn, self._name = conn, name
+
+    async def set(self) -> None:
+        await self._conn.execute(sa.text(f"SAVEPOINT {self._name}"))
+
+    async def back(self) -> None:
+        """Undo what was done since it was set, and let go of what was locked."""
+        await self._conn.execute(sa.text(f"ROLLBACK TO SAVEPOINT {self._name}"))
+
+    async def release(self) -> None:
+        """Keep what was done since it was set."""
+        await self._conn.execute(sa.text(f"RELEASE SAVEPOINT {self._name}"))
 
 
 class SqlCore(Store):
@@ -328,8 +350,9 @@ class SqlCore(Store):
             await self._lock_live_runs(conn, tenant_id, of_jobs)
             await conn.execute(lock_jobs)
             return
+        savepoint = Retake(conn, "cw_job_runs")
+        await savepoint.set()
         for _ in range(_RELOCKS):
-            savepoint = await conn.begin_nested()
             locked = await self._lock_live_runs(conn, tenant_id, of_jobs)
             await conn.execute(lock_jobs)
             live = await conn.execute(
@@ -338,9 +361,10 @@ class SqlCore(Store):
                 )
             )
             if set(live.scalars()) <= locked:
-                await savepoint.commit()
+                await savepoint.release()
                 return
-            await savepoint.rollback()
+            await savepoint.back()
+        await savepoint.release()
         # Runs keep being made between the two: lock them now, as before this check.
         await self._lock_live_runs(conn, tenant_id, of_jobs)
         await conn.execute(lock_jobs)
@@ -354,6 +378,7 @@ class SqlCore(Store):
         *,
         skip_locked: bool = False,
         nowait: bool = False,
+        retake: bool = True,
     ) -> set[uuid.UUID]:
         """Lock the selected runs that are not finished, in id order, before touching
         their job: every path that changes runs and their job (results, expiry, cancel,
@@ -378,7 +403,9 @@ class SqlCore(Store):
 
         Returns the ids locked. ``skip_locked``: what another transaction holds is
         passed over, not waited for (for a caller that already holds runs out of this
-        order); ``nowait``: it fails the statement (``Driver.lock_not_available``)."""
+        order); ``nowait``: it fails the statement (``Driver.lock_not_available``);
+        not ``retake``: a waiting node held elsewhere is waited for, not given back
+        (for a caller with a lock timeout of its own)."""
         live = runs.c.state.in_(LIVE_STATES)
         waiting = runs.c.state == RunState.PENDING.value
         is_owner = sa.and_(runs.c.pool == WORKFLOW_POOL, runs.c.workflow_run_id.is_(None))
@@ -415,20 +442,22 @@ class SqlCore(Store):
             (self.driver.id_in(runs.c.id, workflows), False),
             (sa.and_(chosen, runs.c.workflow_run_id.is_not(None)), not skip_locked),
         ]
-        if self.driver.dialect == "sqlite" or skip_locked or nowait:
+        if self.driver.dialect == "sqlite" or skip_locked or nowait or not retake:
             return {i for which, _ in steps for i in await take(which)}
+        savepoint = Retake(conn, "cw_live_runs")
+        await savepoint.set()
         for attempt in range(_RELOCKS):
-            savepoint = await conn.begin_nested()
             try:
                 locked = {i for which, now in steps for i in await take(which, now=now)}
             except DBAPIError as exc:
                 if not self.driver.lock_not_available(exc):
                     raise
-                await savepoint.rollback()
+                await savepoint.back()
                 await asyncio.sleep(min(0.002 * 2**attempt, 0.1))
                 continue
-            await savepoint.commit()
+            await savepoint.release()
             return locked
+        await savepoint.release()
         # Held all along: wait for them (as before this check).
         return {i for which, _ in steps for i in await take(which)}
 

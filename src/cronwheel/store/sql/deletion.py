@@ -54,7 +54,7 @@ from cronwheel.store.schema import (
     tenants,
     workers,
 )
-from cronwheel.store.sql.core import SqlCore
+from cronwheel.store.sql.core import Retake, SqlCore
 from cronwheel.store.values import JobDeleted, TenantDeleted
 
 __all__ = ["IN_PROGRESS", "TOMBSTONE_TTL", "DeletionMixin"]
@@ -281,8 +281,9 @@ class DeletionMixin(SqlCore):
         if self.driver.dialect == "sqlite":  # one writer: nothing comes between
             await self._lock_live_runs(conn, tenant_id, sa.true())
             return (await conn.execute(the_tenant)).first()
+        savepoint = Retake(conn, "cw_tenant")
+        await savepoint.set()
         for attempt in range(_TENANT_TRIES):
-            savepoint = await conn.begin_nested()
             try:
                 if attempt % 2 == 0:
                     await self._lock_live_runs(conn, tenant_id, sa.true())
@@ -293,10 +294,10 @@ class DeletionMixin(SqlCore):
             except DBAPIError as exc:
                 if not self.driver.lock_not_available(exc):
                     raise
-                await savepoint.rollback()
+                await savepoint.back()
                 await asyncio.sleep(min(0.005 * 2**attempt, 0.25))
                 continue
-            await savepoint.commit()
+            await savepoint.release()
             return row
         raise StoreUnavailableError(
             f"tenant {tenant_id} is too busy to be deleted now (its runs and its row are "

@@ -17,6 +17,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from cronwheel.domain.errors import describe_error
@@ -40,7 +41,6 @@ from cronwheel.store.schema import (
     runs,
 )
 from cronwheel.store.sql import dag
-from cronwheel.store.sql.core import LIVE_STATES
 from cronwheel.store.sql.quarantine import Poison, QuarantineMixin
 from cronwheel.store.sql.statements import update_each
 from cronwheel.timing.catchup import MISFIRE_GRACE, FirePlan, plan_fire
@@ -57,6 +57,9 @@ WAIT_RETRY = timedelta(seconds=1)
 
 
 _ACTIVE = (RunState.DISPATCHED.value, RunState.RUNNING.value)
+# How long firing waits for each run still going that overlap=cancel_previous cancels
+# (``FiringMixin._previous_held``) before leaving its successor for the next poll.
+_PREVIOUS_WAIT = "200ms"
 
 
 @functools.lru_cache(maxsize=4096)
@@ -224,11 +227,13 @@ class FiringMixin(QuarantineMixin):
         """overlap=cancel_previous: the runs still going of a job whose run fires are
         cancelled in the same transaction (``_cancel_previous``). They are locked now,
         before anything is written, in the order every path takes runs
-        (``_lock_live_runs``), passing over what another transaction holds: the
+        (``_lock_live_runs``), each waited for a moment only (``_PREVIOUS_WAIT``): the
         candidate's own run, newer than they are, is held already, and waiting for an
         older one could close a cycle with a path that holds it and waits for the
-        candidate (a cancel of the job). Returns the jobs with a run still going that
-        could not be taken: their candidates are left for the next poll."""
+        candidate (a cancel of the job). What holds them otherwise (a lease, a worker's
+        result, a workflow run advancing) lets go within that moment. Returns the jobs
+        whose runs still going could not be taken then: their candidates are left for
+        the next poll."""
         previous: dict[uuid.UUID, list[uuid.UUID]] = defaultdict(list)
         for r in candidates:
             if r.schedule.get("overlap") == "cancel_previous" and busy.get(r.job_id):
@@ -238,15 +243,23 @@ class FiringMixin(QuarantineMixin):
             if not ids:
                 continue
             chosen = self.driver.id_in(runs.c.id, ids)
-            locked = await self._lock_live_runs(conn, tenant_id, chosen, skip_locked=True)
-            going = await conn.execute(
-                sa.select(runs.c.id, runs.c.job_id).where(
-                    runs.c.tenant_id == tenant_id,
-                    sa.or_(chosen, self.driver.id_in(runs.c.workflow_run_id, ids)),
-                    runs.c.state.in_(LIVE_STATES),
+            if self.driver.dialect == "sqlite":  # one writer: nothing to wait for
+                continue
+            savepoint = await conn.begin_nested()
+            try:
+                await conn.execute(sa.text(f"SET LOCAL lock_timeout = '{_PREVIOUS_WAIT}'"))
+                await self._lock_live_runs(conn, tenant_id, chosen, retake=False)
+                await conn.execute(sa.text("SET LOCAL lock_timeout = DEFAULT"))
+            except DBAPIError as exc:
+                if not self.driver.lock_not_available(exc):
+                    raise
+                await savepoint.rollback()  # what it took, and the setting
+                going = await conn.execute(
+                    sa.select(runs.c.job_id).where(runs.c.tenant_id == tenant_id, chosen)
                 )
-            )
-            held_back.update(r.job_id for r in going if r.id not in locked)
+                held_back.update(going.scalars())
+                continue
+            await savepoint.commit()
         return held_back
 
     async def _apply_fates(
