@@ -143,7 +143,8 @@ def test_runs_list_and_show(server: Server) -> None:
     assert [e["to_state"] for e in events["items"]] == ["SCHEDULED"]
 
     result = server.cli("runs", "cancel", run_id, "--reason", "testing")
-    assert result.exit_code == 0 and "CANCELLED" in result.stdout
+    assert result.exit_code == 0, result.output
+    assert "CANCELLED" in result.stdout
 
     result = server.cli("runs", "show", run_id)
     assert result.exit_code == 0, result.output

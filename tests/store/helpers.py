@@ -14,6 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from cronwheel.domain.audit import Actor
+from cronwheel.domain.bulk import Selector
 from cronwheel.domain.model import Event, FiredRun, Job, LeasedAttempt, NewJob, Run, Tenant, Worker
 from cronwheel.domain.sharding import NUM_SHARDS
 from cronwheel.domain.spec import JobSpec
@@ -316,3 +317,19 @@ def no_failures(outcomes: Sequence[Any], names: tuple[str, str]) -> None:
         if isinstance(o, BaseException)
     ]
     assert not failed, "\n".join(failed)
+
+
+async def claimed_bulk_cancel(
+    store: Store, tenant_id: uuid.UUID, run_ids: Sequence[uuid.UUID], *, now: datetime
+) -> uuid.UUID:
+    """A bulk cancel of ``run_ids`` made and claimed by ``api-1``: its id, for
+    ``operations_step(id, owner="api-1", ttl=30)``."""
+    op = await store.operations_create(
+        tenant_id,
+        action="cancel",
+        selector=Selector(run_ids=tuple(run_ids)),
+        actor=Actor("k-ops", role="operator"),
+        now=now,
+    )
+    await store.operations_claim(owner="api-1", ttl=30, now=now)
+    return op.id

@@ -13,9 +13,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from cronwheel.domain.audit import Actor
-from cronwheel.domain.bulk import Selector
-from cronwheel.domain.model import Run
+from cronwheel.domain.model import LeasedAttempt, Run
 from cronwheel.domain.states import RETRY, JobState, RunState
 from cronwheel.store import CompleteItem, FailItem, Store
 from cronwheel.store.schema import jobs, runs, tenants
@@ -24,6 +22,7 @@ from .helpers import (
     ALL_SHARDS,
     NODE,
     at,
+    claimed_bulk_cancel,
     collide,
     create_job,
     create_jobs,
@@ -43,6 +42,18 @@ def _postgres_only(store: Store) -> None:
         pytest.skip("SQLite runs one write transaction at a time: nothing can overlap")
 
 
+def _held(table: sa.Table, row_id: Any) -> sa.Select[Any]:
+    """The row locked as a change to it locks it (FOR UPDATE)."""
+    return sa.select(table.c.id).where(table.c.id == row_id).with_for_update()
+
+
+def _key_shared(table: sa.Table, row_id: Any) -> sa.Select[Any]:
+    """The row locked as a new row's key to it locks it (FOR KEY SHARE)."""
+    return (
+        sa.select(table.c.id).where(table.c.id == row_id).with_for_update(read=True, key_share=True)
+    )
+
+
 async def test_starting_reservations_takes_the_runs_in_id_order(store: Store) -> None:
     """Reservations are started by token, drawn in the lease's order (highest class,
     soonest first); a bulk cancel locks the same runs in id order."""
@@ -58,21 +69,14 @@ async def test_starting_reservations_takes_the_runs_in_id_order(store: Store) ->
     reserved = await store.attempts_lease(worker=worker, max=2, ahead=60, now=at(0))
     assert sorted(a.run_id for a in reserved) == [older.id, newer.id]
     assert all(a.not_before is not None for a in reserved)
-    op = await store.operations_create(
-        tenant.id,
-        action="cancel",
-        selector=Selector(run_ids=(older.id, newer.id)),
-        actor=Actor("k-ops", role="operator"),
-        now=at(1),
-    )
-    await store.operations_claim(owner="api-1", ttl=30, now=at(1))
+    op_id = await claimed_bulk_cancel(store, tenant.id, [older.id, newer.id], now=at(1))
 
     outcomes = await collide(
         store,
         # The older run held a moment: the bulk cancel waits for it holding nothing; the
         # start would take the newer run first, then wait too.
-        sa.select(runs.c.id).where(runs.c.id == older.id).with_for_update(),
-        store.operations_step(op.id, owner="api-1", ttl=30, now=at(2)),
+        _held(runs, older.id),
+        store.operations_step(op_id, owner="api-1", ttl=30, now=at(2)),
         store.attempts_start_many(
             worker_id=worker.id, tokens=[a.fencing_token for a in reserved], now=at(30)
         ),
@@ -98,7 +102,7 @@ async def test_the_expiry_sweep_takes_the_run_before_its_attempt(store: Store) -
     outcomes = await collide(
         store,
         # The later run held a moment: the batch holds the first and waits.
-        sa.select(runs.c.id).where(runs.c.id == high.run_id).with_for_update(),
+        _held(runs, high.run_id),
         store.attempts_complete_many(
             items=[CompleteItem(a.attempt_id, a.fencing_token, {"ok": 1}) for a in (low, high)],
             now=at(20),
@@ -150,7 +154,7 @@ async def test_firing_with_cancel_previous_takes_the_older_run_first(store: Stor
         store,
         # The job held a moment (a trigger, an override): firing the second run holds
         # it and waits here, to make the next occurrence.
-        sa.select(jobs.c.id).where(jobs.c.id == job.id).with_for_update(),
+        _held(jobs, job.id),
         fire(store, [second], now=at(120)),
         store.jobs_cancel(tenant.id, job.id, now=at(121)),
         what=("firing holding the second run", "the cancel of the job"),
@@ -167,7 +171,7 @@ async def test_a_previous_run_held_elsewhere_leaves_its_successor_for_the_next_p
     tenant, _job, first, second = await _overlapping(store)
     async with engine_of(store).connect() as other:
         await other.begin()
-        await other.execute(sa.select(runs.c.id).where(runs.c.id == first.id).with_for_update())
+        await other.execute(_held(runs, first.id))
         assert await fire(store, [second], now=at(120)) == []  # not waited for
         await other.rollback()
     assert (await store.runs_get(tenant.id, second.id)).state is RunState.SCHEDULED
@@ -206,9 +210,7 @@ async def test_retrying_a_node_takes_its_workflow_run_before_the_job(store: Stor
         store,
         # A share of the job (a scheduler making a run of it): the pause, holding the
         # workflow run, waits for it; the retry's own lock of the job does not.
-        sa.select(jobs.c.id)
-        .where(jobs.c.id == wf.job_id)
-        .with_for_update(read=True, key_share=True),
+        _key_shared(jobs, wf.job_id),
         store.jobs_pause(tenant.id, wf.job_id, now=at(3)),
         store.runs_redrive(tenant.id, a.id, move=RETRY, now=at(3)),
         what=("the pause holding the workflow run", "the retry"),
@@ -228,9 +230,7 @@ async def test_retrying_a_node_while_its_tenant_is_deleted(store: Store) -> None
     outcomes = await collide(
         store,
         # A share of the tenant (a job being created in it): the deletion waits for it.
-        sa.select(tenants.c.id)
-        .where(tenants.c.id == tenant.id)
-        .with_for_update(read=True, key_share=True),
+        _key_shared(tenants, tenant.id),
         store.tenants_delete(tenant.id, force=True, now=at(3)),
         store.runs_redrive(tenant.id, a.id, move=RETRY, now=at(3)),
         what=("the deletion waiting for the tenant", "the retry"),
@@ -240,24 +240,37 @@ async def test_retrying_a_node_while_its_tenant_is_deleted(store: Store) -> None
     assert (await store.tenants_list()).items == []  # deleted, after the retry
 
 
+async def _root_leased(
+    store: Store, tenant_id: Any, nodes: list[dict[str, Any]]
+) -> tuple[Run, Any, LeasedAttempt]:
+    """A workflow run of ``nodes`` fired, its one root leased: the workflow run, the
+    worker and the root's attempt."""
+    wf = await create(store, tenant_id, nodes)
+    await fire(store, [wf], now=at(0))
+    worker = await register_worker(store, tenant_id, now=at(1))
+    [root] = await store.attempts_lease(worker=worker, max=10, now=at(1))
+    return wf, worker, root
+
+
+def _done(attempt: LeasedAttempt, result: dict[str, Any]) -> list[CompleteItem]:
+    return [CompleteItem(attempt.attempt_id, attempt.fencing_token, result)]
+
+
 async def test_advancing_a_workflow_run_and_cancelling_its_waiting_node(store: Store) -> None:
     """A node's end advances its workflow run: the workflow run locked, then the nodes
     it makes ready. A cancel of a waiting node must take the workflow run before it."""
     tenant = await make_tenant(store)
-    wf = await create(store, tenant.id, [{"name": "a"}, {"name": "b", "after": ["a"]}])
-    await fire(store, [wf], now=at(0))
-    worker = await register_worker(store, tenant.id, now=at(1))
-    [a] = await store.attempts_lease(worker=worker, max=10, now=at(1))
+    wf, _worker, a = await _root_leased(
+        store, tenant.id, [{"name": "a"}, {"name": "b", "after": ["a"]}]
+    )
     b = (await nodes_of(store, tenant.id, wf))["b"]
     assert b.state is RunState.PENDING
 
     outcomes = await collide(
         store,
         # The workflow run held a moment (another node ending): both queue on it.
-        sa.select(runs.c.id).where(runs.c.id == wf.id).with_for_update(),
-        store.attempts_complete_many(
-            items=[CompleteItem(a.attempt_id, a.fencing_token, {"x": 1})], now=at(2)
-        ),
+        _held(runs, wf.id),
+        store.attempts_complete_many(items=_done(a, {"x": 1}), now=at(2)),
         store.runs_cancel(tenant.id, b.id, now=at(2)),
         what=("a's result waiting for the workflow run", "b's cancel"),
     )
@@ -274,17 +287,12 @@ async def test_a_cancel_of_a_workflow_waits_for_a_node_ending_before_its_waiting
     A cancel of the workflow must not take c, still waiting, before b: here c's run has
     the smaller id."""
     tenant = await make_tenant(store)
-    wf = await create(
+    wf, worker, a = await _root_leased(
         store,
         tenant.id,
         [{"name": "a"}, {"name": "c", "after": ["b"]}, {"name": "b", "after": ["a"]}],
     )
-    await fire(store, [wf], now=at(0))
-    worker = await register_worker(store, tenant.id, now=at(1))
-    [a] = await store.attempts_lease(worker=worker, max=10, now=at(1))
-    await store.attempts_complete_many(
-        items=[CompleteItem(a.attempt_id, a.fencing_token, {"x": 1})], now=at(2)
-    )
+    await store.attempts_complete_many(items=_done(a, {"x": 1}), now=at(2))
     [b] = await store.attempts_lease(worker=worker, max=10, now=at(3))
     nodes = await nodes_of(store, tenant.id, wf)
     assert nodes["c"].id < b.run_id and nodes["c"].state is RunState.PENDING
@@ -292,10 +300,8 @@ async def test_a_cancel_of_a_workflow_waits_for_a_node_ending_before_its_waiting
     outcomes = await collide(
         store,
         # The workflow run held a moment: b's result holds b and waits for it.
-        sa.select(runs.c.id).where(runs.c.id == wf.id).with_for_update(),
-        store.attempts_complete_many(
-            items=[CompleteItem(b.attempt_id, b.fencing_token, {"y": 2})], now=at(4)
-        ),
+        _held(runs, wf.id),
+        store.attempts_complete_many(items=_done(b, {"y": 2}), now=at(4)),
         store.jobs_cancel(tenant.id, wf.job_id, now=at(4)),
         what=("b's result waiting for the workflow run", "the cancel of the workflow"),
     )
@@ -325,7 +331,7 @@ async def test_a_waiting_node_held_elsewhere_is_asked_for_again_in_one_subtransa
     engine = engine_of(store)
     async with engine.connect() as holder, engine.connect() as watcher:
         await holder.begin()
-        await holder.execute(sa.select(runs.c.id).where(runs.c.id == b.id).with_for_update())
+        await holder.execute(_held(runs, b.id))
         cancel = asyncio.create_task(store.jobs_cancel(tenant.id, wf.job_id, now=at(1)))
         await until_lock_wait(watcher, cancel, "the cancel waiting, its tries spent")
         xids = (await watcher.execute(held)).scalars().all()

@@ -9,13 +9,13 @@ from __future__ import annotations
 import pytest
 import sqlalchemy as sa
 
-from cronwheel.domain.audit import Actor
-from cronwheel.domain.bulk import OperationState, Selector
+from cronwheel.domain.bulk import OperationState
 from cronwheel.store import Store
 from cronwheel.store.schema import runs
 
 from .helpers import (
     at,
+    claimed_bulk_cancel,
     create_job,
     engine_of,
     fire,
@@ -74,20 +74,13 @@ async def test_a_bulk_cancel_takes_plain_runs_and_nodes_in_one_id_order(store: S
     leased = await store.attempts_lease(worker=worker, max=10, now=at(1))
     node = (await nodes_of(store, tenant.id, wf))["a"]
     assert sorted(a.run_id for a in leased) == [plain.id, node.id]  # in id order
-    op = await store.operations_create(
-        tenant.id,
-        action="cancel",
-        selector=Selector(run_ids=(plain.id, node.id)),
-        actor=Actor("k-ops", role="operator"),
-        now=at(2),
-    )
-    await store.operations_claim(owner="api-1", ttl=30, now=at(2))
+    op_id = await claimed_bulk_cancel(store, tenant.id, [plain.id, node.id], now=at(2))
 
     # The batch of results, half done, holds the plain run and is about to take the node.
     done = await takes_in_order(
-        store, plain.id, node.id, store.operations_step(op.id, owner="api-1", ttl=30, now=at(2))
+        store, plain.id, node.id, store.operations_step(op_id, owner="api-1", ttl=30, now=at(2))
     )
     while done.state is not OperationState.DONE:
-        done = await store.operations_step(op.id, owner="api-1", ttl=30, now=at(2))
+        done = await store.operations_step(op_id, owner="api-1", ttl=30, now=at(2))
 
     assert await _asked_to_stop(store, tenant.id) >= {plain.id, node.id}

@@ -81,8 +81,8 @@ class Retake:
     each rollback (PostgreSQL sets the savepoint again), and past 64 of them every other
     session's visibility checks slow down."""
 
-    def __init__(self, conn: AsyncConnection, name: str) -> None:
-        self._conn, self._name = conn, name
+    def __init__(self, conn: AsyncConnection, driver: Driver, name: str) -> None:
+        self._conn, self._driver, self._name = conn, driver, name
 
     async def set(self) -> None:
         await self._conn.execute(sa.text(f"SAVEPOINT {self._name}"))
@@ -90,6 +90,15 @@ class Retake:
     async def back(self) -> None:
         """Undo what was done since it was set, and let go of what was locked."""
         await self._conn.execute(sa.text(f"ROLLBACK TO SAVEPOINT {self._name}"))
+
+    async def give_back(self, exc: DBAPIError, *, then_wait: float) -> None:
+        """After ``exc``: when it says a row asked for without waiting is held
+        (``Driver.lock_not_available``), undo what was done since the savepoint was set
+        and wait ``then_wait`` seconds, for the holder to go first; else raise it."""
+        if not self._driver.lock_not_available(exc):
+            raise exc
+        await self.back()
+        await asyncio.sleep(then_wait)
 
     async def release(self) -> None:
         """Keep what was done since it was set."""
@@ -350,7 +359,7 @@ class SqlCore(Store):
             await self._lock_live_runs(conn, tenant_id, of_jobs)
             await conn.execute(lock_jobs)
             return
-        savepoint = Retake(conn, "cw_job_runs")
+        savepoint = Retake(conn, self.driver, "cw_job_runs")
         await savepoint.set()
         for _ in range(_RELOCKS):
             locked = await self._lock_live_runs(conn, tenant_id, of_jobs)
@@ -444,16 +453,13 @@ class SqlCore(Store):
         ]
         if self.driver.dialect == "sqlite" or skip_locked or nowait or not retake:
             return {i for which, _ in steps for i in await take(which)}
-        savepoint = Retake(conn, "cw_live_runs")
+        savepoint = Retake(conn, self.driver, "cw_live_runs")
         await savepoint.set()
         for attempt in range(_RELOCKS):
             try:
                 locked = {i for which, now in steps for i in await take(which, now=now)}
             except DBAPIError as exc:
-                if not self.driver.lock_not_available(exc):
-                    raise
-                await savepoint.back()
-                await asyncio.sleep(min(0.002 * 2**attempt, 0.1))
+                await savepoint.give_back(exc, then_wait=min(0.002 * 2**attempt, 0.1))
                 continue
             await savepoint.release()
             return locked

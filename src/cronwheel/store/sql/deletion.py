@@ -27,7 +27,6 @@ Worker log lines are not in the database: the caller deletes them from its log s
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from datetime import datetime, timedelta
 from typing import Any
@@ -281,7 +280,7 @@ class DeletionMixin(SqlCore):
         if self.driver.dialect == "sqlite":  # one writer: nothing comes between
             await self._lock_live_runs(conn, tenant_id, sa.true())
             return (await conn.execute(the_tenant)).first()
-        savepoint = Retake(conn, "cw_tenant")
+        savepoint = Retake(conn, self.driver, "cw_tenant")
         await savepoint.set()
         for attempt in range(_TENANT_TRIES):
             try:
@@ -292,10 +291,7 @@ class DeletionMixin(SqlCore):
                     row = (await conn.execute(the_tenant.with_for_update())).first()
                     await self._lock_live_runs(conn, tenant_id, sa.true(), nowait=True)
             except DBAPIError as exc:
-                if not self.driver.lock_not_available(exc):
-                    raise
-                await savepoint.back()
-                await asyncio.sleep(min(0.005 * 2**attempt, 0.25))
+                await savepoint.give_back(exc, then_wait=min(0.005 * 2**attempt, 0.25))
                 continue
             await savepoint.release()
             return row
