@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+from cronwheel.domain.errors import IllegalTransitionError
 from cronwheel.domain.model import LeasedAttempt, Run
 from cronwheel.domain.states import RETRY, JobState, RunState
 from cronwheel.store import CompleteItem, FailItem, Store
@@ -340,3 +341,35 @@ async def test_a_waiting_node_held_elsewhere_is_asked_for_again_in_one_subtransa
         await asyncio.wait_for(cancel, 10)
     assert (await store.jobs_get(tenant.id, wf.job_id)).state is JobState.CANCELLED
     assert xids and max(xids) <= 3, f"transaction ids held by the cancel: {xids}"
+
+
+async def test_retrying_a_node_and_a_node_below_it_at_once(store: Store) -> None:
+    """Retrying a node sends the nodes it had cancelled or skipped below it back to
+    waiting, holding their workflow run; a retry of one of those takes it too. Each
+    must take the workflow run before the node."""
+    tenant = await make_tenant(store)
+    wf, _worker, a = await _root_leased(
+        store, tenant.id, [{"name": "a"}, {"name": "b", "after": ["a"], "trigger_rule": "all_done"}]
+    )
+    b = (await nodes_of(store, tenant.id, wf))["b"]
+    await store.runs_cancel(tenant.id, b.id, now=at(2))  # b may run after a fails
+    failed = FailItem(a.attempt_id, a.fencing_token, "boom", retryable=False)
+    await store.attempts_fail_many(items=[failed], now=at(3))
+    nodes = await nodes_of(store, tenant.id, wf)
+    assert (nodes["a"].state, nodes["b"].state) == (RunState.FAILED, RunState.CANCELLED)
+
+    outcomes = await collide(
+        store,
+        # The workflow run held a moment: both retries wait for it.
+        _held(runs, wf.id),
+        store.runs_redrive(tenant.id, a.run_id, move=RETRY, now=at(4)),
+        store.runs_redrive(tenant.id, b.id, move=RETRY, now=at(4)),
+        what=("a's retry waiting for the workflow run", "b's retry"),
+    )
+
+    # a's retry goes first and sends b back to waiting: b's own retry then finds it
+    # waiting, and is refused as for any run not failed or cancelled. Not a deadlock.
+    assert not isinstance(outcomes[0], BaseException), outcomes[0]
+    assert isinstance(outcomes[1], IllegalTransitionError), outcomes[1]
+    nodes = await nodes_of(store, tenant.id, wf)
+    assert (nodes["a"].state, nodes["b"].state) == (RunState.SCHEDULED, RunState.PENDING)

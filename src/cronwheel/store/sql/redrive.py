@@ -26,6 +26,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping, Sequence
 from datetime import datetime
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -74,6 +75,9 @@ class RedriveMixin(SqlCore):
         async with self._write() as conn:
             at = await self._now(conn, now)
             max_pending = await tenant_for_new_runs(conn, tenant_id)
+            await self._lock_workflow_runs_of(
+                conn, tenant_id, sa.select(runs.c.id).where(runs.c.id == run_id)
+            )
             current = (
                 await conn.execute(
                     sa.select(
@@ -168,6 +172,7 @@ class RedriveMixin(SqlCore):
             at = await self._now(conn, now)
             max_pending = await tenant_for_new_runs(conn, tenant_id)
             # In id order, the order every path locks runs in.
+            chosen = sa.select(runs.c.id).where(*selected).order_by(runs.c.id).limit(limit)
             lock = (
                 sa.select(runs.c.id, runs.c.state)
                 .where(*selected)
@@ -175,6 +180,8 @@ class RedriveMixin(SqlCore):
                 .limit(limit)
                 .with_for_update()
             )
+            if named != []:
+                await self._lock_workflow_runs_of(conn, tenant_id, chosen)
             locked = [] if named == [] else (await conn.execute(lock)).all()
             if not locked and job_id is not None:
                 await self._job_must_exist(conn, tenant_id, job_id)
@@ -335,6 +342,32 @@ class RedriveMixin(SqlCore):
         await dag.reopen(self, conn, [r.id for r in sent if r.workflow_run_id], at=at, actor=actor)
         return sent
 
+    async def _lock_workflow_runs_of(
+        self, conn: AsyncConnection, tenant_id: uuid.UUID, chosen: sa.Select[Any]
+    ) -> None:
+        """Lock the workflow runs of the nodes among the runs ``chosen`` selects (by
+        id), in id order, before the nodes themselves. A node that has ended is changed
+        only with its workflow run held: retrying a node sends the nodes it had
+        cancelled or skipped below it back to waiting (``dag.reopen``), holding the
+        workflow run; a retry of one of those must take the workflow run first too, or
+        each would hold what the other waits for. (A live node is taken before its
+        workflow run, ``_lock_live_runs``: it is never one a retry takes.)"""
+        owner, nodes = runs.alias("owner"), runs.alias("nodes")
+        await conn.execute(
+            sa.select(owner.c.id)
+            .where(
+                owner.c.tenant_id == tenant_id,
+                owner.c.id.in_(
+                    sa.select(nodes.c.workflow_run_id).where(
+                        nodes.c.id.in_(chosen.scalar_subquery()),
+                        nodes.c.workflow_run_id.is_not(None),
+                    )
+                ),
+            )
+            .order_by(owner.c.id)
+            .with_for_update()
+        )
+
     async def _job_states(
         self, conn: AsyncConnection, tenant_id: uuid.UUID, run_ids: list[uuid.UUID]
     ) -> dict[uuid.UUID, str]:
@@ -344,25 +377,6 @@ class RedriveMixin(SqlCore):
         finished job would each hold a share and wait for the other's to update it."""
         if not run_ids:
             return {}
-        # A node's workflow run before its job, as a pause or a cancel of the job takes
-        # them (``_lock_live_runs``: runs, then workflow runs, then the job); reopening
-        # the workflow run (``dag.reopen``) would otherwise take it after the job.
-        nodes = runs.alias("nodes")
-        await conn.execute(
-            sa.select(runs.c.id)
-            .where(
-                runs.c.tenant_id == tenant_id,
-                runs.c.id.in_(
-                    sa.select(nodes.c.workflow_run_id).where(
-                        nodes.c.tenant_id == tenant_id,
-                        self.driver.id_in(nodes.c.id, run_ids),
-                        nodes.c.workflow_run_id.is_not(None),
-                    )
-                ),
-            )
-            .order_by(runs.c.id)
-            .with_for_update()
-        )
         rows = await conn.execute(
             sa.select(runs.c.id, jobs.c.state)
             .join(jobs, sa.and_(jobs.c.tenant_id == runs.c.tenant_id, jobs.c.id == runs.c.job_id))
