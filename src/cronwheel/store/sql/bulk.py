@@ -241,21 +241,14 @@ class BulkMixin(OperationsMixin, TriggersMixin, RedriveMixin):
         max_pending = await tenant_for_new_runs(conn, op.tenant_id)
         if op.cursor is not None:
             where = [*where, runs.c.id > op.cursor]
-        dead = [*where, runs.c.state == RunState.DEAD_LETTER.value, ~OF_CANCELLED_JOB]
-        await self._lock_workflow_runs_of(
-            conn,
-            op.tenant_id,
-            sa.select(runs.c.id).where(*dead).order_by(runs.c.id).limit(STEP),
+        dead = (
+            sa.select(runs.c.id)
+            .where(*where, runs.c.state == RunState.DEAD_LETTER.value, ~OF_CANCELLED_JOB)
+            .order_by(runs.c.id)
+            .limit(STEP)
         )
-        locked = (
-            await conn.execute(
-                sa.select(runs.c.id, runs.c.state)
-                .where(*dead)
-                .order_by(runs.c.id)
-                .limit(STEP)
-                .with_for_update()
-            )
-        ).all()
+        await self._lock_workflow_runs_of(conn, op.tenant_id, dead)
+        locked = (await conn.execute(dead.add_columns(runs.c.state).with_for_update())).all()
         if not locked:
             return True
         sent = await self._redrive_locked(

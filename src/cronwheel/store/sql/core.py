@@ -19,17 +19,18 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from cronwheel.domain.audit import Actor
 from cronwheel.domain.errors import NotFoundError, StoreUnavailableError
+from cronwheel.domain.model import Job
 from cronwheel.domain.states import ACTIVE_STATES, CANCEL, AttemptState, RunState
 from cronwheel.domain.workflow import NODE_INPUT_MAX, WORKFLOW_POOL
 from cronwheel.store.base import Store, Subscription
 from cronwheel.store.driver import Driver
 from cronwheel.store.notices import CHANNEL_CANCELS, cancels_notice
-from cronwheel.store.rows import AUDIT_COLUMNS, audit_record, event_row
+from cronwheel.store.rows import AUDIT_COLUMNS, audit_record, event_row, job_from
 from cronwheel.store.schema import UtcDateTime, attempts, audit, jobs, runs, tenants
 from cronwheel.store.sql import dag
 from cronwheel.store.values import Migrated
 
-__all__ = ["LIVE_STATES", "MIGRATIONS_DIR", "LocalSubscription", "Retake", "SqlCore", "jobs_select"]
+__all__ = ["MIGRATIONS_DIR", "LocalSubscription", "Retake", "SqlCore", "jobs_select"]
 
 log = logging.getLogger("cronwheel.store")
 
@@ -39,7 +40,7 @@ MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 
 # A job's live runs, locked before it (``_lock_live_runs``), and how many times the
 # locks are taken again when a run was made between the two (``_lock_jobs_with_runs``).
-LIVE_STATES = sorted(s.value for s in ACTIVE_STATES)
+_LIVE = sorted(s.value for s in ACTIVE_STATES)
 _RELOCKS = 20
 
 # How long a measured offset from the database clock serves ``db_now_estimate``.
@@ -332,11 +333,21 @@ class SqlCore(Store):
         )
         await conn.execute(audit.insert().values(dict(zip(AUDIT_COLUMNS, record, strict=True))))
 
+    async def _job_with_runs(
+        self, conn: AsyncConnection, tenant_id: uuid.UUID, job_id: uuid.UUID
+    ) -> Job:
+        """The job, locked after its live runs (``_lock_jobs_with_runs``); or
+        NotFoundError."""
+        job = (await self._lock_jobs_with_runs(conn, tenant_id, [job_id])).get(job_id)
+        if job is None:
+            raise self._not_found("job", job_id)
+        return job
+
     async def _lock_jobs_with_runs(
         self, conn: AsyncConnection, tenant_id: uuid.UUID, job_ids: Sequence[uuid.UUID]
-    ) -> None:
+    ) -> dict[uuid.UUID, Job]:
         """Lock the jobs' live runs (``_lock_live_runs``), then the jobs in id order,
-        with none of their live runs left out.
+        with none of their live runs left out; returns the jobs found, as locked.
 
         A run committed between the two (a scheduler firing one occurrence makes the
         next) was not there to be locked. Left so, this transaction would hold its job
@@ -349,35 +360,39 @@ class SqlCore(Store):
         time: nothing can come between."""
         ids = sorted(set(job_ids))
         of_jobs = self.driver.id_in(runs.c.job_id, ids)
-        lock_jobs = (
-            sa.select(jobs.c.id)
-            .where(jobs.c.tenant_id == tenant_id, self.driver.id_in(jobs.c.id, ids))
-            .order_by(jobs.c.id)
-            .with_for_update()
-        )
+
+        async def lock_jobs() -> dict[uuid.UUID, Job]:
+            rows = await conn.execute(
+                sa.select(*jobs.c)
+                .where(jobs.c.tenant_id == tenant_id, self.driver.id_in(jobs.c.id, ids))
+                .order_by(jobs.c.id)
+                .with_for_update()
+            )
+            return {job.id: job for job in map(job_from, rows)}
+
         if self.driver.dialect == "sqlite":
             await self._lock_live_runs(conn, tenant_id, of_jobs)
-            await conn.execute(lock_jobs)
-            return
+            return await lock_jobs()
         savepoint = Retake(conn, self.driver, "cw_job_runs")
         await savepoint.set()
         for _ in range(_RELOCKS):
             locked = await self._lock_live_runs(conn, tenant_id, of_jobs)
-            await conn.execute(lock_jobs)
+            found = await lock_jobs()
             live = await conn.execute(
                 sa.select(runs.c.id).where(
-                    runs.c.tenant_id == tenant_id, of_jobs, runs.c.state.in_(LIVE_STATES)
+                    runs.c.tenant_id == tenant_id, of_jobs, runs.c.state.in_(_LIVE)
                 )
             )
             if set(live.scalars()) <= locked:
                 await savepoint.release()
-                return
+                return found
             await savepoint.back()
         await savepoint.release()
         # Runs keep being made between the two: lock them now, as before this check.
         await self._lock_live_runs(conn, tenant_id, of_jobs)
-        await conn.execute(lock_jobs)
+        found = await lock_jobs()
         await self._lock_live_runs(conn, tenant_id, of_jobs)
+        return found
 
     async def _lock_live_runs(
         self,
@@ -385,7 +400,6 @@ class SqlCore(Store):
         tenant_id: uuid.UUID,
         where: sa.ColumnElement[bool],
         *,
-        skip_locked: bool = False,
         nowait: bool = False,
         retake: bool = True,
     ) -> set[uuid.UUID]:
@@ -410,12 +424,11 @@ class SqlCore(Store):
         waiting, and when one is held the locks are given back (a savepoint) and taken
         again a moment later.
 
-        Returns the ids locked. ``skip_locked``: what another transaction holds is
-        passed over, not waited for (for a caller that already holds runs out of this
-        order); ``nowait``: it fails the statement (``Driver.lock_not_available``);
+        Returns the ids locked. ``nowait``: a row another transaction holds fails the
+        statement (``Driver.lock_not_available``);
         not ``retake``: a waiting node held elsewhere is waited for, not given back
         (for a caller with a lock timeout of its own)."""
-        live = runs.c.state.in_(LIVE_STATES)
+        live = runs.c.state.in_(_LIVE)
         waiting = runs.c.state == RunState.PENDING.value
         is_owner = sa.and_(runs.c.pool == WORKFLOW_POOL, runs.c.workflow_run_id.is_(None))
         found = (
@@ -440,7 +453,7 @@ class SqlCore(Store):
                 sa.select(runs.c.id)
                 .where(runs.c.tenant_id == tenant_id, which, live)
                 .order_by(runs.c.id)
-                .with_for_update(skip_locked=skip_locked, nowait=nowait or now)
+                .with_for_update(nowait=nowait or now)
             )
             return set(rows.scalars())
 
@@ -449,9 +462,9 @@ class SqlCore(Store):
         steps = [
             (sa.and_(chosen, sa.not_(waiting)), False),
             (self.driver.id_in(runs.c.id, workflows), False),
-            (sa.and_(chosen, runs.c.workflow_run_id.is_not(None)), not skip_locked),
+            (sa.and_(chosen, runs.c.workflow_run_id.is_not(None)), True),
         ]
-        if self.driver.dialect == "sqlite" or skip_locked or nowait or not retake:
+        if self.driver.dialect == "sqlite" or nowait or not retake:
             return {i for which, _ in steps for i in await take(which)}
         savepoint = Retake(conn, self.driver, "cw_live_runs")
         await savepoint.set()

@@ -234,17 +234,18 @@ class FiringMixin(QuarantineMixin):
         result, a workflow run advancing) lets go within that moment. Returns the jobs
         whose runs still going could not be taken then: their candidates are left for
         the next poll."""
-        previous: dict[uuid.UUID, list[uuid.UUID]] = defaultdict(list)
+        if self.driver.dialect == "sqlite":  # one writer: nothing to wait for
+            return set()
+        # By tenant, each job's runs still going (the candidate's own left out).
+        previous: dict[uuid.UUID, dict[uuid.UUID, set[uuid.UUID]]] = defaultdict(dict)
         for r in candidates:
-            if r.schedule.get("overlap") == "cancel_previous" and busy.get(r.job_id):
-                previous[r.tenant_id] += sorted(busy[r.job_id] - {r.id})
+            going = busy.get(r.job_id, set()) - {r.id}
+            if r.schedule.get("overlap") == "cancel_previous" and going:
+                previous[r.tenant_id][r.job_id] = going
         held_back: set[uuid.UUID] = set()
-        for tenant_id, ids in previous.items():
-            if not ids:
-                continue
+        for tenant_id, of_jobs in previous.items():
+            ids = sorted(set().union(*of_jobs.values()))
             chosen = self.driver.id_in(runs.c.id, ids)
-            if self.driver.dialect == "sqlite":  # one writer: nothing to wait for
-                continue
             savepoint = await conn.begin_nested()
             try:
                 await conn.execute(sa.text(f"SET LOCAL lock_timeout = '{_PREVIOUS_WAIT}'"))
@@ -254,10 +255,7 @@ class FiringMixin(QuarantineMixin):
                 if not self.driver.lock_not_available(exc):
                     raise
                 await savepoint.rollback()  # what it took, and the setting
-                going = await conn.execute(
-                    sa.select(runs.c.job_id).where(runs.c.tenant_id == tenant_id, chosen)
-                )
-                held_back.update(going.scalars())
+                held_back.update(of_jobs)
                 continue
             await savepoint.commit()
         return held_back

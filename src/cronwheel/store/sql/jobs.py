@@ -572,8 +572,7 @@ class JobsMixin(HoldsMixin):
         by = name_of(actor)
         async with self._write() as conn:
             at = await self._now(conn, now)
-            await self._lock_jobs_with_runs(conn, tenant_id, [job_id])
-            current = await self._job_for_update(conn, tenant_id, job_id)
+            current = await self._job_with_runs(conn, tenant_id, job_id)
             if current.state not in (JobState.ACTIVE, JobState.PAUSED):
                 raise IllegalTransitionError(
                     f"job {job_id} is {current.state.value} and cannot be cancelled",

@@ -112,8 +112,7 @@ class OverridesMixin(JobsMixin):
             if run_id is not None:
                 job_id = await self._job_of_run(conn, tenant_id, run_id)
             assert job_id is not None
-            await self._lock_jobs_with_runs(conn, tenant_id, [job_id])
-            job = await self._job_for_update(conn, tenant_id, job_id)
+            job = await self._job_with_runs(conn, tenant_id, job_id)
             if scope is OverrideScope.RUN:
                 assert run_id is not None
                 where = await self._run_target(conn, tenant_id, run_id, timeout)
@@ -179,8 +178,7 @@ class OverridesMixin(JobsMixin):
         async with self._write() as conn:
             at = await self._now(conn, now)
             found = await self._override(conn, tenant_id, override_id, job_id, run_id)
-            await self._lock_jobs_with_runs(conn, tenant_id, [found.job_id])
-            job = await self._job_for_update(conn, tenant_id, found.job_id)
+            job = await self._job_with_runs(conn, tenant_id, found.job_id)
             found = await self._override(conn, tenant_id, override_id, job_id, run_id)
             if found.status != "active":
                 raise ConflictError(

@@ -173,16 +173,11 @@ class RedriveMixin(SqlCore):
             max_pending = await tenant_for_new_runs(conn, tenant_id)
             # In id order, the order every path locks runs in.
             chosen = sa.select(runs.c.id).where(*selected).order_by(runs.c.id).limit(limit)
-            lock = (
-                sa.select(runs.c.id, runs.c.state)
-                .where(*selected)
-                .order_by(runs.c.id)
-                .limit(limit)
-                .with_for_update()
-            )
+            locked = []
             if named != []:
                 await self._lock_workflow_runs_of(conn, tenant_id, chosen)
-            locked = [] if named == [] else (await conn.execute(lock)).all()
+                lock = chosen.add_columns(runs.c.state).with_for_update()
+                locked = list(await conn.execute(lock))
             if not locked and job_id is not None:
                 await self._job_must_exist(conn, tenant_id, job_id)
             sent = await self._redrive_locked(
