@@ -396,10 +396,9 @@ class WorkerSession:
                     return
                 continue
             backoff.reset()
+            self._receive(*(lease for lease in leases if lease.not_before is None))
             for lease in leases:
-                if lease.not_before is None:
-                    self._receive(lease)
-                else:
+                if lease.not_before is not None:
                     self.reservations.add(lease)
             if not leases and self.drain:
                 if self.running == 0 and not self.reservations:
@@ -464,9 +463,10 @@ class WorkerSession:
         else:
             self._duration += _DURATION_WEIGHT * (took - self._duration)
 
-    def _receive(self, lease: Lease) -> None:
-        """A run leased: held from now on, run as soon as a slot is free."""
-        self._arrive([self._hold(lease)])
+    def _receive(self, *leases: Lease) -> None:
+        """Runs leased: held from now on, each run as soon as a slot is free."""
+        if leases:
+            self._arrive([self._hold(lease) for lease in leases])
 
     def _arrive(self, helds: list[Held]) -> None:
         """Held runs that may begin (leased, or started reservations whose instant
