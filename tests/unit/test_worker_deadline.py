@@ -5,6 +5,7 @@ TimeoutError of the handler's, stays what it is."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -85,3 +86,36 @@ async def test_a_cancel_from_outside_stays_a_cancel() -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+async def test_a_deadline_turned_into_the_handlers_own_timeout_error_is_still_the_deadline() -> (
+    None
+):
+    async def converts(ctx: Any, payload: Any) -> None:
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            raise TimeoutError("a client library's own") from None
+
+    with pytest.raises(DeadlineExceeded):
+        await held(0.02).call(converts, None)  # type: ignore[arg-type]
+    assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]
+
+
+async def test_a_handler_that_swallows_its_deadline_returns_and_leaves_no_cancel_behind() -> None:
+    async def swallows(ctx: Any, payload: Any) -> str:
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.sleep(10)
+        return "kept going"
+
+    assert await held(0.02).call(swallows, None) == "kept going"  # type: ignore[arg-type]
+    assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]
+
+
+async def test_no_time_left_stops_the_handler_at_its_first_pause() -> None:
+    async def pauses(ctx: Any, payload: Any) -> int:
+        await asyncio.sleep(0)
+        return 1
+
+    with pytest.raises(DeadlineExceeded):
+        await held(-1).call(pauses, None)  # type: ignore[arg-type]

@@ -125,6 +125,22 @@ async def test_waiting_runs_start_highest_class_first(harness: Harness) -> None:
     assert session.stats.leased == 6
 
 
+async def test_the_runs_of_one_answer_take_the_free_slots_highest_class_first(
+    harness: Harness,
+) -> None:
+    """A lease answer's runs are held together: the one free slot goes to its P0 run,
+    whatever the answer's order."""
+    session = harness.session
+    session._receive(lease(1, 3), lease(2, 0), lease(3, 2))
+    assert session.running == 1 and harness.started == []
+    await asyncio.sleep(0)
+    assert harness.started == [2]
+    harness.gate.set()
+    await harness.until_idle()
+    assert harness.started == [2, 3, 1]
+    assert session.stats.leased == 3 and session.stats.waited == 2
+
+
 async def test_prefetch_follows_how_long_handlers_take(harness: Harness) -> None:
     session = harness.session  # one slot, prefetch at most 4
     assert session._prefetch() == 0  # no handler has ended: nothing held waiting

@@ -116,6 +116,7 @@ async def _under_deadline(call: Awaitable[Any], budget: float) -> Any:
     much (2.5 ms against 0.5 per 500 handlers)."""
     task = asyncio.current_task()
     assert task is not None
+    loop = asyncio.get_running_loop()
     before = task.cancelling()
     expired = False
 
@@ -124,17 +125,25 @@ async def _under_deadline(call: Awaitable[Any], budget: float) -> Any:
         expired = True
         task.cancel()
 
-    timer = asyncio.get_running_loop().call_later(budget, expire)
+    timer = loop.call_later(budget, expire) if budget > 0 else loop.call_soon(expire)
     try:
-        return await call
-    except asyncio.CancelledError:
-        # Ours alone: a cancel of the session's (asked for, a lost lease, a shutdown)
-        # that came as well is left to it, as asyncio.timeout leaves it.
-        if expired and task.uncancel() <= before:
+        result = await call
+    except BaseException as exc:
+        timer.cancel()
+        if not expired:
+            raise
+        # Our cancel is taken back whatever came of it. It is the deadline when nothing
+        # else cancelled the task meanwhile (a cancel of the session's — asked for, a
+        # lost lease, a shutdown — is left to it), or when the handler turned it into a
+        # TimeoutError of its own.
+        ours = task.uncancel() <= before
+        if isinstance(exc, TimeoutError) or (ours and isinstance(exc, asyncio.CancelledError)):
             raise DeadlineExceeded(budget) from None
         raise
-    finally:
-        timer.cancel()
+    timer.cancel()
+    if expired:  # the handler kept going past its cancel: taken back all the same
+        task.uncancel()
+    return result
 
 
 def handler_is_async(handler: Callable[..., Any]) -> bool:
