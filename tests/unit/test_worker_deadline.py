@@ -21,32 +21,19 @@ from cronwheel.worker.tasks import TASK_LOGGER, TaskContext
 def held(seconds: float) -> Held:
     """An attempt whose handler may run ``seconds``, async."""
     now = datetime.now(UTC)
-    lease = Lease(
-        attempt_id=str(uuid.uuid4()),
-        run_id=str(uuid.uuid4()),
-        job_id=str(uuid.uuid4()),
-        attempt=1,
-        task="work",
-        webhook=None,
-        payload={},
-        fencing_token=1,
-        lease_expires_at=now + timedelta(seconds=30),
-        deadline=now + timedelta(seconds=seconds),
-        due_at=now,
-        heartbeat_timeout=30.0,
+    lease = Lease.from_json(  # as a lease answer carries it
+        {
+            "attempt_id": str(uuid.uuid4()),
+            "run_id": str(uuid.uuid4()),
+            "task": "work",
+            "fencing_token": 1,
+            "lease_expires_at": (now + timedelta(seconds=30)).isoformat(),
+            "deadline": (now + timedelta(seconds=seconds)).isoformat(),
+            "heartbeat_timeout": 30.0,
+        }
     )
-    ctx = TaskContext(
-        run_id=lease.run_id,
-        attempt_id=lease.attempt_id,
-        job_id=lease.job_id,
-        attempt=1,
-        fencing_token=1,
-        task="work",
-        deadline=lease.deadline,
-        due_at=now,
-        log=logging.LoggerAdapter(logging.getLogger(TASK_LOGGER), {}),
-    )
-    return Held(lease=lease, ctx=ctx, is_async=True)
+    log = logging.LoggerAdapter(logging.getLogger(TASK_LOGGER), {})
+    return Held(lease=lease, ctx=TaskContext.of(lease, log), is_async=True)
 
 
 async def sleeps(ctx: Any, payload: Any) -> None:

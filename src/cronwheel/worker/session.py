@@ -548,19 +548,7 @@ class WorkerSession:
             },
             fencing_token=lease.fencing_token,
         )
-        ctx = TaskContext(
-            run_id=lease.run_id,
-            attempt_id=lease.attempt_id,
-            job_id=lease.job_id,
-            attempt=lease.attempt,
-            fencing_token=lease.fencing_token,
-            task=lease.task or "",
-            deadline=lease.deadline,
-            due_at=lease.due_at,
-            log=adapter,
-            progress_timeout=lease.progress_timeout,
-        )
-        held = Held(lease=lease, ctx=ctx)
+        held = Held(lease=lease, ctx=TaskContext.of(lease, adapter))
         self.held[lease.attempt_id] = held
         self._held_changed.set()
         if self.cancels.holding(held):  # cancelled before its lease answer arrived

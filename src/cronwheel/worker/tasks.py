@@ -8,9 +8,12 @@ import threading
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from cronwheel.worker.progress import UnsentProgress
+
+if TYPE_CHECKING:
+    from cronwheel.worker.protocol import Lease
 
 __all__ = [
     "TASK_LOGGER",
@@ -72,6 +75,22 @@ class TaskContext:
     progress_timeout: float | None = None
     # The worker's: the report the next heartbeat carries.
     unsent_progress: UnsentProgress = field(default_factory=UnsentProgress, repr=False)
+
+    @classmethod
+    def of(cls, lease: Lease, log: logging.LoggerAdapter[logging.Logger]) -> TaskContext:
+        """The context of the attempt ``lease`` hands the worker, logging to ``log``."""
+        return cls(
+            run_id=lease.run_id,
+            attempt_id=lease.attempt_id,
+            job_id=lease.job_id,
+            attempt=lease.attempt,
+            fencing_token=lease.fencing_token,
+            task=lease.task or "",
+            deadline=lease.deadline,
+            due_at=lease.due_at,
+            log=log,
+            progress_timeout=lease.progress_timeout,
+        )
 
     @property
     def idempotency_key(self) -> str:
