@@ -14,6 +14,9 @@ from cronwheel.testing import wait_until_async
 async def _waiting_workers(api: Any, count: int) -> tuple[list[asyncio.Task[Any]], Any]:
     t = await api.tenant()
     worker = await api.key(t, "worker")
+    # Only the notice wakes them: a long-poll re-polling on its timer as the runs are
+    # fired would lease alone, outside the cohort (taking all it can).
+    api.app.state.api.lease_poll_interval = 60.0
     polls = []
     for _ in range(count):
         r = await api.client.post("/v1/workers", json={"pool": "default"}, headers=worker)
