@@ -116,6 +116,21 @@ async def test_once_the_parts_of_all_there_was_are_handed_out_a_lease_alike_take
     assert share.taken == SHARE_MIN + 100 and woke
 
 
+def test_a_batch_too_small_to_split_is_the_first_lease_s_and_an_alike_one_takes_none() -> None:
+    """Fewer than twice SHARE_MIN runs make one part: the first lease to read takes them
+    all, and a lease that can take the same runs, deciding while the first still leases
+    them, gets no part (leasing side by side, each would take what the other had not
+    locked yet: the batch split at random). Another view still takes its own runs."""
+    share = LeaseShare(among=3)
+    assert share.part(SHARE_MIN + 20, budget=4 * SHARE_MIN, view="a") is None  # all of it
+    assert share.part(SHARE_MIN + 20, budget=4 * SHARE_MIN, view="a") == 0
+    assert share.part(SHARE_MIN, budget=4 * SHARE_MIN, view="b") is None
+    # Not all there was (the first read stopped at its budget): the next takes its fill.
+    more = LeaseShare(among=3)
+    assert more.part(2 * SHARE_MIN, budget=SHARE_MIN, view="a") is None
+    assert more.part(2 * SHARE_MIN, budget=SHARE_MIN, view="a") is None
+
+
 async def test_when_the_first_read_found_more_than_it_could_take_every_lease_takes_a_part(
     store: Store,
 ) -> None:

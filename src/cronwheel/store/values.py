@@ -218,8 +218,9 @@ class LeaseShare:
     """Leases woken together by one notice, ``among`` of them, sharing what woke them:
     the batch of ready runs the first of them to read the queue found (``batch``, set
     by that read), split into as many equal parts as there are leases, or as it holds
-    :data:`SHARE_MIN` runs if fewer: the batch is then leased by that many statements
-    side by side, and begun by that many workers at once. A lease finding its part
+    :data:`SHARE_MIN` runs if fewer (one at least: a batch too small to split is the
+    first lease's whole): the batch is then leased by that many statements side by
+    side, and begun by that many workers at once. A lease finding its part
     taken takes nothing (and waits on). A part is of the runs of every class: the slots
     a pool keeps for P0 come on top of it.
 
@@ -248,14 +249,13 @@ class LeaseShare:
         0: none, the parts are all handed out)."""
         if self.batch is None:
             self.batch, self.view, self.whole = min(budget, ready), view, ready <= budget
-        parts = min(self.among, self.batch // SHARE_MIN)
-        if parts <= 1:
-            return None
+        # A batch too small to split is one part: the first lease's whole.
+        parts = max(1, min(self.among, self.batch // SHARE_MIN))
         if view == self.view:
             self.handed += 1
             if self.whole and self.handed > parts:
                 return 0
-        return -(-self.batch // parts)
+        return None if parts == 1 else -(-self.batch // parts)
 
     def took(self, count: int, *, view: Hashable = None) -> None:
         """A lease of the cohort took ``count`` runs (committed)."""
