@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from cronwheel.domain.errors import IllegalTransitionError, ValidationError
+from cronwheel.domain.errors import ConflictError, IllegalTransitionError, ValidationError
 from cronwheel.domain.model import LeasedAttempt, Run
 from cronwheel.domain.new_job import JobLimits
 from cronwheel.domain.states import RETRY, RunState, illegal_transitions
@@ -470,6 +470,34 @@ async def test_a_retry_while_the_workflow_run_is_being_cancelled_lets_it_end(
     }
     ended = await store.runs_get(tenant_id, wf.id)
     assert (ended.state, ended.reason) == (RunState.FAILED, "nodes failed: r")
+
+
+async def test_a_node_after_one_being_cancelled_is_not_retried(store: Store) -> None:
+    # r runs when its workflow run is cancelled: it will end CANCELLED whatever its
+    # handler does, so b (all_success after it) could only be skipped again: 409, and
+    # nothing changes. c (all_done after b) may run once b has ended either way.
+    tenant_id, wf, r = await cancelled_while_one_runs(
+        store,
+        [
+            {"name": "r"},
+            {"name": "b", "after": ["r"]},
+            {"name": "c", "after": ["b"], "trigger_rule": "all_done"},
+        ],
+    )
+    before = await states_of(store, tenant_id, wf)
+    assert before == {"r": "RUNNING", "b": "CANCELLED", "c": "CANCELLED"}
+    b_run = (await nodes_of(store, tenant_id, wf))["b"]
+    with pytest.raises(ConflictError, match=r"node 'b' cannot run: upstream failed: r"):
+        await store.runs_redrive(tenant_id, b_run.id, move=RETRY, now=at(3))
+    assert await states_of(store, tenant_id, wf) == before
+    # The cancel stood: r's end ends the workflow run CANCELLED. Then the refusal is
+    # the same, by r's state.
+    await store.attempts_complete_many(
+        items=[CompleteItem(r.attempt_id, r.fencing_token, None)], now=at(4)
+    )
+    assert (await store.runs_get(tenant_id, wf.id)).state is RunState.CANCELLED
+    with pytest.raises(ConflictError, match=r"node 'b' cannot run: upstream failed: r"):
+        await store.runs_redrive(tenant_id, b_run.id, move=RETRY, now=at(5))
 
 
 async def test_a_cancel_with_a_reason_ends_the_run_with_it(store: Store) -> None:

@@ -38,6 +38,7 @@ from cronwheel.domain.states import (
     REOPEN,
     REWIND,
     START,
+    TERMINAL_STATES,
     UNSATISFIED,
     JobState,
     RunState,
@@ -527,10 +528,14 @@ async def refuse_unrunnable(core: _Core, conn: AsyncConnection, run: Any) -> Non
     if run.workflow_run_id is None:
         return
     dag = (await dags_of(core, conn, [run.job_id]))[run.job_id]
+    # An upstream node still running under a cancel request ends CANCELLED, whatever
+    # its handler does (a completion under the request is a cancel): judged as such.
     states = {
-        name: _STATES[state]
-        for name, state in await conn.execute(
-            sa.select(runs.c.node, runs.c.state).where(
+        name: RunState.CANCELLED
+        if cancelling and _STATES[state] not in TERMINAL_STATES
+        else _STATES[state]
+        for name, state, cancelling in await conn.execute(
+            sa.select(runs.c.node, runs.c.state, runs.c.cancel_requested).where(
                 runs.c.workflow_run_id == run.workflow_run_id,
                 core.driver.id_in(runs.c.node, list(dag.by_name[run.node].after)),
             )
