@@ -173,6 +173,21 @@ def test_a_cycle_is_found_in_any_order(order: tuple[int, ...]) -> None:
     assert all(up in after[down] for up, down in itertools.pairwise(loop))
 
 
+@pytest.mark.parametrize("rule", sorted(set(TRIGGER_RULES) - {"all_success"}))
+def test_a_root_node_takes_no_trigger_rule_of_its_own(rule: str) -> None:
+    # A root is ready at once: its rule would be stored and never weighed.
+    with pytest.raises(ValidationError) as caught:
+        dag({"name": "a"}, {"name": "page", "trigger_rule": rule})
+    assert caught.value.field == "nodes.1.trigger_rule"
+    assert caught.value.message == (
+        f"nodes.1.trigger_rule: {rule} weighs the node's upstream nodes, and 'page' has"
+        " none (a node with no 'after' runs at once)"
+    )
+    # The default, said or not, and any rule on a node with upstream nodes, are taken.
+    assert dag({"name": "a", "trigger_rule": "all_success"}, {"name": "b"}).nodes
+    assert dag({"name": "a"}, {"name": "b", "after": ["a"], "trigger_rule": rule}).nodes
+
+
 def test_a_long_chain_and_a_cycle_through_it() -> None:
     chain = [
         {"name": "n0"},

@@ -260,6 +260,14 @@ class Dag:
                 raise ValidationError(
                     f"nodes.{i}.after: names a node twice", field=f"nodes.{i}.after"
                 )
+            if not spec.after and spec.trigger_rule != "all_success":
+                # A root is ready at once: a rule over its upstream nodes would be
+                # stored and never weighed (one_failed would page on every run).
+                raise ValidationError(
+                    f"nodes.{i}.trigger_rule: {spec.trigger_rule} weighs the node's upstream"
+                    f" nodes, and {spec.name!r} has none (a node with no 'after' runs at once)",
+                    field=f"nodes.{i}.trigger_rule",
+                )
         cycle = _cycle({s.name: s.after for s in specs})
         if cycle:
             raise ValidationError(f"nodes: a cycle: {' -> '.join(cycle)}", field="nodes")
