@@ -255,6 +255,28 @@ async def test_a_paused_workflow_holds_its_ready_nodes(store: Store) -> None:
     assert b.state is RunState.SCHEDULED and b.fire_at <= at(4)
 
 
+async def test_a_paused_workflow_triggered_runs_its_nodes(store: Store) -> None:
+    # As a paused job's triggered run is not held, a paused workflow's triggered run
+    # runs: its root is ready at once, and so is the node after it, though the workflow
+    # is still paused (where the run was fired and its every node parked).
+    tenant = await make_tenant(store)
+    wf = await create(store, tenant.id, [{"name": "a"}, {"name": "b", "after": ["a"]}])
+    await store.jobs_pause(tenant.id, wf.job_id, now=at(1))
+    triggered = await store.jobs_trigger(tenant.id, wf.job_id, now=at(2))
+    await fire(store, [triggered], now=at(2))
+    a = (await nodes_of(store, tenant.id, triggered))["a"]
+    assert a.state is RunState.DISPATCHED and a.fire_at <= at(2)
+    runner = Runner(store, tenant.id)
+    runner.clock = 3
+    assert await runner.step({}) == ["a"]
+    b = (await nodes_of(store, tenant.id, triggered))["b"]
+    assert b.state is RunState.DISPATCHED and b.fire_at <= at(4)
+    assert await runner.step({}) == ["b"]
+    assert (await store.runs_get(tenant.id, triggered.id)).state is RunState.SUCCESS
+    # The workflow stayed paused, its scheduled run held.
+    assert (await store.jobs_get(tenant.id, wf.job_id)).state.value == "paused"
+
+
 async def test_a_node_parked_cancelled_and_rewound_runs_when_ready(store: Store) -> None:
     # c is made ready while its workflow is paused (parked), cancelled with its workflow
     # run, and rewound by a retry of b: its rule (one_success) holds by a, so it is made

@@ -213,6 +213,7 @@ async def advance(
                 runs.c.payload,
                 runs.c.fire_at,
                 runs.c.reason,
+                runs.c.origin,
             )
             .where(core.driver.id_in(runs.c.id, ids), runs.c.state == RunState.RUNNING.value)
             .order_by(runs.c.id)
@@ -279,7 +280,9 @@ async def advance(
     finished_jobs: list[uuid.UUID] = []
     for w, dag, mine, _states, decided in decided_runs:
         by_name = dag.by_name
-        on_hold = w.job_id in paused
+        # A triggered workflow run is not held by its workflow's pause, as a paused
+        # job's triggered run is not: the trigger asked for it to run now.
+        on_hold = w.job_id in paused and w.origin != "trigger"
         target = RunState.SCHEDULED if on_hold else RunState.DISPATCHED
         # A root of a workflow run fired ahead of its instant starts at the instant (a
         # later node is made ready after it: at is past that instant).
