@@ -343,3 +343,35 @@ async def test_cancel_a_run_and_the_job_operations(api) -> None:
     assert r.status_code == 200, r.text
     r = await api.client.get(f"/v1/workflows/{wf['id']}", headers=t.headers)
     assert r.status_code == 404
+
+
+async def test_workflows_are_listed_by_state_and_tag(api) -> None:
+    t = await api.tenant()
+    nightly = await create(api, t, name="nightly", tags=["etl"], schedule={"cron": "0 2 * * *"})
+    hourly = await create(api, t, name="hourly", schedule={"cron": "0 * * * *"})
+    r = await api.client.post(f"/v1/workflows/{hourly['id']}/pause", headers=t.headers)
+    assert r.status_code == 200, r.text
+
+    async def listed(query: str) -> list[str]:
+        r = await api.client.get(f"/v1/workflows?{query}", headers=t.headers)
+        assert r.status_code == 200, r.text
+        return [w["name"] for w in r.json()["items"]]
+
+    assert await listed("tag=etl") == ["nightly"]
+    assert await listed("tag=none") == []
+    assert await listed("state=paused") == ["hourly"]
+    assert await listed("state=active&tag=etl") == ["nightly"]
+    assert await listed("") == ["hourly", "nightly"]
+    r = await api.client.get("/v1/workflows?state=bogus", headers=t.headers)
+    assert r.status_code == 422 and error_of(r)["field"] == "state", r.text
+    # A query parameter the route does not take is refused, not ignored: a misspelt
+    # filter would otherwise answer every workflow.
+    r = await api.client.get("/v1/workflows?tags=etl", headers=t.headers)
+    assert r.status_code == 422, r.text
+    assert error_of(r)["field"] == "tags"
+    assert error_of(r)["message"] == (
+        "tags: not a query parameter of this route; this route takes cursor, limit,"
+        " name_prefix, state, tag"
+    )
+    r = await api.client.get(f"/v1/workflows/{nightly['id']}?verbose=1", headers=t.headers)
+    assert r.status_code == 422 and "takes" not in error_of(r)["message"], r.text

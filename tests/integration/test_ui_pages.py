@@ -117,7 +117,7 @@ async def test_every_post_needs_the_sessions_csrf_token(api: Driver) -> None:
             await api.store.jobs_get(uuid.UUID(tenant.id), uuid.UUID(job["id"]))
         ).state == "paused"
         # Recorded on the audit trail as the key did it, like the API's own pause.
-        audit = await api.client.get(f"/v1/audit?target_id={job['id']}", headers=api.admin)
+        audit = await api.client.get(f"/v1/audit?target={job['id']}", headers=api.admin)
         assert audit.status_code == 200, audit.text
         assert any(r["action"] == "job.pause" for r in audit.json()["items"])
         r = await browser.post(f"/ui/jobs/{job['id']}/pause", data={"csrf": csrf})

@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 from fastapi import HTTPException, Request, Response
+from fastapi.dependencies.models import Dependant
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from pydantic import TypeAdapter
@@ -157,11 +158,23 @@ def _is_json(content_type: str | None) -> bool:
     )
 
 
-def _check_query(request: Request) -> None:
+def _check_query(request: Request, known: frozenset[str]) -> None:
     for name, value in request.query_params.multi_items():
         problem = unstorable(value) or unstorable(name)
         if problem is not None:
             raise ValidationError(f"{name}: {problem}", field=name)
+        if name not in known:
+            # Taken and ignored, a misspelt filter would answer everything unfiltered.
+            hint = f"; this route takes {', '.join(sorted(known))}" if known else ""
+            raise ValidationError(f"{name}: not a query parameter of this route{hint}", field=name)
+
+
+def _query_names(dependant: Dependant) -> frozenset[str]:
+    """The query parameters a route declares, its dependencies' included."""
+    names = {getattr(f, "validation_alias", None) or f.alias for f in dependant.query_params}
+    for sub in dependant.dependencies:
+        names |= _query_names(sub)
+    return frozenset(names)
 
 
 def solved_by(solve: Solver) -> Callable[[EndpointT], EndpointT]:
@@ -227,17 +240,19 @@ def validated(
 
 
 class StrictJsonRoute(APIRoute):
-    """The route class of every router: strict JSON bodies, storable query values."""
+    """The route class of every router: strict JSON bodies, storable query values,
+    and no query parameter the route does not declare (422 naming it)."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         solve = _SOLVERS.get(self.endpoint)
         handler = super().get_route_handler() if solve is None else _direct(self.endpoint, solve)
 
         has_body = self.body_field is not None
+        known = _query_names(self.dependant)
 
         async def strict(request: Request) -> Response:
             if request.scope.get("query_string"):
-                _check_query(request)
+                _check_query(request, known)
             strict_request = _StrictRequest(request.scope, request.receive)
             # Parsed here, not in FastAPI's body reading, which turns any error but a
             # JSONDecodeError into a bare 400: ours name the field.

@@ -234,6 +234,11 @@ def workflows_create(
 
 @workflows_app.command("list")
 def workflows_list(
+    state: Annotated[
+        str | None,
+        typer.Option("--state", help="active | paused | cancelled | finished", show_default=False),
+    ] = None,
+    tag: Annotated[str | None, typer.Option("--tag", show_default=False)] = None,
     name_prefix: Annotated[str | None, typer.Option("--name-prefix", show_default=False)] = None,
     limit: Annotated[int, typer.Option("--limit", min=1, max=200)] = 50,
     cursor: CursorOpt = None,
@@ -244,7 +249,9 @@ def workflows_list(
 ) -> None:
     """Workflows, newest first."""
     with handle_errors(), client_for(url, api_key, tenant) as client:
-        page = client.workflows.list(name_prefix=name_prefix, limit=limit, cursor=cursor)
+        page = client.workflows.list(
+            state=state, tag=tag, name_prefix=name_prefix, limit=limit, cursor=cursor
+        )
     if as_json:
         print_json({"items": page.items, "next_cursor": page.next_cursor})
         return

@@ -290,11 +290,13 @@ class AsyncWorkflows(_AsyncResource):
     async def list(
         self,
         *,
+        state: str | None = None,
+        tag: str | None = None,
         name_prefix: str | None = None,
         cursor: str | None = None,
         limit: int | None = None,
     ) -> Page[Json]:
-        return await self._page(Calls.workflows_list(name_prefix, cursor, limit))
+        return await self._page(Calls.workflows_list(state, tag, name_prefix, cursor, limit))
 
     async def pause(self, workflow_id: Id, *, reason: str | None = None) -> Json:
         return await self._one(Calls.workflows_control(workflow_id, "pause", reason))

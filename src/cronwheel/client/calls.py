@@ -375,8 +375,16 @@ class Calls:
         return Call("GET", f"/v1/workflows/{_seg(workflow_id)}")
 
     @staticmethod
-    def workflows_list(name_prefix: str | None, cursor: str | None, limit: int | None) -> Call:
-        params = query_params(name_prefix=name_prefix, cursor=cursor, limit=limit)
+    def workflows_list(
+        state: str | None,
+        tag: str | None,
+        name_prefix: str | None,
+        cursor: str | None,
+        limit: int | None,
+    ) -> Call:
+        params = query_params(
+            state=state, tag=tag, name_prefix=name_prefix, cursor=cursor, limit=limit
+        )
         return Call("GET", "/v1/workflows", params=params)
 
     @staticmethod

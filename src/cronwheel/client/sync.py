@@ -313,12 +313,14 @@ class Workflows(_Resource):
     def list(
         self,
         *,
+        state: str | None = None,
+        tag: str | None = None,
         name_prefix: str | None = None,
         cursor: str | None = None,
         limit: int | None = None,
     ) -> Page[Json]:
         """One page of workflows, newest first."""
-        return self._page(Calls.workflows_list(name_prefix, cursor, limit))
+        return self._page(Calls.workflows_list(state, tag, name_prefix, cursor, limit))
 
     def pause(self, workflow_id: Id, *, reason: str | None = None) -> Json:
         return self._one(Calls.workflows_control(workflow_id, "pause", reason))

@@ -323,11 +323,7 @@ async def list_jobs(
     limit: int = Query(default=100, ge=1, le=500),
 ) -> JobList:
     """Newest first; pass ``next_cursor`` as ``cursor`` for the next page."""
-    if state is not None and state not in {s.value for s in JobState}:
-        raise ValidationError(
-            f"state: unknown job state {state!r}; one of " + ", ".join(s.value for s in JobState),
-            field="state",
-        )
+    check_job_state(state)
     page = await api_state(request).store.jobs_list(
         scope.tenant_id,
         state=state,
@@ -338,6 +334,15 @@ async def list_jobs(
         workflows=False,  # GET /v1/workflows lists those
     )
     return JobList(items=[job_out(j) for j in page.items], next_cursor=page.next_cursor)
+
+
+def check_job_state(state: str | None) -> None:
+    """A job state filter names a job state (422 otherwise)."""
+    if state is not None and state not in {s.value for s in JobState}:
+        raise ValidationError(
+            f"state: unknown job state {state!r}; one of " + ", ".join(s.value for s in JobState),
+            field="state",
+        )
 
 
 @router.get(

@@ -18,7 +18,7 @@ from cronwheel.api.auth import TenantScope, actor_of, tenant_reader, tenant_writ
 from cronwheel.api.inputs import FORCE_QUERY, REASON_QUERY, parse_id
 from cronwheel.api.jsonbody import StrictJsonRoute
 from cronwheel.api.redaction import redact_webhook, refuse_redacted
-from cronwheel.api.routers.jobs import delete_job
+from cronwheel.api.routers.jobs import check_job_state, delete_job
 from cronwheel.api.schemas import (
     ERROR_RESPONSES,
     CancelRequest,
@@ -305,13 +305,23 @@ async def create_workflow(
 async def list_workflows(
     request: Request,
     scope: TenantScope = Depends(tenant_reader),
+    state: str | None = Query(default=None, description="active | paused | cancelled | finished"),
+    tag: str | None = Query(default=None, max_length=100),
     name_prefix: str | None = Query(default=None, max_length=200),
     cursor: str | None = Query(default=None, max_length=500),
     limit: int = Query(default=50, ge=1, le=200),
 ) -> WorkflowList:
-    """Newest first; pass ``next_cursor`` as ``cursor`` for the next page."""
+    """Newest first; pass ``next_cursor`` as ``cursor`` for the next page. ``state``
+    and ``tag`` keep the workflows in that state, or with that tag."""
+    check_job_state(state)
     page = await api_state(request).store.jobs_list(
-        scope.tenant_id, name_prefix=name_prefix, cursor=cursor, limit=limit, workflows=True
+        scope.tenant_id,
+        state=state,
+        tag=tag,
+        name_prefix=name_prefix,
+        cursor=cursor,
+        limit=limit,
+        workflows=True,
     )
     return WorkflowList(items=[workflow_out(j) for j in page.items], next_cursor=page.next_cursor)
 
