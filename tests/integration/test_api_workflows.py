@@ -375,3 +375,22 @@ async def test_workflows_are_listed_by_state_and_tag(api) -> None:
     )
     r = await api.client.get(f"/v1/workflows/{nightly['id']}?verbose=1", headers=t.headers)
     assert r.status_code == 422 and "takes" not in error_of(r)["message"], r.text
+
+
+async def test_a_key_given_twice_is_refused_and_nothing_is_stored(api) -> None:
+    t = await api.tenant()
+    text = (
+        '{"name": "x", "schedule": {"asap": true},'
+        ' "nodes": [{"name": "a", "task": "etl.extract", "task": "rm.everything"}]}'
+    )
+    r = await api.client.post(
+        "/v1/workflows",
+        content=text,
+        headers={**t.headers, "Content-Type": "application/json"},
+    )
+    assert r.status_code == 422, r.text
+    assert error_of(r)["message"] == (
+        "the request body is ambiguous: the key 'task' is given twice in one object"
+    )
+    r = await api.client.get("/v1/workflows", headers=t.headers)
+    assert r.json()["items"] == []

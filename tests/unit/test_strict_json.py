@@ -200,7 +200,7 @@ def test_what_is_not_text_is_refused_as_json_refuses_it(value: Any) -> None:
     ("body", "expected"),
     [
         (b"\xef\xbb\xbf{}", {}),  # a byte order mark, which orjson refuses
-        (b'{"a": 1, "a": 2}', {"a": 2}),
+        (b'{"a": 1, "a": 2}', ValidationError),  # a key twice: one value would be lost
         (b'"\\ud800"', ValidationError),  # an unpaired surrogate: the bounds refuse it
         (b"[1e400]", ValidationError),  # infinity: the bounds refuse it, named
         (b"{} x", json.JSONDecodeError),
@@ -213,3 +213,67 @@ def test_bodies_orjson_refuses_are_answered_by_json(body: bytes, expected: Any) 
             loads_strict(body)
     else:
         assert loads_strict(body) == expected
+
+
+# Keys full of colons and quotes: what a count of colons could be fooled by.
+colon_keys = st.text(alphabet=':"\\ab', max_size=6)
+colon_trees = st.recursive(
+    scalars | colon_keys,
+    lambda kids: st.lists(kids, max_size=3) | st.dictionaries(colon_keys, kids, max_size=3),
+    max_leaves=30,
+)
+
+
+def _escaped_colons(text: str) -> str:
+    """``text`` (JSON) with every colon inside a string written ``\\u003a``."""
+    out, inside, escape = [], False, False
+    for ch in text:
+        if inside and ch == ":":
+            out.append("\\u003a")
+            continue
+        out.append(ch)
+        if escape:
+            escape = False
+        elif ch == "\\":
+            escape = True
+        elif ch == '"':
+            inside = not inside
+    return "".join(out)
+
+
+@settings(deadline=None, max_examples=300)
+@given(tree=colon_trees, escape=st.booleans())
+def test_a_body_giving_each_key_once_is_taken(tree: Any, escape: bool) -> None:
+    text = json.dumps(tree)
+    body = (_escaped_colons(text) if escape else text).encode()
+    assert loads_strict(body) == tree
+
+
+@settings(deadline=None, max_examples=300)
+@given(
+    members=st.dictionaries(colon_keys, colon_trees, min_size=1, max_size=4),
+    again=st.data(),
+    value=colon_trees,
+    nest=st.integers(0, 3),
+    escape=st.booleans(),
+)
+def test_a_key_given_twice_is_refused_wherever_it_is(
+    members: dict[str, Any], again: st.DataObject, value: Any, nest: int, escape: bool
+) -> None:
+    key = again.draw(st.sampled_from(sorted(members)))
+    # The key first with ``value``, then every member (the key again among them).
+    text = "{" + json.dumps(key) + ":" + json.dumps(value) + "," + json.dumps(members)[1:]
+    for level in range(nest):
+        text = f"[{text}]" if level % 2 else '{"k":' + text + "}"
+    body = (_escaped_colons(text) if escape else text).encode()
+    with pytest.raises(ValidationError) as caught:
+        loads_strict(body)
+    assert caught.value.message == (
+        f"the request body is ambiguous: the key {key!r} is given twice in one object"
+    )
+
+
+def test_a_key_given_twice_is_refused_on_the_slow_path_too() -> None:
+    # A number of 19 digits sends the body to json: the hook refuses there.
+    with pytest.raises(ValidationError, match="the key 'task' is given twice"):
+        loads_strict(b'{"n": 1234567890123456789, "task": "a", "task": "b"}')

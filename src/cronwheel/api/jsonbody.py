@@ -26,7 +26,7 @@ from pydantic import ValidationError as PydanticValidationError
 
 from cronwheel.domain.bounds import JSON_DEPTH_MAX, check_json_tree, unstorable
 from cronwheel.domain.errors import CronwheelError, ValidationError
-from cronwheel.jsontext import loads_fast
+from cronwheel.jsontext import KeyTwiceError, loads_fast, member_dropped, pairs_once
 
 __all__ = [
     "MISSING",
@@ -111,10 +111,22 @@ def _deeper_than(body: bytes, limit: int) -> bool:
     return True
 
 
+def _key_twice(body: bytes) -> ValidationError:
+    """The refusal of a body that gives a key twice in one object (read, one of the
+    values would be dropped: never what the client meant), naming the key."""
+    try:
+        json.loads(body, object_pairs_hook=pairs_once)
+    except KeyTwiceError as exc:
+        return ValidationError(f"the request body is ambiguous: {exc}")
+    return ValidationError("the request body is ambiguous: it gives a key twice in one object")
+
+
 def loads_strict(body: bytes) -> Any:
     """Parse ``body`` as strict JSON and check it against the bounds."""
     value = loads_fast(body, MISSING)
     if value is not MISSING:
+        if member_dropped(body, value):
+            raise _key_twice(body)
         if _suspect(body) or _deeper_than(body, JSON_DEPTH_MAX):
             check_json_tree(value)
         return value
@@ -127,7 +139,14 @@ def loads_strict(body: bytes) -> Any:
         return value
 
     try:
-        value = json.loads(body, parse_constant=_refuse_constant, parse_float=finite)
+        value = json.loads(
+            body,
+            parse_constant=_refuse_constant,
+            parse_float=finite,
+            object_pairs_hook=pairs_once,
+        )
+    except KeyTwiceError as exc:
+        raise ValidationError(f"the request body is ambiguous: {exc}") from None
     except RecursionError:
         raise ValidationError(
             f"the request body is nested deeper than {JSON_DEPTH_MAX} levels"

@@ -43,6 +43,7 @@ from cronwheel.cli.output import (
     table,
 )
 from cronwheel.cli.schedule import schedule_text
+from cronwheel.jsontext import KeyTwiceError, pairs_once
 
 __all__ = [
     "STATE_STYLES",
@@ -105,7 +106,7 @@ def read_spec(path: str) -> dict[str, Any]:
         fail(f"{where} is not UTF-8 text")
     try:
         if path.endswith(".json"):
-            spec = json.loads(text, object_pairs_hook=_no_twice, parse_constant=_no_constant)
+            spec = json.loads(text, object_pairs_hook=pairs_once, parse_constant=_no_constant)
         else:
             spec = yaml.load(text, Loader=_SpecLoader)  # a SafeLoader
     except json.JSONDecodeError as exc:
@@ -115,7 +116,7 @@ def read_spec(path: str) -> dict[str, Any]:
         at = "" if mark is None else f" (line {mark.line + 1}, column {mark.column + 1})"
         problem = getattr(exc, "problem", None) or str(exc)
         fail(f"{where} is not valid YAML: {problem}{at}")
-    except _KeyTwice as exc:
+    except KeyTwiceError as exc:
         fail(f"{where} is not valid JSON: {exc}{_place_of_twice(text)}")
     except ValueError as exc:  # NaN in JSON; a YAML date that is no day
         fail(f"{where} is not valid {'JSON' if path.endswith('.json') else 'YAML'}: {exc}")
@@ -128,19 +129,6 @@ def read_spec(path: str) -> dict[str, Any]:
     if bad is not None:
         fail(f"{where}: {bad[0]} is {bad[1]!r}, which is not a number in JSON")
     return spec
-
-
-class _KeyTwice(ValueError):
-    """A JSON object gives a key twice."""
-
-
-def _no_twice(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise _KeyTwice(f"the key {key!r} is given twice in one object")
-        out[key] = value
-    return out
 
 
 def _place_of_twice(text: str) -> str:
