@@ -70,7 +70,7 @@ async def one_round(
     now = await store.db_now()
     at = now + timedelta(seconds=1)
     new = new_workflow(fanout_spec(width, at), now=now, limits=JobLimits())
-    _job, run = await store.workflows_create(tenant_id, new=new, now=now)
+    _job, run, _created = await store.workflows_create(tenant_id, new=new, now=now)
     assert run is not None
     await fire(store, run, at)
     await asyncio.sleep(max(0.0, (at - await store.db_now()).total_seconds()) + 0.01)

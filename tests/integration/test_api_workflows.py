@@ -394,3 +394,25 @@ async def test_a_key_given_twice_is_refused_and_nothing_is_stored(api) -> None:
     )
     r = await api.client.get("/v1/workflows", headers=t.headers)
     assert r.json()["items"] == []
+
+
+async def test_an_idempotency_key_makes_a_retried_creation_the_first(api) -> None:
+    t = await api.tenant()
+    key = {**t.headers, "Idempotency-Key": "nightly-etl-2030-01-01"}
+    r = await api.client.post("/v1/workflows", json=body(), headers=key)
+    assert r.status_code == 201, r.text
+    first = r.json()
+    r = await api.client.post("/v1/workflows", json=body(), headers=key)
+    assert r.status_code == 200, r.text
+    assert r.json() == first
+    # The same key with another DAG is not the same request.
+    other = body(nodes=[{"name": "only", "task": "etl.extract"}])
+    r = await api.client.post("/v1/workflows", json=other, headers=key)
+    assert r.status_code == 409 and error_of(r)["code"] == "idempotency_conflict", r.text
+    # Nor is a job created under it.
+    job = {"name": "etl", "schedule": {"asap": True}, "task": "etl.extract"}
+    r = await api.client.post("/v1/jobs", json=job, headers=key)
+    assert r.status_code == 409 and error_of(r)["code"] == "idempotency_conflict", r.text
+    r = await api.client.get("/v1/workflows", headers=t.headers)
+    assert [w["id"] for w in r.json()["items"]] == [first["id"]]
+    assert len(r.json()["items"][0]["nodes"]) == len(DIAMOND)

@@ -125,8 +125,10 @@ def test_a_workflow_run_is_cancelled_and_its_workflow_controlled(
     _, client, _ = live
     wf = Workflow("nobody-serves-it", schedule={"cron": "0 3 * * *", "timezone": "UTC"})
     wf.node("first", task="not.served") >> wf.node("second", task="not.served")
-    workflow = client.workflows.create(wf)
+    workflow = client.workflows.create(wf, idempotency_key="nobody-serves-it")
     assert workflow["next_due_at"] is not None
+    # Retried with its key, the creation answers the workflow created first.
+    assert client.workflows.create(wf, idempotency_key="nobody-serves-it") == workflow
 
     run = client.workflows.trigger(workflow["id"])
     # Fired: its first node is ready (no worker serves it), its second waits for it.

@@ -37,7 +37,7 @@ def spec(nodes: list[dict[str, Any]], **fields: Any) -> WorkflowSpec:
 
 async def create(store: Store, tenant_id: uuid.UUID, nodes: list[dict[str, Any]]) -> Run:
     new = new_workflow(spec(nodes), now=at(-60), limits=JobLimits())
-    _job, run = await store.workflows_create(tenant_id, new=new, now=at(-60))
+    _job, run, _created = await store.workflows_create(tenant_id, new=new, now=at(-60))
     assert run is not None
     return run
 

@@ -7,11 +7,17 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from fastapi import Query
+from fastapi import Header, Query
 
 from cronwheel.domain.errors import NotFoundError
 
-__all__ = ["FORCE_QUERY", "REASON_QUERY", "parse_id"]
+__all__ = [
+    "FORCE_QUERY",
+    "IDEMPOTENCY_KEY_HEADER",
+    "IDEMPOTENCY_KEY_MAX",
+    "REASON_QUERY",
+    "parse_id",
+]
 
 # Of a deletion (``DELETE /v1/jobs/{id}``, ``DELETE /v1/tenants/{id}``).
 FORCE_QUERY: Any = Query(
@@ -21,6 +27,15 @@ FORCE_QUERY: Any = Query(
 )
 REASON_QUERY: Any = Query(
     default=None, max_length=1000, description="recorded in the audit trail with the deletion"
+)
+# Of a creation (``POST /v1/jobs``, ``POST /v1/workflows``).
+IDEMPOTENCY_KEY_MAX = 200
+IDEMPOTENCY_KEY_HEADER: Any = Header(
+    default=None,
+    alias="Idempotency-Key",
+    min_length=1,
+    max_length=IDEMPOTENCY_KEY_MAX,
+    description="Makes a retried request return what the first one created.",
 )
 
 

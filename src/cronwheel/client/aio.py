@@ -281,8 +281,10 @@ class AsyncJobs(_AsyncResource):
 
 
 class AsyncWorkflows(_AsyncResource):
-    async def create(self, spec: Workflow | Mapping[str, Any]) -> Json:
-        return await self._one(Calls.workflows_create(spec))
+    async def create(
+        self, spec: Workflow | Mapping[str, Any], *, idempotency_key: str | None = None
+    ) -> Json:
+        return await self._one(Calls.workflows_create(spec, idempotency_key))
 
     async def get(self, workflow_id: Id) -> Json:
         return await self._one(Calls.workflows_get(workflow_id))

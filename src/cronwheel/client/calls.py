@@ -366,9 +366,12 @@ class Calls:
         return Call("PUT", f"/v1/pools/{_seg(name)}", json={"p0_reserved_share": p0_reserved_share})
 
     @staticmethod
-    def workflows_create(spec: Workflow | Mapping[str, Any]) -> Call:
+    def workflows_create(
+        spec: Workflow | Mapping[str, Any], idempotency_key: str | None = None
+    ) -> Call:
         body = _body(spec.to_spec() if isinstance(spec, Workflow) else dict(spec))
-        return Call("POST", "/v1/workflows", json=body)
+        headers = {} if idempotency_key is None else {"Idempotency-Key": idempotency_key}
+        return Call("POST", "/v1/workflows", json=body, headers=headers)
 
     @staticmethod
     def workflows_get(workflow_id: Id) -> Call:

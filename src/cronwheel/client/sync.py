@@ -301,11 +301,14 @@ class Workflows(_Resource):
     rule holds over its upstream nodes, scheduled like a job. Each firing is a
     *workflow run* with one *node run* per node."""
 
-    def create(self, spec: Workflow | Mapping[str, Any]) -> Json:
+    def create(
+        self, spec: Workflow | Mapping[str, Any], *, idempotency_key: str | None = None
+    ) -> Json:
         """A new workflow from a :class:`Workflow` or the body of ``POST
         /v1/workflows`` (``name``, ``schedule``, ``nodes``, …); a cycle, an unknown
-        upstream node or a bad field is 422 and creates nothing."""
-        return self._one(Calls.workflows_create(spec))
+        upstream node or a bad field is 422 and creates nothing. With
+        ``idempotency_key``, a retry answers the workflow the first call created."""
+        return self._one(Calls.workflows_create(spec, idempotency_key))
 
     def get(self, workflow_id: Id) -> Json:
         return self._one(Calls.workflows_get(workflow_id))

@@ -526,7 +526,12 @@ def node_payload(
 
 
 def new_workflow(
-    spec: WorkflowSpec, *, now: datetime, limits: JobLimits, actor: Actor | None = None
+    spec: WorkflowSpec,
+    *,
+    now: datetime,
+    limits: JobLimits,
+    actor: Actor | None = None,
+    idempotency_key: str | None = None,
 ) -> NewJob:
     """The workflow to create from ``spec`` at ``now``: its DAG checked, each node's
     payload within the limit, and its first due instant resolved as a job's is (the
@@ -543,5 +548,5 @@ def new_workflow(
         tags=spec.tags,
         lateness_budget=spec.lateness_budget,
     )
-    made = new_job(as_job, now=now, limits=limits, actor=actor)
+    made = new_job(as_job, now=now, limits=limits, actor=actor, idempotency_key=idempotency_key)
     return replace(made, workflow=dag.to_json())

@@ -358,9 +358,11 @@ class Store(SchedulerSide, WorkerSide):
     @abstractmethod
     async def workflows_create(
         self, tenant_id: uuid.UUID, *, new: NewJob, now: datetime | None = None
-    ) -> tuple[Job, Run | None]:
+    ) -> tuple[Job, Run | None, bool]:
         """Create the workflow ``new`` (a job whose ``workflow`` is its DAG) and its first
-        workflow run, in one transaction."""
+        workflow run, in one transaction; and whether it was created (False: ``new``'s
+        idempotency key was used before with the same request, and this is the workflow
+        created then, with its first run; another request: IdempotencyConflictError)."""
 
     @abstractmethod
     async def workflow_runs_list(

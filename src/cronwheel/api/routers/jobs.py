@@ -10,7 +10,7 @@ from itertools import islice
 from typing import Annotated, Any, cast
 
 import orjson
-from fastapi import APIRouter, Body, Depends, Header, Query, Request, Response, status
+from fastapi import APIRouter, Body, Depends, Query, Request, Response, status
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
@@ -21,7 +21,13 @@ from cronwheel.api.auth import (
     tenant_writer,
     tenant_writer_of,
 )
-from cronwheel.api.inputs import FORCE_QUERY, REASON_QUERY, parse_id
+from cronwheel.api.inputs import (
+    FORCE_QUERY,
+    IDEMPOTENCY_KEY_HEADER,
+    IDEMPOTENCY_KEY_MAX,
+    REASON_QUERY,
+    parse_id,
+)
 from cronwheel.api.jsonbody import MISSING, StrictJsonRoute, solved_by, validated
 from cronwheel.api.redaction import redact_webhook, refuse_redacted
 from cronwheel.api.routers.logs import delete_logs
@@ -78,7 +84,6 @@ router = APIRouter(
     prefix="/v1/jobs", tags=["jobs"], responses=ERROR_RESPONSES, route_class=StrictJsonRoute
 )
 
-_IDEMPOTENCY_KEY_MAX = 200
 _JSON = "application/json"
 BATCH_MAX = 1000
 PREVIEW_MAX = 1000
@@ -175,7 +180,7 @@ def job_answer(job: Job, status_code: int = status.HTTP_200_OK) -> Response:
 # The two creation routes solve their parameters by hand (``solved_by``), exactly as
 # their signatures declare them.
 _SPEC = TypeAdapter(JobSpec)
-_IDEMPOTENCY_KEY = TypeAdapter(Annotated[str, Field(min_length=1, max_length=_IDEMPOTENCY_KEY_MAX)])
+_IDEMPOTENCY_KEY = TypeAdapter(Annotated[str, Field(min_length=1, max_length=IDEMPOTENCY_KEY_MAX)])
 
 
 async def _create_job_arguments(request: Request, body: Any) -> dict[str, Any]:
@@ -222,13 +227,7 @@ async def create_job(
     request: Request,
     spec: JobSpec = Body(),
     scope: TenantScope = Depends(tenant_writer),
-    idempotency_key: str | None = Header(
-        default=None,
-        alias="Idempotency-Key",
-        min_length=1,
-        max_length=_IDEMPOTENCY_KEY_MAX,
-        description="Makes a retried request return the job the first one created.",
-    ),
+    idempotency_key: str | None = IDEMPOTENCY_KEY_HEADER,
 ) -> Response:
     """Validates the job, computes when its first run is due (on the database clock) and
     stores both in one transaction."""

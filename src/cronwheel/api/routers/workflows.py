@@ -11,17 +11,18 @@ import uuid
 from collections import Counter
 from typing import Any
 
-from fastapi import APIRouter, Body, Depends, Query, Request, status
+from fastapi import APIRouter, Body, Depends, Query, Request, Response, status
 from pydantic import Field
 
 from cronwheel.api.auth import TenantScope, actor_of, tenant_reader, tenant_writer
-from cronwheel.api.inputs import FORCE_QUERY, REASON_QUERY, parse_id
+from cronwheel.api.inputs import FORCE_QUERY, IDEMPOTENCY_KEY_HEADER, REASON_QUERY, parse_id
 from cronwheel.api.jsonbody import StrictJsonRoute
 from cronwheel.api.redaction import redact_webhook, refuse_redacted
 from cronwheel.api.routers.jobs import check_job_state, delete_job
 from cronwheel.api.schemas import (
     ERROR_RESPONSES,
     CancelRequest,
+    ErrorResponse,
     JobControlRequest,
     JobDeletedOut,
     RequestModel,
@@ -277,16 +278,31 @@ async def _workflow_run(
     status_code=status.HTTP_201_CREATED,
     summary="Create a workflow",
     response_model=WorkflowOut,
+    responses={
+        200: {
+            "model": WorkflowOut,
+            "description": "The Idempotency-Key was used before with "
+            "the same request: the workflow created then",
+        },
+        409: {
+            "model": ErrorResponse,
+            "description": "The Idempotency-Key was used before "
+            "with a different request (`idempotency_conflict`)",
+        },
+    },
 )
 async def create_workflow(
     request: Request,
+    response: Response,
     spec: WorkflowSpec = Body(),
     scope: TenantScope = Depends(tenant_writer),
+    idempotency_key: str | None = IDEMPOTENCY_KEY_HEADER,
 ) -> WorkflowOut:
     """Validates the DAG — no cycle (the error names its nodes), every `after` a node of
     the workflow, unique node names, at most 2,000 nodes — and stores the workflow with
     its first workflow run in one transaction; nothing is stored when anything is
-    wrong (422)."""
+    wrong (422). With an Idempotency-Key used before, the workflow created then (200),
+    or 409 when that request was another."""
     for i, node in enumerate(spec.nodes):
         refuse_redacted(node, field=f"nodes.{i}.webhook.headers")
     state = api_state(request)
@@ -296,8 +312,11 @@ async def create_workflow(
         now=now,
         limits=state.settings.job_limits,
         actor=actor_of(request, scope.principal),
+        idempotency_key=idempotency_key,
     )
-    job, run = await state.store.workflows_create(scope.tenant_id, new=new, now=now)
+    job, run, created = await state.store.workflows_create(scope.tenant_id, new=new, now=now)
+    if not created:
+        response.status_code = status.HTTP_200_OK
     return workflow_out(job, first_run_id=None if run is None else run.id)
 
 

@@ -81,8 +81,13 @@ from cronwheel.timing.spread import spread_instant
 __all__ = ["JobsMixin", "stored_schedule"]
 
 
-def _request_hash(spec: Any) -> str:
-    body = json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+def _request_hash(nj: NewJob) -> str:
+    """What a replay under the same Idempotency-Key must match: the job's request, and a
+    workflow's DAG with it (a job's hash is as it always was)."""
+    request: Any = nj.spec.model_dump(mode="json")
+    if nj.workflow is not None:
+        request = {"job": request, "workflow": nj.workflow}
+    body = json.dumps(request, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(body.encode()).hexdigest()
 
 
@@ -451,7 +456,7 @@ class JobsMixin(HoldsMixin):
     ) -> tuple[_NewJobs, list[_Made]]:
         at = await self._now(conn, now)
         # Only a key's replay compares requests: a job without one needs no hash.
-        hashes = [_request_hash(nj.spec) if nj.idempotency_key else None for nj in new_jobs]
+        hashes = [_request_hash(nj) if nj.idempotency_key else None for nj in new_jobs]
         replay = await self._jobs_replayed(conn, tenant_id, new_jobs, hashes)
         made = _NewJobs(tenant_id, at)
         out: list[_Made] = []

@@ -25,18 +25,19 @@ __all__ = ["WorkflowsMixin"]
 class WorkflowsMixin(JobsMixin):
     async def workflows_create(
         self, tenant_id: uuid.UUID, *, new: NewJob, now: datetime | None = None
-    ) -> tuple[Job, Run | None]:
+    ) -> tuple[Job, Run | None, bool]:
         async with self._write() as conn:
             made, out = await self._jobs_create_in(conn, tenant_id, [new], now)
             [m] = out
-            await conn.execute(
-                jobs.update()
-                .where(jobs.c.tenant_id == tenant_id, jobs.c.id == m.job.id)
-                .values(workflow=new.workflow)
-            )
+            if m.created:  # a key's replay is the workflow created then, as it is
+                await conn.execute(
+                    jobs.update()
+                    .where(jobs.c.tenant_id == tenant_id, jobs.c.id == m.job.id)
+                    .values(workflow=new.workflow)
+                )
         if made.notices:
             self.driver.notify_committed(CHANNEL_RUNS_NEW, made.notices, self._deliver, within=0.0)
-        return m.job, m.run_record()
+        return m.job, m.run_record(), m.created
 
     async def workflow_runs_list(
         self,
