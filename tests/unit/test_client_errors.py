@@ -80,6 +80,28 @@ def test_ids_cannot_climb_out_of_their_route() -> None:
     assert Calls.runs_cancel("a/b?c", None).path == "/v1/runs/a%2Fb%3Fc/cancel"
 
 
+@pytest.mark.parametrize("ident", ["", ".", "..", "..."])
+def test_an_empty_or_dots_only_id_is_refused_before_any_request(ident: str) -> None:
+    # The path would lose it (GET /v1/workflows/ is the list) or climb by it.
+    with pytest.raises(ValueError, match="names nothing here"):
+        Calls.workflows_get(ident)
+    with pytest.raises(ValueError, match="names nothing here"):
+        Calls.jobs_delete(ident, False, None)
+    assert Calls.workflows_get("a.b").path == "/v1/workflows/a.b"
+
+
+def test_a_redirect_is_an_error_not_an_empty_answer() -> None:
+    answer = httpx.Response(
+        307,
+        headers={"location": "http://x/v1/workflows"},
+        request=httpx.Request("DELETE", "http://x/v1/workflows/"),
+    )
+    with pytest.raises(ApiError) as caught:
+        Client._parse(answer)
+    assert (caught.value.status, caught.value.code) == (307, "bad_response")
+    assert "DELETE /v1/workflows/ names no resource" in caught.value.message
+
+
 def test_list_filters_skip_none_and_join_many_states() -> None:
     call = Calls.runs_list(None, ["FAILED", "DEAD_LETTER"], None, None, None, None, 10)
     assert call.params == {"state": "FAILED,DEAD_LETTER", "limit": "10"}

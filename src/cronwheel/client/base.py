@@ -98,6 +98,14 @@ class BaseClient:
     def _parse(response: httpx.Response) -> Any:
         if response.is_error:
             raise error_from_response(response)
+        if response.is_redirect:
+            # No route of the API redirects: the path named no resource of it.
+            raise ApiError(
+                response.status_code,
+                "bad_response",
+                f"{response.request.method} {response.request.url.path} names no resource "
+                f"of the API (the server redirects it)",
+            )
         if response.status_code == 204 or not response.content:
             return None
         try:

@@ -34,8 +34,12 @@ class Call:
 
 
 def _seg(value: Id) -> str:
-    """An id as one path segment: nothing in it can climb to another route."""
-    return quote(str(value), safe="")
+    """An id as one path segment: nothing in it can climb to another route — nor be
+    empty or dots alone, which the path would lose or climb by (ValueError)."""
+    text = str(value)
+    if not text.strip("."):
+        raise ValueError(f"{text!r} names nothing here: an id or a name is needed")
+    return quote(text, safe="")
 
 
 def query_params(**values: Any) -> dict[str, str | list[str]]:
