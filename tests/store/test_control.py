@@ -14,7 +14,7 @@ from cronwheel.domain.errors import IllegalTransitionError, NotFoundError, Valid
 from cronwheel.domain.model import Job, Run
 from cronwheel.domain.sharding import shard_of
 from cronwheel.domain.states import JobState, RunState
-from cronwheel.store import CHANNEL_RUNS_NEW, CompleteItem, RunFilter, Store
+from cronwheel.store import CHANNEL_RUNS_NEW, CompleteItem, FailItem, RunFilter, Store
 from cronwheel.store.schema import PARKED_FIRE_AT
 from cronwheel.timing import local_form, occurrences
 
@@ -298,6 +298,39 @@ async def test_trigger_of_paused_finished_and_cancelled_jobs(store: Store) -> No
     with pytest.raises(IllegalTransitionError):
         await store.jobs_trigger(tenant.id, job.id, now=at(4))
     assert await job_runs(store, tenant.id, job.id) == before
+
+
+async def test_a_triggered_run_ending_does_not_finish_a_one_off_job(store: Store) -> None:
+    # A one-off job due in an hour, triggered now: its triggered run ends (a success,
+    # then another a failure) while its own run waits for its instant. The job stays
+    # active (it can still be paused); its own run ending finishes it.
+    tenant = await make_tenant(store)
+    job, own = await create_job(store, tenant.id, due_at=at(3600))
+    worker = await register_worker(store, tenant.id)
+    for k, ok in enumerate((True, False)):
+        triggered = await store.jobs_trigger(tenant.id, job.id, now=at(k))
+        assert len(await fire(store, [triggered], now=at(k))) == 1
+        [attempt] = await store.attempts_lease(worker=worker, max=1, now=at(k))
+        assert attempt.run_id == triggered.id
+        if ok:
+            await store.attempts_complete_many(
+                items=[CompleteItem(attempt.attempt_id, attempt.fencing_token)], now=at(k)
+            )
+        else:
+            await store.attempts_fail_many(
+                items=[FailItem(attempt.attempt_id, attempt.fencing_token, "boom", False)],
+                now=at(k),
+            )
+        assert (await store.jobs_get(tenant.id, job.id)).state is JobState.ACTIVE
+    assert (await store.runs_get(tenant.id, own.id)).state is RunState.SCHEDULED
+    assert (await store.jobs_pause(tenant.id, job.id, now=at(10))).state is JobState.PAUSED
+    await store.jobs_resume(tenant.id, job.id, now=at(11))
+    assert len(await fire(store, [own], now=at(3600))) == 1
+    [attempt] = await store.attempts_lease(worker=worker, max=1, now=at(3600))
+    await store.attempts_complete_many(
+        items=[CompleteItem(attempt.attempt_id, attempt.fencing_token)], now=at(3600)
+    )
+    assert (await store.jobs_get(tenant.id, job.id)).state is JobState.FINISHED
 
 
 # -- backfill ------------------------------------------------------------------------

@@ -460,7 +460,7 @@ finished AS (
     FROM done
     WHERE runs.id = done.run_id AND {FINISH.sql("runs.state")}
     RETURNING runs.id, runs.tenant_id, runs.job_id, runs.state, runs.task, done.id AS attempt_id,
-              done.now, runs.workflow_run_id
+              done.now, runs.workflow_run_id, runs.origin
 ),
 ev AS (
     INSERT INTO events (tenant_id, at, kind, job_id, run_id, attempt_id, from_state, to_state,
@@ -472,7 +472,9 @@ ev AS (
 jobs_done AS (
     UPDATE jobs SET state = 'finished', next_due_at = NULL, updated_at = t.now
     FROM t
-    WHERE jobs.id IN (SELECT job_id FROM finished WHERE workflow_run_id IS NULL)
+    -- A one-off job's own run ended (origin once): not a run triggered beside it.
+    WHERE jobs.id IN (SELECT job_id FROM finished
+                      WHERE workflow_run_id IS NULL AND origin = 'once')
       AND jobs.state = 'active' AND jobs.kind IN ('at', 'delay', 'asap') AND jobs.workflow IS NULL
 )
 SELECT done.id, done.fencing_token, finished.state, finished.tenant_id, finished.task,

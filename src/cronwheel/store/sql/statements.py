@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from cronwheel.domain.spec import ONE_OFF_KINDS
-from cronwheel.domain.states import AttemptState, JobState, Move, RunState
+from cronwheel.domain.states import TERMINAL_STATES, AttemptState, JobState, Move, RunState
 from cronwheel.store.driver import Driver, lease_fence
 from cronwheel.store.schema import attempts, jobs, runs, shard_leases, workers
 from cronwheel.store.values import CompleteItem, FailItem, HeartbeatItem
@@ -178,11 +178,23 @@ async def jobs_finish_one_off(
     *,
     workflows: bool = False,
 ) -> None:
-    """A one-off job has one run: it is finished when that run ends, however (every
-    path that ends runs calls this: results, failures, quarantine). A one-off workflow
-    is finished when its workflow run ends (``workflows``), not when a node run does."""
+    """A one-off job has one run of its own (origin ``once``): it is finished when that
+    run has ended, however (every path that ends runs calls this, after ending them in
+    the same transaction: results, failures, quarantine). A run triggered beside it
+    ending does not finish it: its own is still to come. A one-off workflow is finished
+    when its workflow run ends (``workflows``), not when a node run does."""
     if not job_ids:
         return
+    own_run_pending = (
+        sa.select(runs.c.id)
+        .where(
+            runs.c.tenant_id == jobs.c.tenant_id,
+            runs.c.job_id == jobs.c.id,
+            runs.c.origin == "once",
+            runs.c.state.not_in([s.value for s in TERMINAL_STATES]),
+        )
+        .exists()
+    )
     await conn.execute(
         jobs.update()
         .where(
@@ -190,6 +202,7 @@ async def jobs_finish_one_off(
             jobs.c.kind.in_(ONE_OFF_KINDS),
             jobs.c.state == JobState.ACTIVE.value,
             jobs.c.workflow.is_not(None) if workflows else jobs.c.workflow.is_(None),
+            ~own_run_pending,
         )
         .values(state=JobState.FINISHED.value, next_due_at=None, updated_at=at)
     )
