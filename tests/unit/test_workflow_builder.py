@@ -86,6 +86,19 @@ def test_unset_fields_are_left_to_the_server() -> None:
     }
 
 
+@pytest.mark.parametrize("field", ["requires", "tags", "route_tags"])
+def test_a_text_where_a_list_of_texts_goes_is_refused(field: str) -> None:
+    # list("gpu") would be g, p, u: routing the node where nothing asked.
+    wf = Workflow("w", schedule={"delay": 5})
+    with pytest.raises(TypeError, match=f"{field}: expected a list of texts, got 'gpu'"):
+        wf.node("a", task="t", **{field: "gpu"})
+    assert wf.nodes == ()
+    wf.node("a", task="t", **{field: ("gpu", "eu")})
+    assert wf.to_spec()["nodes"][0][field] == ["gpu", "eu"]
+    with pytest.raises(TypeError, match="tags: expected a list of texts, got 'etl'"):
+        Workflow("w", schedule={"delay": 5}, tags="etl")
+
+
 def test_a_node_made_before_its_upstream_is_sent_after_it() -> None:
     wf = Workflow("w", schedule={"asap": True})
     load = wf.node("load", task="t")

@@ -99,6 +99,16 @@ def _mapping(value: object, what: str) -> Mapping[str, Any]:
     return value
 
 
+def _texts(value: Sequence[str] | None, what: str) -> list[str] | None:
+    """A list of texts (tags, capabilities) as given; a text alone is refused, where
+    ``list()`` would split it into its letters (``tags="etl"`` as e, t, l)."""
+    if value is None:
+        return None
+    if isinstance(value, str | bytes) or not isinstance(value, Iterable):
+        raise TypeError(f"{what}: expected a list of texts, got {value!r}")
+    return list(value)
+
+
 def _nodes(value: object, where: str) -> list[Node]:
     if not isinstance(value, list | tuple) or not all(isinstance(n, Node) for n in value):
         raise TypeError(f"{where}: expected a node or a list of nodes, got {value!r}")
@@ -119,7 +129,7 @@ class Workflow:
     ) -> None:
         self.name = name
         self.schedule = dict(_mapping(schedule, "schedule"))
-        self.tags = None if tags is None else list(tags)
+        self.tags = _texts(tags, "tags")
         self.lateness_budget = lateness_budget
         self._nodes: dict[str, Node] = {}
         self._downstream: dict[str, list[Node]] = {}
@@ -154,9 +164,9 @@ class Workflow:
             "webhook": None if webhook is None else dict(_mapping(webhook, "webhook")),
             "payload": None if payload is None else dict(_mapping(payload, "payload")),
             "pool": pool,
-            "requires": None if requires is None else list(requires),
-            "tags": None if tags is None else list(tags),
-            "route_tags": None if route_tags is None else list(route_tags),
+            "requires": _texts(requires, "requires"),
+            "tags": _texts(tags, "tags"),
+            "route_tags": _texts(route_tags, "route_tags"),
             "priority": priority,
             "retry": None if retry is None else dict(_mapping(retry, "retry")),
             "timeout": timeout,
