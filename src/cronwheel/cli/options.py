@@ -12,6 +12,7 @@ import typer
 
 from cronwheel.cli.output import fail
 from cronwheel.client import Client
+from cronwheel.jsontext import pairs_once
 
 __all__ = [
     "DEFAULT_URL",
@@ -88,13 +89,19 @@ def parse_instant(value: str, option: str) -> datetime:
     return instant
 
 
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not a number in JSON")
+
+
 def parse_json_object(value: str, option: str) -> dict[str, Any]:
     try:
-        parsed = json.loads(value)
+        parsed = json.loads(value, object_pairs_hook=pairs_once, parse_constant=_not_json)
     except json.JSONDecodeError as exc:
         raise typer.BadParameter(
             f"not valid JSON: {exc.msg} (at char {exc.pos})", param_hint=f"'{option}'"
         ) from None
+    except ValueError as exc:  # NaN, Infinity; a key given twice
+        raise typer.BadParameter(f"not valid JSON: {exc}", param_hint=f"'{option}'") from None
     if not isinstance(parsed, dict):
         raise typer.BadParameter(
             'must be a JSON object, e.g. \'{"region": "us"}\'', param_hint=f"'{option}'"

@@ -4,10 +4,11 @@ workflow run as a tree of its nodes, cancel it, retry one of its nodes."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from collections import deque
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Hashable, Iterator, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
@@ -35,6 +36,7 @@ from cronwheel.cli.output import (
     command_group,
     console,
     count,
+    err,
     fail,
     handle_errors,
     key_values,
@@ -43,6 +45,7 @@ from cronwheel.cli.output import (
     table,
 )
 from cronwheel.cli.schedule import schedule_text
+from cronwheel.domain.bounds import JSON_DEPTH_MAX
 from cronwheel.jsontext import KeyTwiceError, pairs_once
 
 __all__ = [
@@ -88,6 +91,11 @@ STATE_STYLES = {
     "SKIPPED": "dim yellow",
 }
 # States whose reason (or last error) says what went wrong.
+# Files this large are read under a spinner.
+_LARGE_FILE = 1_000_000
+# Values a file may hold, its aliases expanded: more than a request's 1 MiB could carry
+# (each value is a byte at least).
+_VALUES_MAX = 2_000_000
 # The fewest levels a workflow run's tree shows before a branch goes on from the top.
 _TREE_DEPTH_MIN = 4
 _EXPLAINED = frozenset({"FAILED", "DEAD_LETTER", "CANCELLED", "SKIPPED"})
@@ -105,10 +113,13 @@ def read_spec(path: str) -> dict[str, Any]:
     except UnicodeDecodeError:
         fail(f"{where} is not UTF-8 text")
     try:
-        if path.endswith(".json"):
-            spec = json.loads(text, object_pairs_hook=pairs_once, parse_constant=_no_constant)
-        else:
-            spec = yaml.load(text, Loader=_SpecLoader)  # a SafeLoader
+        with _reading(where, len(text)):
+            if path.endswith(".json"):
+                spec = json.loads(text, object_pairs_hook=pairs_once, parse_constant=_no_constant)
+            else:
+                spec = yaml.load(text, Loader=_SpecLoader)  # a SafeLoader
+    except RecursionError:
+        fail(f"{where} nests deeper than the server takes ({JSON_DEPTH_MAX} levels)")
     except json.JSONDecodeError as exc:
         fail(f"{where} is not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})")
     except yaml.YAMLError as exc:
@@ -125,10 +136,20 @@ def read_spec(path: str) -> dict[str, Any]:
             f"{where} must hold one workflow: a mapping with name, schedule and nodes "
             "(see examples/pipeline.yaml)"
         )
-    bad = _not_a_number(spec, "")
-    if bad is not None:
-        fail(f"{where}: {bad[0]} is {bad[1]!r}, which is not a number in JSON")
+    problem = _unsendable(spec)
+    if problem is not None:
+        fail(f"{where}: {problem}")
     return spec
+
+
+@contextlib.contextmanager
+def _reading(where: str, size: int) -> Iterator[None]:
+    """A spinner while a large file is read (a few MB of YAML take seconds)."""
+    if size < _LARGE_FILE:
+        yield
+        return
+    with err.status(f"reading {where} ({size / 1e6:.1f} MB) …"):
+        yield
 
 
 def _place_of_twice(text: str) -> str:
@@ -148,18 +169,34 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a number in JSON")
 
 
-def _not_a_number(value: Any, path: str) -> tuple[str, float] | None:
-    """The first NaN or infinity in ``value`` (YAML writes them ``.nan``, ``.inf``),
-    with where it is (``nodes.0.payload.x``)."""
-    todo: list[tuple[str, Any]] = [(path, value)]
+def _unsendable(value: Any) -> str | None:
+    """What in ``value`` could not be sent as the JSON it reads as, with where it is
+    (``nodes.0.payload.x``): a NaN or an infinity (YAML writes them ``.nan``,
+    ``.inf``), a key that is not text (YAML's ``1:`` or ``~:`` would be sent as
+    ``"1"`` and ``"None"``, and ``1`` beside ``"1"`` would lose one), nesting deeper
+    than the server takes, or more values than any request holds (YAML aliases
+    repeat what they name: a few lines can stand for millions)."""
+    todo: list[tuple[str, Any, int]] = [("", value, 0)]
+    seen = 0
     while todo:
-        where, item = todo.pop()
+        where, item, depth = todo.pop()
+        seen += 1
+        if seen > _VALUES_MAX:
+            return f"holds more than {_VALUES_MAX:,} values once its aliases are expanded"
         if isinstance(item, float) and not math.isfinite(item):
-            return where, item
+            return f"{where} is {item!r}, which is not a number in JSON"
+        if isinstance(item, dict | list) and depth >= JSON_DEPTH_MAX:
+            return f"{where or 'the workflow'} nests deeper than {JSON_DEPTH_MAX} levels"
         if isinstance(item, dict):
-            todo += [(f"{where}.{k}".lstrip("."), v) for k, v in reversed(item.items())]
+            for k in item:
+                if not isinstance(k, str):
+                    return f"the key {k!r} of {where or 'the workflow'} is not text: quote it"
+            todo += [(f"{where}.{k}".lstrip("."), v, depth + 1) for k, v in reversed(item.items())]
         elif isinstance(item, list):
-            todo += [(f"{where}.{i}".lstrip("."), v) for i, v in reversed(list(enumerate(item)))]
+            todo += [
+                (f"{where}.{i}".lstrip("."), v, depth + 1)
+                for i, v in reversed(list(enumerate(item)))
+            ]
     return None
 
 
