@@ -74,10 +74,14 @@ async def test_the_admin_lists_every_tenants_runs(api: Driver) -> None:
     named = {**api.admin, "Cronwheel-Tenant": two.id}
     assert await _ids(api, named) == [theirs[n] for n in "dcba"]
     assert await _ids(api, api.admin, pool="gpu", tag="blue") == [theirs["b"], mine["b"]]
-    # A viewer of one tenant sees its own only, the header ignored.
+    # A viewer of one tenant sees its own only: naming it is no different, naming
+    # another is refused (not ignored: its sender meant the other tenant's).
     viewer = await api.key(one, "viewer")
     assert await _ids(api, viewer) == [mine[n] for n in "dcba"]
-    assert await _ids(api, {**viewer, "Cronwheel-Tenant": two.id}) == [mine[n] for n in "dcba"]
+    assert await _ids(api, {**viewer, "Cronwheel-Tenant": one.id}) == [mine[n] for n in "dcba"]
+    r = await api.client.get("/v1/runs", headers={**viewer, "Cronwheel-Tenant": two.id})
+    assert r.status_code == 403, r.text
+    assert r.json()["error"]["field"] == "Cronwheel-Tenant"
 
 
 async def test_tenants_never_see_each_others_history(api: Driver) -> None:

@@ -374,6 +374,14 @@ async def _scope(request: Request, principal: Principal, tenant_header: str | No
         raise PermissionDeniedError("worker keys may use only the worker protocol")
     if principal.tenant_id is None:
         raise PermissionDeniedError("this key belongs to no tenant")
+    if tenant_header and tenant_header.strip() != str(principal.tenant_id):
+        # Taken and ignored, the header would have the request act on the key's own
+        # tenant while its sender meant another.
+        raise PermissionDeniedError(
+            f"this key acts on its own tenant only: the header {TENANT_HEADER} names "
+            f"another ({tenant_header.strip()!r}); leave it out, or use the admin key",
+            field=TENANT_HEADER,
+        )
     return TenantScope(principal=principal, tenant_id=principal.tenant_id)
 
 
@@ -383,7 +391,7 @@ async def tenant_reader(
     cronwheel_tenant: str | None = Header(
         default=None,
         alias=TENANT_HEADER,
-        description="The tenant id; required with the admin key, ignored otherwise.",
+        description="The tenant id: required with the admin key; another key may name its own.",
     ),
 ) -> TenantScope:
     """Admin (naming a tenant), operator or viewer."""
@@ -396,7 +404,7 @@ async def tenant_writer(
     cronwheel_tenant: str | None = Header(
         default=None,
         alias=TENANT_HEADER,
-        description="The tenant id; required with the admin key, ignored otherwise.",
+        description="The tenant id: required with the admin key; another key may name its own.",
     ),
 ) -> TenantScope:
     """Admin (naming a tenant) or operator."""
@@ -419,7 +427,7 @@ async def tenant_or_every_reader(
         default=None,
         alias=TENANT_HEADER,
         description="With the admin key: only this tenant's (default: every tenant's). "
-        "Ignored for tenant keys.",
+        "Another key may name its own tenant only.",
     ),
 ) -> uuid.UUID | None:
     """The tenant whose resources to read, for reads that may span tenants (alerts,
