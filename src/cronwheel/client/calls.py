@@ -42,6 +42,19 @@ def _seg(value: Id) -> str:
     return quote(text, safe="")
 
 
+def _definitions(
+    path: str,
+    state: str | None,
+    tag: str | None,
+    name_prefix: str | None,
+    cursor: str | None,
+    limit: int | None,
+) -> Call:
+    """A page of jobs or of workflows, by the filters both lists take."""
+    params = query_params(state=state, tag=tag, name_prefix=name_prefix, cursor=cursor, limit=limit)
+    return Call("GET", path, params=params)
+
+
 def query_params(**values: Any) -> dict[str, str | list[str]]:
     out: dict[str, str | list[str]] = {}
     for key, value in values.items():
@@ -156,10 +169,7 @@ class Calls:
         cursor: str | None,
         limit: int | None,
     ) -> Call:
-        params = query_params(
-            state=state, tag=tag, name_prefix=name_prefix, cursor=cursor, limit=limit
-        )
-        return Call("GET", "/v1/jobs", params=params)
+        return _definitions("/v1/jobs", state, tag, name_prefix, cursor, limit)
 
     @staticmethod
     def jobs_update(
@@ -389,10 +399,7 @@ class Calls:
         cursor: str | None,
         limit: int | None,
     ) -> Call:
-        params = query_params(
-            state=state, tag=tag, name_prefix=name_prefix, cursor=cursor, limit=limit
-        )
-        return Call("GET", "/v1/workflows", params=params)
+        return _definitions("/v1/workflows", state, tag, name_prefix, cursor, limit)
 
     @staticmethod
     def workflows_control(workflow_id: Id, action: str, reason: str | None) -> Call:

@@ -52,7 +52,7 @@ from cronwheel.api.schemas import (
 from cronwheel.api.state import api_state
 from cronwheel.domain.audit import Actor
 from cronwheel.domain.errors import CronwheelError, ValidationError
-from cronwheel.domain.model import Job, NewJob
+from cronwheel.domain.model import Job, NewJob, Page
 from cronwheel.domain.new_job import JobLimits, new_job
 from cronwheel.domain.spec import (
     AsapSchedule,
@@ -322,9 +322,9 @@ async def list_jobs(
     limit: int = Query(default=100, ge=1, le=500),
 ) -> JobList:
     """Newest first; pass ``next_cursor`` as ``cursor`` for the next page."""
-    check_job_state(state)
-    page = await api_state(request).store.jobs_list(
-        scope.tenant_id,
+    page = await jobs_page(
+        request,
+        scope,
         state=state,
         tag=tag,
         name_prefix=name_prefix,
@@ -335,13 +335,33 @@ async def list_jobs(
     return JobList(items=[job_out(j) for j in page.items], next_cursor=page.next_cursor)
 
 
-def check_job_state(state: str | None) -> None:
-    """A job state filter names a job state (422 otherwise)."""
+async def jobs_page(
+    request: Request,
+    scope: TenantScope,
+    *,
+    state: str | None,
+    tag: str | None,
+    name_prefix: str | None,
+    cursor: str | None,
+    limit: int,
+    workflows: bool,
+) -> Page[Job]:
+    """A page of the tenant's jobs, or of its workflows; a state filter must name a job
+    state (422 otherwise)."""
     if state is not None and state not in {s.value for s in JobState}:
         raise ValidationError(
             f"state: unknown job state {state!r}; one of " + ", ".join(s.value for s in JobState),
             field="state",
         )
+    return await api_state(request).store.jobs_list(
+        scope.tenant_id,
+        state=state,
+        tag=tag,
+        name_prefix=name_prefix,
+        cursor=cursor,
+        limit=limit,
+        workflows=workflows,
+    )
 
 
 @router.get(

@@ -18,7 +18,7 @@ from cronwheel.api.auth import TenantScope, actor_of, tenant_reader, tenant_writ
 from cronwheel.api.inputs import FORCE_QUERY, IDEMPOTENCY_KEY_HEADER, REASON_QUERY, parse_id
 from cronwheel.api.jsonbody import StrictJsonRoute
 from cronwheel.api.redaction import redact_webhook, refuse_redacted
-from cronwheel.api.routers.jobs import check_job_state, delete_job
+from cronwheel.api.routers.jobs import delete_job, jobs_page
 from cronwheel.api.schemas import (
     ERROR_RESPONSES,
     CancelRequest,
@@ -332,9 +332,9 @@ async def list_workflows(
 ) -> WorkflowList:
     """Newest first; pass ``next_cursor`` as ``cursor`` for the next page. ``state``
     and ``tag`` keep the workflows in that state, or with that tag."""
-    check_job_state(state)
-    page = await api_state(request).store.jobs_list(
-        scope.tenant_id,
+    page = await jobs_page(
+        request,
+        scope,
         state=state,
         tag=tag,
         name_prefix=name_prefix,
