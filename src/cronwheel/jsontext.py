@@ -68,13 +68,16 @@ def member_dropped(data: bytes, value: Any) -> bool:
     as ``data`` has unless a member was dropped — or ``data`` escapes a colon
     (``\\u003a``): then it is read again, by ``json``, to know. Two passes over the
     bytes at C speed, and orjson's writing of ``value``."""
-    if b"\\u003" in data and (b"\\u003a" in data or b"\\u003A" in data):
+    if b"\\u003" not in data or not (b"\\u003a" in data or b"\\u003A" in data):
         try:
-            json.loads(data, object_pairs_hook=pairs_once)
-        except KeyTwiceError:
-            return True
-        return False
-    return orjson.dumps(value).count(b":") < data.count(b":")
+            return orjson.dumps(value).count(b":") < data.count(b":")
+        except TypeError:  # nested past what orjson writes (the caller bounds depth)
+            pass
+    try:
+        json.loads(data, object_pairs_hook=pairs_once)
+    except KeyTwiceError:
+        return True
+    return False
 
 
 def loads(text: str | bytes) -> Any:

@@ -381,7 +381,7 @@ def _new_jobs(
     tenant_id: uuid.UUID, jobs: list[NewJob]
 ) -> tuple[_NewJobs, list[tuple[Job, Run | None]]]:
     made = _NewJobs(tenant_id, T0)
-    added = [made.add(nj, _request_hash(nj.spec)) for nj in jobs]
+    added = [made.add(nj, _request_hash(nj)) for nj in jobs]
     return made, [(a.job, a.run_record()) for a in added]
 
 

@@ -125,10 +125,10 @@ def loads_strict(body: bytes) -> Any:
     """Parse ``body`` as strict JSON and check it against the bounds."""
     value = loads_fast(body, MISSING)
     if value is not MISSING:
+        if _suspect(body) or _deeper_than(body, JSON_DEPTH_MAX):
+            check_json_tree(value)  # first: nothing deeper than the bound is written back
         if member_dropped(body, value):
             raise _key_twice(body)
-        if _suspect(body) or _deeper_than(body, JSON_DEPTH_MAX):
-            check_json_tree(value)
         return value
     infinite: list[str] = []
 

@@ -117,6 +117,8 @@ async def workflows_page(
     found = await workflows_api.list_workflows(
         request=request,
         scope=visit.scope,
+        state=None,
+        tag=None,
         name_prefix=name.strip() or None,
         cursor=cursor or None,
         limit=PAGE_SIZE,
