@@ -236,3 +236,37 @@ async def test_bad_idempotency_key(api) -> None:
     assert r.status_code == 422, r.text
     assert error_of(r)["field"] == "Idempotency-Key"
     assert await api.snapshot(t) == before
+
+
+async def test_what_a_route_would_drop_is_refused(api) -> None:
+    # Each of these was taken and then ignored, in part or whole.
+    t = await api.tenant()
+    job = {"name": "x", "schedule": {"cron": "0 * * * *"}, "task": "t"}
+    r = await api.client.post("/v1/jobs", json=job, headers=t.headers)
+    assert r.status_code == 201, r.text
+    job_id = r.json()["id"]
+    before = await api.snapshot(t)
+    # A parameter of one value given twice: all but the last would be dropped.
+    r = await api.client.delete(f"/v1/jobs/{job_id}?force=false&force=true", headers=t.headers)
+    assert r.status_code == 422, r.text
+    assert error_of(r)["field"] == "force"
+    assert error_of(r)["message"] == "force: given more than once; it takes one value"
+    # A body sent to a route that takes none (its reason would never be recorded).
+    r = await api.client.request(
+        "DELETE", f"/v1/jobs/{job_id}", json={"reason": "decommissioned"}, headers=t.headers
+    )
+    assert r.status_code == 422, r.text
+    assert "takes no request body" in error_of(r)["message"]
+    # An Idempotency-Key where it makes nothing safe: a batch, a trigger.
+    keyed = {**t.headers, "Idempotency-Key": "k-1"}
+    r = await api.client.post("/v1/jobs/batch", json={"jobs": [job]}, headers=keyed)
+    assert r.status_code == 422 and error_of(r)["field"] == "Idempotency-Key", r.text
+    r = await api.client.post(f"/v1/jobs/{job_id}/trigger", headers=keyed)
+    assert r.status_code == 422 and error_of(r)["field"] == "Idempotency-Key", r.text
+    assert await api.snapshot(t) == before
+    # What is fine: a list parameter given twice, and a body that says nothing.
+    r = await api.client.get("/v1/runs?state=FAILED&state=SCHEDULED", headers=t.headers)
+    assert r.status_code == 200, r.text
+    assert {run["state"] for run in r.json()["items"]} == {"SCHEDULED"}
+    r = await api.client.request("GET", f"/v1/jobs/{job_id}", content=b"{}", headers=t.headers)
+    assert r.status_code == 200, r.text

@@ -14,8 +14,8 @@ import contextlib
 import json
 import math
 import re
-from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from typing import Any, TypeVar, get_args, get_origin
 
 from fastapi import HTTPException, Request, Response
 from fastapi.dependencies.models import Dependant
@@ -177,7 +177,8 @@ def _is_json(content_type: str | None) -> bool:
     )
 
 
-def _check_query(request: Request, known: frozenset[str]) -> None:
+def _check_query(request: Request, known: Mapping[str, bool]) -> None:
+    given: set[str] = set()
     for name, value in request.query_params.multi_items():
         problem = unstorable(value) or unstorable(name)
         if problem is not None:
@@ -186,14 +187,45 @@ def _check_query(request: Request, known: frozenset[str]) -> None:
             # Taken and ignored, a misspelt filter would answer everything unfiltered.
             hint = f"; this route takes {', '.join(sorted(known))}" if known else ""
             raise ValidationError(f"{name}: not a query parameter of this route{hint}", field=name)
+        if name in given and not known[name]:
+            # All but the last would be dropped: ?force=false&force=true deleted.
+            raise ValidationError(f"{name}: given more than once; it takes one value", field=name)
+        given.add(name)
 
 
-def _query_names(dependant: Dependant) -> frozenset[str]:
-    """The query parameters a route declares, its dependencies' included."""
-    names = {getattr(f, "validation_alias", None) or f.alias for f in dependant.query_params}
+def _query_names(dependant: Dependant) -> dict[str, bool]:
+    """The query parameters a route declares, its dependencies' included, each with
+    whether it takes several values (a list)."""
+    names = {
+        getattr(f, "validation_alias", None) or f.alias: _many(f.field_info.annotation)
+        for f in dependant.query_params
+    }
     for sub in dependant.dependencies:
         names |= _query_names(sub)
-    return frozenset(names)
+    return names
+
+
+_IDEMPOTENCY_KEY = "idempotency-key"
+
+
+def _header_names(dependant: Dependant) -> set[str]:
+    """The headers a route declares (lower case), its dependencies' included."""
+    names = {f.alias.lower() for f in dependant.header_params}
+    for sub in dependant.dependencies:
+        names |= _header_names(sub)
+    return names
+
+
+def _many(annotation: Any) -> bool:
+    """Whether a parameter so annotated takes several values (``list[str] | None``)."""
+    if get_origin(annotation) in (list, tuple, set, frozenset):
+        return True
+    return any(_many(arg) for arg in get_args(annotation) if arg is not type(None))
+
+
+def _no_body(body: bytes) -> bool:
+    """A body that says nothing: none, or an empty object or null."""
+    return body.strip() in (b"", b"{}", b"null")
 
 
 def solved_by(solve: Solver) -> Callable[[EndpointT], EndpointT]:
@@ -268,14 +300,28 @@ class StrictJsonRoute(APIRoute):
 
         has_body = self.body_field is not None
         known = _query_names(self.dependant)
+        keyed = _IDEMPOTENCY_KEY in _header_names(self.dependant)
 
         async def strict(request: Request) -> Response:
             if request.scope.get("query_string"):
                 _check_query(request, known)
+            if not keyed and _IDEMPOTENCY_KEY in request.headers:
+                # A client retrying under it would believe the retry safe.
+                raise ValidationError(
+                    "Idempotency-Key: this route takes none; a retry of it is not made safe",
+                    field="Idempotency-Key",
+                )
             strict_request = _StrictRequest(request.scope, request.receive)
+            if not has_body:
+                # A route that takes no body would drop what one says (a reason sent
+                # with a DELETE would never reach the audit trail).
+                if not _no_body(await strict_request.body()):
+                    raise ValidationError(
+                        "this route takes no request body: its options go in the query"
+                    )
             # Parsed here, not in FastAPI's body reading, which turns any error but a
             # JSONDecodeError into a bare 400: ours name the field.
-            if has_body and _is_json(request.headers.get("content-type")):
+            elif _is_json(request.headers.get("content-type")):
                 body = await strict_request.body()
                 if body:
                     # Not JSON at all: FastAPI parses it again and answers its own 400.
