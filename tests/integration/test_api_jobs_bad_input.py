@@ -3,6 +3,7 @@ nothing written."""
 
 from __future__ import annotations
 
+import uuid
 from datetime import datetime
 from typing import Any
 
@@ -270,3 +271,27 @@ async def test_what_a_route_would_drop_is_refused(api) -> None:
     assert {run["state"] for run in r.json()["items"]} == {"SCHEDULED"}
     r = await api.client.request("GET", f"/v1/jobs/{job_id}", content=b"{}", headers=t.headers)
     assert r.status_code == 200, r.text
+
+
+async def test_a_value_that_would_set_nothing_is_refused(api) -> None:
+    t = await api.tenant()
+    job = {"name": "x", "schedule": {"cron": "0 * * * *"}, "task": "t", "payload": {"a": 1}}
+    r = await api.client.post("/v1/jobs", json=job, headers=t.headers)
+    job_id = r.json()["id"]
+    worker = await api.key(t, "worker")
+    before = await api.snapshot(t)
+    # An override whose one change is an empty payload patch changes nothing.
+    r = await api.client.post(
+        f"/v1/jobs/{job_id}/overrides", json={"scope": "future", "payload": {}}, headers=t.headers
+    )
+    assert r.status_code == 422, r.text
+    assert "the override changes nothing" in error_of(r)["message"]
+    # A delay before the next attempt of a failure that has none.
+    r = await api.client.post(
+        f"/v1/attempts/{uuid.uuid4()}/fail",
+        json={"fencing_token": 1, "error": "bad input", "retryable": False, "retry_after": 3600},
+        headers=worker,
+    )
+    assert r.status_code == 422, r.text
+    assert "retry_after: a failure that is not retryable" in error_of(r)["message"]
+    assert await api.snapshot(t) == before

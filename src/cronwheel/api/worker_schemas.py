@@ -5,9 +5,9 @@ bodies hold (``api/schemas.py``)."""
 from __future__ import annotations
 
 import uuid
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from cronwheel.api.progress import ProgressReport
 from cronwheel.api.schemas import (
@@ -288,6 +288,14 @@ class CompleteRequest(FencedRequest):
     result: Any = None
 
 
+def _retry_after_needs_retryable(retryable: bool, retry_after: float | None) -> None:
+    """``retry_after`` on a failure that is not retryable would set nothing."""
+    if retry_after is not None and not retryable:
+        raise ValueError(
+            "retry_after: a failure that is not retryable has no next attempt to delay"
+        )
+
+
 class FailRequest(FencedRequest):
     error: str = Field(min_length=1, max_length=20_000)
     retryable: Flag = True
@@ -296,8 +304,14 @@ class FailRequest(FencedRequest):
         ge=0,
         le=MAX_RETRY_AFTER,
         description="seconds: the next attempt starts no sooner (the longer of this and "
-        "the retry policy's backoff), e.g. from an HTTP `Retry-After`",
+        "the retry policy's backoff), e.g. from an HTTP `Retry-After`; only with "
+        "`retryable` (no attempt follows one that is not)",
     )
+
+    @model_validator(mode="after")
+    def _retry_after_retryable(self) -> Self:
+        _retry_after_needs_retryable(self.retryable, self.retry_after)
+        return self
 
 
 class HeartbeatRequest(FencedRequest, ProgressReport):
@@ -337,8 +351,14 @@ class FailItemIn(AttemptRef):
         ge=0,
         le=MAX_RETRY_AFTER,
         description="seconds: the next attempt starts no sooner (the longer of this and "
-        "the retry policy's backoff), e.g. from an HTTP `Retry-After`",
+        "the retry policy's backoff), e.g. from an HTTP `Retry-After`; only with "
+        "`retryable` (no attempt follows one that is not)",
     )
+
+    @model_validator(mode="after")
+    def _retry_after_retryable(self) -> Self:
+        _retry_after_needs_retryable(self.retryable, self.retry_after)
+        return self
 
 
 class BatchRequest(RequestModel):

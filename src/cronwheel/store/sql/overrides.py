@@ -102,10 +102,12 @@ class OverridesMixin(JobsMixin):
     ) -> tuple[Override, list[uuid.UUID]]:
         if (scope is OverrideScope.RUN) != (run_id is not None):
             raise ValidationError("a run override names its run; a job's names none")
-        if payload is None and timeout is None and priority is None and pool is None:
+        if not payload and timeout is None and priority is None and pool is None:
+            # An empty payload patch is no change either: accepted, it would be listed
+            # as changing runs it leaves as they were.
             raise ValidationError(
-                "the override changes nothing: give at least one of payload, timeout, "
-                "priority, pool"
+                "the override changes nothing: give at least one of payload (a non-empty "
+                "patch), timeout, priority, pool"
             )
         async with self._write() as conn:
             at = await self._now(conn, now)
