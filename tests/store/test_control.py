@@ -333,6 +333,37 @@ async def test_a_triggered_run_ending_does_not_finish_a_one_off_job(store: Store
     assert (await store.jobs_get(tenant.id, job.id)).state is JobState.FINISHED
 
 
+async def test_an_attempts_second_outcome_in_one_batch_is_refused(store: Store) -> None:
+    # Two completions of one attempt in a batch, then two failures of another: the
+    # first of each applies, the second is a repetition (stale), where both were
+    # answered ok and the first completion's result, or failure, was lost.
+    tenant = await make_tenant(store)
+    worker = await register_worker(store, tenant.id)
+    _job, run = await create_job(store, tenant.id, due_at=T0)
+    _job2, run2 = await create_job(store, tenant.id, due_at=T0)
+    assert len(await fire(store, [run, run2], now=T0)) == 2
+    a, b = await store.attempts_lease(worker=worker, max=2, now=T0)
+    done = await store.attempts_complete_many(
+        items=[
+            CompleteItem(a.attempt_id, a.fencing_token, {"rows": 1}),
+            CompleteItem(a.attempt_id, a.fencing_token, {"rows": 2}),
+        ],
+        now=at(1),
+    )
+    assert [(o.ok, o.error_code) for o in done] == [(True, None), (False, "stale_fencing_token")]
+    assert (await store.runs_get(tenant.id, a.run_id)).result == {"rows": 1}
+    failed = await store.attempts_fail_many(
+        items=[
+            FailItem(b.attempt_id, b.fencing_token, "first", False),
+            FailItem(b.attempt_id, b.fencing_token, "second", False),
+        ],
+        now=at(2),
+    )
+    assert [(o.ok, o.error_code) for o in failed] == [(True, None), (False, "stale_fencing_token")]
+    [attempt] = await store.attempts_list(tenant.id, run_id=b.run_id)
+    assert attempt.error == "first"
+
+
 # -- backfill ------------------------------------------------------------------------
 
 

@@ -18,7 +18,7 @@ import dataclasses
 import uuid
 from collections.abc import Hashable, Iterable, Sequence
 from datetime import datetime
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Row
@@ -53,6 +53,8 @@ from cronwheel.store.sql.workers import WorkersMixin
 from cronwheel.store.values import Admitted, CompleteItem, FailItem, HeartbeatItem, LeaseShare
 
 __all__ = ["AttemptsMixin"]
+
+_Report = TypeVar("_Report", CompleteItem, FailItem)
 
 
 class AttemptsMixin(WorkersMixin, RetriesMixin):
@@ -111,16 +113,18 @@ class AttemptsMixin(WorkersMixin, RetriesMixin):
     ) -> list[AttemptOutcome]:
         if not items:
             return []
+        firsts = _first_reports(items)
         async with self._write() as conn:
             done = await self.driver.attempts_complete(
-                conn, items=items, tenant_id=tenant_id, now=now
+                conn, items=firsts, tenant_id=tenant_id, now=now
             )
             workflows = {o.workflow_run_id for o in done.values() if o.workflow_run_id}
             if workflows:  # their DAGs move on in this transaction
                 at = await self._now(conn, now)
                 await dag.advance(self, conn, workflows, at=at, actor="worker")
             await observe_executions(conn, _executions(done.values()), outcome="succeeded")
-            return await self._resolve(conn, items, done, tenant_id)
+            resolved = await self._resolve(conn, items, done, tenant_id)
+            return _repeats_refused(items, firsts, resolved)
 
     async def attempts_fail_many(
         self,
@@ -131,9 +135,10 @@ class AttemptsMixin(WorkersMixin, RetriesMixin):
     ) -> list[AttemptOutcome]:
         if not items:
             return []
+        firsts = _first_reports(items)
         async with self._write() as conn:
             at = await self._now(conn, now)
-            ended, keys = await attempts_end(conn, items, AttemptState.FAILED, at, tenant_id)
+            ended, keys = await attempts_end(conn, firsts, AttemptState.FAILED, at, tenant_id)
             late = await self._timed_out(conn, list(ended), at)
             failures = [
                 Ended(
@@ -144,7 +149,7 @@ class AttemptsMixin(WorkersMixin, RetriesMixin):
                     i.retryable,
                     i.retry_after,
                 )
-                for i in items
+                for i in firsts
                 if (i.attempt_id, i.fencing_token) in keys
             ]
             await update_each(
@@ -152,12 +157,13 @@ class AttemptsMixin(WorkersMixin, RetriesMixin):
             )
             state_of = await self._after_failures(conn, failures, at, actor="worker")
             await self._observe_failed(conn, list(ended), at)
-            return await self._resolve(
+            resolved = await self._resolve(
                 conn,
                 items,
                 {k: AttemptOutcome(k[0], True, run_state=state_of.get(ended[k[0]])) for k in keys},
                 tenant_id,
             )
+            return _repeats_refused(items, firsts, resolved)
 
     async def _observe_failed(
         self, conn: AsyncConnection, attempt_ids: list[uuid.UUID], at: datetime
@@ -562,6 +568,32 @@ class AttemptsMixin(WorkersMixin, RetriesMixin):
             stmt = stmt.where(runs.c.tenant_id == tenant_id)
         rows = await conn.execute(stmt)
         return [HeartbeatItem(r.reserved_attempt, r.reserved_token) for r in rows]
+
+
+def _first_reports(items: Sequence[_Report]) -> list[_Report]:
+    """Each attempt's first outcome of a batch: the one applied. A later one for the
+    same attempt is a second report of an outcome, refused as a repetition is."""
+    seen: set[uuid.UUID] = set()
+    firsts: list[_Report] = []
+    for item in items:
+        if item.attempt_id not in seen:
+            seen.add(item.attempt_id)
+            firsts.append(item)
+    return firsts
+
+
+def _repeats_refused(
+    items: Sequence[_Report], firsts: Sequence[_Report], outcomes: list[AttemptOutcome]
+) -> list[AttemptOutcome]:
+    """``outcomes`` (one per item), each repetition's made ``stale_fencing_token``:
+    its attempt's outcome was the batch's earlier item's, not its own."""
+    if len(firsts) == len(items):
+        return outcomes
+    first = {id(i) for i in firsts}
+    return [
+        o if id(i) in first else AttemptOutcome(i.attempt_id, False, "stale_fencing_token")
+        for i, o in zip(items, outcomes, strict=True)
+    ]
 
 
 def _view(worker: Worker, webhooks_only: bool, ahead: float) -> Hashable:
