@@ -523,3 +523,20 @@ async def test_fencing_token_out_of_range_is_422(api, token: int) -> None:
     )
     assert r.status_code == 422, r.text
     assert r.json()["error"]["field"] == "heartbeats.0.fencing_token"
+
+
+async def test_the_worker_protocol_takes_no_other_tenant(api) -> None:
+    # Ignored, the header made the admin key's worker a shared one serving every
+    # tenant, and let a tenant's worker key name another tenant to no effect.
+    one, two = await api.tenant(), await api.tenant()
+    worker = await api.key(one, "worker")
+    for headers in (
+        {**api.admin, "Cronwheel-Tenant": one.id},
+        {**worker, "Cronwheel-Tenant": two.id},
+    ):
+        r = await api.client.post("/v1/workers", json={"pool": "default"}, headers=headers)
+        assert r.status_code == 403, r.text
+        assert error_of(r)["field"] == "Cronwheel-Tenant"
+    # A worker key naming its own tenant is as without the header.
+    wid = await register(api, {**worker, "Cronwheel-Tenant": one.id})
+    assert await lease(api, {**worker, "Cronwheel-Tenant": one.id}, wid, max=1) == []

@@ -347,9 +347,26 @@ async def require_admin(principal: Principal = Depends(authenticate)) -> Princip
     return principal
 
 
-async def require_worker(principal: Principal = Depends(authenticate)) -> Principal:
+async def require_worker(
+    principal: Principal = Depends(authenticate),
+    cronwheel_tenant: str | None = Header(
+        default=None,
+        alias=TENANT_HEADER,
+        description="Not taken by the worker protocol: a worker key acts for its own "
+        "tenant (naming it is allowed), the admin key's workers are shared.",
+    ),
+) -> Principal:
     if principal.role not in ("worker", "admin"):
         raise PermissionDeniedError("the worker protocol needs a worker key")
+    if cronwheel_tenant and cronwheel_tenant.strip() != str(principal.tenant_id):
+        # Ignored, it would have the admin key's worker serve every tenant, or a
+        # tenant's worker its own tenant, while its sender meant another.
+        raise PermissionDeniedError(
+            f"the worker protocol takes no {TENANT_HEADER} but a worker key's own tenant: "
+            "a tenant's worker registers with that tenant's worker key, and the admin "
+            "key's workers are shared",
+            field=TENANT_HEADER,
+        )
     return principal
 
 
