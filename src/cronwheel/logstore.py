@@ -50,6 +50,7 @@ __all__ = [
     "LogLine",
     "LogPage",
     "LogStore",
+    "bad_cursor",
     "decode_cursor",
     "decode_line",
     "encode_cursor",
@@ -116,6 +117,12 @@ def decode_cursor(cursor: str | None) -> tuple[int, int]:
             f"cursor: {cursor[:40]!r} is not a cursor of this log", field="cursor"
         )
     return int(head), int(tail)
+
+
+def bad_cursor(offset: int) -> ValidationError:
+    """The refusal of a cursor whose offset is no line's start in its log (one this
+    store did not make: read from there, a line's middle would pass for a line)."""
+    return ValidationError(f"cursor: offset {offset} is not a cursor of this log", field="cursor")
 
 
 class LogStore(ABC):
@@ -279,7 +286,7 @@ def decode_line(raw: bytes, attempt: int) -> LogLine:
             message=str(body["message"]),
             attempt=int(body.get("attempt", attempt)),
         )
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):
         return LogLine(
             ts=datetime.fromtimestamp(0, UTC),
             level="WARNING",
@@ -477,6 +484,8 @@ def _read_file(
 def _scan(fd: int, attempt: int, offset: int, limit: int) -> tuple[list[LogLine], int, bool]:
     lines: list[LogLine] = []
     size = os.fstat(fd).st_size
+    if offset > size or (offset > 0 and os.pread(fd, 1, offset - 1) != b"\n"):
+        raise bad_cursor(offset)
     pending = b""
     position = offset
     while len(lines) < limit and position < size:

@@ -27,6 +27,7 @@ from cronwheel.logstore import (
     LogLine,
     LogPage,
     LogStore,
+    bad_cursor,
     decode_cursor,
     decode_line,
     encode_cursor,
@@ -111,10 +112,18 @@ class DatabaseLogStore(LogStore):
             raise ValidationError("limit: at least 1", field="limit")
         position = decode_cursor(cursor)
         lines: list[LogLine] = []
+        first = True
         while len(lines) < limit:
             chunks = await self.store.log_chunks_read(
                 tenant_id, run_id=run_id, after=position, attempt=attempt, limit=_CHUNKS_PER_READ
             )
+            if first and position[1] and not any(c.attempt == position[0] for c in chunks):
+                # Nothing of the cursor's attempt from its offset on: it must be that
+                # log's end, not past it (a cursor this store did not make).
+                size = await self.size(tenant_id, run_id=run_id, attempt=position[0])
+                if position[1] > size:
+                    raise bad_cursor(position[1])
+            first = False
             for chunk in chunks:
                 offset = position[1] if chunk.attempt == position[0] else 0
                 got, end = _lines_of(
@@ -149,6 +158,8 @@ def _lines_of(data: bytes, start: int, offset: int, limit: int) -> tuple[list[by
     as in a file.)"""
     out: list[bytes] = []
     position = offset - start
+    if position > len(data) or (position > 0 and data[position - 1 : position] != b"\n"):
+        raise bad_cursor(offset)  # chunks hold whole lines: a cursor names a line's start
     while len(out) < limit and position < len(data):
         newline = data.find(b"\n", position)
         if newline < 0:  # chunks hold whole lines: only a cursor into one gets here

@@ -161,6 +161,24 @@ async def test_a_bad_cursor_is_refused(store: LogStore, cursor: str) -> None:
     assert refused.value.field == "cursor"
 
 
+async def test_a_cursor_into_a_line_or_past_the_log_is_refused(store: LogStore) -> None:
+    # Read from a line's middle, a message of brackets was parsed as JSON (a 500), and
+    # any other passed for an unreadable line of its own.
+    run = uuid.uuid4()
+    await store.append(TENANT, run_id=run, attempt=1, lines=entries("[" * 2000, "b"))
+    whole = await store.read(TENANT, run_id=run, limit=1)
+    assert messages(whole.lines) == ["[" * 2000] and whole.next_cursor is not None
+    attempt, offset = whole.next_cursor.split(":")
+    assert messages((await store.read(TENANT, run_id=run, cursor=whole.next_cursor)).lines) == [
+        "b"
+    ]
+    for forged in (f"{attempt}:40", f"{attempt}:{int(offset) - 1}", f"{attempt}:99999999"):
+        with pytest.raises(ValidationError) as refused:
+            await store.read(TENANT, run_id=run, cursor=forged)
+        assert refused.value.field == "cursor"
+        assert "is not a cursor of this log" in refused.value.message
+
+
 async def test_the_cap_drops_later_lines_behind_one_marker(store: LogStore) -> None:
     run = uuid.uuid4()
     line = "x" * 900  # about 980 bytes a line: four fit under 4096
