@@ -234,6 +234,47 @@ async def test_a_trigger_over_the_limit_with_a_future_override_is_413(
     assert r.json()["payload"]["more"] == "y" and len(r.json()["payload"]["pad"]) == half
 
 
+async def test_an_edit_or_a_removal_that_makes_a_payload_too_large_is_413(
+    api: Driver, settings
+) -> None:
+    """A payload made by the job's overrides is held to the limit however it grows: by
+    an edit of the template under a ``future`` override, or by removing an override
+    that dropped a key the others leave in."""
+    t = await api.tenant()
+    third = settings.max_payload_bytes // 3
+    job = await api.job(t, schedule=MINUTELY, payload={"a": "x" * third})
+    overrides = f"/v1/jobs/{job['id']}/overrides"
+    r = await api.client.post(
+        overrides, json={"scope": "future", "payload": {"b": "y" * third}}, headers=t.headers
+    )
+    assert r.status_code == 201, r.text
+    before = await api.snapshot(t)
+    r = await api.client.patch(
+        f"/v1/jobs/{job['id']}",
+        json={"payload": {"a": "x" * third, "c": "z" * third}},
+        headers=t.headers,
+    )
+    assert r.status_code == 413 and error_of(r)["field"] == "payload", r.text
+    assert await api.snapshot(t) == before
+    # An override that drops the template's key keeps a third override within it...
+    r = await api.client.post(
+        overrides, json={"scope": "future", "payload": {"a": None}}, headers=t.headers
+    )
+    dropping = r.json()["id"]
+    r = await api.client.post(
+        overrides, json={"scope": "future", "payload": {"c": "z" * third}}, headers=t.headers
+    )
+    assert r.status_code == 201, r.text
+    before = await api.snapshot(t)
+    # ...and removing it alone would bring "a" back beside "b" and "c": refused.
+    r = await api.client.delete(f"{overrides}/{dropping}", headers=t.headers)
+    assert r.status_code == 413 and error_of(r)["field"] == "payload", r.text
+    assert await api.snapshot(t) == before
+    # Removing them all leaves the job's own payload.
+    r = await api.client.delete(overrides, headers=t.headers)
+    assert r.status_code == 200 and len(r.json()["items"]) == 3, r.text
+
+
 async def test_an_edit_cannot_raise_progress_timeout_above_an_overrides_timeout(
     api: Driver,
 ) -> None:

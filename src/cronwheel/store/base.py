@@ -458,6 +458,7 @@ class Store(SchedulerSide, WorkerSide):
         edit: JobEdit,
         actor: Actor | None = None,
         reason: str | None = None,
+        max_payload_bytes: int | None = None,
         now: datetime | None = None,
     ) -> Job:
         """Apply ``edit`` (``domain.job_edit``): the job becomes ``edit.spec``, its
@@ -561,11 +562,13 @@ class Store(SchedulerSide, WorkerSide):
         run_id: uuid.UUID | None = None,
         actor: Actor | None = None,
         reason: str | None = None,
+        max_payload_bytes: int | None = None,
         now: datetime | None = None,
     ) -> tuple[Override, list[uuid.UUID]]:
         """Remove an active override (of ``job_id`` or bound to ``run_id`` when given):
         the unstarted runs it reached are made again without it. ConflictError for one
-        already removed or consumed (its run started with it)."""
+        already removed or consumed (its run started with it). A payload the others
+        then make past ``max_payload_bytes`` is refused (413) and nothing changes."""
 
     @abstractmethod
     async def overrides_list(

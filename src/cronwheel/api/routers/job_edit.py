@@ -153,6 +153,7 @@ async def update_job(
                 edit=edit,
                 actor=actor_of(request, scope.principal),
                 reason=why,
+                max_payload_bytes=state.settings.max_payload_bytes,
                 now=now,
             )
         except StaleVersionError:

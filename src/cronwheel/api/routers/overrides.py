@@ -174,6 +174,7 @@ async def remove_job_override(
         job_id=parse_id(job_id, "job"),
         actor=actor_of(request, scope.principal),
         reason=reason,
+        max_payload_bytes=api_state(request).settings.max_payload_bytes,
     )
     return override_out(removed, reached)
 
@@ -201,6 +202,8 @@ async def remove_job_overrides(
                 job_id=ident,
                 actor=actor_of(request, scope.principal),
                 reason=reason,
+                # No limit on the way: one removed before another may make a payload
+                # larger for a moment, and with all gone it is the job's own.
             )
         except ConflictError:
             continue  # consumed or removed since it was listed: not active any more
@@ -228,5 +231,6 @@ async def remove_run_override(
         run_id=parse_id(run_id, "run"),
         actor=actor_of(request, scope.principal),
         reason=reason,
+        max_payload_bytes=api_state(request).settings.max_payload_bytes,
     )
     return override_out(removed, reached)

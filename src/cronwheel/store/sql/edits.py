@@ -120,6 +120,7 @@ class EditsMixin(JobsMixin):
         edit: JobEdit,
         actor: Actor | None = None,
         reason: str | None = None,
+        max_payload_bytes: int | None = None,
         now: datetime | None = None,
     ) -> Job:
         async with self._write() as conn:
@@ -134,7 +135,7 @@ class EditsMixin(JobsMixin):
             elif edit.rewrites:
                 await self._pending_rewritten(conn, job, changes)
             if edit.occurrence is not None or edit.rewrites:
-                await self._overrides_kept(conn, job, changes)
+                await self._overrides_kept(conn, job, changes, max_payload_bytes)
             edited = event_row(
                 at=at,
                 kind="job.edited",
@@ -203,11 +204,13 @@ class EditsMixin(JobsMixin):
             current_version=current.version,
         )
 
-    async def _overrides_kept(self, conn: AsyncConnection, job: Job, changes: _Changes) -> None:
+    async def _overrides_kept(
+        self, conn: AsyncConnection, job: Job, changes: _Changes, max_payload_bytes: int | None
+    ) -> None:
         """The job's overrides on its new template: its ``future`` ones as new runs
         take them, and the pending occurrence's own made again over the template's
-        fields (``overlay.py``)."""
-        futures = await job_overlay_written(conn, job)
+        fields (``overlay.py``); a payload so made past ``max_payload_bytes``: 413."""
+        futures = await job_overlay_written(conn, job, max_payload_bytes=max_payload_bytes)
         pending = [p.id for p in await self._pending(conn, job)]
         if not pending:
             return
@@ -221,6 +224,7 @@ class EditsMixin(JobsMixin):
             where,
             add=futures,
             rebase=template_fields(job.template),
+            max_payload_bytes=max_payload_bytes,
         )
 
     async def _pending(self, conn: AsyncConnection, job: Job) -> list[_Pending]:

@@ -167,16 +167,22 @@ async def check_override_timeouts(conn: AsyncConnection, job: Job) -> None:
         )
 
 
-async def job_overlay_written(conn: AsyncConnection, job: Job) -> list[Override]:
+async def job_overlay_written(
+    conn: AsyncConnection, job: Job, *, max_payload_bytes: int | None = None
+) -> list[Override]:
     """``jobs.overrides`` as the job's ``future`` overrides and its template make it
-    now (None for none); answers those overrides."""
+    now (None for none); answers those overrides. ``max_payload_bytes``: a payload they
+    make larger than the template's is refused (413), as the next runs would carry it."""
     futures = await future_overrides(conn, job)
     overlay = None
     if futures:
         base = template_fields(job.template)
+        made = applied(base, futures)
+        if max_payload_bytes is not None and made.payload != base.payload:
+            check_json_size(made.payload, limit=max_payload_bytes, field="payload")
         overlay = {
             **(run_overlay(base, futures) or {}),
-            "fields": applied(base, futures).to_json(),
+            "fields": made.to_json(),
         }
     if overlay != job.overlay:
         await conn.execute(

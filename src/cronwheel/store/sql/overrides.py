@@ -160,7 +160,7 @@ class OverridesMixin(JobsMixin):
                 max_payload_bytes=max_payload_bytes,
             )
             if scope is OverrideScope.FUTURE:
-                await job_overlay_written(conn, job)
+                await job_overlay_written(conn, job, max_payload_bytes=max_payload_bytes)
             await self._overlay_told(
                 conn, job, override, reached, at=at, actor=actor, reason=reason, added=True
             )
@@ -175,6 +175,7 @@ class OverridesMixin(JobsMixin):
         run_id: uuid.UUID | None = None,
         actor: Actor | None = None,
         reason: str | None = None,
+        max_payload_bytes: int | None = None,
         now: datetime | None = None,
     ) -> tuple[Override, list[uuid.UUID]]:
         async with self._write() as conn:
@@ -199,12 +200,14 @@ class OverridesMixin(JobsMixin):
                 .values(removed_at=at, removed_by=name_of(actor))
             )
             where = runs.c.job_id == job.id if found.run_id is None else runs.c.id == found.run_id
+            # Removing one override can make the others' payload larger (one that
+            # dropped a key no longer does): held to the limit as a new one is.
             reached = await runs_overlaid(
                 conn, self.driver, tenant_id, sa.and_(where, runs.c.overrides.is_not(None)),
-                remove=override_id,
+                remove=override_id, max_payload_bytes=max_payload_bytes,
             )  # fmt: skip
             if found.scope is OverrideScope.FUTURE:
-                await job_overlay_written(conn, job)
+                await job_overlay_written(conn, job, max_payload_bytes=max_payload_bytes)
             await self._overlay_told(
                 conn, job, found, reached, at=at, actor=actor, reason=reason, added=False
             )
