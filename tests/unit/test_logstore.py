@@ -169,9 +169,7 @@ async def test_a_cursor_into_a_line_or_past_the_log_is_refused(store: LogStore) 
     whole = await store.read(TENANT, run_id=run, limit=1)
     assert messages(whole.lines) == ["[" * 2000] and whole.next_cursor is not None
     attempt, offset = whole.next_cursor.split(":")
-    assert messages((await store.read(TENANT, run_id=run, cursor=whole.next_cursor)).lines) == [
-        "b"
-    ]
+    assert messages((await store.read(TENANT, run_id=run, cursor=whole.next_cursor)).lines) == ["b"]
     for forged in (f"{attempt}:40", f"{attempt}:{int(offset) - 1}", f"{attempt}:99999999"):
         with pytest.raises(ValidationError) as refused:
             await store.read(TENANT, run_id=run, cursor=forged)
