@@ -41,6 +41,7 @@ __all__ = [
     "CompleteRequest",
     "FailItemIn",
     "FailRequest",
+    "Failure",
     "FencedRequest",
     "HeartbeatItemIn",
     "HeartbeatOut",
@@ -288,15 +289,9 @@ class CompleteRequest(FencedRequest):
     result: Any = None
 
 
-def _retry_after_needs_retryable(retryable: bool, retry_after: float | None) -> None:
-    """``retry_after`` on a failure that is not retryable would set nothing."""
-    if retry_after is not None and not retryable:
-        raise ValueError(
-            "retry_after: a failure that is not retryable has no next attempt to delay"
-        )
+class Failure(RequestModel):
+    """What a worker says of a failed attempt (alone or in a batch)."""
 
-
-class FailRequest(FencedRequest):
     error: str = Field(min_length=1, max_length=20_000)
     retryable: Flag = True
     retry_after: Seconds | None = Field(
@@ -310,8 +305,16 @@ class FailRequest(FencedRequest):
 
     @model_validator(mode="after")
     def _retry_after_retryable(self) -> Self:
-        _retry_after_needs_retryable(self.retryable, self.retry_after)
+        """``retry_after`` on a failure that is not retryable would set nothing."""
+        if self.retry_after is not None and not self.retryable:
+            raise ValueError(
+                "retry_after: a failure that is not retryable has no next attempt to delay"
+            )
         return self
+
+
+class FailRequest(Failure, FencedRequest):
+    pass
 
 
 class HeartbeatRequest(FencedRequest, ProgressReport):
@@ -343,22 +346,8 @@ class CompleteItemIn(AttemptRef):
     result: Any = None
 
 
-class FailItemIn(AttemptRef):
-    error: str = Field(min_length=1, max_length=20_000)
-    retryable: Flag = True
-    retry_after: Seconds | None = Field(
-        default=None,
-        ge=0,
-        le=MAX_RETRY_AFTER,
-        description="seconds: the next attempt starts no sooner (the longer of this and "
-        "the retry policy's backoff), e.g. from an HTTP `Retry-After`; only with "
-        "`retryable` (no attempt follows one that is not)",
-    )
-
-    @model_validator(mode="after")
-    def _retry_after_retryable(self) -> Self:
-        _retry_after_needs_retryable(self.retryable, self.retry_after)
-        return self
+class FailItemIn(Failure, AttemptRef):
+    pass
 
 
 class BatchRequest(RequestModel):
