@@ -358,16 +358,22 @@ async def require_worker(
 ) -> Principal:
     if principal.role not in ("worker", "admin"):
         raise PermissionDeniedError("the worker protocol needs a worker key")
-    if cronwheel_tenant and cronwheel_tenant.strip() != str(principal.tenant_id):
-        # Ignored, it would have the admin key's worker serve every tenant, or a
-        # tenant's worker its own tenant, while its sender meant another.
+    # The admin key's workers are shared: it names no tenant here.
+    _own_tenant_only(principal, cronwheel_tenant)
+    return principal
+
+
+def _own_tenant_only(principal: Principal, tenant_header: str | None) -> None:
+    """A key that acts for its own tenant (a tenant's key; the admin key on the worker
+    protocol, for none) may name only that tenant: taken and ignored, the header would
+    have the request act elsewhere than its sender meant (403)."""
+    if tenant_header and tenant_header.strip() != str(principal.tenant_id):
         raise PermissionDeniedError(
-            f"the worker protocol takes no {TENANT_HEADER} but a worker key's own tenant: "
-            "a tenant's worker registers with that tenant's worker key, and the admin "
-            "key's workers are shared",
+            f"{TENANT_HEADER} names {tenant_header.strip()!r}, not this key's tenant: it "
+            "acts for its own only (a tenant's work needs that tenant's key, or the "
+            "admin key on the tenant routes)",
             field=TENANT_HEADER,
         )
-    return principal
 
 
 async def _scope(request: Request, principal: Principal, tenant_header: str | None) -> TenantScope:
@@ -391,14 +397,7 @@ async def _scope(request: Request, principal: Principal, tenant_header: str | No
         raise PermissionDeniedError("worker keys may use only the worker protocol")
     if principal.tenant_id is None:
         raise PermissionDeniedError("this key belongs to no tenant")
-    if tenant_header and tenant_header.strip() != str(principal.tenant_id):
-        # Taken and ignored, the header would have the request act on the key's own
-        # tenant while its sender meant another.
-        raise PermissionDeniedError(
-            f"this key acts on its own tenant only: the header {TENANT_HEADER} names "
-            f"another ({tenant_header.strip()!r}); leave it out, or use the admin key",
-            field=TENANT_HEADER,
-        )
+    _own_tenant_only(principal, tenant_header)
     return TenantScope(principal=principal, tenant_id=principal.tenant_id)
 
 

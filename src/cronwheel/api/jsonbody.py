@@ -14,7 +14,7 @@ import contextlib
 import json
 import math
 import re
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
 from typing import Any, TypeVar, get_args, get_origin
 
 from fastapi import HTTPException, Request, Response
@@ -117,8 +117,12 @@ def _key_twice(body: bytes) -> ValidationError:
     try:
         json.loads(body, object_pairs_hook=pairs_once)
     except KeyTwiceError as exc:
-        return ValidationError(f"the request body is ambiguous: {exc}")
+        return _ambiguous(exc)
     return ValidationError("the request body is ambiguous: it gives a key twice in one object")
+
+
+def _ambiguous(exc: KeyTwiceError) -> ValidationError:
+    return ValidationError(f"the request body is ambiguous: {exc}")
 
 
 def loads_strict(body: bytes) -> Any:
@@ -146,7 +150,7 @@ def loads_strict(body: bytes) -> Any:
             object_pairs_hook=pairs_once,
         )
     except KeyTwiceError as exc:
-        raise ValidationError(f"the request body is ambiguous: {exc}") from None
+        raise _ambiguous(exc) from None
     except RecursionError:
         raise ValidationError(
             f"the request body is nested deeper than {JSON_DEPTH_MAX} levels"
@@ -193,16 +197,21 @@ def _check_query(request: Request, known: Mapping[str, bool]) -> None:
         given.add(name)
 
 
+def _dependants(dependant: Dependant) -> Iterator[Dependant]:
+    """A route's dependant and its dependencies', all the way down."""
+    yield dependant
+    for sub in dependant.dependencies:
+        yield from _dependants(sub)
+
+
 def _query_names(dependant: Dependant) -> dict[str, bool]:
     """The query parameters a route declares, its dependencies' included, each with
     whether it takes several values (a list)."""
-    names = {
+    return {
         getattr(f, "validation_alias", None) or f.alias: _many(f.field_info.annotation)
-        for f in dependant.query_params
+        for d in _dependants(dependant)
+        for f in d.query_params
     }
-    for sub in dependant.dependencies:
-        names |= _query_names(sub)
-    return names
 
 
 _IDEMPOTENCY_KEY = "idempotency-key"
@@ -210,10 +219,7 @@ _IDEMPOTENCY_KEY = "idempotency-key"
 
 def _header_names(dependant: Dependant) -> set[str]:
     """The headers a route declares (lower case), its dependencies' included."""
-    names = {f.alias.lower() for f in dependant.header_params}
-    for sub in dependant.dependencies:
-        names |= _header_names(sub)
-    return names
+    return {f.alias.lower() for d in _dependants(dependant) for f in d.header_params}
 
 
 def _many(annotation: Any) -> bool:
@@ -291,8 +297,10 @@ def validated(
 
 
 class StrictJsonRoute(APIRoute):
-    """The route class of every router: strict JSON bodies, storable query values,
-    and no query parameter the route does not declare (422 naming it)."""
+    """The route class of every router: strict JSON bodies, storable query values, and
+    nothing the route would drop (422 naming it): a query parameter it does not declare,
+    one of one value given twice, a body where it takes none, an ``Idempotency-Key``
+    where it takes none."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         solve = _SOLVERS.get(self.endpoint)
