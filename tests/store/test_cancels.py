@@ -11,7 +11,7 @@ import pytest
 from cronwheel.domain.audit import Actor
 from cronwheel.domain.model import CancelRequest
 from cronwheel.store import Store
-from cronwheel.store.notices import CHANNEL_CANCELS, parse_cancels_notice
+from cronwheel.store.notices import CHANNEL_CANCELS, parse_worker_notice
 from cronwheel.store.values import CompleteItem, HeartbeatItem
 
 from .helpers import at, leased_run, make_tenant, register_worker
@@ -82,4 +82,4 @@ async def test_a_cancel_notifies_the_worker_running_the_run(store: Store) -> Non
         sub.close()
     if not heard:
         pytest.fail("no notice arrived before the deadline")
-    assert {parse_cancels_notice(p) for p in heard} == {worker.id}
+    assert {parse_worker_notice(p) for p in heard} == {worker.id}

@@ -8,6 +8,7 @@ at the API. Each must instead wait for the other and go on."""
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -16,7 +17,7 @@ import sqlalchemy as sa
 from cronwheel.domain.errors import IllegalTransitionError
 from cronwheel.domain.model import LeasedAttempt, Run
 from cronwheel.domain.states import RETRY, JobState, RunState
-from cronwheel.store import CompleteItem, FailItem, Store
+from cronwheel.store import CompleteItem, FailItem, HeartbeatItem, Store
 from cronwheel.store.schema import jobs, runs, tenants
 
 from .helpers import (
@@ -373,3 +374,46 @@ async def test_retrying_a_node_and_a_node_below_it_at_once(store: Store) -> None
     assert isinstance(outcomes[1], IllegalTransitionError), outcomes[1]
     nodes = await nodes_of(store, tenant.id, wf)
     assert (nodes["a"].state, nodes["b"].state) == (RunState.SCHEDULED, RunState.PENDING)
+
+
+@pytest.mark.parametrize("hand_back", ["release", "lapse"])
+async def test_a_gate_opening_and_its_reservations_end_take_the_workflow_run_first(
+    store: Store, hand_back: str
+) -> None:
+    """A node's end opens the gates of the nodes after it on its workflow run's row;
+    taking a gated reservation off (a hand-back, a lapse) locks the workflow run before
+    the node, so the two are never interleaved: whichever goes first, the node ends up
+    ready for any worker, never PENDING with a gate no one holds."""
+    tenant = await make_tenant(store)
+    wf, worker, a = await _root_leased(
+        store, tenant.id, [{"name": "a"}, {"name": "b", "after": ["a"]}]
+    )
+    got = await store.attempts_lease_admitted(worker=worker, max=1, gated=1, now=at(1.5))
+    [b] = got.attempts
+    assert b.gated
+    if hand_back == "release":
+        end = store.attempts_release_many(
+            items=[HeartbeatItem(b.attempt_id, b.fencing_token)], now=at(2)
+        )
+    else:  # past the reservation's end: the expiry sweep voids it
+        end = store.attempts_expire(now=b.lease_expires_at + timedelta(seconds=1))
+
+    outcomes = await collide(
+        store,
+        _held(runs, wf.id),
+        store.attempts_complete_many(items=_done(a, {"x": 1}), now=at(2)),
+        end,
+        what=("a's result waiting for the workflow run", f"b's {hand_back}"),
+    )
+
+    no_failures(outcomes, ("a's result", f"b's {hand_back}"))
+    node = (await nodes_of(store, tenant.id, wf))["b"]
+    if node.state is RunState.PENDING:  # the sweep passed over the held workflow run
+        assert hand_back == "lapse"
+        assert await store.attempts_expire(now=b.lease_expires_at + timedelta(seconds=2)) == 1
+        node = (await nodes_of(store, tenant.id, wf))["b"]
+    assert node.state is RunState.DISPATCHED
+    assert node.payload == {"upstream": {"a": {"x": 1}}}
+    other = await register_worker(store, tenant.id, now=at(40))
+    [again] = await store.attempts_lease(worker=other, max=1, now=at(40))
+    assert again.run_id == node.id

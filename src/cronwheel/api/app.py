@@ -137,7 +137,7 @@ class BodyLimitMiddleware:
 
 
 async def stop_long_polls(app: FastAPI) -> None:
-    """Answer every waiting long-poll (lease, cancels) now and let no new one wait.
+    """Answer every waiting long-poll (lease, cancels, gates) now and let no new one wait.
 
     Call it before stopping the HTTP server: a server shutting down gracefully waits for
     open requests, and a long-poll could otherwise hold it for ``lease_wait_max``.
@@ -145,6 +145,7 @@ async def stop_long_polls(app: FastAPI) -> None:
     state: ApiState = app.state.api
     await state.notifier.close()
     await state.cancels.close()
+    await state.gates.close()
 
 
 def default_log_store(settings: Settings, store: Store) -> LogStore:
@@ -200,6 +201,7 @@ def create_app(settings: Settings, store: Store, *, log_store: LogStore | None =
                 await revocations
             await state.notifier.close()
             await state.cancels.close()
+            await state.gates.close()
 
     # The docs pages (/docs, /redoc) load their scripts and styles from the package
     # (under /static-offline-docs), never from a CDN: they work without internet.

@@ -22,13 +22,14 @@ from cronwheel.clock import Clock
 from cronwheel.store.base import Store, Subscription
 from cronwheel.store.notices import (
     CHANNEL_CANCELS,
+    CHANNEL_GATES,
     CHANNEL_RUNS_READY,
-    parse_cancels_notice,
     parse_ready_notice,
+    parse_worker_notice,
 )
 from cronwheel.store.values import LeaseShare
 
-__all__ = ["CancelNotifier", "ReadyNotifier", "Ticket", "Wakeups"]
+__all__ = ["CancelNotifier", "GateNotifier", "ReadyNotifier", "Ticket", "Wakeups", "WorkerNotifier"]
 
 log = logging.getLogger("cronwheel.api")
 
@@ -257,15 +258,11 @@ class ReadyNotifier(Wakeups[tuple[str, bool]]):
         await super().close()
 
 
-class CancelNotifier(Wakeups[uuid.UUID]):
-    """Workers' cancels long-polls, woken by :data:`CHANNEL_CANCELS` when a run one of
-    them is running is asked to stop — through this API node or any other."""
-
-    channel = CHANNEL_CANCELS
-    name = "cancels"
+class WorkerNotifier(Wakeups[uuid.UUID]):
+    """Long-polls of one worker each, woken by notices naming the worker."""
 
     def ticket(self, worker_id: uuid.UUID) -> Ticket:
-        """What the cancels long-polls of ``worker_id`` wait on."""
+        """What the long-polls of ``worker_id`` wait on."""
         return self._ticket(worker_id)
 
     def wake(self, worker_ids: Iterable[uuid.UUID] | None = None) -> None:
@@ -276,8 +273,24 @@ class CancelNotifier(Wakeups[uuid.UUID]):
         workers: set[uuid.UUID] = set()
         for payload in payloads:
             try:
-                workers.add(parse_cancels_notice(payload))
+                workers.add(parse_worker_notice(payload))
             except ValueError:
                 self.wake()  # unreadable: everyone looks
                 return
         self.wake(workers)
+
+
+class CancelNotifier(WorkerNotifier):
+    """Workers' cancels long-polls, woken by :data:`CHANNEL_CANCELS` when a run one of
+    them is running is asked to stop — through this API node or any other."""
+
+    channel = CHANNEL_CANCELS
+    name = "cancels"
+
+
+class GateNotifier(WorkerNotifier):
+    """Workers' gates long-polls, woken by :data:`CHANNEL_GATES` when the gate of a node
+    one of them holds opens — through this API node or any other."""
+
+    channel = CHANNEL_GATES
+    name = "gates"

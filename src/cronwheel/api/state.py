@@ -17,7 +17,7 @@ from cronwheel.api.auth import KeyCache
 from cronwheel.api.creation import CreateBatcher
 from cronwheel.api.key_rates import SharedKeyRates
 from cronwheel.api.metrics import RunsByStateRefresher
-from cronwheel.api.notifier import CancelNotifier, ReadyNotifier
+from cronwheel.api.notifier import CancelNotifier, GateNotifier, ReadyNotifier
 from cronwheel.api.operations import OperationRunner
 from cronwheel.domain.model import Worker
 from cronwheel.settings import Settings
@@ -70,13 +70,15 @@ class ApiState:
     creates: CreateBatcher = field(init=False)
     # Carries out bulk operations (started with the app).
     operations: OperationRunner = field(init=False)
-    # Wakes the workers' cancels long-polls.
+    # Wakes the workers' cancels long-polls, and their gates long-polls.
     cancels: CancelNotifier = field(init=False)
+    gates: GateNotifier = field(init=False)
 
     def __post_init__(self) -> None:
         self.creates = CreateBatcher(self.store)
         self.operations = OperationRunner(self.store)
         self.cancels = CancelNotifier(self.store)
+        self.gates = GateNotifier(self.store)
 
 
 class StartsFirst:

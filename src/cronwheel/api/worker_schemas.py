@@ -43,6 +43,9 @@ __all__ = [
     "FailRequest",
     "Failure",
     "FencedRequest",
+    "GateOpenedOut",
+    "GatesOut",
+    "GatesRequest",
     "HeartbeatItemIn",
     "HeartbeatOut",
     "HeartbeatRequest",
@@ -121,6 +124,12 @@ class WorkerRegistered(ResponseModel):
         description="the server answers `POST /v1/workers/{id}/cancels`, a long-poll that "
         "tells of a cancel as soon as it is asked (false, or absent: heartbeats only)",
     )
+    gates_poll: bool = Field(
+        default=False,
+        description="the server takes `gated` on a lease and answers `POST "
+        "/v1/workers/{id}/gates`: a worker may hold workflow nodes ahead of their "
+        "upstream nodes' end (false, or absent: nodes are leased once ready)",
+    )
 
 
 class WorkerOut(ResponseModel):
@@ -193,6 +202,15 @@ class LeaseRequest(RequestModel):
         "due yet, as reservations (needs `ahead`): a worker whose handlers are short "
         "holds more of a burst than it has slots",
     )
+    gated: Integer = Field(
+        default=0,
+        ge=0,
+        le=1000,
+        description="beyond `max` and `reserve`: up to this many workflow nodes whose "
+        "upstream nodes are all under way, as gated reservations (`gated` true in the "
+        "answer): begin each when `POST /v1/workers/{id}/gates` says its gate opened, "
+        "with the payload it gives, then start it with `POST /v1/workers/{id}/start`",
+    )
 
 
 class LeasedAttemptOut(ResponseModel):
@@ -237,6 +255,14 @@ class LeasedAttemptOut(ResponseModel):
         "instant or later with `POST /v1/workers/{id}/start` (a cancel or pause before then "
         "wins). Until then `lease_expires_at` is when the reservation lapses and `deadline` "
         "assumes a start at `not_before`.",
+    )
+    gated: bool = Field(
+        default=False,
+        description="a gated reservation (leased with `gated`): a workflow node still "
+        "waiting for its upstream nodes. It has not started and must not run until "
+        "`POST /v1/workers/{id}/gates` says its gate opened; then run it with the payload "
+        "given there and start it. `lease_expires_at` is when the reservation lapses "
+        "unless its gate opens first.",
     )
 
 
@@ -373,6 +399,41 @@ class BatchOut(ResponseModel):
     completions: list[OutcomeOut]
     failures: list[OutcomeOut]
     releases: list[OutcomeOut]
+
+
+class GatesRequest(RequestModel):
+    fencing_tokens: list[FencingToken] = Field(
+        min_length=1,
+        max_length=10_000,
+        description="the gated reservations to hear of, by token",
+    )
+    wait: Seconds = Field(
+        default=0.0,
+        ge=0,
+        le=3600,
+        description="seconds to long-poll when no gate opened and none is gone (at most "
+        "the server's `lease_wait_max`)",
+    )
+
+
+class GateOpenedOut(ResponseModel):
+    fencing_tokens: list[int] = Field(description="reservations whose gates opened together")
+    payload: dict[str, Any] = Field(
+        description="each node's payload as its gate's opening gave it: the one to run it "
+        "with (its upstream nodes' results in it)"
+    )
+    opened_at: UtcInstant = Field(description="when their gates opened: the nodes began then")
+
+
+class GatesOut(ResponseModel):
+    opened: list[GateOpenedOut] = Field(
+        description="reservations whose gate opened, by opening: begin each, then start it "
+        "(`start`)"
+    )
+    gone: list[int] = Field(
+        description="reservations no longer yours (lapsed, handed back, or the node was "
+        "cancelled or skipped): drop them, the node must not run here"
+    )
 
 
 class StartRequest(RequestModel):

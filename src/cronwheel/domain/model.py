@@ -216,6 +216,12 @@ class LeasedAttempt:
     priority: int = 2
     # A workflow's node run: its workflow run (its outcome moves the workflow on).
     workflow_run_id: uuid.UUID | None = None
+    # A gated reservation: a node whose upstream nodes are still under way, reserved
+    # ahead of its gate (``not_before`` is None). Its holder begins it when the gate
+    # opens, with the payload the opening gives it, and then starts it.
+    # ``lease_expires_at`` is when the reservation lapses, ``deadline`` what the
+    # deadline would be if it began at the lease.
+    gated: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -62,6 +62,7 @@ __all__ = [
     "NODES_MAX",
     "NODE_INPUT_MAX",
     "TRIGGER_RULES",
+    "UPSTREAM_DONE",
     "UPSTREAM_KEY",
     "WORKFLOW_POOL",
     "Dag",
@@ -71,6 +72,7 @@ __all__ = [
     "TriggerRule",
     "Unfit",
     "WorkflowSpec",
+    "armable",
     "cached_dag",
     "check_trigger_payload",
     "dag_of",
@@ -81,6 +83,9 @@ __all__ = [
     "node_name_problem",
     "node_payload",
 ]
+
+UPSTREAM_DONE = "upstream nodes done"
+"""The reason a node with upstream nodes was made ready (its READY transition's)."""
 
 NODES_MAX = 2_000
 """The most nodes a workflow may have."""
@@ -490,6 +495,31 @@ def decide(
         else:
             outcome = RunState.SUCCESS
     return Decisions(ready, skipped, outcome, reason, failed)
+
+
+# Upstream states under which a waiting node may be reserved ahead of its gate: each
+# upstream node is ready, running or done well, so the node is likely to run next.
+_UNDER_WAY = frozenset({RunState.DISPATCHED, RunState.RUNNING, RunState.SUCCESS})
+
+
+def armable(dag: Dag, states: Mapping[str, RunState], decided: Decisions) -> list[str]:
+    """The nodes still waiting once ``decided`` is applied to ``states`` whose upstream
+    nodes are all under way (ready, running or succeeded): a worker may reserve them,
+    gated, before they are ready (``docs/reservations.md``). None of a cancelled or
+    ended workflow run, and never a root (it is ready at once)."""
+    if decided.outcome is not None:
+        return []
+    now = dict(states)
+    now.update(dict.fromkeys(decided.ready, RunState.DISPATCHED))
+    now.update(dict.fromkeys(decided.skipped, RunState.SKIPPED))
+    now.update(dict.fromkeys(decided.failed, RunState.FAILED))
+    return [
+        node.name
+        for node in dag.order
+        if now[node.name] is RunState.PENDING
+        and node.after
+        and all(now[u] in _UNDER_WAY for u in node.after)
+    ]
 
 
 def check_trigger_payload(dag: Dag, payload: Mapping[str, Any], *, limit: int) -> None:

@@ -41,7 +41,14 @@ from cronwheel.domain.model import (
 )
 from cronwheel.store.rows import AUDIT_COLUMNS, EVENT_COLUMNS, NEW_JOB_COLUMNS, NEW_RUN_COLUMNS
 from cronwheel.store.schema import audit, log_chunks, shard_leases
-from cronwheel.store.values import CompleteItem, Grant, HeartbeatItem, LeaseRenewal, ReadyQueue
+from cronwheel.store.values import (
+    CompleteItem,
+    GateOpened,
+    Grant,
+    HeartbeatItem,
+    LeaseRenewal,
+    ReadyQueue,
+)
 
 __all__ = [
     "CreatedRun",
@@ -482,11 +489,14 @@ class Driver(ABC):
         ahead: float,
         now: datetime | None,
         later: bool = False,
+        gated: bool = False,
     ) -> ReadyQueue:
         """What the worker could take of its pool's ready queue: for each tenant
         waiting, how many runs of each priority class (counting at most ``max`` per
         tenant), with the tenant's limits and the pool's own P0 share, and the clock.
-        ``later``: only runs not due yet (to reserve beyond the worker's slots)."""
+        ``later``: only runs not due yet (to reserve beyond the worker's slots).
+        ``gated``: of the gated queue instead — workflow nodes whose upstream nodes are
+        all under way (``runs.gated_at``); a driver that reserves none answers none."""
 
     @abstractmethod
     async def attempts_lease(
@@ -499,11 +509,13 @@ class Driver(ABC):
         ahead: float,
         now: datetime | None,
         later: bool = False,
+        gated: bool = False,
     ) -> tuple[list[LeasedAttempt], dict[tuple[uuid.UUID, int], int]]:
         """Lease what admission granted: of each (tenant, class) up to its count of the
         oldest ready runs the worker can take; each due one becomes RUNNING with a new
         attempt and token, each due within ``ahead`` is reserved for the worker
-        (``later``: only runs not due yet are taken, all of them reserved).
+        (``later``: only runs not due yet are taken, all of them reserved; ``gated``:
+        nodes of the gated queue, each reserved ahead of its gate, left PENDING).
         Raises :class:`WorkerGone` when the worker is not live (also with no grants).
         Returns the attempts, ordered by ``not_before``, and the count taken of each
         (tenant, class). It is atomic on its own: a driver may run it outside a
@@ -525,10 +537,14 @@ class Driver(ABC):
         tenant_id: uuid.UUID | None,
         now: datetime | None,
         ahead: float,
+        opened: Sequence[GateOpened] = (),
     ) -> ReservationsStarted:
         """Start the worker's reservations of ``tokens`` that are due within ``ahead``
-        seconds, each beginning at the later of now and its instant. Raises
-        :class:`WorkerGone` when the worker is not live."""
+        seconds, each beginning at the later of now and its instant, and its gated
+        reservations whose gate is ``opened`` (as read in this transaction: the node is
+        started only still PENDING under that reservation), each beginning at the
+        opening with the payload it gave. Raises :class:`WorkerGone` when the worker is
+        not live."""
 
     @abstractmethod
     async def attempts_heartbeat(

@@ -13,18 +13,19 @@ from cronwheel.domain.model import DueRun
 __all__ = [
     "ANNOUNCE_HORIZON",
     "CHANNEL_CANCELS",
+    "CHANNEL_GATES",
     "CHANNEL_KEYS_REVOKED",
     "CHANNEL_OPERATIONS",
     "CHANNEL_RUNS_NEW",
     "CHANNEL_RUNS_READY",
     "announce",
-    "cancels_notice",
     "key_revoked",
     "parse_announcement",
-    "parse_cancels_notice",
     "parse_key_revoked",
     "parse_ready_notice",
+    "parse_worker_notice",
     "ready_notices",
+    "worker_notice",
 ]
 
 # Channels the store notifies on, inside the transaction that makes the change:
@@ -40,6 +41,9 @@ CHANNEL_OPERATIONS = "cw_operations"
 # A cancel was requested of attempts a worker is running: "worker id" (hex). The API
 # nodes answer that worker's cancels long-poll.
 CHANNEL_CANCELS = "cw_cancels"
+# The gates of nodes a worker reserved ahead of their upstream nodes opened: "worker id"
+# (hex). The API nodes answer that worker's gates long-poll.
+CHANNEL_GATES = "cw_gates"
 _NOT_BEFORE = "\x1f"
 _MAX_INSTANTS = 32  # per notice: a batch spread wider is woken at evenly spaced ones
 
@@ -105,11 +109,12 @@ def parse_key_revoked(payload: str) -> uuid.UUID:
     return uuid.UUID(hex=payload)
 
 
-def cancels_notice(worker_id: uuid.UUID) -> str:
-    """The payload of a CHANNEL_CANCELS notification."""
+def worker_notice(worker_id: uuid.UUID) -> str:
+    """The payload of a CHANNEL_CANCELS or CHANNEL_GATES notification."""
     return worker_id.hex
 
 
-def parse_cancels_notice(payload: str) -> uuid.UUID:
-    """The worker a CHANNEL_CANCELS payload names; ValueError when it is unreadable."""
+def parse_worker_notice(payload: str) -> uuid.UUID:
+    """The worker a CHANNEL_CANCELS or CHANNEL_GATES payload names; ValueError when it
+    is unreadable."""
     return uuid.UUID(hex=payload)

@@ -20,6 +20,7 @@ from cronwheel.domain.states import TERMINAL_STATES, AttemptState, RunState
 __all__ = [
     "AUDIT_RETENTION_SETTING",
     "FENCING_SEQUENCE",
+    "GATED",
     "NO_RESERVATION",
     "NUM_SHARDS",
     "OPEN_OPERATION",
@@ -212,6 +213,9 @@ _TERMINAL = _in("state", TERMINAL_STATES)
 RESERVED = "reserved_token IS NOT NULL"
 # The predicate of the ready queue's index: dispatched and not reserved.
 READY = "state = 'DISPATCHED' AND reserved_token IS NULL"
+# The predicate of the gated index: workflow nodes waiting for upstream nodes that are
+# all under way, not reserved — what a worker may reserve ahead of their gate.
+GATED = "state = 'PENDING' AND gated_at IS NOT NULL AND reserved_token IS NULL"
 
 # The predicate of the quarantine index: runs a poison step took out of a pass.
 QUARANTINED = "quarantined_at IS NOT NULL"
@@ -276,6 +280,12 @@ runs = sa.Table(
     sa.Column("reserved_attempt", Uuid),
     sa.Column("reserved_token", sa.BigInteger),
     sa.Column("reserved_until", UtcDateTime),
+    # A workflow's node run (PENDING) whose upstream nodes are all under way: since
+    # when it may be reserved before it is ready, gated (migration 0024). And a workflow
+    # run's: the gates of its nodes that opened while reserved — their holders begin
+    # them, and record their starts after (``store/sql/gates.py``).
+    sa.Column("gated_at", UtcDateTime),
+    sa.Column("gates", OptionalJson),
     sa.Column("cancel_requested", sa.Boolean, nullable=False, server_default=sa.false()),
     # Fired while an earlier run of its job (overlap=queue_one) was still going: it
     # waits for that run, and no other occurrence queues beside it.
@@ -337,6 +347,17 @@ runs = sa.Table(
         "fire_at",
         postgresql_where=sa.text(READY),
         sqlite_where=sa.text(READY),
+    ),
+    # Gated nodes a worker may reserve ahead of their upstream nodes' end, as the ready
+    # queue is walked: by pool, tenant, class and age.
+    sa.Index(
+        "ix_runs_gated",
+        "pool",
+        "tenant_id",
+        "priority",
+        "fire_at",
+        postgresql_where=sa.text(GATED),
+        sqlite_where=sa.text(GATED),
     ),
     # Runs waiting with a reason: what the alerts and the unroutable gauge read.
     sa.Index(

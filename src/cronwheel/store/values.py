@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -18,6 +18,8 @@ __all__ = [
     "BucketTake",
     "CompleteItem",
     "FailItem",
+    "GateOpened",
+    "Gates",
     "Grant",
     "HeartbeatItem",
     "JobDeleted",
@@ -211,6 +213,24 @@ class Admitted:
     held: dict[uuid.UUID, str]
     retry_in: float | None = None
     p0_reserved: int = 0  # the worker's slots only P0 runs may take
+
+
+@dataclass(frozen=True, slots=True)
+class GateOpened:
+    """Gated reservations whose gates opened together: their tokens, the payload the
+    opening gave each node (its upstream results in it), and when it opened."""
+
+    fencing_tokens: list[int]
+    payload: dict[str, Any]
+    opened_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Gates:
+    """What :meth:`attempts_gates` found of a worker's gated reservations."""
+
+    opened: list[GateOpened] = field(default_factory=list)
+    gone: list[int] = field(default_factory=list)
 
 
 @dataclass(slots=True)

@@ -23,6 +23,7 @@ from cronwheel.store.values import (
     Admitted,
     CompleteItem,
     FailItem,
+    Gates,
     HeartbeatItem,
     LeaseShare,
 )
@@ -149,11 +150,38 @@ class WorkerSide(ABC):
         p0_share: float = 0.0,
         reserve: int = 0,
         share: LeaseShare | None = None,
+        gated: int = 0,
     ) -> Admitted:
         """:meth:`attempts_lease`, telling also what admission held back: the tenants
         a limit held, and when a dispatch-rate limit will let the next run go. With
         ``share``, this lease is one of several woken together that share a large
-        batch of ready runs (:class:`LeaseShare`): it takes at most its part."""
+        batch of ready runs (:class:`LeaseShare`): it takes at most its part.
+
+        With ``gated`` > 0, the worker is also given up to that many *gated
+        reservations*, admitted as any lease is: workflow nodes still waiting (PENDING)
+        whose upstream nodes are all under way (``runs.gated_at``), reserved for it
+        under the attempt id and token they will start with (``gated`` set,
+        ``not_before`` None). The node stays PENDING. When its upstream nodes make it
+        ready, its gate opens instead (:meth:`attempts_gates`): its holder begins it
+        and then starts it (:meth:`attempts_start_many`). Unopened, the reservation
+        lapses after the node's heartbeat timeout (and may be taken again); opened and
+        not started within that timeout, it lapses and the node is made ready for any
+        worker. A gated reservation counts against ``max_concurrent_runs``."""
+
+    @abstractmethod
+    async def attempts_gates(
+        self,
+        *,
+        worker_id: uuid.UUID,
+        tokens: Sequence[int],
+        tenant_id: uuid.UUID | None = None,
+    ) -> Gates:
+        """Of the worker's gated reservations ``tokens``: those whose gate opened, with
+        the payload the opening gave the node (its upstream results) and when it
+        opened, and those that are gone (lapsed, voided by a cancel or a skip, handed
+        back, started: the worker drops them). One read, nothing written. Every opening
+        notifies the holders on ``CHANNEL_GATES`` once it commits (a wake-up: this read
+        is the truth)."""
 
     @abstractmethod
     async def attempts_start_many(
@@ -169,7 +197,9 @@ class WorkerSide(ABC):
         statement: each whose run is still DISPATCHED under that reservation and whose
         instant is at most ``ahead`` seconds away becomes RUNNING with the attempt (id
         and token) it was reserved with, exactly as a lease at the later of now and its
-        instant would have made it (a run started ahead begins at its instant). Refused:
+        instant would have made it (a run started ahead begins at its instant). A gated
+        reservation whose gate opened starts too, beginning at the opening (its READY
+        transition dated then); one whose gate is shut is ``not_yet``. Refused:
         ``not_yet`` (its instant is further ahead: nothing changed, start it later), and
         ``refused`` (the reservation is gone: the run was cancelled, paused, or its
         reservation lapsed and another worker took it; never this worker's or, with

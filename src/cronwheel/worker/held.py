@@ -49,6 +49,15 @@ class Held:
     reported: bool = False  # an outcome (or release) is queued or sent
     cancel_reason: CancelReason | None = None
     reserved: bool = False  # started from a reservation ahead of its instant
+    # Begun at its gate's opening, before its start was recorded: whether the server
+    # started it (None: not answered yet). Until then it is not heartbeaten and its
+    # outcome waits; refused, the handler is stopped and nothing is reported.
+    start: asyncio.Future[bool] | None = None
+
+    @property
+    def unstarted(self) -> bool:
+        """Begun at its gate, its start not recorded yet (or refused)."""
+        return self.start is not None and not (self.start.done() and self.start.result())
 
     @property
     def ref(self) -> TokenRef:

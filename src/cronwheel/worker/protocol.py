@@ -23,6 +23,7 @@ __all__ = [
     "BatchOutcomes",
     "Completion",
     "Failure",
+    "GatesHeard",
     "Heartbeat",
     "Lease",
     "LogsAppended",
@@ -49,6 +50,7 @@ class Registration:
     lease_ahead_max: float = 0.0  # how far ahead the server lets it reserve runs
     start_ahead_max: float = 0.0  # how long before its instant it may start a reservation
     cancels_poll: bool = False  # the server answers the cancels long-poll
+    gates_poll: bool = False  # the server leases gated reservations, answers their gates
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +85,10 @@ class Lease:
     # A workflow's node run: its workflow run. Its outcome moves the workflow on: it is
     # reported at once, never held back behind a burst.
     workflow_run_id: str | None = None
+    # A gated reservation: a workflow node still waiting for its upstream nodes. It
+    # runs only once its gate opens (:meth:`WorkerProtocol.gates`), with the payload
+    # the opening gives (:meth:`opened`), and is then started.
+    gated: bool = False
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Lease:
@@ -115,6 +121,7 @@ class Lease:
                 None if data.get("workflow_run_id") is None else str(data["workflow_run_id"])
             ),
             priority=int(data.get("priority", 2)),
+            gated=data.get("gated") is True,
         )
 
     def started(self, at: datetime) -> Lease:
@@ -123,17 +130,36 @@ class Lease:
         assert self.not_before is not None
         at = max(at, self.not_before)
         timeout = self.deadline - self.not_before
-        # A copy slot by slot with three fields set: ``dataclasses.replace`` and
-        # ``copy.copy`` cost ten times more, and a burst's instant makes thousands.
-        begun = object.__new__(Lease)
-        for name in Lease.__slots__:
-            object.__setattr__(begun, name, getattr(self, name))
+        begun = self._copy()
         object.__setattr__(
             begun, "lease_expires_at", at + timedelta(seconds=self.heartbeat_timeout)
         )
         object.__setattr__(begun, "deadline", at + timeout)
         object.__setattr__(begun, "not_before", None)
         return begun
+
+    def opened(self, at: datetime, payload: dict[str, Any]) -> Lease:
+        """This gated reservation as the attempt its gate's opening at ``at`` (server
+        time) makes it: begun then, with ``payload``."""
+        assert self.gated
+        leased_at = self.lease_expires_at - timedelta(seconds=self.heartbeat_timeout)
+        begun = self._copy()
+        object.__setattr__(begun, "payload", payload)
+        object.__setattr__(
+            begun, "lease_expires_at", at + timedelta(seconds=self.heartbeat_timeout)
+        )
+        object.__setattr__(begun, "deadline", at + (self.deadline - leased_at))
+        object.__setattr__(begun, "due_at", at)
+        object.__setattr__(begun, "gated", False)
+        return begun
+
+    def _copy(self) -> Lease:
+        """A copy slot by slot: ``dataclasses.replace`` and ``copy.copy`` cost ten times
+        more, and a burst's instant or a fan-out's gate makes thousands."""
+        copy = object.__new__(Lease)
+        for name in Lease.__slots__:
+            object.__setattr__(copy, name, getattr(self, name))
+        return copy
 
     @property
     def run_seconds_left(self) -> float:
@@ -252,6 +278,15 @@ class Started:
 
 
 @dataclass(frozen=True, slots=True)
+class GatesHeard:
+    """A gates long-poll's answer: ``(tokens, payload, opened_at)`` of the gated
+    reservations whose gates opened together, and the tokens of those gone."""
+
+    opened: list[tuple[list[int], dict[str, Any], datetime]]
+    gone: list[int]
+
+
+@dataclass(frozen=True, slots=True)
 class LogsAppended:
     """The server's answer to a batch of log lines: ``dropped`` lines were past the
     attempt's log cap."""
@@ -334,17 +369,26 @@ class WorkerProtocol:
                 lease_ahead_max=float(data.get("lease_ahead_max") or 0.0),
                 start_ahead_max=float(data.get("start_ahead_max") or 0.0),
                 cancels_poll=data.get("cancels_poll") is True,
+                gates_poll=data.get("gates_poll") is True,
             ),
         )
 
     async def lease(
-        self, worker_id: str, *, max: int, wait: float, ahead: float = 0.0, reserve: int = 0
+        self,
+        worker_id: str,
+        *,
+        max: int,
+        wait: float,
+        ahead: float = 0.0,
+        reserve: int = 0,
+        gated: int = 0,
     ) -> list[Lease]:
         """Up to ``max`` attempts; the server answers as soon as it has any, or after
         ``wait`` seconds with none. With ``ahead``, runs due within that many seconds
         come as reservations (``not_before`` set), and with ``reserve`` too, up to that
-        many more of them once ``max`` is filled. Each answer updates
-        :attr:`clock_offset`."""
+        many more of them once ``max`` is filled. With ``gated``, up to that many
+        workflow nodes whose upstream nodes are under way, as gated reservations
+        (``gated`` set). Each answer updates :attr:`clock_offset`."""
         body: dict[str, Any] = {"max": max, "wait": wait}
         if self.webhooks_only:
             body["webhooks_only"] = True
@@ -352,6 +396,8 @@ class WorkerProtocol:
             body["ahead"] = ahead
             if reserve > 0:
                 body["reserve"] = reserve
+        if gated > 0:
+            body["gated"] = gated
         call = Call("POST", f"/v1/workers/{quote(worker_id, safe='')}/lease", json=body)
         data = await self.client.send(call, read_timeout=wait + _LONG_POLL_MARGIN)
         received = time.time()
@@ -395,6 +441,30 @@ class WorkerProtocol:
                 started=[int(t) for t in data["started"]],
                 not_yet=[int(t) for t in data["not_yet"]],
                 refused=[int(t) for t in data["refused"]],
+            ),
+        )
+
+    async def gates(self, worker_id: str, tokens: Sequence[int], *, wait: float) -> GatesHeard:
+        """Of the gated reservations ``tokens``: those whose gate opened, and those
+        gone; the server answers as soon as there is one, or after ``wait`` seconds."""
+        call = Call(
+            "POST",
+            f"/v1/workers/{quote(worker_id, safe='')}/gates",
+            json={"fencing_tokens": list(tokens), "wait": wait},
+        )
+        data = await self.client.send(call, read_timeout=wait + _LONG_POLL_MARGIN)
+        return _parsed(
+            "gates",
+            lambda: GatesHeard(
+                opened=[
+                    (
+                        [int(t) for t in g["fencing_tokens"]],
+                        dict(g["payload"]),
+                        datetime.fromisoformat(str(g["opened_at"]).replace("Z", "+00:00")),
+                    )
+                    for g in data["opened"]
+                ],
+                gone=[int(t) for t in data["gone"]],
             ),
         )
 

@@ -52,6 +52,7 @@ from typing import TypeVar
 
 from cronwheel.client import ApiError
 from cronwheel.worker.cancels import Cancels
+from cronwheel.worker.gated import Gated
 from cronwheel.worker.held import (
     CancelReason,
     DeadlineExceeded,
@@ -178,6 +179,16 @@ class WorkerSession:
             on_drop=lambda _lease: self._slot_free.set(),
             backoff_max=config.backoff_max,
         )
+        self.gated = Gated(
+            protocol,
+            begin=self._gates_opened,
+            started=self._gated_started,
+            refused=self._gated_refused,
+            on_drop=lambda _lease: self._slot_free.set(),
+            backoff_max=config.backoff_max,
+        )
+        self._gates_poll = False  # the server holds nodes ahead of their gate for us
+        self._opening: dict[int, Held] = {}  # begun at their gate, start not answered
         self.outbox = Outbox(
             protocol,
             stats,
@@ -218,6 +229,9 @@ class WorkerSession:
                 self.reservations.run(lambda: self.worker_id), name="cronwheel-start"
             )
             background.append(self._starter)
+            background.append(
+                asyncio.create_task(self.gated.run(lambda: self.worker_id), name="cronwheel-gates")
+            )
             try:
                 await self._lease_loop()
                 await self._wind_down()
@@ -286,6 +300,8 @@ class WorkerSession:
             self.reservations.start_ahead_max = reg.start_ahead_max
             self.cancels.offered = reg.cancels_poll
             self.cancels.wait = self.lease_wait
+            self.gated.wait = self.lease_wait
+            self._gates_poll = reg.gates_poll
             log_event(
                 logging.INFO,
                 "worker.registered",
@@ -352,7 +368,7 @@ class WorkerSession:
             # for the moment their runs start; the others ride on the slots' pace.
             extra = self._reserve_extra()
             free = max(0, self.config.concurrency - self.running - self._reserved_over(extra))
-            room = free + max(0, extra - len(self.reservations))
+            room = free + max(0, extra - self._ahead_held())
             prefetch = self._prefetch()
             want = free + prefetch - len(self._waiting)
             # With every slot busy, lease for the prefetch only once half of it has
@@ -370,10 +386,20 @@ class WorkerSession:
             ahead = 0.0 if self.drain or p0_only or room <= 0 else self.lease_ahead
             want = min(want, _LEASE_MAX)
             reserve = min(max(0, room - want), _LEASE_MAX) if ahead > 0 else 0
+            # And workflow nodes whose upstream nodes are under way, within the same
+            # allowance: held gated, begun the moment their gate opens.
+            gated = 0
+            if self._gates_poll and ahead > 0:
+                gated = min(max(0, extra - self._ahead_held() - reserve), _LEASE_MAX)
             try:
                 leases = await self._until_stopped(
                     self.protocol.lease(
-                        self.worker_id, max=want, wait=wait, ahead=ahead, reserve=reserve
+                        self.worker_id,
+                        max=want,
+                        wait=wait,
+                        ahead=ahead,
+                        reserve=reserve,
+                        gated=gated,
                     )
                 )
             except _Stopped:
@@ -396,12 +422,16 @@ class WorkerSession:
                     return
                 continue
             backoff.reset()
-            self._receive(*(lease for lease in leases if lease.not_before is None))
+            self._receive(
+                *(lease for lease in leases if lease.not_before is None and not lease.gated)
+            )
             for lease in leases:
-                if lease.not_before is not None:
+                if lease.gated:
+                    self.gated.add(lease)
+                elif lease.not_before is not None:
                     self.reservations.add(lease)
             if not leases and self.drain:
-                if self.running == 0 and not self.reservations:
+                if self.running == 0 and not self._ahead_held():
                     # Nothing more for us — unless we asked with slots taken: a pool keeps
                     # some of them for P0 runs, so ask once more with all of them free.
                     if free >= self.config.concurrency:
@@ -432,7 +462,7 @@ class WorkerSession:
     def _prefetch(self) -> int:
         """How many leased runs may wait here for a slot now (see the module's notes)."""
         cap = 2 * self.config.concurrency if self.config.prefetch is None else self.config.prefetch
-        if cap <= 0 or self.protocol.p0_reserved_slots > 0 or self.reservations:
+        if cap <= 0 or self.protocol.p0_reserved_slots > 0 or self._ahead_held():
             return 0
         if self._duration is None:
             return 0  # how long handlers take is not known yet
@@ -454,7 +484,11 @@ class WorkerSession:
     def _reserved_over(self, extra: int) -> int:
         """The reservations beyond ``extra`` (the allowance of _reserve_extra): each
         holds a slot."""
-        return max(0, len(self.reservations) - extra)
+        return max(0, self._ahead_held() - extra)
+
+    def _ahead_held(self) -> int:
+        """Reservations held, of runs due ahead and of nodes ahead of their gate."""
+        return len(self.reservations) + len(self.gated)
 
     def _ended(self, took: float) -> None:
         """A handler ran ``took`` seconds: the mean duration prefetch follows."""
@@ -485,6 +519,33 @@ class WorkerSession:
         self._arrive(helds)
         if self._watching is None and any(h.task is None for h in helds):
             self._watch_later()
+
+    def _gates_opened(self, leases: list[Lease]) -> None:
+        """Gates of nodes held here opened: each is held as an attempt from now on and
+        begins as a slot frees (at once, with one free), before its start is recorded
+        (the gated loop sends it now)."""
+        loop = asyncio.get_running_loop()
+        helds = [self._hold(lease) for lease in leases]
+        for held in helds:
+            held.start = loop.create_future()
+            self._opening[held.lease.fencing_token] = held
+        self._arrive_reserved(helds)
+
+    def _gated_started(self, tokens: list[int]) -> None:
+        for token in tokens:
+            held = self._opening.pop(token, None)
+            if held is not None and held.start is not None and not held.start.done():
+                held.start.set_result(True)
+        self._held_changed.set()  # heartbeats count them from now
+
+    def _gated_refused(self, tokens: list[int]) -> None:
+        for token in tokens:
+            held = self._opening.pop(token, None)
+            if held is None or held.start is None or held.start.done():
+                continue
+            held.start.set_result(False)
+            if not held.reported:
+                self._lose(held, "its start was refused: cancelled, or its reservation lapsed")
 
     def _busy(self) -> bool:
         """Runs are about to begin, being started, or started and waiting for a slot:
@@ -624,6 +685,8 @@ class WorkerSession:
             self._slot_free.set()
             self._fill_slots()
         took = time.monotonic() - started
+        if held.start is not None and not await held.start:
+            return  # begun at its gate and refused at its start: not ours to report
         if outcome is None or held.reported:
             return
         held.reported = True
@@ -674,7 +737,9 @@ class WorkerSession:
                 log.exception("worker.heartbeat_error", extra={"event": "worker.heartbeat_error"})
 
     async def _beat(self) -> None:
-        refs, reports = heartbeats((h.lease, h.ctx.unsent_progress) for h in self.held.values())
+        refs, reports = heartbeats(
+            (h.lease, h.ctx.unsent_progress) for h in self.held.values() if not h.unstarted
+        )
         outcomes = []
         try:
             # The server takes up to _BEAT_MAX items a request.
@@ -733,6 +798,7 @@ class WorkerSession:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._starter
         reserved, armed = self.reservations.take_all()
+        reserved += self.gated.take_all()
         for lease in reserved:
             self.outbox.add(TokenRef(lease.attempt_id, lease.fencing_token))
         # Started ahead, their instant not come: released like runs waiting for a slot.

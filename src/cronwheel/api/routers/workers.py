@@ -29,6 +29,8 @@ from cronwheel.api.worker_schemas import (
     CancelOut,
     CancelsOut,
     CancelsRequest,
+    GatesOut,
+    GatesRequest,
     LeaseOut,
     LeaseRequest,
     StartOut,
@@ -99,6 +101,7 @@ async def register_worker(
         lease_ahead_max=state.settings.lease_ahead_max,
         start_ahead_max=state.settings.start_ahead_max,
         cancels_poll=True,
+        gates_poll=True,
     )
 
 
@@ -189,6 +192,7 @@ def _leased_json(item: LeasedAttempt, secrets: dict[uuid.UUID, str]) -> dict[str
         "progress_timeout": item.progress_timeout,
         "signing_secret": None if item.task is not None else secrets.get(item.tenant_id),
         "not_before": item.not_before,
+        "gated": item.gated,
         "workflow_run_id": None if item.workflow_run_id is None else str(item.workflow_run_id),
     }
 
@@ -269,6 +273,7 @@ async def lease(
                 p0_share=state.settings.p0_reserved_share,
                 reserve=body.reserve,
                 share=share,
+                gated=body.gated,
             )
         finally:
             # The cohort's last lease to end: what the cohort left (a lease of it went
@@ -424,6 +429,63 @@ async def cancels(
     )
 
 
+@router.post(
+    "/v1/workers/{worker_id}/gates",
+    summary="Hear of gated reservations whose gate opened (long-poll)",
+    response_model=GatesOut,
+    responses=_GONE,
+)
+async def gates(
+    worker_id: str,
+    body: GatesRequest,
+    request: Request,
+    principal: Principal = Depends(require_worker),
+) -> Response:
+    """Of the worker's gated reservations ``fencing_tokens`` (leased with ``gated``):
+    those whose gate opened — the node's upstream nodes made it ready — each with the
+    payload to run it with, and those that are gone (lapsed, handed back, or the node
+    was cancelled or skipped). The worker begins each opened one at once, then starts
+    it with ``POST /v1/workers/{id}/start``. When none opened and none is gone, waits
+    up to ``wait`` seconds and answers as soon as a gate opens, through any API node.
+    A deregistered worker gets 410 ``worker_deregistered``."""
+    state = api_state(request)
+    if body.wait > state.settings.lease_wait_max:
+        raise ValidationError(
+            f"wait: at most {state.settings.lease_wait_max:g} seconds", field="wait"
+        )
+    worker = await _own_worker(state, principal, worker_id)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + body.wait
+    woken = False
+    while True:
+        # The ticket is taken before reading so that a gate opened in between wakes us.
+        ticket = state.gates.ticket(worker.id) if body.wait > 0 else None
+        found = await state.store.attempts_gates(
+            worker_id=worker.id, tokens=body.fencing_tokens, tenant_id=worker.tenant_id
+        )
+        remaining = deadline - loop.time()
+        # Woken by a gate of the worker's that is none of these (held since the poll
+        # began): answered, so that the worker asks again naming it.
+        if found.opened or found.gone or woken or ticket is None or remaining <= 0:
+            break
+        if state.gates.closed or await request.is_disconnected():
+            break
+        # Re-polled on a timer too: a lost notice costs a node a moment, not its lapse.
+        await state.gates.wait(ticket, min(state.lease_poll_interval, remaining))
+        woken = ticket.is_set()
+        # Deregistered through this node meanwhile (which wakes us): 410, as a lease.
+        worker = await _own_worker(state, principal, worker_id)
+    return json_response(
+        {
+            "opened": [
+                {"fencing_tokens": g.fencing_tokens, "payload": g.payload, "opened_at": g.opened_at}
+                for g in found.opened
+            ],
+            "gone": found.gone,
+        }
+    )
+
+
 @router.delete(
     "/v1/workers/{worker_id}",
     summary="Deregister a worker",
@@ -455,6 +517,7 @@ async def deregister_worker(
     # refused.
     state.notifier.wake([worker.pool])
     state.cancels.wake([worker.id])
+    state.gates.wake([worker.id])
     # The worker's own tenant scopes the release: every attempt of a tenant's worker is
     # that tenant's, and a worker serving every tenant may hold attempts of any.
     released = await state.store.attempts_release_by_worker(

@@ -43,13 +43,21 @@ from cronwheel.store.drivers.postgres_jobs import (
 )
 from cronwheel.store.notices import (
     CHANNEL_CANCELS,
+    CHANNEL_GATES,
     CHANNEL_KEYS_REVOKED,
     CHANNEL_OPERATIONS,
     CHANNEL_RUNS_NEW,
     CHANNEL_RUNS_READY,
 )
 from cronwheel.store.schema import AUDIT_RETENTION_SETTING, UtcDateTime, runs
-from cronwheel.store.values import CompleteItem, Grant, HeartbeatItem, LeaseRenewal, ReadyQueue
+from cronwheel.store.values import (
+    CompleteItem,
+    GateOpened,
+    Grant,
+    HeartbeatItem,
+    LeaseRenewal,
+    ReadyQueue,
+)
 
 __all__ = ["PostgresDriver"]
 
@@ -195,6 +203,7 @@ class PostgresDriver(Driver):
                     CHANNEL_KEYS_REVOKED,
                     CHANNEL_OPERATIONS,
                     CHANNEL_CANCELS,
+                    CHANNEL_GATES,
                 ):
                     await conn.add_listener(channel, on_notify)
                 closed = asyncio.Event()
@@ -483,6 +492,7 @@ class PostgresDriver(Driver):
         ahead: float,
         now: datetime | None,
         later: bool = False,
+        gated: bool = False,
     ) -> ReadyQueue:
         # A read of its own: no transaction begun for it (see attempts_lease).
         return await leasing.ready_queue(
@@ -493,6 +503,7 @@ class PostgresDriver(Driver):
             webhooks_only=webhooks_only,
             ahead=ahead,
             later=later,
+            gated=gated,
         )
 
     async def attempts_lease(
@@ -505,6 +516,7 @@ class PostgresDriver(Driver):
         ahead: float,
         now: datetime | None,
         later: bool = False,
+        gated: bool = False,
     ) -> tuple[list[LeasedAttempt], dict[tuple[uuid.UUID, int], int]]:
         # One statement. Inside the transaction the plan's locks began, if they did;
         # otherwise (one tenant per class, no limits: nothing to lock, nothing to write
@@ -518,6 +530,7 @@ class PostgresDriver(Driver):
             webhooks_only=webhooks_only,
             ahead=ahead,
             later=later,
+            gated=gated,
         )
 
     async def lock_keys(self, conn: AsyncConnection, keys: Sequence[int]) -> None:
@@ -536,6 +549,7 @@ class PostgresDriver(Driver):
         tenant_id: uuid.UUID | None,
         now: datetime | None,
         ahead: float,
+        opened: Sequence[GateOpened] = (),
     ) -> ReservationsStarted:
         return await leasing.start_many(
             await _raw(conn),
@@ -544,6 +558,7 @@ class PostgresDriver(Driver):
             tokens=tokens,
             tenant_id=tenant_id,
             ahead=ahead,
+            opened=opened,
         )
 
     async def attempts_heartbeat(

@@ -17,10 +17,11 @@ from cronwheel.domain.model import (
     Worker,
 )
 from cronwheel.domain.states import FINISH, START, RunState
+from cronwheel.domain.workflow import UPSTREAM_DONE
 from cronwheel.store.driver import Outcomes, WorkerGone
 from cronwheel.store.drivers.postgres_firing import NOW, Raw
 from cronwheel.store.sql.progress import last_reports
-from cronwheel.store.values import Grant, HeartbeatItem, ReadyQueue
+from cronwheel.store.values import GateOpened, Grant, HeartbeatItem, ReadyQueue
 
 __all__ = [
     "complete_many",
@@ -46,13 +47,22 @@ _LIVE_WORKER = """live AS (
 # up as a key (a binary search, however many tasks), and not with = ANY: statistics
 # saying the worker's tasks are rare would have the planner read and sort the whole
 # queue even when the worker's runs lead it, where walking the index stops at the batch.
-_TAKEABLE = """{START} AND r.reserved_token IS NULL AND r.pool = {pool}
-      AND r.fire_at <= (SELECT now FROM t) + make_interval(secs => {ahead})
-      AND (NOT {later}::boolean OR r.fire_at > (SELECT now FROM t))
+_FITS = """r.pool = {pool}
       AND r.requires <@ {caps}::jsonb
       AND r.route_tags <@ {tags}::jsonb
       AND (NOT {webhooks_only}::boolean OR r.task IS NULL)
       AND ({tasks}::jsonb IS NULL OR r.task IS NULL OR {tasks}::jsonb -> r.task IS NOT NULL)"""
+_TAKEABLE = (
+    """{START} AND r.reserved_token IS NULL
+      AND r.fire_at <= (SELECT now FROM t) + make_interval(secs => {ahead})
+      AND (NOT {later}::boolean OR r.fire_at > (SELECT now FROM t))
+      AND """
+    + _FITS
+)
+# A gated lease takes, instead, workflow nodes waiting for upstream nodes that are all
+# under way (``ix_runs_gated``): reserved ahead of their gate, whatever their fire_at.
+_GATED = "r.state = 'PENDING' AND r.gated_at IS NOT NULL AND r.reserved_token IS NULL"
+_GATED_TAKEABLE = f"{_GATED}\n      AND " + _FITS
 
 _TAKEABLE_READ = _TAKEABLE.format(
     START=START.sql("r.state"),
@@ -83,16 +93,16 @@ _TAKEABLE_LEASE = _TAKEABLE.format(
 # node run is due when it became ready (its fire_at; its due_at is its workflow run's).
 _OWN_DUE = "CASE WHEN r.node = '' THEN r.due_at ELSE r.fire_at END"
 
-_READY = f"""
+_READY_TEMPLATE = """
 WITH RECURSIVE t AS (SELECT COALESCE($1::timestamptz, statement_timestamp()) AS now),
 waiting AS (
     SELECT CASE WHEN $3::uuid IS NOT NULL THEN $3::uuid ELSE (
-        SELECT tenant_id FROM runs
-        WHERE pool = $2 AND state = 'DISPATCHED' AND reserved_token IS NULL
+        SELECT tenant_id FROM runs r
+        WHERE pool = $2 AND {QUEUE}
         ORDER BY tenant_id LIMIT 1) END AS tenant_id
     UNION ALL
-    SELECT (SELECT tenant_id FROM runs
-            WHERE pool = $2 AND state = 'DISPATCHED' AND reserved_token IS NULL
+    SELECT (SELECT tenant_id FROM runs r
+            WHERE pool = $2 AND {QUEUE}
               AND tenant_id > w.tenant_id
             ORDER BY tenant_id LIMIT 1)
     FROM waiting w WHERE w.tenant_id IS NOT NULL AND $3::uuid IS NULL
@@ -104,7 +114,7 @@ JOIN tenants tn ON tn.id = w.tenant_id
 CROSS JOIN LATERAL (
     SELECT c.priority, count(*) AS n FROM (
         SELECT r.priority FROM runs r
-        WHERE r.tenant_id = w.tenant_id AND {_TAKEABLE_READ}
+        WHERE r.tenant_id = w.tenant_id AND {TAKEABLE}
         ORDER BY r.priority, r.fire_at
         LIMIT $5
     ) c GROUP BY c.priority
@@ -113,6 +123,16 @@ UNION ALL
 SELECT NULL, NULL, NULL, NULL, NULL, (SELECT p0_reserved_share FROM pools WHERE name = $2),
        (SELECT now FROM t)
 """
+_READY = _READY_TEMPLATE.format(
+    QUEUE="state = 'DISPATCHED' AND reserved_token IS NULL", TAKEABLE=_TAKEABLE_READ
+)
+# The gated queue's, through ``ix_runs_gated`` ($7 the tasks, $8 the tags).
+_READY_GATED = _READY_TEMPLATE.format(
+    QUEUE=_GATED,
+    TAKEABLE=_GATED_TAKEABLE.format(
+        pool="$2", caps="$4", tags="$8", webhooks_only="$6", tasks="$7"
+    ),
+)
 
 _LEASE = f"""
 {NOW},
@@ -200,6 +220,54 @@ FROM (SELECT 1) AS one LEFT JOIN leased ON TRUE
 """
 
 
+_GATED_TAKEABLE_LEASE = _GATED_TAKEABLE.format(
+    pool="$2", caps="$4", tags="$9", webhooks_only="$6", tasks="$8"
+)
+# A gated lease: what admission granted of the gated queue ($10 tenants, $11 classes,
+# $12 counts), reserved for the worker under the attempt ids ($7) and tokens they will
+# start with, left PENDING. The reservation lapses after the node's heartbeat timeout
+# unless its gate opens first (``dag.py`` then gives its holder as long again).
+_LEASE_GATED = f"""
+{NOW},
+{_LIVE_WORKER.format(worker="$5")},
+picked AS (
+    SELECT p.id, g.priority, p.fire_at
+    FROM unnest($10::uuid[], $11::smallint[], $12::int[]) AS g(tenant_id, priority, n)
+    CROSS JOIN LATERAL (
+        SELECT r.id, r.fire_at FROM runs r
+        WHERE r.tenant_id = g.tenant_id AND r.priority = g.priority
+          AND ($3::uuid IS NULL OR r.tenant_id = $3)
+          AND {_GATED_TAKEABLE_LEASE}
+        ORDER BY r.fire_at
+        LIMIT g.n
+        FOR UPDATE SKIP LOCKED
+    ) p
+    WHERE EXISTS (SELECT 1 FROM live)
+),
+numbered AS (
+    SELECT id, n, nextval('fencing_tokens') AS token
+    FROM (SELECT id, row_number() OVER (ORDER BY priority, fire_at, id) AS n FROM picked
+          ORDER BY n) o
+),
+leased AS (
+UPDATE runs r SET
+    wait_reason = NULL,
+    reserved_by = $5::uuid,
+    reserved_attempt = ($7::uuid[])[numbered.n],
+    reserved_token = numbered.token,
+    reserved_until = t.now + make_interval(secs => r.heartbeat_timeout)
+FROM numbered, t
+WHERE r.id = numbered.id
+RETURNING r.id, r.tenant_id, r.job_id, r.attempt, r.task, r.webhook, r.payload, r.timeout,
+          r.heartbeat_timeout, r.progress_timeout, r.priority, r.fire_at, r.workflow_run_id,
+          t.now AS now, ($7::uuid[])[numbered.n] AS attempt_id, r.reserved_until,
+          numbered.token AS token
+)
+SELECT leased.*, NOT EXISTS (SELECT 1 FROM live) AS gone
+FROM (SELECT 1) AS one LEFT JOIN leased ON TRUE
+"""
+
+
 def _tasks_param(worker: Worker) -> str | None:
     """The worker's tasks as the keys of a JSON object (None: it runs any task)."""
     return None if worker.tasks is None else json.dumps(dict.fromkeys(worker.tasks, 1))
@@ -214,22 +282,23 @@ async def ready_queue(
     webhooks_only: bool = False,
     ahead: float = 0.0,
     later: bool = False,
+    gated: bool = False,
 ) -> ReadyQueue:
     """What the worker could take of its pool's ready queue, tenant by tenant and
-    class by class (up to ``max`` of each tenant), with what admission needs to know."""
-    rows = await conn.fetch(
-        _READY,
-        now,
+    class by class (up to ``max`` of each tenant), with what admission needs to know;
+    ``gated``: of the gated queue instead."""
+    fits = (
         worker.pool,
         worker.tenant_id,
         json.dumps(sorted(worker.capabilities)),
         max,
         webhooks_only,
-        ahead,
-        _tasks_param(worker),
-        json.dumps(sorted(set(worker.tags))),
-        later,
     )
+    tasks, tags = _tasks_param(worker), json.dumps(sorted(set(worker.tags)))
+    if gated:
+        rows = await conn.fetch(_READY_GATED, now, *fits, tasks, tags)
+    else:
+        rows = await conn.fetch(_READY, now, *fits, ahead, tasks, tags, later)
     supply: dict[uuid.UUID, dict[int, int]] = {}
     limits: dict[uuid.UUID, dict[str, Any]] = {}
     names: dict[uuid.UUID, str] = {}
@@ -253,10 +322,14 @@ async def lease(
     webhooks_only: bool = False,
     ahead: float = 0.0,
     later: bool = False,
+    gated: bool = False,
 ) -> tuple[list[LeasedAttempt], dict[tuple[uuid.UUID, int], int]]:
     """Take what admission granted (none: only check the worker is live, and note it
-    seen). Returns the attempts and how many runs each (tenant, class) gave."""
+    seen). Returns the attempts and how many runs each (tenant, class) gave.
+    ``gated``: of the gated queue, each reserved ahead of its gate."""
     total = sum(g.count for g in grants)
+    if gated:
+        return await _lease_gated(conn, now, worker, grants, new_id, webhooks_only, total)
     rows = await conn.fetch(
         _LEASE,
         now,
@@ -336,17 +409,76 @@ async def lease(
     return leased, got
 
 
+async def _lease_gated(
+    conn: Raw,
+    now: datetime | None,
+    worker: Worker,
+    grants: Sequence[Grant],
+    new_id: Callable[[], uuid.UUID],
+    webhooks_only: bool,
+    total: int,
+) -> tuple[list[LeasedAttempt], dict[tuple[uuid.UUID, int], int]]:
+    rows = await conn.fetch(
+        _LEASE_GATED,
+        now,
+        worker.pool,
+        worker.tenant_id,
+        json.dumps(sorted(worker.capabilities)),
+        worker.id,
+        webhooks_only,
+        [new_id() for _ in range(total)],
+        _tasks_param(worker),
+        json.dumps(sorted(set(worker.tags))),
+        [g.tenant_id for g in grants],
+        [g.priority for g in grants],
+        [g.count for g in grants],
+    )
+    if rows[0]["gone"]:
+        raise WorkerGone(worker.id)
+    if rows[0]["id"] is None:
+        return [], {}
+    got: dict[tuple[uuid.UUID, int], int] = {}
+    leased: list[LeasedAttempt] = []
+    for r in sorted(rows, key=lambda r: (r["priority"], r["fire_at"])):
+        key = (r["tenant_id"], r["priority"])
+        got[key] = got.get(key, 0) + 1
+        leased.append(
+            LeasedAttempt(
+                attempt_id=r["attempt_id"],
+                run_id=r["id"],
+                tenant_id=r["tenant_id"],
+                job_id=r["job_id"],
+                number=r["attempt"] + 1,
+                task=r["task"],
+                webhook=r["webhook"],
+                payload=r["payload"],
+                fencing_token=r["token"],
+                lease_expires_at=r["reserved_until"],
+                # As if it began now: its timeout, counted from its gate's opening.
+                deadline=r["now"] + timedelta(seconds=r["timeout"]),
+                due_at=r["now"],
+                heartbeat_timeout=r["heartbeat_timeout"],
+                progress_timeout=r["progress_timeout"],
+                priority=r["priority"],
+                workflow_run_id=r["workflow_run_id"],
+                gated=True,
+            )
+        )
+    return leased, got
+
+
 _START = f"""
 {NOW},
 {_LIVE_WORKER.format(worker="$3")},
 -- The reservations named, found through the reservation index by token, always: with
 -- statistics that lag a burst the planner would rather read every ready run (IS TRUE
--- keeps the state condition from pointing it at the ready-queue index).
+-- keeps the state condition from pointing it at the ready-queue index). Reserved ahead
+-- of an instant (DISPATCHED), or ahead of a gate (PENDING).
 found AS MATERIALIZED (
     SELECT id FROM runs
     WHERE EXISTS (SELECT 1 FROM live)
       AND reserved_token = ANY($2::bigint[]) AND reserved_token IS NOT NULL
-      AND ({START.sql()}) IS TRUE AND reserved_by = $3
+      AND (state IN ('{START.source}', 'PENDING')) IS TRUE AND reserved_by = $3
       AND ($4::uuid IS NULL OR tenant_id = $4)
 ),
 -- Then locked, by primary key in id order, as every path that changes many runs takes
@@ -354,30 +486,44 @@ found AS MATERIALIZED (
 -- highest class, soonest first) a run could be held while another is waited for, held
 -- by such a path waiting for it. One that such a path changed first is read again.
 picked AS MATERIALIZED (
-    SELECT id, reserved_attempt, reserved_token, fire_at FROM runs
+    SELECT id, reserved_attempt, reserved_token, fire_at, state, o.at AS opened,
+           o.payload AS opened_payload,
+           -- Due: within $5 seconds of its instant, or its gate open (read by the caller
+           -- under this reservation: $6 tokens, $7 payloads, $8 instants).
+           CASE WHEN state = 'PENDING' THEN o.token IS NOT NULL
+                ELSE fire_at <= (SELECT now FROM t) + make_interval(secs => $5) END AS due
+    FROM runs
+    LEFT JOIN unnest($6::bigint[], $7::jsonb[], $8::timestamptz[]) AS o(token, payload, at)
+           ON o.token = runs.reserved_token
     WHERE id = ANY(ARRAY(SELECT id FROM found))
-      AND (reserved_token = ANY($2::bigint[]) AND {START.sql()} AND reserved_by = $3) IS TRUE
+      AND (reserved_token = ANY($2::bigint[]) AND state IN ('{START.source}', 'PENDING')
+           AND reserved_by = $3) IS TRUE
     ORDER BY id
-    FOR UPDATE
+    FOR UPDATE OF runs
 ),
--- Each by primary key: still DISPATCHED under this reservation, and due within $5
--- seconds; it begins at the later of now and its instant. A cancel or pause that got
--- the row first fails these conditions, re-checked on its new version.
--- (IS TRUE: the conditions must not lead the planner to another index.)
+-- Each by primary key, still under this reservation: it begins at the later of now and
+-- its instant, or at its gate's opening (then due and dispatched as of it: the opening
+-- left it PENDING). A cancel or pause that got the row first fails these conditions,
+-- re-checked on its new version. (IS TRUE: the conditions must not lead the planner to
+-- another index.)
 started AS (
     UPDATE runs r SET state = 'RUNNING', attempt = r.attempt + 1,
-                      started_at = COALESCE(r.started_at, GREATEST(t.now, p.fire_at)),
+                      started_at = COALESCE(r.started_at, p.opened, GREATEST(t.now, p.fire_at)),
+                      fire_at = COALESCE(p.opened, r.fire_at),
+                      dispatched_at = COALESCE(p.opened, r.dispatched_at),
+                      payload = COALESCE(p.opened_payload, r.payload),
+                      reason = CASE WHEN p.opened IS NULL THEN r.reason END,
                       wait_reason = NULL, reserved_by = NULL, reserved_attempt = NULL,
                       reserved_token = NULL, reserved_until = NULL
     FROM t, picked p
-    WHERE r.id = p.id AND p.fire_at <= t.now + make_interval(secs => $5)
-      AND ({START.sql("r.state")} AND r.reserved_token = p.reserved_token
+    WHERE r.id = p.id AND p.due
+      AND (r.state = p.state AND r.reserved_token = p.reserved_token
            AND r.fire_at = p.fire_at) IS TRUE
     RETURNING r.id, r.tenant_id, r.job_id, r.attempt, {_OWN_DUE} AS due_at, r.heartbeat_timeout,
               r.timeout,
               r.progress_timeout, r.priority, p.reserved_attempt AS attempt_id,
-              p.reserved_token AS token,
-              GREATEST(t.now, p.fire_at) AS now
+              p.reserved_token AS token, p.opened,
+              COALESCE(p.opened, GREATEST(t.now, p.fire_at)) AS now
 ),
 att AS (
     INSERT INTO attempts (id, tenant_id, run_id, number, worker_id, fencing_token, state,
@@ -387,19 +533,30 @@ att AS (
            now, now + make_interval(secs => progress_timeout)
     FROM started
 ),
+-- A node started at its gate went PENDING -> DISPATCHED at the opening, then RUNNING.
 ev AS (
     INSERT INTO events (tenant_id, at, kind, job_id, run_id, attempt_id, from_state, to_state,
-                        actor, data)
-    SELECT tenant_id, now, 'run.transition', job_id, id, attempt_id, '{START.source}', 'RUNNING',
-           'worker:' || $3::text, jsonb_build_object('attempt', attempt, 'fencing_token', token)
-    FROM started
+                        actor, reason, data)
+    SELECT tenant_id, at, 'run.transition', job_id, id, attempt_id, from_state, to_state,
+           actor, reason, data
+    FROM (
+        SELECT id, 0 AS step, tenant_id, opened AS at, job_id, NULL::uuid AS attempt_id,
+               'PENDING' AS from_state, '{START.source}' AS to_state, NULL AS actor,
+               '{UPSTREAM_DONE}' AS reason, NULL::jsonb AS data
+        FROM started WHERE opened IS NOT NULL
+        UNION ALL
+        SELECT id, 1, tenant_id, now, job_id, attempt_id, '{START.source}', 'RUNNING',
+               'worker:' || $3::text, NULL,
+               jsonb_build_object('attempt', attempt, 'fencing_token', token)
+        FROM started
+    ) e
+    ORDER BY id, step
 )
 SELECT token, now, CASE WHEN attempt = 1 THEN due_at END AS first_due, tenant_id, priority,
        FALSE AS gone
 FROM started
 UNION ALL
-SELECT reserved_token, NULL, NULL, NULL, NULL, FALSE FROM picked, t
-WHERE picked.fire_at > t.now + make_interval(secs => $5)
+SELECT reserved_token, NULL, NULL, NULL, NULL, FALSE FROM picked WHERE NOT due
 UNION ALL
 SELECT NULL, NULL, NULL, NULL, NULL, TRUE WHERE NOT EXISTS (SELECT 1 FROM live)
 """
@@ -413,8 +570,19 @@ async def start_many(
     tokens: Sequence[int],
     tenant_id: uuid.UUID | None,
     ahead: float,
+    opened: Sequence[GateOpened] = (),
 ) -> ReservationsStarted:
-    rows = await conn.fetch(_START, now, list(tokens), worker_id, tenant_id, ahead)
+    rows = await conn.fetch(
+        _START,
+        now,
+        list(tokens),
+        worker_id,
+        tenant_id,
+        ahead,
+        [t for g in opened for t in g.fencing_tokens],
+        [p for g in opened for p in [json.dumps(g.payload)] * len(g.fencing_tokens)],
+        [g.opened_at for g in opened for _ in g.fencing_tokens],
+    )
     if any(r["gone"] for r in rows):
         raise WorkerGone(worker_id)
     started = [r for r in rows if r["now"] is not None]

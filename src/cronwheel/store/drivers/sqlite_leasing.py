@@ -13,7 +13,7 @@ token matches no row, so it changes nothing.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -22,6 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from cronwheel.domain.model import AttemptOutcome, LeasedAttempt, ReservationsStarted, Worker
 from cronwheel.domain.states import FINISH, START, AttemptState, RunState
+from cronwheel.domain.workflow import UPSTREAM_DONE
 from cronwheel.ids import new_id
 from cronwheel.store.driver import (
     Driver,
@@ -46,9 +47,28 @@ from cronwheel.store.sql.statements import (
     may,
     update_each,
 )
-from cronwheel.store.values import CompleteItem, Grant, HeartbeatItem, ReadyQueue
+from cronwheel.store.values import CompleteItem, GateOpened, Grant, HeartbeatItem, ReadyQueue
 
 __all__ = ["CoreLeasing"]
+
+
+def _due(r: Any, until: datetime, opened: Mapping[int, GateOpened]) -> bool:
+    """A reservation read by a start may start: its gate is ``opened``, or (reserved
+    ahead of an instant) its instant is by ``until``."""
+    if r.state == RunState.PENDING.value:
+        return r.reserved_token in opened
+    return bool(r.fire_at <= until)
+
+
+def _queue(gated: bool) -> list[sa.ColumnElement[bool]]:
+    """The ready queue's predicate (its index's), or the gated queue's."""
+    if gated:
+        return [
+            runs.c.state == RunState.PENDING.value,
+            runs.c.gated_at.is_not(None),
+            runs.c.reserved_token.is_(None),
+        ]
+    return [may(START), runs.c.reserved_token.is_(None)]  # reserved: not in the queue
 
 
 class CoreLeasing(Driver):
@@ -57,21 +77,26 @@ class CoreLeasing(Driver):
     # -- leasing -------------------------------------------------------------------
 
     def _takeable(
-        self, worker: Worker, webhooks_only: bool, horizon: datetime, later: datetime | None
+        self,
+        worker: Worker,
+        webhooks_only: bool,
+        horizon: datetime,
+        later: datetime | None,
+        gated: bool = False,
     ) -> list[sa.ColumnElement[bool]]:
         """The ready runs of the worker's pool it can take (of its tenant, if it has
         one). fire_at is the run's not-before: dispatched ahead, it waits in the ready
         queue until then, or (within ``ahead`` of it) is reserved; with ``later``, only
-        runs due after it are taken."""
+        runs due after it are taken. ``gated``: of the gated queue instead."""
         where = [
-            may(START),
+            *(_queue(gated)),
             runs.c.pool == worker.pool,
-            runs.c.fire_at <= horizon,
-            runs.c.reserved_token.is_(None),  # reserved: not in the queue
             self.json_subset(runs.c.requires, worker.capabilities),
             self.json_subset(runs.c.route_tags, worker.tags),
         ]
-        if later is not None:
+        if not gated:
+            where.append(runs.c.fire_at <= horizon)
+        if later is not None and not gated:
             where.append(runs.c.fire_at > later)
         if worker.tenant_id is not None:
             where.append(runs.c.tenant_id == worker.tenant_id)
@@ -91,10 +116,11 @@ class CoreLeasing(Driver):
         ahead: float,
         now: datetime | None,
         later: bool = False,
+        gated: bool = False,
     ) -> ReadyQueue:
         at = await self.instant(conn, now)
         takeable = self._takeable(
-            worker, webhooks_only, at + timedelta(seconds=ahead), at if later else None
+            worker, webhooks_only, at + timedelta(seconds=ahead), at if later else None, gated
         )
         # The tenants waiting, one probe of the ready index each (a loose scan).
         waiting: list[uuid.UUID] = []
@@ -104,9 +130,7 @@ class CoreLeasing(Driver):
             after: uuid.UUID | None = None
             while True:
                 probe = sa.select(sa.func.min(runs.c.tenant_id)).where(
-                    runs.c.pool == worker.pool,
-                    runs.c.state == RunState.DISPATCHED.value,
-                    runs.c.reserved_token.is_(None),
+                    runs.c.pool == worker.pool, *_queue(gated)
                 )
                 if after is not None:
                     probe = probe.where(runs.c.tenant_id > after)
@@ -157,6 +181,7 @@ class CoreLeasing(Driver):
         ahead: float,
         now: datetime | None,
         later: bool = False,
+        gated: bool = False,
     ) -> tuple[list[LeasedAttempt], dict[tuple[uuid.UUID, int], int]]:
         at = await self.instant(conn, now)
         # First, in the same write transaction: a deregistered worker leases nothing.
@@ -169,7 +194,7 @@ class CoreLeasing(Driver):
         if not seen.rowcount:
             raise WorkerGone(worker.id)
         takeable = self._takeable(
-            worker, webhooks_only, at + timedelta(seconds=ahead), at if later else None
+            worker, webhooks_only, at + timedelta(seconds=ahead), at if later else None, gated
         )
         picked: list[Any] = []
         got: dict[tuple[uuid.UUID, int], int] = {}
@@ -190,6 +215,8 @@ class CoreLeasing(Driver):
             if rows:
                 got[(grant.tenant_id, grant.priority)] = len(rows)
         picked.sort(key=lambda r: (r.priority, r.fire_at))
+        if gated:
+            return await self._reserve(conn, picked, worker_id=worker.id, gated_at=at), got
         due = [r for r in picked if r.fire_at <= at]
         ahead_of_now = [r for r in picked if r.fire_at > at]
         leased = await self._begin_attempts(
@@ -205,9 +232,16 @@ class CoreLeasing(Driver):
         return ordered, got
 
     async def _reserve(
-        self, conn: AsyncConnection, rows: Sequence[Any], *, worker_id: uuid.UUID
+        self,
+        conn: AsyncConnection,
+        rows: Sequence[Any],
+        *,
+        worker_id: uuid.UUID,
+        gated_at: datetime | None = None,
     ) -> list[LeasedAttempt]:
-        """Reserve ``rows`` (DISPATCHED, locked, due later) for the worker."""
+        """Reserve ``rows`` (DISPATCHED, locked, due later) for the worker; with
+        ``gated_at``, nodes of the gated queue, reserved at that instant ahead of their
+        gate (the reservation lapses after their heartbeat timeout unless it opens)."""
         if not rows:
             return []
         tokens = await self.fencing_tokens(conn, len(rows))
@@ -222,16 +256,18 @@ class CoreLeasing(Driver):
                 webhook=r.webhook,
                 payload=r.payload,
                 fencing_token=token,
-                lease_expires_at=r.fire_at + timedelta(seconds=r.heartbeat_timeout),
-                deadline=r.fire_at + timedelta(seconds=r.timeout),
-                due_at=r.due_at,
+                lease_expires_at=begins + timedelta(seconds=r.heartbeat_timeout),
+                deadline=begins + timedelta(seconds=r.timeout),
+                due_at=r.due_at if gated_at is None else gated_at,
                 heartbeat_timeout=r.heartbeat_timeout,
-                not_before=r.fire_at,
+                not_before=None if gated_at is not None else r.fire_at,
                 progress_timeout=r.progress_timeout,
                 priority=r.priority,
                 workflow_run_id=r.workflow_run_id,
+                gated=gated_at is not None,
             )
             for r, token in zip(rows, tokens, strict=True)
+            for begins in (r.fire_at if gated_at is None else gated_at,)
         ]
         await update_each(
             conn,
@@ -350,6 +386,7 @@ class CoreLeasing(Driver):
         tenant_id: uuid.UUID | None,
         now: datetime | None,
         ahead: float,
+        opened: Sequence[GateOpened] = (),
     ) -> ReservationsStarted:
         at = await self.instant(conn, now)
         until = at + timedelta(seconds=ahead)
@@ -362,11 +399,15 @@ class CoreLeasing(Driver):
             raise WorkerGone(worker_id)
         stmt = (
             sa.select(
-                *_STARTED_COLUMNS, runs.c.priority, runs.c.reserved_attempt, runs.c.reserved_token
+                *_STARTED_COLUMNS,
+                runs.c.priority,
+                runs.c.reserved_attempt,
+                runs.c.reserved_token,
+                runs.c.state,
             )
             .where(
                 runs.c.reserved_token.in_(list(tokens)),
-                may(START),
+                runs.c.state.in_([START.source.value, RunState.PENDING.value]),
                 runs.c.reserved_by == worker_id,
             )
             .with_for_update()
@@ -374,11 +415,23 @@ class CoreLeasing(Driver):
         if tenant_id is not None:
             stmt = stmt.where(runs.c.tenant_id == tenant_id)
         rows = (await conn.execute(stmt)).all()
-        due = [r for r in rows if r.fire_at <= until]
-        # Each begins at the later of now and its instant: one write per beginning.
+        gates = {t: g for g in opened for t in g.fencing_tokens}
+        # Due: reserved ahead of an instant within ``ahead``, or of a gate that opened.
+        due = [r for r in rows if _due(r, until, gates)]
+        # Each begins at the later of now and its instant, or at its gate's opening: one
+        # write per beginning.
+        begin = {
+            r.id: gates[r.reserved_token].opened_at
+            if r.state == RunState.PENDING.value
+            else max(at, r.fire_at)
+            for r in due
+        }
         by_start: dict[datetime, list[Any]] = {}
         for r in due:
-            by_start.setdefault(max(at, r.fire_at), []).append(r)
+            by_start.setdefault(begin[r.id], []).append(r)
+        await self._ready_at_gates(
+            conn, [(r, gates[r.reserved_token]) for r in due if r.state == RunState.PENDING.value]
+        )
         for begins, group in sorted(by_start.items()):
             await self._begin_attempts(
                 conn,
@@ -393,12 +446,54 @@ class CoreLeasing(Driver):
         return ReservationsStarted(
             started_at=min(by_start) if by_start else None,
             started=[r.reserved_token for r in due],
-            not_yet=[r.reserved_token for r in rows if r.fire_at > until],
+            not_yet=[r.reserved_token for r in rows if not _due(r, until, gates)],
             refused=[t for t in tokens if t not in found],
             first_tries=[
-                (r.due_at, max(at, r.fire_at), r.tenant_id, r.priority)
+                (
+                    begin[r.id] if r.state == RunState.PENDING.value else r.due_at,
+                    begin[r.id],
+                    r.tenant_id,
+                    r.priority,
+                )
                 for r in due
                 if r.attempt == 0
+            ],
+        )
+
+    async def _ready_at_gates(
+        self, conn: AsyncConnection, rows: Sequence[tuple[Any, GateOpened]]
+    ) -> None:
+        """Nodes whose gate opened while reserved, about to start: made ready as of
+        their gate's opening (DISPATCHED, due then, with the payload it gave, the READY
+        transition dated then), as the opening itself left them PENDING."""
+        if not rows:
+            return
+        for r, gate in rows:
+            await conn.execute(
+                runs.update()
+                .where(runs.c.id == r.id)
+                .values(
+                    state=START.source.value,
+                    fire_at=gate.opened_at,
+                    dispatched_at=gate.opened_at,
+                    payload=gate.payload,
+                    reason=None,
+                )
+            )
+        await self.events_insert(
+            conn,
+            [
+                event_row(
+                    at=gate.opened_at,
+                    kind="run.transition",
+                    tenant_id=r.tenant_id,
+                    job_id=r.job_id,
+                    run_id=r.id,
+                    from_state=RunState.PENDING.value,
+                    to_state=START.source.value,
+                    reason=UPSTREAM_DONE,
+                )
+                for r, gate in rows
             ],
         )
 

@@ -283,7 +283,9 @@ async def _holding(
     driver: Driver, conn: AsyncConnection, tenants: Sequence[uuid.UUID]
 ) -> dict[uuid.UUID, int]:
     """The runs each tenant holds leased or running: RUNNING, or reserved for a worker
-    (each read by a tenant-led index, so the count costs what the tenant holds). A
+    — ahead of an instant (DISPATCHED) or of a gate (PENDING: it begins the moment the
+    gate opens, and no lease is asked then) — each read by a tenant-led index, so the
+    count costs what the tenant holds. A
     workflow run is RUNNING while its nodes run, but no worker holds it: only its node
     runs count (counted, a limit of 1 would hold back its every node, for good)."""
     if not tenants:
@@ -296,7 +298,7 @@ async def _holding(
     reserved = sa.select(runs.c.tenant_id).where(
         driver.id_in(runs.c.tenant_id, tenants),
         runs.c.reserved_token.isnot(None),
-        runs.c.state == RunState.DISPATCHED.value,
+        runs.c.state.in_([RunState.DISPATCHED.value, RunState.PENDING.value]),
     )
     both = sa.union_all(running, reserved).subquery()
     rows = await conn.execute(

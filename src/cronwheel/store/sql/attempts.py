@@ -44,17 +44,26 @@ from cronwheel.store.rows import (
     event_row,
 )
 from cronwheel.store.schema import NO_RESERVATION, attempt_tombstones, attempts, runs, workers
-from cronwheel.store.sql import dag
+from cronwheel.store.sql import dag, gates
 from cronwheel.store.sql.admission import LeasePlan, plan_lease, settle_lease
 from cronwheel.store.sql.observed import Execution, observe_executions
 from cronwheel.store.sql.retries import Ended, RetriesMixin
 from cronwheel.store.sql.statements import attempts_end, may, update_each
 from cronwheel.store.sql.workers import WorkersMixin
-from cronwheel.store.values import Admitted, CompleteItem, FailItem, HeartbeatItem, LeaseShare
+from cronwheel.store.values import (
+    Admitted,
+    CompleteItem,
+    FailItem,
+    GateOpened,
+    Gates,
+    HeartbeatItem,
+    LeaseShare,
+)
 
 __all__ = ["AttemptsMixin"]
 
 _Report = TypeVar("_Report", CompleteItem, FailItem)
+_HANDED_BACK = "upstream nodes done; its gate opened for a worker that handed it back"
 
 
 class AttemptsMixin(WorkersMixin, RetriesMixin):
@@ -298,6 +307,50 @@ class AttemptsMixin(WorkersMixin, RetriesMixin):
             rows = (await conn.execute(stmt)).all()
         return [CancelRequest(r.id, r.run_id, r.fencing_token) for r in rows]
 
+    async def attempts_gates(
+        self,
+        *,
+        worker_id: uuid.UUID,
+        tokens: Sequence[int],
+        tenant_id: uuid.UUID | None = None,
+    ) -> Gates:
+        if not tokens:
+            return Gates()
+        async with self._read() as conn:
+            held = await self._gated_held(conn, worker_id, tokens, tenant_id)
+            opened = await self._gates_opened(conn, held)
+        return Gates(opened=opened, gone=sorted(set(tokens) - {n.reserved_token for n in held}))
+
+    async def _gates_opened(self, conn: AsyncConnection, held: Sequence[Any]) -> list[GateOpened]:
+        """Of the gated reservations ``held``, those whose gate opened, by opening."""
+        found = await gates.opened_of(self.driver, conn, held)
+        together: dict[gates.Opened, list[int]] = {}
+        for n in held:
+            if n.id in found:
+                together.setdefault(found[n.id], []).append(n.reserved_token)
+        return [GateOpened(tokens, gate.payload, gate.at) for gate, tokens in together.items()]
+
+    async def _gated_held(
+        self,
+        conn: AsyncConnection,
+        worker_id: uuid.UUID,
+        tokens: Sequence[int],
+        tenant_id: uuid.UUID | None,
+    ) -> list[Any]:
+        """The worker's gated reservations among ``tokens`` (nodes still PENDING under
+        them), by the reservation index (IS TRUE: the state must not point the planner
+        at another index)."""
+        stmt = sa.select(runs.c.id, runs.c.workflow_run_id, runs.c.reserved_token).where(
+            self.driver.id_in(runs.c.reserved_token, list(tokens)),
+            runs.c.reserved_token.is_not(None),
+            sa.and_(runs.c.reserved_by == worker_id, runs.c.state == RunState.PENDING.value).is_(
+                sa.true()
+            ),
+        )
+        if tenant_id is not None:
+            stmt = stmt.where(runs.c.tenant_id == tenant_id)
+        return list((await conn.execute(stmt)).all())
+
     async def attempts_get_live(
         self,
         *,
@@ -395,6 +448,7 @@ class AttemptsMixin(WorkersMixin, RetriesMixin):
         p0_share: float = 0.0,
         reserve: int = 0,
         share: LeaseShare | None = None,
+        gated: int = 0,
     ) -> Admitted:
         if max < 1:
             return Admitted([], {})
@@ -431,6 +485,14 @@ class AttemptsMixin(WorkersMixin, RetriesMixin):
                     names.update(also)
                     waits = [w for w in (retry_in, extra.retry_in(got)) if w is not None]
                     retry_in = min(waits) if waits else None
+                # Beyond those: nodes whose upstream nodes are under way, held gated.
+                if gated > 0:
+                    more, extra, _, also = await self._lease_round(
+                        conn, worker, gated, webhooks_only, 0.0, now, p0_share, gated=True
+                    )
+                    leased += more
+                    held.update(extra.held)
+                    names.update(also)
             except WorkerGone as gone:
                 raise await self._worker_gone(conn, gone.worker_id) from None
         if share is not None:  # committed: the runs are the cohort's
@@ -449,7 +511,8 @@ class AttemptsMixin(WorkersMixin, RetriesMixin):
         now: datetime | None,
         p0_share: float,
         *,
-        later: bool,
+        later: bool = False,
+        gated: bool = False,
         share: LeaseShare | None = None,
         view: Hashable = None,
     ) -> tuple[
@@ -467,6 +530,7 @@ class AttemptsMixin(WorkersMixin, RetriesMixin):
             ahead=ahead,
             now=now,
             later=later,
+            gated=gated,
         )
         plan = await plan_lease(
             self.driver,
@@ -486,6 +550,7 @@ class AttemptsMixin(WorkersMixin, RetriesMixin):
             ahead=ahead,
             now=now,
             later=later,
+            gated=gated,
         )
         await settle_lease(self.driver, conn, plan, pool=worker.pool, got=got)
         return leased, plan, got, dict(queue.names)
@@ -502,6 +567,9 @@ class AttemptsMixin(WorkersMixin, RetriesMixin):
         if not tokens:
             return ReservationsStarted(started_at=None)
         async with self._write() as conn:
+            # Gated reservations start once their gate opened, with the payload it gave.
+            held = await self._gated_held(conn, worker_id, tokens, tenant_id)
+            opened = await self._gates_opened(conn, held)
             try:
                 return await self.driver.attempts_start(
                     conn,
@@ -510,6 +578,7 @@ class AttemptsMixin(WorkersMixin, RetriesMixin):
                     tenant_id=tenant_id,
                     now=now,
                     ahead=ahead,
+                    opened=opened,
                 )
             except WorkerGone as gone:
                 raise await self._worker_gone(conn, gone.worker_id) from None
@@ -523,12 +592,28 @@ class AttemptsMixin(WorkersMixin, RetriesMixin):
         worker_id: uuid.UUID | None = None,
     ) -> dict[tuple[uuid.UUID, int], AttemptOutcome]:
         """Release the reservations among ``items`` (of ``worker_id`` only, when given):
-        the runs are free for any worker at once."""
+        the runs are free for any worker at once. A gated reservation's node stays
+        PENDING for any worker to reserve, or, its gate open, is made ready."""
+        tokens = [i.fencing_token for i in items]
+        # Gated ones' workflow runs first, as their gates' opening takes them.
+        gated = sa.select(runs.c.id).where(
+            runs.c.reserved_token.in_(tokens), runs.c.state == RunState.PENDING.value
+        )
+        gated_ids = list((await conn.execute(gated)).scalars())
+        if gated_ids:
+            await gates.lock_owners(self.driver, conn, gated_ids)
         stmt = (
-            sa.select(runs.c.id, runs.c.pool, runs.c.reserved_attempt, runs.c.reserved_token)
+            sa.select(
+                runs.c.id,
+                runs.c.pool,
+                runs.c.reserved_attempt,
+                runs.c.reserved_token,
+                runs.c.state,
+                runs.c.workflow_run_id,
+            )
             .where(
-                runs.c.reserved_token.in_([i.fencing_token for i in items]),
-                runs.c.state == RunState.DISPATCHED.value,
+                runs.c.reserved_token.in_(tokens),
+                runs.c.state.in_([RunState.DISPATCHED.value, RunState.PENDING.value]),
             )
             .order_by(runs.c.id)  # in id order, as every path locking many runs
             .with_for_update()
@@ -543,15 +628,27 @@ class AttemptsMixin(WorkersMixin, RetriesMixin):
         ]
         if not rows:
             return {}
-        await conn.execute(
-            runs.update()
-            .where(self.driver.id_in(runs.c.id, [r.id for r in rows]))
-            .values(**NO_RESERVATION)
+        dispatched = [r for r in rows if r.state == RunState.DISPATCHED.value]
+        if dispatched:
+            await conn.execute(
+                runs.update()
+                .where(self.driver.id_in(runs.c.id, [r.id for r in dispatched]))
+                .values(**NO_RESERVATION)
+            )
+        opened = await gates.release(
+            self,
+            conn,
+            [r for r in rows if r.state == RunState.PENDING.value],
+            at=await self._now(conn, None),
+            actor=None,
+            reason=_HANDED_BACK,
         )
-        await self._notify(conn, CHANNEL_RUNS_READY, sorted({r.pool for r in rows}))
+        ready = {r.pool for r in dispatched}
+        if ready or opened:
+            await self._notify(conn, CHANNEL_RUNS_READY, sorted(ready | set(opened)))
         return {
             (r.reserved_attempt, r.reserved_token): AttemptOutcome(
-                r.reserved_attempt, True, run_state=RunState.DISPATCHED
+                r.reserved_attempt, True, run_state=RunState(r.state)
             )
             for r in rows
         }
@@ -561,7 +658,7 @@ class AttemptsMixin(WorkersMixin, RetriesMixin):
     ) -> list[HeartbeatItem]:
         stmt = sa.select(runs.c.reserved_attempt, runs.c.reserved_token).where(
             runs.c.reserved_token.is_not(None),
-            runs.c.state == RunState.DISPATCHED.value,
+            runs.c.state.in_([RunState.DISPATCHED.value, RunState.PENDING.value]),
             runs.c.reserved_by == worker_id,
         )
         if tenant_id is not None:

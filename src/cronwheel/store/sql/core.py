@@ -24,7 +24,7 @@ from cronwheel.domain.states import ACTIVE_STATES, CANCEL, AttemptState, RunStat
 from cronwheel.domain.workflow import NODE_INPUT_MAX, WORKFLOW_POOL
 from cronwheel.store.base import Store, Subscription
 from cronwheel.store.driver import Driver
-from cronwheel.store.notices import CHANNEL_CANCELS, cancels_notice
+from cronwheel.store.notices import CHANNEL_CANCELS, worker_notice
 from cronwheel.store.rows import AUDIT_COLUMNS, audit_record, event_row, job_from
 from cronwheel.store.schema import UtcDateTime, attempts, audit, jobs, runs, tenants
 from cronwheel.store.sql import dag
@@ -589,7 +589,7 @@ class SqlCore(Store):
                 )
             )
         ).scalars()
-        notices = sorted(cancels_notice(w) for w in holders)
+        notices = sorted(worker_notice(w) for w in holders)
         if notices:
             await self._notify(conn, CHANNEL_CANCELS, notices)
 

@@ -44,9 +44,11 @@ from cronwheel.domain.states import (
     RunState,
 )
 from cronwheel.domain.workflow import (
+    UPSTREAM_DONE,
     Dag,
     DagNode,
     Decisions,
+    armable,
     cached_dag,
     dag_of,
     decide,
@@ -56,9 +58,15 @@ from cronwheel.domain.workflow import (
 from cronwheel.ids import new_id
 from cronwheel.jsontext import canonical
 from cronwheel.store.driver import Driver
-from cronwheel.store.notices import CHANNEL_RUNS_READY, ready_notices
+from cronwheel.store.notices import (
+    CHANNEL_GATES,
+    CHANNEL_RUNS_READY,
+    ready_notices,
+    worker_notice,
+)
 from cronwheel.store.rows import event_row, new_run_row
-from cronwheel.store.schema import PARKED_FIRE_AT, jobs, runs
+from cronwheel.store.schema import NO_RESERVATION, PARKED_FIRE_AT, jobs, runs
+from cronwheel.store.sql.gates import Gates
 from cronwheel.store.sql.statements import insert_ignoring, jobs_finish_one_off, update_each
 
 
@@ -80,6 +88,7 @@ class _Core(Protocol):
 __all__ = ["advance", "dags_of", "refuse_unrunnable", "reopen", "start"]
 
 _STATES = {s.value: s for s in RunState}  # a lookup, not RunState(...): 1,000 a batch
+_PENDING = RunState.PENDING.value
 
 # Runs to write the same values to: ``({column: value}, run ids)``.
 _Alike = tuple[dict[str, Any], list[uuid.UUID]]
@@ -181,6 +190,13 @@ async def start(
 
 
 _AWAIT_REASON = "retried: waits for its upstream nodes"
+# A node waiting again: for its upstream nodes as they now are (not held ahead of them
+# under what a reservation or a gate said of an earlier stint).
+_WAITS_AGAIN: dict[str, Any] = {
+    "state": RunState.PENDING.value,
+    "gated_at": None,
+    **NO_RESERVATION,
+}
 
 
 def _waiting(after: Sequence[str]) -> str | None:
@@ -214,6 +230,7 @@ async def advance(
                 runs.c.fire_at,
                 runs.c.reason,
                 runs.c.origin,
+                runs.c.gates,
             )
             .where(core.driver.id_in(runs.c.id, ids), runs.c.state == RunState.RUNNING.value)
             .order_by(runs.c.id)
@@ -226,17 +243,38 @@ async def advance(
     # nodes' states at each batch, and most batches make nothing ready.
     nodes = (
         await conn.execute(
-            sa.select(runs.c.id, runs.c.workflow_run_id, runs.c.node, runs.c.state).where(
-                core.driver.id_in(runs.c.workflow_run_id, [w.id for w in owners])
-            )
+            sa.select(
+                runs.c.id,
+                runs.c.workflow_run_id,
+                runs.c.node,
+                runs.c.state,
+                runs.c.reserved_token,
+                runs.c.reserved_until,
+                runs.c.reserved_by,
+                runs.c.gated_at,
+            ).where(core.driver.id_in(runs.c.workflow_run_id, [w.id for w in owners]))
         )
     ).all()
-    # By workflow run, each node's run id and state (as tuples: 1,000 rows a batch).
+    # By workflow run, each node's run id and state (as tuples: 1,000 rows a batch). A
+    # node whose gate opened is as good as ready: its holder is beginning it.
     node_ids: dict[uuid.UUID, dict[str, uuid.UUID]] = {w.id: {} for w in owners}
     node_states: dict[uuid.UUID, dict[str, RunState]] = {w.id: {} for w in owners}
-    for run_id, owner, name, state in nodes:
+    gates = {w.id: Gates(w.gates) for w in owners}
+    opened: dict[uuid.UUID, list[uuid.UUID]] = {w.id: [] for w in owners}  # gates open
+    held: dict[uuid.UUID, tuple[int, uuid.UUID]] = {}  # reserved ahead: token, holder
+    gated: set[uuid.UUID] = set()  # may be reserved so already
+    for run_id, owner, name, state, token, until, holder, gated_at in nodes:
         node_ids[owner][name] = run_id
         node_states[owner][name] = _STATES[state]
+        if gated_at is not None:
+            gated.add(run_id)
+        if state != _PENDING or token is None:
+            continue
+        if gates[owner].opened(run_id, token) is not None:
+            node_states[owner][name] = RunState.DISPATCHED
+            opened[owner].append(run_id)
+        elif until is not None and until > at:  # past it, it is any worker's again
+            held[run_id] = (token, holder)
     dags = await dags_of(core, conn, {w.job_id for w in owners})
     decided_runs: list[_Decided] = []
     for w in owners:
@@ -273,12 +311,15 @@ async def advance(
         decided_runs = [redone.get(d.run.id, d) for d in decided_runs]
         groups.update({i: _alike(d, results) for i, d in redone.items()})
     ready_sets: list[_Alike] = []
+    gates_rows: list[dict[str, Any]] = []  # workflow runs whose gates changed
+    holders: set[uuid.UUID] = set()  # workers holding nodes whose gates opened
+    arming: list[uuid.UUID] = []  # nodes that may now be reserved ahead of their gate
     ended_sets: list[_Alike] = []  # nodes that end without running: skipped, failed
     ended_rows: list[dict[str, Any]] = []
     events: list[dict[str, Any]] = []
     notices: list[tuple[str, datetime]] = []
     finished_jobs: list[uuid.UUID] = []
-    for w, dag, mine, _states, decided in decided_runs:
+    for w, dag, mine, states, decided in decided_runs:
         by_name = dag.by_name
         # A triggered workflow run is not held by its workflow's pause, as a paused
         # job's triggered run is not: the trigger asked for it to run now.
@@ -300,26 +341,51 @@ async def advance(
             rank = {n.name: i for i, n in enumerate(dag.order)}
             ended.sort(key=lambda e: rank[e[0]])
         for name, reason, move, end in ended:
-            closed: dict[str, Any] = {"state": end.value, "finished_at": at, "reason": reason}
+            # (A reservation of it, held ahead of its gate, is void: the holder drops it.)
+            closed: dict[str, Any] = {
+                "state": end.value,
+                "finished_at": at,
+                "reason": reason,
+                **NO_RESERVATION,
+            }
             ended_sets.append((closed, [mine[name]]))
             events.append(_event(w, mine[name], move.source, end, at, actor, reason))
+        mine_gates = gates[w.id]
+        newly: list[uuid.UUID] = []
         for group in groups[w.id]:
             first = by_name[group.names[0]]
+            ids = [mine[n] for n in group.names]
+            # Nodes a worker holds ahead of their gate: the gate opens, one write on
+            # this workflow run's row for them all; the holder begins them and records
+            # their starts (their READY transition, dated now, is written then).
+            reserved = {} if on_hold else {i: held[i][0] for i in ids if i in held}
+            if reserved:
+                mine_gates.open(reserved, at, group.payload)
+                newly += reserved
+                holders.update(held[i][1] for i in reserved)
+                ids = [i for i in ids if i not in reserved]
+                if not ids:
+                    continue
             values = {
                 "state": target.value,
                 "fire_at": PARKED_FIRE_AT if on_hold else fire_at,
                 "dispatched_at": None if on_hold else at,
                 "payload": group.payload,
                 "reason": "job paused" if on_hold else None,
+                **NO_RESERVATION,
             }
-            ids = [mine[n] for n in group.names]
             ready_sets.append((values, ids))
             if not on_hold:
-                notices += {(by_name[n].template.pool, fire_at) for n in group.names}
+                notices.append((first.template.pool, fire_at))  # alike: one template
             why = _ready_reason(() if group.root else first.after)
             event = _event(w, ids[0], READY.source, target, at, actor, why)
-            events.append(event)
-            events += [{**event, "run_id": run_id} for run_id in ids[1:]]
+            events.extend({**event, "run_id": run_id} for run_id in ids)
+        if newly or (decided.outcome is not None and w.gates is not None):
+            # The gates open now, and those still open: none once the run has ended.
+            live = [] if decided.outcome is not None else opened[w.id] + newly
+            gates_rows.append({"id": w.id, "gates": mine_gates.value(live)})
+        if w.job_id not in paused and not w.cancel_requested:
+            arming += [mine[n] for n in armable(dag, states, decided) if mine[n] not in gated]
         if decided.outcome is not None:
             # Cancelled: with the reason its cancel was asked with, if one was given.
             ending: str | None = (w.cancel_requested and w.reason) or decided.reason
@@ -334,10 +400,19 @@ async def advance(
     await _update_alike(core, conn, ready_sets, where=waiting)
     await _update_alike(core, conn, ended_sets, where=waiting)
     await update_each(conn, runs, ended_rows)
+    await update_each(conn, runs, gates_rows)
     await core._insert_events(conn, events)
     await jobs_finish_one_off(conn, core.driver, finished_jobs, at, workflows=True)
+    if arming:
+        await conn.execute(
+            runs.update()
+            .where(core.driver.id_in(runs.c.id, arming), waiting, runs.c.gated_at.is_(None))
+            .values(gated_at=at)
+        )
     if notices:
         await core._notify(conn, CHANNEL_RUNS_READY, ready_notices(notices, at))
+    if holders:
+        await core._notify(conn, CHANNEL_GATES, sorted(worker_notice(h) for h in holders))
 
 
 class _Group(NamedTuple):
@@ -499,7 +574,7 @@ def _oversize_reason(size: int, limit: int) -> str:
 
 
 def _ready_reason(after: Sequence[str]) -> str:
-    return "workflow run started" if not after else "upstream nodes done"
+    return "workflow run started" if not after else UPSTREAM_DONE
 
 
 def _event(
@@ -602,9 +677,7 @@ async def reopen(
             if s.workflow_run_id == w.id:
                 below.update(dag.descendants(s.node))
                 if dag.by_name[s.node].after:
-                    waiting.append(
-                        {"id": s.id, "state": RunState.PENDING.value, "reason": _AWAIT_REASON}
-                    )
+                    waiting.append({"id": s.id, **_WAITS_AGAIN, "reason": _AWAIT_REASON})
                     events.append(
                         _event(w, s.id, AWAIT.source, RunState.PENDING, at, actor, _AWAIT_REASON)
                     )
@@ -624,7 +697,7 @@ async def reopen(
                 [
                     {
                         "id": r.id,
-                        "state": RunState.PENDING.value,
+                        **_WAITS_AGAIN,
                         "finished_at": None,
                         "reason": "upstream retried",
                     }

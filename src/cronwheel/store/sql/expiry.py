@@ -22,6 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from cronwheel.domain.states import AttemptState, RunState
 from cronwheel.store.notices import CHANNEL_RUNS_READY
 from cronwheel.store.schema import NO_RESERVATION, attempts, runs
+from cronwheel.store.sql import gates
 from cronwheel.store.sql.observed import count_expiries
 from cronwheel.store.sql.progress import progress_overdue, stalled
 from cronwheel.store.sql.retries import Ended, RetriesMixin
@@ -30,6 +31,7 @@ __all__ = ["ExpiryMixin"]
 
 _PAST_DEADLINE = "the attempt ran past the job's timeout"
 _LEASE_EXPIRED = "the worker stopped heartbeating: lease expired"
+_GATE_LAPSED = "upstream nodes done; its gate opened for a worker that did not start it"
 
 
 class ExpiryMixin(RetriesMixin):
@@ -163,10 +165,43 @@ class ExpiryMixin(RetriesMixin):
         back in the ready queue (another worker takes them), and the odd one that ended
         while reserved no longer sits in the reservation index. A run another
         transaction holds (its worker starting it, a cancel) is passed over, never waited
-        for: the next sweep voids it if it is still due to be."""
+        for: the next sweep voids it if it is still due to be.
+
+        A gated reservation (a PENDING node) that lapsed before its gate opened leaves
+        the node as it was, for any worker to reserve; one that lapsed after (its
+        holder never started it) leaves it ready: DISPATCHED, due since the opening."""
+        lapsing = sa.and_(runs.c.reserved_token.is_not(None), runs.c.reserved_until < at)
+        # Gated ones (PENDING nodes): their workflow runs first, as their gates' opening
+        # takes them; those another transaction holds wait for the next sweep.
+        gated = (
+            await conn.execute(
+                sa.select(runs.c.id).where(lapsing, runs.c.state == RunState.PENDING.value)
+            )
+        ).scalars()
+        opened: list[str] = []
+        released = 0
+        if gated_ids := list(gated):
+            owners = await gates.lock_owners(self.driver, conn, gated_ids, skip_locked=True)
+            nodes = (
+                await conn.execute(
+                    sa.select(runs.c.id, runs.c.workflow_run_id, runs.c.reserved_token)
+                    .where(
+                        self.driver.id_in(runs.c.id, gated_ids),
+                        lapsing,
+                        runs.c.state == RunState.PENDING.value,
+                    )
+                    .order_by(runs.c.id)
+                    .with_for_update(skip_locked=True)
+                )
+            ).all()
+            nodes = [n for n in nodes if n.workflow_run_id in owners]
+            opened = await gates.release(
+                self, conn, nodes, at=at, actor="scheduler", reason=_GATE_LAPSED
+            )
+            released = len(nodes)
         lapsed = (
             sa.select(runs.c.id)
-            .where(runs.c.reserved_token.is_not(None), runs.c.reserved_until < at)
+            .where(lapsing, runs.c.state != RunState.PENDING.value)
             .with_for_update(skip_locked=True)
             .scalar_subquery()
         )
@@ -178,10 +213,10 @@ class ExpiryMixin(RetriesMixin):
                 .returning(runs.c.pool, runs.c.state)
             )
         ).all()
-        ready = sorted({r.pool for r in rows if r.state == RunState.DISPATCHED.value})
+        ready = sorted({r.pool for r in rows if r.state == RunState.DISPATCHED.value} | set(opened))
         if ready:
             await self._notify(conn, CHANNEL_RUNS_READY, ready)
-        return len(rows)
+        return len(rows) + released
 
 
 def _expired(at: Any) -> sa.ColumnElement[bool]:

@@ -1,0 +1,207 @@
+"""Gated reservations on the worker side: workflow nodes held before their upstream
+nodes end, begun the moment their gate opens, and started after.
+
+A lease asking for ``gated`` may bring nodes still PENDING whose upstream nodes are
+all under way (``docs/reservations.md``). The worker holds them, runs nothing, and
+keeps one *gates long-poll* open (``POST /v1/workers/{id}/gates``) naming them. The
+upstream node's completion opens their gates in its own transaction, and the server
+answers the long-poll at once, with each opened node's payload (its upstream results
+in it)::
+
+    held ──gate opened──▶ handler begins (as a slot frees) ──▶ start sent ──┐
+      │                                                                       │
+      └──gone (lapsed, skipped, cancelled)──▶ dropped        started ◀───────┘
+                                                (refused: the handler is stopped,
+                                                 nothing is reported)
+
+Beginning before the start is recorded is the point: the start (the node's attempt,
+its transitions) is written while the handler already runs, not on the path from the
+upstream's end to the node's first statement. Until the start is answered, the
+attempt is not heartbeaten and its outcome waits (``Held.start``); a refused start
+(the node was cancelled in that moment, or the reservation lapsed) stops the handler
+and reports nothing.
+
+An unopened reservation lapses after the node's heartbeat timeout (the server then
+lets any worker reserve it again): the worker forgets it then, and the lease loop may
+take it again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+
+import orjson
+
+from cronwheel.client import ApiError
+from cronwheel.worker.outbox import Backoff, log_event
+from cronwheel.worker.protocol import Lease, WorkerProtocol
+
+__all__ = ["Gated"]
+
+log = logging.getLogger("cronwheel.worker")
+
+_START_BATCH = 1000  # tokens per start request: the server's limit
+_GATES_MAX = 10_000  # tokens per gates long-poll: the server's limit
+_NOT_YET_SECONDS = 0.01  # a start answered not_yet (never expected) is tried again
+
+
+class Gated:
+    """The gated reservations a worker holds, and the loop that hears of their gates."""
+
+    def __init__(
+        self,
+        protocol: WorkerProtocol,
+        *,
+        begin: Callable[[list[Lease]], None],
+        started: Callable[[list[int]], None],
+        refused: Callable[[list[int]], None],
+        on_drop: Callable[[Lease], None],
+        backoff_max: float,
+    ) -> None:
+        self.protocol = protocol
+        self.begin = begin  # gates opened: the handlers may begin
+        self.started = started  # their starts were recorded: tokens
+        self.refused = refused  # their starts were refused: tokens
+        self.on_drop = on_drop  # a reservation that will never begin here
+        self.backoff_max = backoff_max
+        self.wait = 20.0  # seconds a long-poll may wait (the session sets it)
+        self.held: dict[int, Lease] = {}  # by fencing token
+        self._changed = asyncio.Event()
+        self._starts: set[asyncio.Task[None]] = set()
+
+    def __len__(self) -> int:
+        return len(self.held)
+
+    def add(self, lease: Lease) -> None:
+        assert lease.gated
+        self.held[lease.fencing_token] = lease
+        self._changed.set()
+
+    def take_all(self) -> list[Lease]:
+        """Every reservation still held, forgotten here: a worker stopping hands them
+        back."""
+        leases = list(self.held.values())
+        self.held.clear()
+        return leases
+
+    def _server_now(self) -> float:
+        return time.time() + self.protocol.clock_offset
+
+    def _drop(self, token: int, why: str) -> None:
+        lease = self.held.pop(token, None)
+        if lease is None:
+            return
+        log_event(
+            logging.DEBUG,
+            "worker.gated_dropped",
+            run_id=lease.run_id,
+            attempt_id=lease.attempt_id,
+            reason=why,
+        )
+        self.on_drop(lease)
+
+    def _drop_lapsed(self) -> None:
+        now = self._server_now()
+        for token, lease in list(self.held.items()):
+            if lease.lease_expires_at.timestamp() <= now:
+                self._drop(token, "its reservation lapsed before its gate opened")
+
+    async def run(self, worker_id: Callable[[], str | None]) -> None:
+        """Hear of gates while reservations are held, until cancelled. A long-poll in
+        flight is cut off when more reservations arrive, and sent again naming them
+        too: a gate of theirs may open before the old one's wait ends."""
+        backoff = Backoff(self.backoff_max)
+        try:
+            while True:
+                self._changed.clear()
+                self._drop_lapsed()
+                current = worker_id()
+                if not self.held or current is None:
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(1.0 if self.held else None):
+                            await self._changed.wait()
+                    continue
+                tokens = list(self.held)[:_GATES_MAX]
+                soonest = min(lease.lease_expires_at.timestamp() for lease in self.held.values())
+                wait = max(0.0, min(self.wait, soonest - self._server_now()))
+                poll = asyncio.create_task(self.protocol.gates(current, tokens, wait=wait))
+                more = asyncio.create_task(self._changed.wait())
+                try:
+                    await asyncio.wait({poll, more}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    more.cancel()
+                if not poll.done():
+                    poll.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, ApiError):
+                        await poll
+                    continue
+                try:
+                    heard = poll.result()
+                except ApiError as exc:
+                    delay = backoff.next_delay()
+                    log_event(
+                        logging.WARNING,
+                        "worker.gates_failed",
+                        error=str(exc),
+                        held=len(tokens),
+                        retry_in=f"{delay:.2f}",
+                    )
+                    await asyncio.sleep(delay)
+                    continue
+                backoff.reset()
+                for token in heard.gone:
+                    self._drop(token, "gone: lapsed, handed back, skipped or cancelled")
+                opened: list[Lease] = []
+                for group, payload, at in heard.opened:
+                    # Each handler its own payload, as a lease answer's: one may change it.
+                    encoded = orjson.dumps(payload)
+                    for token in group:
+                        lease = self.held.pop(token, None)
+                        if lease is not None:
+                            opened.append(lease.opened(at, orjson.loads(encoded)))
+                if opened:
+                    self.begin(opened)
+                    self._start(current, opened)
+        finally:
+            for task in self._starts:
+                task.cancel()
+            await asyncio.gather(*self._starts, return_exceptions=True)
+
+    def _start(self, worker_id: str, leases: list[Lease]) -> None:
+        """Record the starts of nodes begun, a batch per request, all at once."""
+        tokens = [lease.fencing_token for lease in leases]
+        for i in range(0, len(tokens), _START_BATCH):
+            task = asyncio.create_task(self._start_batch(worker_id, tokens[i : i + _START_BATCH]))
+            self._starts.add(task)
+            task.add_done_callback(self._starts.discard)
+
+    async def _start_batch(self, worker_id: str, tokens: list[int]) -> None:
+        backoff = Backoff(self.backoff_max)
+        while tokens:
+            try:
+                answer = await self.protocol.start(worker_id, tokens)
+            except ApiError as exc:
+                if exc.status is not None and 400 <= exc.status < 500:
+                    self.refused(tokens)  # the worker is gone: none of them is ours
+                    return
+                delay = backoff.next_delay()
+                log_event(
+                    logging.WARNING,
+                    "worker.gated_start_failed",
+                    error=str(exc),
+                    count=len(tokens),
+                    retry_in=f"{delay:.2f}",
+                )
+                await asyncio.sleep(delay)
+                continue
+            if answer.started:
+                self.started(answer.started)
+            if answer.refused:
+                self.refused(answer.refused)
+            tokens = [t for t in answer.not_yet if t in set(tokens)]
+            if tokens:
+                await asyncio.sleep(_NOT_YET_SECONDS)
