@@ -219,8 +219,11 @@ async def test_an_opened_reservation_never_started_lapses_to_ready(store: Store)
     tenant_id, wf, worker, root = await started_root(store)
     _, gated = await lease(store, worker, now=at(2))
     await complete(store, root, {"x": 1}, now=at(3))
-    # The reservation runs to its lease's end (2 + heartbeat): then any worker runs them.
-    assert await store.attempts_expire(now=at(2 + HEARTBEAT + 1)) == 2
+    # The opening gave the holder the heartbeat timeout from then (3 + heartbeat), past
+    # the reservation's own end (2 + heartbeat): then any worker runs them.
+    assert await store.attempts_expire(now=at(2 + HEARTBEAT + 0.5)) == 0
+    assert (await states_of(store, tenant_id, wf))["b"] == "PENDING"
+    assert await store.attempts_expire(now=at(3 + HEARTBEAT + 0.5)) == 2
     nodes = await nodes_of(store, tenant_id, wf)
     assert nodes["b"].state is RunState.DISPATCHED
     assert nodes["b"].payload == {"k": 1, UPSTREAM_KEY: {"a": {"x": 1}}}
@@ -263,16 +266,29 @@ async def test_handed_back_gated_reservations_wait_or_go_ready(store: Store) -> 
     assert await names(store, tenant_id, leased) == ["b", "c"]
 
 
-async def test_a_gated_reservation_counts_against_the_tenants_concurrency(store: Store) -> None:
-    tenant = await make_tenant(store, max_concurrent_runs=2)
-    wf = await create(store, tenant.id, FAN)
-    await fire(store, [wf], now=T0)
-    worker = await register_worker(store, tenant.id, now=at(1))
-    [root], gated = await lease(store, worker, now=at(1))
-    # The root runs: room for one more, gated or not.
-    assert len(gated) == 1
-    assert await lease(store, worker, now=at(2)) == ([], [])
-    assert root.fencing_token not in {a.fencing_token for a in gated}
+@pytest.mark.parametrize(
+    "limits", [{"max_concurrent_runs": 5}, {"max_dispatch_rate": 10}], ids=["concurrency", "rate"]
+)
+async def test_a_limited_tenants_nodes_are_not_reserved_ahead_of_their_gate(
+    store: Store, limits: dict[str, Any]
+) -> None:
+    """Their nodes begin when their gates open, with no lease to hold them back then:
+    a tenant under a limit has its nodes leased once ready, under the limit."""
+    limited = await make_tenant(store, **limits)
+    free = await make_tenant(store)
+    runs = [await create(store, t.id, FAN) for t in (limited, free)]
+    await fire(store, runs, now=T0)
+    worker = await register_worker(store, None, now=at(1))
+    leased, gated = await lease(store, worker, now=at(1))
+    assert len(leased) == 2  # both roots
+    assert {a.tenant_id for a in gated} == {free.id}
+    assert len(gated) == 2
+    # The limited tenant's nodes are leased once ready, as before.
+    [root] = [a for a in leased if a.tenant_id == limited.id]
+    await complete(store, root, None, now=at(2))
+    ready, more = await lease(store, worker, now=at(3))
+    assert {a.tenant_id for a in ready} == {limited.id} and len(ready) == 2
+    assert more == []
 
 
 async def test_a_retry_upstream_voids_a_skipped_nodes_reservation_and_gates_it_anew(
@@ -313,3 +329,36 @@ async def test_a_retry_upstream_voids_a_skipped_nodes_reservation_and_gates_it_a
         await store.attempts_gates(worker_id=worker.id, tokens=[d_again.fencing_token])
     ).opened
     assert opened.fencing_tokens == [d_again.fencing_token]
+
+
+async def test_an_opened_node_of_a_workflow_paused_since_is_parked_when_it_lapses(
+    store: Store,
+) -> None:
+    tenant_id, wf, worker, root = await started_root(store)
+    _, gated = await lease(store, worker, now=at(2))
+    await complete(store, root, None, now=at(3))
+    await store.jobs_pause(tenant_id, wf.job_id, now=at(4))
+    # Its holder never starts it: the node goes back as advancing would make it now.
+    assert await store.attempts_expire(now=at(3 + HEARTBEAT + 0.5)) == 2
+    nodes = await nodes_of(store, tenant_id, wf)
+    assert nodes["b"].state is RunState.SCHEDULED and nodes["b"].reason == "job paused"
+    other = await register_worker(store, tenant_id, now=at(30))
+    assert await lease(store, other, now=at(30)) == ([], [])
+    await store.jobs_resume(tenant_id, wf.job_id, now=at(40))
+    parked = await nodes_of(store, tenant_id, wf)
+    await fire(store, [parked["b"], parked["c"]], now=at(40))
+    leased, _ = await lease(store, other, now=at(41), gated=0)
+    assert await names(store, tenant_id, leased) == ["b", "c"]
+    assert all(a.payload.get(UPSTREAM_KEY) == {"a": None} for a in leased)
+    assert len(gated) == 2
+
+
+async def test_a_paused_workflows_nodes_are_not_reserved_ahead(store: Store) -> None:
+    tenant_id, wf, worker, root = await started_root(store)
+    await store.jobs_pause(tenant_id, wf.job_id, now=at(1.5))
+    assert await lease(store, worker, now=at(2)) == ([], [])
+    # Resumed, its nodes go the way they would have: leased once ready.
+    await store.jobs_resume(tenant_id, wf.job_id, now=at(3))
+    await complete(store, root, None, now=at(4))
+    leased, _ = await lease(store, worker, now=at(5), gated=0)
+    assert await names(store, tenant_id, leased) == ["b", "c"]

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from test_worker_waiting import session_config
 
-from cronwheel.client import AsyncClient
+from cronwheel.client import ApiError, AsyncClient
 from cronwheel.testing import wait_until_async
 from cronwheel.worker.outbox import WorkerStats
 from cronwheel.worker.protocol import (
@@ -63,6 +63,7 @@ class ServerLike(WorkerProtocol):
         self.heard: asyncio.Queue[GatesHeard] = asyncio.Queue()
         self.asked: list[list[int]] = []
         self.refuse: set[int] = set()
+        self.errors: list[ApiError] = []  # raised by the next starts, one each
         self.answer_starts = asyncio.Event()
         self.answer_starts.set()
         self.starts: list[list[int]] = []
@@ -86,6 +87,8 @@ class ServerLike(WorkerProtocol):
     async def start(self, worker_id: str, tokens: Sequence[int]) -> Started:
         self.starts.append(list(tokens))
         await self.answer_starts.wait()
+        if self.errors:
+            raise self.errors.pop(0)
         return Started(
             started_at=datetime.now(UTC),
             started=[t for t in tokens if t not in self.refuse],
@@ -240,3 +243,27 @@ async def test_more_reservations_cut_a_long_poll_short_to_name_them(harness: Har
     await until(lambda: server.asked == [[5]])
     session.gated.add(gated(6))
     await until(lambda: len(server.asked) >= 2 and sorted(server.asked[-1]) == [5, 6])
+
+
+async def test_a_start_that_fails_is_tried_again_and_one_of_a_gone_worker_is_refused(
+    harness: Harness,
+) -> None:
+    server, session = harness.server, harness.session
+    server.errors = [ApiError(429, "rate_limited", "slow down"), ApiError(503, "x", "busy")]
+    session.gated.backoff_max = 0.05
+    session.gated.add(gated(11))
+    await until(lambda: server.asked)
+    server.open([11], {})
+    await until(lambda: len(server.completions) == 1)
+    assert server.starts == [[11], [11], [11]]
+    # A worker the server no longer knows (410): its nodes are not its own to report.
+    server.errors = [ApiError(410, "worker_deregistered", "gone")]
+    harness.release = asyncio.Event()
+    session.gated.add(gated(12))
+    await until(lambda: 12 in {t for asked in server.asked for t in asked})
+    server.open([12], {})
+    await until(lambda: 12 in harness.begun)
+    await until(lambda: not any(h.lease.fencing_token == 12 for h in session.held.values()))
+    harness.release.set()
+    await asyncio.sleep(0.05)
+    assert [c.fencing_token for c in server.completions] == [11]

@@ -39,14 +39,13 @@ import orjson
 from cronwheel.client import ApiError
 from cronwheel.worker.outbox import Backoff, log_event
 from cronwheel.worker.protocol import Lease, WorkerProtocol
+from cronwheel.worker.reservations import NOT_YET_SECONDS, START_BATCH
 
 __all__ = ["Gated"]
 
-log = logging.getLogger("cronwheel.worker")
-
-_START_BATCH = 1000  # tokens per start request: the server's limit
 _GATES_MAX = 10_000  # tokens per gates long-poll: the server's limit
-_NOT_YET_SECONDS = 0.01  # a start answered not_yet (never expected) is tried again
+# A start refused as the worker's own (it is gone: 404, 410): its nodes are not ours.
+_GONE_STATUSES = frozenset({404, 410})
 
 
 class Gated:
@@ -173,22 +172,31 @@ class Gated:
 
     def _start(self, worker_id: str, leases: list[Lease]) -> None:
         """Record the starts of nodes begun, a batch per request, all at once."""
-        tokens = [lease.fencing_token for lease in leases]
-        for i in range(0, len(tokens), _START_BATCH):
-            task = asyncio.create_task(self._start_batch(worker_id, tokens[i : i + _START_BATCH]))
+        for i in range(0, len(leases), START_BATCH):
+            task = asyncio.create_task(self._start_batch(worker_id, leases[i : i + START_BATCH]))
             self._starts.add(task)
             task.add_done_callback(self._starts.discard)
 
-    async def _start_batch(self, worker_id: str, tokens: list[int]) -> None:
+    async def settle(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for the starts still out (a worker stopping)."""
+        if self._starts:
+            await asyncio.wait(set(self._starts), timeout=timeout)
+
+    async def _start_batch(self, worker_id: str, leases: list[Lease]) -> None:
+        """Start ``leases`` (begun, their gates opened), retrying what fails until each
+        one's time is up (its lease from the opening): past it, its node may be another
+        worker's, and its start is taken as refused."""
         backoff = Backoff(self.backoff_max)
+        tokens = [lease.fencing_token for lease in leases]
+        end = min(lease.lease_expires_at.timestamp() for lease in leases)
         while tokens:
             try:
                 answer = await self.protocol.start(worker_id, tokens)
             except ApiError as exc:
-                if exc.status is not None and 400 <= exc.status < 500:
-                    self.refused(tokens)  # the worker is gone: none of them is ours
-                    return
                 delay = backoff.next_delay()
+                if exc.status in _GONE_STATUSES or self._server_now() + delay >= end:
+                    self.refused(tokens)  # the worker is gone, or the time is up
+                    return
                 log_event(
                     logging.WARNING,
                     "worker.gated_start_failed",
@@ -200,8 +208,14 @@ class Gated:
                 continue
             if answer.started:
                 self.started(answer.started)
-            if answer.refused:
-                self.refused(answer.refused)
-            tokens = [t for t in answer.not_yet if t in set(tokens)]
+            answered = {*answer.started, *answer.not_yet}
+            # Refused, or missing from the answer: not ours.
+            gone = [t for t in tokens if t not in answered]
+            if gone:
+                self.refused(gone)
+            tokens = [t for t in tokens if t in set(answer.not_yet)]
+            if tokens and self._server_now() + NOT_YET_SECONDS >= end:
+                self.refused(tokens)
+                return
             if tokens:
-                await asyncio.sleep(_NOT_YET_SECONDS)
+                await asyncio.sleep(NOT_YET_SECONDS)

@@ -119,6 +119,9 @@ class _Buffer:
     dropped: int = 0  # lines dropped to bound memory, not yet told to the server
     sending: bool = False
     closed: bool = False  # later lines are discarded: refused, or the outcome went out
+    # Not sent yet: its attempt (begun at its gate) has no record on the server until
+    # its start is answered, and would refuse them.
+    held: bool = False
     report: Callable[[], None] | None = None  # the outcome waiting for these lines
     deadline: float = 0.0
 
@@ -246,6 +249,26 @@ class LogShipper:
         self._loop_thread = threading.get_ident()
         self._task = asyncio.create_task(self._run(), name="cronwheel-logs")
 
+    def hold(self, attempt_id: str, held: bool) -> None:
+        """Keep the attempt's lines back (``held``) until its start is answered, or let
+        them go; a start refused discards them (:meth:`discard`)."""
+        buffer = self._buffers.get(attempt_id)
+        if buffer is None:
+            return
+        with self._lock:
+            buffer.held = held
+        if not held:
+            self._wake_soon()
+
+    def discard(self, attempt_id: str) -> None:
+        """Drop the attempt's lines, now and later: it is not this worker's to log."""
+        buffer = self._buffers.get(attempt_id)
+        if buffer is None:
+            return
+        with self._lock:
+            self._close(buffer)
+            self._active.pop(attempt_id, None)
+
     def then(self, attempt_id: str, report: Callable[[], None]) -> None:
         """Call ``report`` (which reports the attempt's outcome) once the attempt's
         lines are sent — at once when none is waiting. Later lines are discarded."""
@@ -333,7 +356,7 @@ class LogShipper:
             return any((b.lines or b.dropped) and not b.closed for b in self._active.values())
 
     def _wants_send(self, buffer: _Buffer, *, everything: bool) -> bool:
-        if buffer.sending or buffer.closed or not (buffer.lines or buffer.dropped):
+        if buffer.sending or buffer.closed or buffer.held or not (buffer.lines or buffer.dropped):
             return False
         return (
             everything

@@ -97,6 +97,8 @@ _PREFETCH_HORIZON = 0.2
 _DURATION_WEIGHT = 0.2  # of the latest handler in the mean duration (a moving average)
 # Deregistering must never hold up a shutdown: past this, leases expire on their own.
 _DEREGISTER_SECONDS = 3.0
+# At shutdown, how long the starts of nodes begun at their gate are waited for.
+_START_SETTLE_SECONDS = 5.0
 # Reservations beyond the free slots (see the module's notes): at most this many by
 # default, about what the slots begin in _RESERVE_HORIZON seconds once the handlers'
 # duration is known; started ones still waiting for a slot _HAND_BACK_CHECK seconds
@@ -529,6 +531,7 @@ class WorkerSession:
         for held in helds:
             held.start = loop.create_future()
             self._opening[held.lease.fencing_token] = held
+            self.logs.hold(held.lease.attempt_id, True)
         self._arrive_reserved(helds)
 
     def _gated_started(self, tokens: list[int]) -> None:
@@ -536,6 +539,7 @@ class WorkerSession:
             held = self._opening.pop(token, None)
             if held is not None and held.start is not None and not held.start.done():
                 held.start.set_result(True)
+                self.logs.hold(held.lease.attempt_id, False)
         self._held_changed.set()  # heartbeats count them from now
 
     def _gated_refused(self, tokens: list[int]) -> None:
@@ -544,6 +548,7 @@ class WorkerSession:
             if held is None or held.start is None or held.start.done():
                 continue
             held.start.set_result(False)
+            self.logs.discard(held.lease.attempt_id)
             if not held.reported:
                 self._lose(held, "its start was refused: cancelled, or its reservation lapsed")
 
@@ -837,6 +842,7 @@ class WorkerSession:
                 grace=self.config.grace_period,
             )
             await self._wait_handlers(self.config.grace_period)
+        await self._settle_opened()
         leftovers = [h for h in self.held.values() if not h.finished and not h.reported]
         if not leftovers:
             return
@@ -854,6 +860,22 @@ class WorkerSession:
         tasks = [h.task for h in leftovers if h.is_async and h.task is not None]
         if tasks:
             await asyncio.wait(tasks, timeout=1.0)
+
+    async def _settle_opened(self) -> None:
+        """Nodes begun at their gate whose starts are still out: their answers are
+        waited for (a while), so that outcomes waiting on them are reported; what is
+        still unanswered then is handed back (a release ends the attempt if the start
+        went through, and the reservation if not)."""
+        if not self._opening:
+            return
+        await self.gated.settle(_START_SETTLE_SECONDS)
+        for token, held in list(self._opening.items()):
+            del self._opening[token]
+            if held.start is not None and not held.start.done():
+                held.start.set_result(False)
+            if not held.reported:
+                held.reported = True
+                self.outbox.add(held.ref)
 
     async def _wait_handlers(self, grace: float) -> None:
         end = time.monotonic() + grace

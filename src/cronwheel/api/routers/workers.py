@@ -101,7 +101,7 @@ async def register_worker(
         lease_ahead_max=state.settings.lease_ahead_max,
         start_ahead_max=state.settings.start_ahead_max,
         cancels_poll=True,
-        gates_poll=True,
+        gates_poll=state.settings.lease_ahead_max > 0,
     )
 
 
@@ -208,8 +208,8 @@ async def _signing_secrets(
 
 async def _record_leased(state: ApiState, leased: Sequence[LeasedAttempt]) -> None:
     # Only first tries: a retry's due instant lies before its backoff, which would
-    # count the backoff as lateness. A reservation counts when it starts.
-    first = [i for i in leased if i.number == 1 and i.not_before is None]
+    # count the backoff as lateness. A reservation (gated or not) counts when it starts.
+    first = [i for i in leased if i.number == 1 and i.not_before is None and not i.gated]
     if not first:
         return
     names = await TENANT_NAMES.names({i.tenant_id for i in first}, state.store.tenant_names)
@@ -249,6 +249,11 @@ async def lease(
     if body.ahead > state.settings.lease_ahead_max:
         raise ValidationError(
             f"ahead: at most {state.settings.lease_ahead_max:g} seconds", field="ahead"
+        )
+    if body.gated and state.settings.lease_ahead_max <= 0:
+        raise ValidationError(
+            "gated: this server hands out no reservations (lease_ahead_max is 0)",
+            field="gated",
         )
     if body.reserve and not body.ahead:
         raise ValidationError(

@@ -20,6 +20,7 @@ from cronwheel.domain.states import FINISH, START, RunState
 from cronwheel.domain.workflow import UPSTREAM_DONE
 from cronwheel.store.driver import Outcomes, WorkerGone
 from cronwheel.store.drivers.postgres_firing import NOW, Raw
+from cronwheel.store.schema import GATED, READY
 from cronwheel.store.sql.progress import last_reports
 from cronwheel.store.values import GateOpened, Grant, HeartbeatItem, ReadyQueue
 
@@ -61,8 +62,7 @@ _TAKEABLE = (
 )
 # A gated lease takes, instead, workflow nodes waiting for upstream nodes that are all
 # under way (``ix_runs_gated``): reserved ahead of their gate, whatever their fire_at.
-_GATED = "r.state = 'PENDING' AND r.gated_at IS NOT NULL AND r.reserved_token IS NULL"
-_GATED_TAKEABLE = f"{_GATED}\n      AND " + _FITS
+_GATED_TAKEABLE = f"{GATED}\n      AND " + _FITS
 
 _TAKEABLE_READ = _TAKEABLE.format(
     START=START.sql("r.state"),
@@ -123,12 +123,10 @@ UNION ALL
 SELECT NULL, NULL, NULL, NULL, NULL, (SELECT p0_reserved_share FROM pools WHERE name = $2),
        (SELECT now FROM t)
 """
-_READY = _READY_TEMPLATE.format(
-    QUEUE="state = 'DISPATCHED' AND reserved_token IS NULL", TAKEABLE=_TAKEABLE_READ
-)
+_READY = _READY_TEMPLATE.format(QUEUE=READY, TAKEABLE=_TAKEABLE_READ)
 # The gated queue's, through ``ix_runs_gated`` ($7 the tasks, $8 the tags).
 _READY_GATED = _READY_TEMPLATE.format(
-    QUEUE=_GATED,
+    QUEUE=GATED,
     TAKEABLE=_GATED_TAKEABLE.format(
         pool="$2", caps="$4", tags="$8", webhooks_only="$6", tasks="$7"
     ),

@@ -62,7 +62,7 @@ def _due(r: Any, until: datetime, opened: Mapping[int, GateOpened]) -> bool:
 
 def _queue(gated: bool) -> list[sa.ColumnElement[bool]]:
     """The ready queue's predicate (its index's), or the gated queue's."""
-    if gated:
+    if gated:  # schema.GATED, the gated index's predicate
         return [
             runs.c.state == RunState.PENDING.value,
             runs.c.gated_at.is_not(None),

@@ -55,6 +55,7 @@ __all__ = [
     "AdmissionMixin",
     "LeasePlan",
     "dispatch_bucket",
+    "gated_grants",
     "lock_key",
     "plan_lease",
     "settle_lease",
@@ -182,6 +183,36 @@ async def plan_lease(
     )
     grants = [Grant(t, cls, n) for (t, cls), n in sorted(allocation.grants.items()) if n > 0]
     return LeasePlan(queue.now, grants, allocation, kept, levels)
+
+
+def gated_grants(queue: ReadyQueue, budget: int) -> list[Grant]:
+    """What a gated lease (``docs/reservations.md``) is given of the gated queue: up to
+    ``budget`` nodes, the highest class first, the tenants of a class sharing evenly.
+    A tenant under a concurrency or dispatch-rate limit gets none: a node reserved
+    ahead of its gate begins when the gate opens, with no lease then to hold it back,
+    and a held reservation would count against its limit while its upstream nodes run
+    (its nodes are leased once ready, under the limits, as before). Nothing is drawn
+    from fair shares or rate buckets: a reservation may lapse and be taken again many
+    times before its node runs."""
+    free = {
+        t: dict(classes)
+        for t, classes in queue.supply.items()
+        if not queue.limits[t].get("max_concurrent_runs") and _rate_of(queue.limits[t]) is None
+    }
+    grants: dict[tuple[uuid.UUID, int], int] = {}
+    for cls in sorted({c for classes in free.values() for c in classes}):
+        wanting = {t: classes[cls] for t, classes in free.items() if classes.get(cls)}
+        while budget > 0 and wanting:
+            part = max(1, budget // len(wanting))
+            for t in sorted(wanting):
+                n = min(part, wanting[t], budget)
+                grants[(t, cls)] = grants.get((t, cls), 0) + n
+                wanting[t] -= n
+                budget -= n
+                if budget == 0:
+                    break
+            wanting = {t: n for t, n in wanting.items() if n > 0}
+    return [Grant(t, cls, n) for (t, cls), n in sorted(grants.items())]
 
 
 def _within(queue: ReadyQueue, budget: int) -> ReadyQueue:

@@ -45,7 +45,7 @@ from cronwheel.store.rows import (
 )
 from cronwheel.store.schema import NO_RESERVATION, attempt_tombstones, attempts, runs, workers
 from cronwheel.store.sql import dag, gates
-from cronwheel.store.sql.admission import LeasePlan, plan_lease, settle_lease
+from cronwheel.store.sql.admission import LeasePlan, gated_grants, plan_lease, settle_lease
 from cronwheel.store.sql.observed import Execution, observe_executions
 from cronwheel.store.sql.retries import Ended, RetriesMixin
 from cronwheel.store.sql.statements import attempts_end, may, update_each
@@ -280,7 +280,7 @@ class AttemptsMixin(WorkersMixin, RetriesMixin):
         released = {k: AttemptOutcome(k[0], True, run_state=RunState.DISPATCHED) for k in keys}
         rest = [i for i in items if (i.attempt_id, i.fencing_token) not in keys]
         if rest:  # reservations that never started: handed back as they are
-            released.update(await self._unreserve(conn, rest, tenant_id))
+            released.update(await self._unreserve(conn, rest, tenant_id, at=at, actor=actor))
         return await self._resolve(conn, items, released, tenant_id)
 
     async def attempts_cancel_requested(
@@ -487,12 +487,7 @@ class AttemptsMixin(WorkersMixin, RetriesMixin):
                     retry_in = min(waits) if waits else None
                 # Beyond those: nodes whose upstream nodes are under way, held gated.
                 if gated > 0:
-                    more, extra, _, also = await self._lease_round(
-                        conn, worker, gated, webhooks_only, 0.0, now, p0_share, gated=True
-                    )
-                    leased += more
-                    held.update(extra.held)
-                    names.update(also)
+                    leased += await self._lease_gated(conn, worker, gated, webhooks_only, now)
             except WorkerGone as gone:
                 raise await self._worker_gone(conn, gone.worker_id) from None
         if share is not None:  # committed: the runs are the cohort's
@@ -500,6 +495,39 @@ class AttemptsMixin(WorkersMixin, RetriesMixin):
         for tenant_id, limit in held.items():
             RUNS_THROTTLED.labels(tenant=names[tenant_id], limit=limit).inc()
         return Admitted(leased, held, retry_in, plan.reserve)
+
+    async def _lease_gated(
+        self,
+        conn: AsyncConnection,
+        worker: Worker,
+        budget: int,
+        webhooks_only: bool,
+        now: datetime | None,
+    ) -> list[LeasedAttempt]:
+        """Reserve up to ``budget`` nodes of the gated queue for the worker, as
+        :func:`gated_grants` gives them."""
+        queue = await self.driver.ready_queue(
+            conn,
+            worker=worker,
+            max=budget,
+            webhooks_only=webhooks_only,
+            ahead=0.0,
+            now=now,
+            gated=True,
+        )
+        grants = gated_grants(queue, budget)
+        if not grants:
+            return []
+        leased, _ = await self.driver.attempts_lease(
+            conn,
+            worker=worker,
+            grants=grants,
+            webhooks_only=webhooks_only,
+            ahead=0.0,
+            now=now,
+            gated=True,
+        )
+        return leased
 
     async def _lease_round(
         self,
@@ -512,7 +540,6 @@ class AttemptsMixin(WorkersMixin, RetriesMixin):
         p0_share: float,
         *,
         later: bool = False,
-        gated: bool = False,
         share: LeaseShare | None = None,
         view: Hashable = None,
     ) -> tuple[
@@ -530,7 +557,6 @@ class AttemptsMixin(WorkersMixin, RetriesMixin):
             ahead=ahead,
             now=now,
             later=later,
-            gated=gated,
         )
         plan = await plan_lease(
             self.driver,
@@ -550,7 +576,6 @@ class AttemptsMixin(WorkersMixin, RetriesMixin):
             ahead=ahead,
             now=now,
             later=later,
-            gated=gated,
         )
         await settle_lease(self.driver, conn, plan, pool=worker.pool, got=got)
         return leased, plan, got, dict(queue.names)
@@ -589,68 +614,49 @@ class AttemptsMixin(WorkersMixin, RetriesMixin):
         items: Sequence[HeartbeatItem],
         tenant_id: uuid.UUID | None,
         *,
-        worker_id: uuid.UUID | None = None,
+        at: datetime,
+        actor: str | None,
     ) -> dict[tuple[uuid.UUID, int], AttemptOutcome]:
-        """Release the reservations among ``items`` (of ``worker_id`` only, when given):
-        the runs are free for any worker at once. A gated reservation's node stays
-        PENDING for any worker to reserve, or, its gate open, is made ready."""
+        """Release the reservations among ``items``: the runs are free for any worker at
+        once. A gated reservation's node stays PENDING for any worker to reserve, or, its
+        gate open, is made ready. Reservations of runs first, in id order, as every path
+        locking many runs takes them; then gated ones, their workflow runs before them."""
         tokens = [i.fencing_token for i in items]
-        # Gated ones' workflow runs first, as their gates' opening takes them.
-        gated = sa.select(runs.c.id).where(
-            runs.c.reserved_token.in_(tokens), runs.c.state == RunState.PENDING.value
-        )
-        gated_ids = list((await conn.execute(gated)).scalars())
-        if gated_ids:
-            await gates.lock_owners(self.driver, conn, gated_ids)
+        wanted = {(i.attempt_id, i.fencing_token) for i in items}
+        mine = self.driver.id_in(runs.c.reserved_token, tokens)
+        if tenant_id is not None:
+            mine = sa.and_(mine, runs.c.tenant_id == tenant_id)
         stmt = (
-            sa.select(
-                runs.c.id,
-                runs.c.pool,
-                runs.c.reserved_attempt,
-                runs.c.reserved_token,
-                runs.c.state,
-                runs.c.workflow_run_id,
-            )
-            .where(
-                runs.c.reserved_token.in_(tokens),
-                runs.c.state.in_([RunState.DISPATCHED.value, RunState.PENDING.value]),
-            )
-            .order_by(runs.c.id)  # in id order, as every path locking many runs
+            sa.select(runs.c.id, runs.c.pool, runs.c.reserved_attempt, runs.c.reserved_token)
+            .where(mine, runs.c.state == RunState.DISPATCHED.value)
+            .order_by(runs.c.id)
             .with_for_update()
         )
-        if tenant_id is not None:
-            stmt = stmt.where(runs.c.tenant_id == tenant_id)
-        if worker_id is not None:
-            stmt = stmt.where(runs.c.reserved_by == worker_id)
-        wanted = {(i.attempt_id, i.fencing_token) for i in items}
-        rows = [
+        dispatched = [
             r for r in await conn.execute(stmt) if (r.reserved_attempt, r.reserved_token) in wanted
         ]
-        if not rows:
-            return {}
-        dispatched = [r for r in rows if r.state == RunState.DISPATCHED.value]
         if dispatched:
             await conn.execute(
                 runs.update()
                 .where(self.driver.id_in(runs.c.id, [r.id for r in dispatched]))
                 .values(**NO_RESERVATION)
             )
-        opened = await gates.release(
-            self,
-            conn,
-            [r for r in rows if r.state == RunState.PENDING.value],
-            at=await self._now(conn, None),
-            actor=None,
-            reason=_HANDED_BACK,
-        )
-        ready = {r.pool for r in dispatched}
-        if ready or opened:
-            await self._notify(conn, CHANNEL_RUNS_READY, sorted(ready | set(opened)))
+        gated = [
+            n
+            for n in await gates.lock_nodes(self.driver, conn, mine)
+            if (n.reserved_attempt, n.reserved_token) in wanted
+        ]
+        opened = await gates.release(self, conn, gated, at=at, actor=actor, reason=_HANDED_BACK)
+        ready = {r.pool for r in dispatched} | set(opened)
+        if ready:
+            await self._notify(conn, CHANNEL_RUNS_READY, sorted(ready))
+        states = {r.reserved_token: RunState.DISPATCHED for r in dispatched}
+        states |= {n.reserved_token: RunState.PENDING for n in gated}
         return {
             (r.reserved_attempt, r.reserved_token): AttemptOutcome(
-                r.reserved_attempt, True, run_state=RunState(r.state)
+                r.reserved_attempt, True, run_state=states[r.reserved_token]
             )
-            for r in rows
+            for r in [*dispatched, *gated]
         }
 
     async def _reservations_of(

@@ -312,8 +312,9 @@ async def advance(
         groups.update({i: _alike(d, results) for i, d in redone.items()})
     ready_sets: list[_Alike] = []
     gates_rows: list[dict[str, Any]] = []  # workflow runs whose gates changed
-    holders: set[uuid.UUID] = set()  # workers holding nodes whose gates opened
-    arming: list[uuid.UUID] = []  # nodes that may now be reserved ahead of their gate
+    holders: set[uuid.UUID] = set()  # workers whose gated nodes opened or went
+    # Nodes that may now be reserved ahead of their gate, by their workflow's job.
+    arming: dict[uuid.UUID, list[uuid.UUID]] = {}
     ended_sets: list[_Alike] = []  # nodes that end without running: skipped, failed
     ended_rows: list[dict[str, Any]] = []
     events: list[dict[str, Any]] = []
@@ -350,6 +351,8 @@ async def advance(
             }
             ended_sets.append((closed, [mine[name]]))
             events.append(_event(w, mine[name], move.source, end, at, actor, reason))
+            if mine[name] in held:
+                holders.add(held[mine[name]][1])
         mine_gates = gates[w.id]
         newly: list[uuid.UUID] = []
         for group in groups[w.id]:
@@ -358,11 +361,13 @@ async def advance(
             # Nodes a worker holds ahead of their gate: the gate opens, one write on
             # this workflow run's row for them all; the holder begins them and records
             # their starts (their READY transition, dated now, is written then).
-            reserved = {} if on_hold else {i: held[i][0] for i in ids if i in held}
+            reserved = {i: held[i][0] for i in ids if i in held}
+            holders.update(held[i][1] for i in reserved)  # told: opened, or gone
+            if on_hold:
+                reserved = {}  # parked instead: the reservation is void
             if reserved:
                 mine_gates.open(reserved, at, group.payload)
                 newly += reserved
-                holders.update(held[i][1] for i in reserved)
                 ids = [i for i in ids if i not in reserved]
                 if not ids:
                     continue
@@ -384,8 +389,10 @@ async def advance(
             # The gates open now, and those still open: none once the run has ended.
             live = [] if decided.outcome is not None else opened[w.id] + newly
             gates_rows.append({"id": w.id, "gates": mine_gates.value(live)})
-        if w.job_id not in paused and not w.cancel_requested:
-            arming += [mine[n] for n in armable(dag, states, decided) if mine[n] not in gated]
+        if not w.cancel_requested:
+            arming.setdefault(w.job_id, []).extend(
+                mine[n] for n in armable(dag, states, decided) if mine[n] not in gated
+            )
         if decided.outcome is not None:
             # Cancelled: with the reason its cancel was asked with, if one was given.
             ending: str | None = (w.cancel_requested and w.reason) or decided.reason
@@ -403,10 +410,17 @@ async def advance(
     await update_each(conn, runs, gates_rows)
     await core._insert_events(conn, events)
     await jobs_finish_one_off(conn, core.driver, finished_jobs, at, workflows=True)
-    if arming:
+    # Not a paused workflow's: its nodes would be parked when ready, not begun.
+    looked = {d.run.job_id for d in decided_runs if d.decided.ready}
+    armed = [
+        i
+        for job in await _not_paused(core, conn, arming, paused=paused, looked=looked)
+        for i in arming[job]
+    ]
+    if armed:
         await conn.execute(
             runs.update()
-            .where(core.driver.id_in(runs.c.id, arming), waiting, runs.c.gated_at.is_(None))
+            .where(core.driver.id_in(runs.c.id, armed), waiting, runs.c.gated_at.is_(None))
             .values(gated_at=at)
         )
     if notices:
@@ -538,6 +552,31 @@ async def _ready_details(
         )
     }
     return results, paused
+
+
+async def _not_paused(
+    core: _Core,
+    conn: AsyncConnection,
+    by_job: Mapping[uuid.UUID, list[uuid.UUID]],
+    *,
+    paused: set[uuid.UUID],
+    looked: set[uuid.UUID],
+) -> list[uuid.UUID]:
+    """The jobs of ``by_job`` with something in it that are not paused: ``paused``, of
+    those ``looked`` at already, and the others read now."""
+    wanted = [j for j, ids in by_job.items() if ids]
+    unread = [j for j in wanted if j not in looked]
+    paused = set(paused)
+    if unread:
+        paused |= {
+            r.id
+            for r in await conn.execute(
+                sa.select(jobs.c.id).where(
+                    core.driver.id_in(jobs.c.id, unread), jobs.c.state == JobState.PAUSED.value
+                )
+            )
+        }
+    return [j for j in wanted if j not in paused]
 
 
 async def _update_alike(

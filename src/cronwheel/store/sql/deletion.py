@@ -349,7 +349,8 @@ class DeletionMixin(SqlCore):
             for r in await conn.execute(
                 sa.select(runs.c.reserved_attempt).where(
                     where,
-                    runs.c.state == RunState.DISPATCHED.value,
+                    # Reserved ahead of an instant, or of a gate (a workflow's node).
+                    runs.c.state.in_([RunState.DISPATCHED.value, RunState.PENDING.value]),
                     runs.c.reserved_attempt.is_not(None),
                 )
             )

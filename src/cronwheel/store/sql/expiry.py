@@ -31,6 +31,7 @@ __all__ = ["ExpiryMixin"]
 
 _PAST_DEADLINE = "the attempt ran past the job's timeout"
 _LEASE_EXPIRED = "the worker stopped heartbeating: lease expired"
+_LAPSE_BATCH = 1000  # gated reservations voided per sweep, at most
 _GATE_LAPSED = "upstream nodes done; its gate opened for a worker that did not start it"
 
 
@@ -173,32 +174,15 @@ class ExpiryMixin(RetriesMixin):
         lapsing = sa.and_(runs.c.reserved_token.is_not(None), runs.c.reserved_until < at)
         # Gated ones (PENDING nodes): their workflow runs first, as their gates' opening
         # takes them; those another transaction holds wait for the next sweep.
-        gated = (
-            await conn.execute(
-                sa.select(runs.c.id).where(lapsing, runs.c.state == RunState.PENDING.value)
-            )
-        ).scalars()
-        opened: list[str] = []
-        released = 0
-        if gated_ids := list(gated):
-            owners = await gates.lock_owners(self.driver, conn, gated_ids, skip_locked=True)
-            nodes = (
-                await conn.execute(
-                    sa.select(runs.c.id, runs.c.workflow_run_id, runs.c.reserved_token)
-                    .where(
-                        self.driver.id_in(runs.c.id, gated_ids),
-                        lapsing,
-                        runs.c.state == RunState.PENDING.value,
-                    )
-                    .order_by(runs.c.id)
-                    .with_for_update(skip_locked=True)
-                )
-            ).all()
-            nodes = [n for n in nodes if n.workflow_run_id in owners]
-            opened = await gates.release(
-                self, conn, nodes, at=at, actor="scheduler", reason=_GATE_LAPSED
-            )
-            released = len(nodes)
+        nodes = await gates.lock_nodes(
+            self.driver, conn, lapsing, skip_locked=True, limit=_LAPSE_BATCH
+        )
+        opened_nodes = await gates.opened_of(self.driver, conn, nodes)
+        ended = gates.lapsed(nodes, opened_nodes, at)
+        opened = await gates.release(
+            self, conn, ended, at=at, actor="scheduler", reason=_GATE_LAPSED
+        )
+        released = len(ended)
         lapsed = (
             sa.select(runs.c.id)
             .where(lapsing, runs.c.state != RunState.PENDING.value)

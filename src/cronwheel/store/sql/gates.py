@@ -14,10 +14,12 @@ it). A node's gate is open while it is PENDING under the very reservation its en
 names: an entry whose reservation went (lapsed, handed back, the node cancelled,
 skipped or retried) means nothing, and is dropped at the next write.
 
-Every path that takes a reservation off a PENDING node locks its workflow run first
-(:func:`lock_owners`), as advancing does, so an opening and the reservation's end are
-never interleaved: a node whose gate opened is made ready by that path
-(:func:`release`), and one whose gate had not is left waiting.
+Every path that takes a reservation off a node and leaves it waiting — a lapse, a
+hand-back — locks its workflow run first (:func:`lock_nodes`), as advancing does, so an
+opening and the reservation's end are never interleaved: a node whose gate opened is
+made ready by that path (:func:`release`), and one whose gate had not is left waiting.
+An opened gate gives its holder the node's heartbeat timeout from the opening to start
+it, whatever was left of the reservation (:func:`lapsed`).
 """
 
 from __future__ import annotations
@@ -25,18 +27,18 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from cronwheel.domain.states import RunState
+from cronwheel.domain.states import JobState, RunState
 from cronwheel.store.driver import Driver
 from cronwheel.store.rows import event_row
-from cronwheel.store.schema import runs
+from cronwheel.store.schema import NO_RESERVATION, PARKED_FIRE_AT, jobs, runs
 
-__all__ = ["Gates", "Opened", "lock_owners", "opened_of", "release"]
+__all__ = ["Gates", "Opened", "lapsed", "lock_nodes", "opened_of", "release"]
 
 _PENDING = RunState.PENDING.value
 
@@ -61,18 +63,19 @@ class Gates:
     """One workflow run's open gates, as ``runs.gates`` holds them."""
 
     def __init__(self, value: Any = None) -> None:
-        self.nodes: dict[uuid.UUID, tuple[int, int]] = {}
+        # By run id as text, as stored: read for a few nodes, never all parsed.
+        self.nodes: dict[str, list[int]] = {}
         self.groups: list[Opened] = []
         if isinstance(value, dict):
             self.groups = [
                 Opened(datetime.fromisoformat(g["at"]), g["payload"]) for g in value["groups"]
             ]
-            self.nodes = {uuid.UUID(k): (int(t), int(g)) for k, (t, g) in value["nodes"].items()}
+            self.nodes = value["nodes"]
 
     def opened(self, run_id: uuid.UUID, token: int | None) -> Opened | None:
         """The open gate of node ``run_id`` while it is PENDING under reservation
         ``token`` (None: not open)."""
-        entry = self.nodes.get(run_id)
+        entry = self.nodes.get(str(run_id))
         if entry is None or token is None or entry[0] != token:
             return None
         return self.groups[entry[1]]
@@ -81,18 +84,18 @@ class Gates:
         """Open the gates of the nodes ``held`` (run id -> reservation token) together."""
         self.groups.append(Opened(at, payload))
         group = len(self.groups) - 1
-        self.nodes.update({run_id: (token, group) for run_id, token in held.items()})
+        self.nodes.update({str(run_id): [token, group] for run_id, token in held.items()})
 
     def value(self, live: Iterable[uuid.UUID]) -> dict[str, Any] | None:
         """The JSON to store, keeping only the nodes ``live`` (still PENDING under
         their entry's reservation) and the groups they are of (None: none)."""
-        keep = {run_id: self.nodes[run_id] for run_id in live if run_id in self.nodes}
+        keep = {k: self.nodes[k] for k in map(str, live) if k in self.nodes}
         if not keep:
             return None
         used = sorted({g for _, g in keep.values()})
         renumber = {g: i for i, g in enumerate(used)}
         return {
-            "nodes": {str(k): [t, renumber[g]] for k, (t, g) in keep.items()},
+            "nodes": {k: [t, renumber[g]] for k, (t, g) in keep.items()},
             "groups": [
                 {"at": self.groups[g].at.isoformat(), "payload": self.groups[g].payload}
                 for g in used
@@ -126,29 +129,76 @@ async def opened_of(
     return out
 
 
-async def lock_owners(
+async def lock_nodes(
     driver: Driver,
     conn: AsyncConnection,
-    node_ids: Sequence[uuid.UUID],
+    which: sa.ColumnElement[bool],
     *,
     skip_locked: bool = False,
-) -> set[uuid.UUID]:
-    """Lock the workflow runs of the PENDING nodes ``node_ids``, in id order, before a
-    reservation of theirs is taken off (see the module's notes). Returns the workflow
-    runs locked (with ``skip_locked``, those another transaction holds are passed over:
-    leave their nodes alone)."""
-    owners = sa.select(runs.c.workflow_run_id).where(
-        driver.id_in(runs.c.id, list(node_ids)),
+    limit: int | None = None,
+) -> list[Any]:
+    """Lock the PENDING reserved nodes ``which`` selects (up to ``limit``), their
+    workflow runs first, in id order, then the nodes, in id order (see the module's
+    notes), and return the nodes as read then: ``id``, ``workflow_run_id``,
+    ``reserved_token``, ``reserved_attempt``, ``reserved_until``, ``heartbeat_timeout``. With
+    ``skip_locked``, what another transaction holds is passed over (left for later)."""
+    waiting = sa.and_(
+        which,
         runs.c.state == _PENDING,
+        runs.c.reserved_token.is_not(None),
         runs.c.workflow_run_id.is_not(None),
     )
-    locked = await conn.execute(
-        sa.select(runs.c.id)
-        .where(runs.c.id.in_(owners.scalar_subquery()))
-        .order_by(runs.c.id)
-        .with_for_update(skip_locked=skip_locked)
+    found = sa.select(runs.c.id, runs.c.workflow_run_id).where(waiting)
+    if limit is not None:
+        found = found.limit(limit)
+    candidates = (await conn.execute(found)).all()
+    if not candidates:
+        return []
+    owners = (
+        await conn.execute(
+            sa.select(runs.c.id)
+            .where(driver.id_in(runs.c.id, sorted({c.workflow_run_id for c in candidates})))
+            .order_by(runs.c.id)
+            .with_for_update(skip_locked=skip_locked)
+        )
+    ).scalars()
+    locked = set(owners)
+    ids = [c.id for c in candidates if c.workflow_run_id in locked]
+    if not ids:
+        return []
+    return list(
+        (
+            await conn.execute(
+                sa.select(
+                    runs.c.id,
+                    runs.c.workflow_run_id,
+                    runs.c.reserved_token,
+                    runs.c.reserved_attempt,
+                    runs.c.reserved_until,
+                    runs.c.heartbeat_timeout,
+                )
+                .where(driver.id_in(runs.c.id, ids), waiting)
+                .order_by(runs.c.id)
+                .with_for_update(skip_locked=skip_locked)
+            )
+        ).all()
     )
-    return set(locked.scalars())
+
+
+def lapsed(nodes: Sequence[Any], opened: Mapping[uuid.UUID, Opened], at: datetime) -> list[Any]:
+    """Of ``nodes`` (as :func:`lock_nodes` reads them) whose reservation ended by its
+    time, those whose holder's time is really up at ``at``: an opened gate gives its
+    holder the node's heartbeat timeout from the opening, whatever was left of the
+    reservation (the worker reckons its attempt's lease from there)."""
+    out = []
+    for n in nodes:
+        gate = opened.get(n.id)
+        end = n.reserved_until
+        if gate is not None:
+            end = max(end, gate.at + timedelta(seconds=n.heartbeat_timeout))
+        if end < at:
+            out.append(n)
+    return out
 
 
 async def release(
@@ -160,45 +210,43 @@ async def release(
     actor: str | None,
     reason: str,
 ) -> list[str]:
-    """Take the reservations off the PENDING nodes ``nodes`` (rows with ``id``,
-    ``workflow_run_id``, ``reserved_token``, as read under their workflow runs' locks):
-    one whose gate opened is made ready for any worker — DISPATCHED, due since the
-    opening, with the payload it gave — and one whose gate had not waits on, for any
-    worker to reserve. Returns the pools of those made ready (to notify)."""
+    """Take the reservations off the PENDING nodes ``nodes`` (as :func:`lock_nodes`
+    reads them, under their workflow runs' locks): one whose gate opened is made ready
+    for any worker — DISPATCHED, due since the opening, with the payload it gave; or
+    SCHEDULED and parked when its workflow is paused now, as advancing would have made
+    it — and one whose gate had not waits on, for any worker to reserve. Returns the
+    pools of those made ready (to notify)."""
     if not nodes:
         return []
     opened = await opened_of(core.driver, conn, nodes)
     waiting = [n.id for n in nodes if n.id not in opened]
-    unreserved = {
-        "reserved_by": None,
-        "reserved_attempt": None,
-        "reserved_token": None,
-        "reserved_until": None,
-    }
     if waiting:
         await conn.execute(
             runs.update()
             .where(core.driver.id_in(runs.c.id, waiting), runs.c.state == _PENDING)
-            .values(**unreserved)
+            .values(**NO_RESERVATION)
         )
+    on_hold = await _on_hold(core.driver, conn, [n for n in nodes if n.id in opened])
     pools: set[str] = set()
     events: list[dict[str, Any]] = []
-    for gate, ids in _by_gate(opened).items():
+    for (gate, held), ids in _by_gate(opened, on_hold).items():
+        target = RunState.SCHEDULED if held else RunState.DISPATCHED
         rows = await conn.execute(
             runs.update()
             .where(core.driver.id_in(runs.c.id, ids), runs.c.state == _PENDING)
             .values(
-                state=RunState.DISPATCHED.value,
-                fire_at=gate.at,
-                dispatched_at=at,
+                state=target.value,
+                fire_at=PARKED_FIRE_AT if held else gate.at,
+                dispatched_at=None if held else at,
                 payload=gate.payload,
-                reason=None,
-                **unreserved,
+                reason="job paused" if held else None,
+                **NO_RESERVATION,
             )
             .returning(runs.c.id, runs.c.tenant_id, runs.c.job_id, runs.c.pool)
         )
         for r in rows:
-            pools.add(r.pool)
+            if not held:
+                pools.add(r.pool)
             events.append(
                 event_row(
                     at=at,
@@ -207,18 +255,41 @@ async def release(
                     job_id=r.job_id,
                     run_id=r.id,
                     from_state=_PENDING,
-                    to_state=RunState.DISPATCHED.value,
+                    to_state=target.value,
                     actor=actor,
-                    reason=reason,
+                    reason="job paused" if held else reason,
                 )
             )
     await core._insert_events(conn, events)
     return sorted(pools)
 
 
-def _by_gate(opened: Mapping[uuid.UUID, Opened]) -> dict[Opened, list[uuid.UUID]]:
-    """Nodes grouped by the opening they share (one UPDATE per group)."""
-    groups: dict[Opened, list[uuid.UUID]] = {}
+async def _on_hold(driver: Driver, conn: AsyncConnection, nodes: Sequence[Any]) -> set[uuid.UUID]:
+    """Of ``nodes``, those whose workflow is paused and whose workflow run was not
+    triggered (a trigger asked for it to run now, pause or not)."""
+    owners = sorted({n.workflow_run_id for n in nodes})
+    if not owners:
+        return set()
+    held = {
+        r.id
+        for r in await conn.execute(
+            sa.select(runs.c.id)
+            .select_from(runs.join(jobs, jobs.c.id == runs.c.job_id))
+            .where(
+                driver.id_in(runs.c.id, owners),
+                runs.c.origin != "trigger",
+                jobs.c.state == JobState.PAUSED.value,
+            )
+        )
+    }
+    return {n.id for n in nodes if n.workflow_run_id in held}
+
+
+def _by_gate(
+    opened: Mapping[uuid.UUID, Opened], on_hold: set[uuid.UUID]
+) -> dict[tuple[Opened, bool], list[uuid.UUID]]:
+    """Nodes grouped by the opening they share, and held or not (one UPDATE each)."""
+    groups: dict[tuple[Opened, bool], list[uuid.UUID]] = {}
     for run_id, gate in opened.items():
-        groups.setdefault(gate, []).append(run_id)
+        groups.setdefault((gate, run_id in on_hold), []).append(run_id)
     return groups

@@ -132,6 +132,21 @@ class HoldsMixin(SqlCore):
                 )
                 for r in moved
             ]
+        # A paused workflow's waiting nodes are reserved ahead of their gate no more (a
+        # gate opening under the pause parks them). Passed over when another transaction
+        # holds them (advancing their workflow run): never waited for here.
+        armed = (
+            sa.select(runs.c.id)
+            .where(
+                runs.c.tenant_id == tenant_id,
+                self.driver.id_in(runs.c.job_id, list(job_ids)),
+                runs.c.state == RunState.PENDING.value,
+                runs.c.gated_at.is_not(None),
+            )
+            .with_for_update(skip_locked=True)
+            .scalar_subquery()
+        )
+        await conn.execute(runs.update().where(runs.c.id.in_(armed)).values(gated_at=None))
         return out
 
     async def _jobs_release(
