@@ -8,9 +8,19 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
 from answers import error_of
 from test_api_workers import lease, register
 from test_api_workflows import create, run_of, states
+
+from cronwheel.domain import workflow
+
+
+@pytest.fixture(autouse=True)
+def _every_node_a_layer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Small DAGs here: every node after others is held ahead (by default only layers
+    of GATE_LAYER_MIN are; see the test of it)."""
+    monkeypatch.setattr(workflow, "GATE_LAYER_MIN", 1)
 
 
 async def _diamond_running(api) -> tuple[Any, dict[str, str], str, str, dict[str, Any]]:

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from cronwheel.domain import workflow
 from cronwheel.domain.model import LeasedAttempt, Run, Worker
 from cronwheel.domain.states import RETRY, RunState
 from cronwheel.domain.workflow import UPSTREAM_DONE, UPSTREAM_KEY
@@ -21,6 +22,14 @@ from .helpers import T0, at, events_of, fire, make_tenant, register_worker, tran
 from .test_workflows import create, nodes_of, states_of
 
 pytestmark = pytest.mark.asyncio
+
+
+@pytest.fixture(autouse=True)
+def _every_node_a_layer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Small DAGs here: every node after others is held ahead (by default only layers
+    of GATE_LAYER_MIN are; see the test of it)."""
+    monkeypatch.setattr(workflow, "GATE_LAYER_MIN", 1)
+
 
 FAN = [
     {"name": "a"},
@@ -362,3 +371,22 @@ async def test_a_paused_workflows_nodes_are_not_reserved_ahead(store: Store) -> 
     await complete(store, root, None, now=at(4))
     leased, _ = await lease(store, worker, now=at(5), gated=0)
     assert await names(store, tenant_id, leased) == ["b", "c"]
+
+
+async def test_only_layers_are_held_ahead_by_default(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A chain's node, or a few after the same nodes, is made ready and leased as it
+    comes; a layer of GATE_LAYER_MIN is held ahead of its gate."""
+    monkeypatch.undo()
+    tenant = await make_tenant(store)
+    wide = [{"name": f"n{i}", "after": ["a"]} for i in range(workflow.GATE_LAYER_MIN)]
+    nodes = [{"name": "a"}, {"name": "few", "after": ["a", "n0"]}, *wide]
+    wf = await create(store, tenant.id, nodes)
+    await fire(store, [wf], now=T0)
+    worker = await register_worker(store, tenant.id, now=at(1))
+    [root], gated = await lease(store, worker, now=at(1))
+    assert sorted(await names(store, tenant.id, gated)) == sorted(n["name"] for n in wide)
+    await complete(store, root, None, now=at(2))
+    # A node alone after them is leased once ready, not held ahead.
+    assert (await lease(store, worker, now=at(3)))[1] == []

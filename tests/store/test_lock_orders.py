@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+from cronwheel.domain import workflow
 from cronwheel.domain.errors import IllegalTransitionError
 from cronwheel.domain.model import LeasedAttempt, Run
 from cronwheel.domain.states import RETRY, JobState, RunState
@@ -378,12 +379,13 @@ async def test_retrying_a_node_and_a_node_below_it_at_once(store: Store) -> None
 
 @pytest.mark.parametrize("hand_back", ["release", "lapse"])
 async def test_a_gate_opening_and_its_reservations_end_take_the_workflow_run_first(
-    store: Store, hand_back: str
+    store: Store, hand_back: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A node's end opens the gates of the nodes after it on its workflow run's row;
     taking a gated reservation off (a hand-back, a lapse) locks the workflow run before
     the node, so the two are never interleaved: whichever goes first, the node ends up
     ready for any worker, never PENDING with a gate no one holds."""
+    monkeypatch.setattr(workflow, "GATE_LAYER_MIN", 1)  # b alone is held ahead
     tenant = await make_tenant(store)
     wf, worker, a = await _root_leased(
         store, tenant.id, [{"name": "a"}, {"name": "b", "after": ["a"]}]

@@ -19,6 +19,7 @@ __all__ = [
     "CompleteItem",
     "FailItem",
     "GateOpened",
+    "GatedHeld",
     "Gates",
     "Grant",
     "HeartbeatItem",
@@ -226,11 +227,23 @@ class GateOpened:
 
 
 @dataclass(frozen=True, slots=True)
+class GatedHeld:
+    """A gated reservation still held: its token, its node's run and workflow run."""
+
+    reserved_token: int
+    id: uuid.UUID
+    workflow_run_id: uuid.UUID
+
+
+@dataclass(frozen=True, slots=True)
 class Gates:
-    """What :meth:`attempts_gates` found of a worker's gated reservations."""
+    """What :meth:`attempts_gates` found of a worker's gated reservations: those whose
+    gates opened, those gone, and those held (what a read again after a gate's notice
+    may be given, to look at their gates alone)."""
 
     opened: list[GateOpened] = field(default_factory=list)
     gone: list[int] = field(default_factory=list)
+    held: list[GatedHeld] = field(default_factory=list)
 
 
 @dataclass(slots=True)

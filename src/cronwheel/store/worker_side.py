@@ -23,6 +23,7 @@ from cronwheel.store.values import (
     Admitted,
     CompleteItem,
     FailItem,
+    GatedHeld,
     Gates,
     HeartbeatItem,
     LeaseShare,
@@ -175,13 +176,15 @@ class WorkerSide(ABC):
         worker_id: uuid.UUID,
         tokens: Sequence[int],
         tenant_id: uuid.UUID | None = None,
+        held: Sequence[GatedHeld] | None = None,
     ) -> Gates:
         """Of the worker's gated reservations ``tokens``: those whose gate opened, with
         the payload the opening gave the node (its upstream results) and when it
         opened, and those that are gone (lapsed, voided by a cancel or a skip, handed
-        back, started: the worker drops them). One read, nothing written. Every opening
-        notifies the holders on ``CHANNEL_GATES`` once it commits (a wake-up: this read
-        is the truth)."""
+        back, started: the worker drops them). Reads only, nothing written. Every
+        opening notifies the holders on ``CHANNEL_GATES`` once it commits (a wake-up:
+        this read is the truth). With ``held`` (a read's ``held`` for these tokens),
+        only their gates are read — what a notice calls for — and none is told gone."""
 
     @abstractmethod
     async def attempts_start_many(

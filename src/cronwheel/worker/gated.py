@@ -6,7 +6,8 @@ all under way (``docs/reservations.md``). The worker holds them, runs nothing, a
 keeps one *gates long-poll* open (``POST /v1/workers/{id}/gates``) naming them. The
 upstream node's completion opens their gates in its own transaction, and the server
 answers the long-poll at once, with each opened node's payload (its upstream results
-in it)::
+in it). The handlers' contexts are made while the gates are shut, so that at the
+opening each node only takes its payload::
 
     held ──gate opened──▶ handler begins (as a slot frees) ──▶ start sent ──┐
       │                                                                       │
@@ -37,6 +38,7 @@ from collections.abc import Callable
 import orjson
 
 from cronwheel.client import ApiError
+from cronwheel.worker.held import Held
 from cronwheel.worker.outbox import Backoff, log_event
 from cronwheel.worker.protocol import Lease, WorkerProtocol
 from cronwheel.worker.reservations import NOT_YET_SECONDS, START_BATCH
@@ -44,6 +46,7 @@ from cronwheel.worker.reservations import NOT_YET_SECONDS, START_BATCH
 __all__ = ["Gated"]
 
 _GATES_MAX = 10_000  # tokens per gates long-poll: the server's limit
+_PREPARE_CHUNK = 100  # handler contexts made per turn of the event loop
 # A start refused as the worker's own (it is gone: 404, 410): its nodes are not ours.
 _GONE_STATUSES = frozenset({404, 410})
 
@@ -55,13 +58,15 @@ class Gated:
         self,
         protocol: WorkerProtocol,
         *,
-        begin: Callable[[list[Lease]], None],
+        prepare: Callable[[Lease], Held],
+        begin: Callable[[list[Held]], None],
         started: Callable[[list[int]], None],
         refused: Callable[[list[int]], None],
         on_drop: Callable[[Lease], None],
         backoff_max: float,
     ) -> None:
         self.protocol = protocol
+        self.prepare = prepare  # a handler's context, made while the gate is shut
         self.begin = begin  # gates opened: the handlers may begin
         self.started = started  # their starts were recorded: tokens
         self.refused = refused  # their starts were refused: tokens
@@ -69,6 +74,10 @@ class Gated:
         self.backoff_max = backoff_max
         self.wait = 20.0  # seconds a long-poll may wait (the session sets it)
         self.held: dict[int, Lease] = {}  # by fencing token
+        # Their handlers' contexts, made a batch at a time while the gates are shut: at
+        # the opening each only takes its payload.
+        self._prepared: dict[int, Held] = {}
+        self._preparing = False
         self._changed = asyncio.Event()
         self._starts: set[asyncio.Task[None]] = set()
 
@@ -79,18 +88,34 @@ class Gated:
         assert lease.gated
         self.held[lease.fencing_token] = lease
         self._changed.set()
+        if not self._preparing:
+            self._preparing = True
+            asyncio.get_running_loop().call_soon(self._prepare_some)
+
+    def _prepare_some(self) -> None:
+        """Make the contexts of up to ``_PREPARE_CHUNK`` reservations, the loop let
+        through between chunks (a lease answer's other runs begin first)."""
+        todo = [t for t in self.held if t not in self._prepared][:_PREPARE_CHUNK]
+        for token in todo:
+            self._prepared[token] = self.prepare(self.held[token])
+        if len(todo) == _PREPARE_CHUNK:
+            asyncio.get_running_loop().call_soon(self._prepare_some)
+        else:
+            self._preparing = False
 
     def take_all(self) -> list[Lease]:
         """Every reservation still held, forgotten here: a worker stopping hands them
         back."""
         leases = list(self.held.values())
         self.held.clear()
+        self._prepared.clear()
         return leases
 
     def _server_now(self) -> float:
         return time.time() + self.protocol.clock_offset
 
     def _drop(self, token: int, why: str) -> None:
+        self._prepared.pop(token, None)
         lease = self.held.pop(token, None)
         if lease is None:
             return
@@ -154,17 +179,19 @@ class Gated:
                 backoff.reset()
                 for token in heard.gone:
                     self._drop(token, "gone: lapsed, handed back, skipped or cancelled")
-                opened: list[Lease] = []
+                opened: list[Held] = []
                 for group, payload, at in heard.opened:
                     # Each handler its own payload, as a lease answer's: one may change it.
                     encoded = orjson.dumps(payload)
                     for token in group:
                         lease = self.held.pop(token, None)
                         if lease is not None:
-                            opened.append(lease.opened(at, orjson.loads(encoded)))
+                            held = self._prepared.pop(token, None) or self.prepare(lease)
+                            held.begin_at(lease.opened(at, orjson.loads(encoded)))
+                            opened.append(held)
                 if opened:
                     self.begin(opened)
-                    self._start(current, opened)
+                    self._start(current, [held.lease for held in opened])
         finally:
             for task in self._starts:
                 task.cancel()

@@ -54,6 +54,13 @@ class Held:
     # outcome waits; refused, the handler is stopped and nothing is reported.
     start: asyncio.Future[bool] | None = None
 
+    def begin_at(self, lease: Lease) -> None:
+        """Take ``lease``, the attempt its gate's opening made of this reservation (its
+        payload, its lease and deadline from the opening)."""
+        self.lease = lease
+        self.ctx.deadline = lease.deadline
+        self.ctx.due_at = lease.due_at
+
     @property
     def unstarted(self) -> bool:
         """Begun at its gate, its start not recorded yet (or refused)."""

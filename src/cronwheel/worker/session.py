@@ -183,6 +183,7 @@ class WorkerSession:
         )
         self.gated = Gated(
             protocol,
+            prepare=self._prepare,
             begin=self._gates_opened,
             started=self._gated_started,
             refused=self._gated_refused,
@@ -522,13 +523,13 @@ class WorkerSession:
         if self._watching is None and any(h.task is None for h in helds):
             self._watch_later()
 
-    def _gates_opened(self, leases: list[Lease]) -> None:
-        """Gates of nodes held here opened: each is held as an attempt from now on and
-        begins as a slot frees (at once, with one free), before its start is recorded
-        (the gated loop sends it now)."""
+    def _gates_opened(self, helds: list[Held]) -> None:
+        """Gates of nodes held here opened (their contexts made as they were reserved):
+        each is held as an attempt from now on and begins as a slot frees (at once, with
+        one free), before its start is recorded (the gated loop sends it now)."""
         loop = asyncio.get_running_loop()
-        helds = [self._hold(lease) for lease in leases]
         for held in helds:
+            self._take(held)
             held.start = loop.create_future()
             self._opening[held.lease.fencing_token] = held
             self.logs.hold(held.lease.attempt_id, True)
@@ -603,7 +604,10 @@ class WorkerSession:
             self._run(held)
 
     def _hold(self, lease: Lease) -> Held:
-        self.stats.leased += 1
+        return self._take(self._prepare(lease))
+
+    def _prepare(self, lease: Lease) -> Held:
+        """``lease`` with its handler's context made, not held yet."""
         adapter = self.logs.adapter(
             self._task_log,
             {
@@ -614,8 +618,12 @@ class WorkerSession:
             },
             fencing_token=lease.fencing_token,
         )
-        held = Held(lease=lease, ctx=TaskContext.of(lease, adapter))
-        self.held[lease.attempt_id] = held
+        return Held(lease=lease, ctx=TaskContext.of(lease, adapter))
+
+    def _take(self, held: Held) -> Held:
+        """Hold ``held``'s attempt from now on: heartbeaten, cancellable."""
+        self.stats.leased += 1
+        self.held[held.lease.attempt_id] = held
         self._held_changed.set()
         if self.cancels.holding(held):  # cancelled before its lease answer arrived
             self._cancel_requested(held)

@@ -50,7 +50,7 @@ from cronwheel.domain.errors import (
 )
 from cronwheel.domain.model import LeasedAttempt, Worker, WorkerStatus
 from cronwheel.metrics import TENANT_NAMES, observe_start_lateness
-from cronwheel.store.values import HeartbeatItem, LeaseShare
+from cronwheel.store.values import GatedHeld, HeartbeatItem, LeaseShare
 
 __all__ = ["router"]
 
@@ -462,12 +462,22 @@ async def gates(
     loop = asyncio.get_running_loop()
     deadline = loop.time() + body.wait
     woken = False
+    held: list[GatedHeld] | None = None
     while True:
         # The ticket is taken before reading so that a gate opened in between wakes us.
         ticket = state.gates.ticket(worker.id) if body.wait > 0 else None
+        # Woken by a notice: the gates of what was held, alone (the answer's path).
         found = await state.store.attempts_gates(
-            worker_id=worker.id, tokens=body.fencing_tokens, tenant_id=worker.tenant_id
+            worker_id=worker.id,
+            tokens=body.fencing_tokens,
+            tenant_id=worker.tenant_id,
+            held=held if woken else None,
         )
+        if woken and not found.opened:  # none of these: read all, gone ones too
+            found = await state.store.attempts_gates(
+                worker_id=worker.id, tokens=body.fencing_tokens, tenant_id=worker.tenant_id
+            )
+        held = found.held
         remaining = deadline - loop.time()
         # Woken by a gate of the worker's that is none of these (held since the poll
         # began): answered, so that the worker asks again naming it.

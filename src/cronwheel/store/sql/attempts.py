@@ -54,6 +54,7 @@ from cronwheel.store.values import (
     Admitted,
     CompleteItem,
     FailItem,
+    GatedHeld,
     GateOpened,
     Gates,
     HeartbeatItem,
@@ -313,13 +314,20 @@ class AttemptsMixin(WorkersMixin, RetriesMixin):
         worker_id: uuid.UUID,
         tokens: Sequence[int],
         tenant_id: uuid.UUID | None = None,
+        held: Sequence[GatedHeld] | None = None,
     ) -> Gates:
         if not tokens:
             return Gates()
         async with self._read() as conn:
-            held = await self._gated_held(conn, worker_id, tokens, tenant_id)
-            opened = await self._gates_opened(conn, held)
-        return Gates(opened=opened, gone=sorted(set(tokens) - {n.reserved_token for n in held}))
+            if held is not None:
+                return Gates(opened=await self._gates_opened(conn, held), held=list(held))
+            rows = await self._gated_held(conn, worker_id, tokens, tenant_id)
+            opened = await self._gates_opened(conn, rows)
+        return Gates(
+            opened=opened,
+            gone=sorted(set(tokens) - {n.reserved_token for n in rows}),
+            held=[GatedHeld(n.reserved_token, n.id, n.workflow_run_id) for n in rows],
+        )
 
     async def _gates_opened(self, conn: AsyncConnection, held: Sequence[Any]) -> list[GateOpened]:
         """Of the gated reservations ``held``, those whose gate opened, by opening."""
