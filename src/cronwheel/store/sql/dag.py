@@ -260,7 +260,7 @@ async def advance(
     node_ids: dict[uuid.UUID, dict[str, uuid.UUID]] = {w.id: {} for w in owners}
     node_states: dict[uuid.UUID, dict[str, RunState]] = {w.id: {} for w in owners}
     gates = {w.id: Gates(w.gates) for w in owners}
-    opened: dict[uuid.UUID, list[uuid.UUID]] = {w.id: [] for w in owners}  # gates open
+    opened: dict[uuid.UUID, list[int]] = {w.id: [] for w in owners}  # gates open: tokens
     held: dict[uuid.UUID, tuple[int, uuid.UUID]] = {}  # reserved ahead: token, holder
     gated: set[uuid.UUID] = set()  # may be reserved so already
     for run_id, owner, name, state, token, until, holder, gated_at in nodes:
@@ -270,9 +270,9 @@ async def advance(
             gated.add(run_id)
         if state != _PENDING or token is None:
             continue
-        if gates[owner].opened(run_id, token) is not None:
+        if gates[owner].opened(token) is not None:
             node_states[owner][name] = RunState.DISPATCHED
-            opened[owner].append(run_id)
+            opened[owner].append(token)
         elif until is not None and until > at:  # past it, it is any worker's again
             held[run_id] = (token, holder)
     dags = await dags_of(core, conn, {w.job_id for w in owners})
@@ -354,7 +354,7 @@ async def advance(
             if mine[name] in held:
                 holders.add(held[mine[name]][1])
         mine_gates = gates[w.id]
-        newly: list[uuid.UUID] = []
+        newly: list[int] = []  # tokens of gates opened now
         for group in groups[w.id]:
             first = by_name[group.names[0]]
             ids = [mine[n] for n in group.names]
@@ -366,8 +366,8 @@ async def advance(
             if on_hold:
                 reserved = {}  # parked instead: the reservation is void
             if reserved:
-                mine_gates.open(reserved, at, group.payload)
-                newly += reserved
+                mine_gates.open(reserved.values(), at, group.payload)
+                newly += reserved.values()
                 ids = [i for i in ids if i not in reserved]
                 if not ids:
                     continue

@@ -7,12 +7,13 @@ is written then. The opening is recorded on its workflow run's row (``runs.gates
 one row however many nodes open at once — a 1,000-node fan-out's opening costs the
 upstream's completion one row, where making the nodes ready rewrites a thousand — as
 
-    {"nodes": {run id: [reservation token, group]}, "groups": [{"at": …, "payload": …}]}
+    {"tokens": {reservation token: group}, "groups": [{"at": …, "payload": …}]}
 
 each group being nodes opened together with one payload (their upstream results in
-it). A node's gate is open while it is PENDING under the very reservation its entry
-names: an entry whose reservation went (lapsed, handed back, the node cancelled,
-skipped or retried) means nothing, and is dropped at the next write.
+it). A node's gate is open while it is PENDING under the very reservation an entry
+names (tokens are never reused): an entry whose reservation went (lapsed, handed back,
+the node cancelled, skipped or retried) means nothing, and is dropped at the next
+write.
 
 Every path that takes a reservation off a node and leaves it waiting — a lapse, a
 hand-back — locks its workflow run first (:func:`lock_nodes`), as advancing does, so an
@@ -63,39 +64,37 @@ class Gates:
     """One workflow run's open gates, as ``runs.gates`` holds them."""
 
     def __init__(self, value: Any = None) -> None:
-        # By run id as text, as stored: read for a few nodes, never all parsed.
-        self.nodes: dict[str, list[int]] = {}
+        # By token as text, as stored: read for a few nodes, never all parsed.
+        self.tokens: dict[str, int] = {}
         self.groups: list[Opened] = []
         if isinstance(value, dict):
             self.groups = [
                 Opened(datetime.fromisoformat(g["at"]), g["payload"]) for g in value["groups"]
             ]
-            self.nodes = value["nodes"]
+            self.tokens = value["tokens"]
 
-    def opened(self, run_id: uuid.UUID, token: int | None) -> Opened | None:
-        """The open gate of node ``run_id`` while it is PENDING under reservation
-        ``token`` (None: not open)."""
-        entry = self.nodes.get(str(run_id))
-        if entry is None or token is None or entry[0] != token:
-            return None
-        return self.groups[entry[1]]
+    def opened(self, token: int | None) -> Opened | None:
+        """The open gate of the node PENDING under reservation ``token`` (None: not
+        open)."""
+        group = None if token is None else self.tokens.get(str(token))
+        return None if group is None else self.groups[group]
 
-    def open(self, held: Mapping[uuid.UUID, int], at: datetime, payload: dict[str, Any]) -> None:
-        """Open the gates of the nodes ``held`` (run id -> reservation token) together."""
+    def open(self, tokens: Iterable[int], at: datetime, payload: dict[str, Any]) -> None:
+        """Open the gates of the nodes reserved under ``tokens``, together."""
         self.groups.append(Opened(at, payload))
         group = len(self.groups) - 1
-        self.nodes.update({str(run_id): [token, group] for run_id, token in held.items()})
+        self.tokens.update(dict.fromkeys(map(str, tokens), group))
 
-    def value(self, live: Iterable[uuid.UUID]) -> dict[str, Any] | None:
-        """The JSON to store, keeping only the nodes ``live`` (still PENDING under
-        their entry's reservation) and the groups they are of (None: none)."""
-        keep = {k: self.nodes[k] for k in map(str, live) if k in self.nodes}
+    def value(self, live: Iterable[int]) -> dict[str, Any] | None:
+        """The JSON to store, keeping only the tokens ``live`` (their nodes still
+        PENDING under them) and the groups they are of (None: none)."""
+        keep = {k: self.tokens[k] for k in map(str, live) if k in self.tokens}
         if not keep:
             return None
-        used = sorted({g for _, g in keep.values()})
+        used = sorted(set(keep.values()))
         renumber = {g: i for i, g in enumerate(used)}
         return {
-            "nodes": {k: [t, renumber[g]] for k, (t, g) in keep.items()},
+            "tokens": {k: renumber[g] for k, g in keep.items()},
             "groups": [
                 {"at": self.groups[g].at.isoformat(), "payload": self.groups[g].payload}
                 for g in used
@@ -123,7 +122,7 @@ async def opened_of(
     out: dict[uuid.UUID, Opened] = {}
     for n in nodes:
         gates = found.get(n.workflow_run_id)
-        opened = None if gates is None else gates.opened(n.id, n.reserved_token)
+        opened = None if gates is None else gates.opened(n.reserved_token)
         if opened is not None:
             out[n.id] = opened
     return out
