@@ -187,7 +187,8 @@ class Gated:
                         lease = self.held.pop(token, None)
                         if lease is not None:
                             held = self._prepared.pop(token, None) or self.prepare(lease)
-                            held.begin_at(lease.opened(at, orjson.loads(encoded)))
+                            lease.open(at, orjson.loads(encoded))
+                            held.begin_at(lease)
                             opened.append(held)
                 if opened:
                     self.begin(opened)

@@ -138,20 +138,19 @@ class Lease:
         object.__setattr__(begun, "not_before", None)
         return begun
 
-    def opened(self, at: datetime, payload: dict[str, Any]) -> Lease:
-        """This gated reservation as the attempt its gate's opening at ``at`` (server
-        time) makes it: begun then, with ``payload``."""
+    def open(self, at: datetime, payload: dict[str, Any]) -> None:
+        """Make this gated reservation, in place, the attempt its gate's opening at
+        ``at`` (server time) makes it: begun then, with ``payload``. In place, not a
+        copy: a fan-out's opening makes a thousand at once, on the path to their
+        handlers; nothing else holds a gated reservation (its worker's gated loop, and
+        the handler context made for it, which it becomes)."""
         assert self.gated
         leased_at = self.lease_expires_at - timedelta(seconds=self.heartbeat_timeout)
-        begun = self._copy()
-        object.__setattr__(begun, "payload", payload)
-        object.__setattr__(
-            begun, "lease_expires_at", at + timedelta(seconds=self.heartbeat_timeout)
-        )
-        object.__setattr__(begun, "deadline", at + (self.deadline - leased_at))
-        object.__setattr__(begun, "due_at", at)
-        object.__setattr__(begun, "gated", False)
-        return begun
+        object.__setattr__(self, "payload", payload)
+        object.__setattr__(self, "lease_expires_at", at + timedelta(seconds=self.heartbeat_timeout))
+        object.__setattr__(self, "deadline", at + (self.deadline - leased_at))
+        object.__setattr__(self, "due_at", at)
+        object.__setattr__(self, "gated", False)
 
     def _copy(self) -> Lease:
         """A copy slot by slot: ``dataclasses.replace`` and ``copy.copy`` cost ten times
