@@ -358,27 +358,7 @@ async def lease(
     for r in rows:
         at: datetime = r["now"]
         if r["state"] == "DISPATCHED":  # reserved: starts at its instant, when confirmed
-            leased.append(
-                LeasedAttempt(
-                    attempt_id=r["attempt_id"],
-                    run_id=r["id"],
-                    tenant_id=r["tenant_id"],
-                    job_id=r["job_id"],
-                    number=r["attempt"] + 1,
-                    task=r["task"],
-                    webhook=r["webhook"],
-                    payload=r["payload"],
-                    fencing_token=r["token"],
-                    lease_expires_at=r["reserved_until"],
-                    deadline=r["fire_at"] + timedelta(seconds=r["timeout"]),
-                    due_at=r["due_at"],
-                    heartbeat_timeout=r["heartbeat_timeout"],
-                    not_before=r["fire_at"],
-                    progress_timeout=r["progress_timeout"],
-                    priority=r["priority"],
-                    workflow_run_id=r["workflow_run_id"],
-                )
-            )
+            leased.append(_reserved(r, begins=r["fire_at"], due_at=r["due_at"], gated=False))
             continue
         attempt_id = r["attempt_id"]
         # As the statement wrote them.
@@ -440,29 +420,34 @@ async def _lease_gated(
     for r in sorted(rows, key=lambda r: (r["priority"], r["fire_at"])):
         key = (r["tenant_id"], r["priority"])
         got[key] = got.get(key, 0) + 1
-        leased.append(
-            LeasedAttempt(
-                attempt_id=r["attempt_id"],
-                run_id=r["id"],
-                tenant_id=r["tenant_id"],
-                job_id=r["job_id"],
-                number=r["attempt"] + 1,
-                task=r["task"],
-                webhook=r["webhook"],
-                payload=r["payload"],
-                fencing_token=r["token"],
-                lease_expires_at=r["reserved_until"],
-                # As if it began now: its timeout, counted from its gate's opening.
-                deadline=r["now"] + timedelta(seconds=r["timeout"]),
-                due_at=r["now"],
-                heartbeat_timeout=r["heartbeat_timeout"],
-                progress_timeout=r["progress_timeout"],
-                priority=r["priority"],
-                workflow_run_id=r["workflow_run_id"],
-                gated=True,
-            )
-        )
+        # As if it began now: its deadline is counted again from its gate's opening.
+        leased.append(_reserved(r, begins=r["now"], due_at=r["now"], gated=True))
     return leased, got
+
+
+def _reserved(r: Any, *, begins: datetime, due_at: datetime, gated: bool) -> LeasedAttempt:
+    """A reservation as a lease answers it: ahead of its instant ``begins`` (when it
+    will start), or ``gated`` ahead of its gate (``begins``: the lease's time)."""
+    return LeasedAttempt(
+        attempt_id=r["attempt_id"],
+        run_id=r["id"],
+        tenant_id=r["tenant_id"],
+        job_id=r["job_id"],
+        number=r["attempt"] + 1,
+        task=r["task"],
+        webhook=r["webhook"],
+        payload=r["payload"],
+        fencing_token=r["token"],
+        lease_expires_at=r["reserved_until"],
+        deadline=begins + timedelta(seconds=r["timeout"]),
+        due_at=due_at,
+        heartbeat_timeout=r["heartbeat_timeout"],
+        not_before=None if gated else begins,
+        progress_timeout=r["progress_timeout"],
+        priority=r["priority"],
+        workflow_run_id=r["workflow_run_id"],
+        gated=gated,
+    )
 
 
 _START = f"""
