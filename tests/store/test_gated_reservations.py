@@ -390,3 +390,17 @@ async def test_only_layers_are_held_ahead_by_default(
     await complete(store, root, None, now=at(2))
     # A node alone after them is leased once ready, not held ahead.
     assert (await lease(store, worker, now=at(3)))[1] == []
+
+
+async def test_a_start_later_than_its_gate_allows_is_refused(store: Store) -> None:
+    """Its attempt's lease would count from the opening and have run out already: the
+    node would be run again by the sweep while this handler runs."""
+    tenant_id, wf, worker, root = await started_root(store)
+    _, gated = await lease(store, worker, now=at(2))
+    await complete(store, root, None, now=at(3))
+    tokens = [a.fencing_token for a in gated]
+    late = await store.attempts_start_many(
+        worker_id=worker.id, tokens=tokens, now=at(3 + HEARTBEAT + 0.5)
+    )
+    assert late.started == [] and sorted(late.refused) == sorted(tokens)
+    assert (await states_of(store, tenant_id, wf))["b"] == "PENDING"

@@ -70,6 +70,7 @@ class ServerLike(WorkerProtocol):
         self.completions: list[Completion] = []
         self.failures: list[Failure] = []
         self.beats: list[str] = []
+        self.releases: list[int] = []
 
     def open(self, tokens: list[int], payload: dict[str, Any]) -> datetime:
         at = datetime.now(UTC)
@@ -107,6 +108,7 @@ class ServerLike(WorkerProtocol):
         self.completions += completions
         self.failures += failures
         self.beats += [h.attempt_id for h in heartbeats]
+        self.releases += [r.fencing_token for r in releases]
         return BatchOutcomes(
             heartbeats=[Outcome(h.attempt_id, True) for h in heartbeats],
             completions=[Outcome(c.attempt_id, True) for c in completions],
@@ -151,9 +153,9 @@ async def harness() -> AsyncIterator[Harness]:
 
         drop = session.gated.on_drop
 
-        def dropped(lease: Lease) -> None:
+        def dropped(lease: Lease, hand_back: bool) -> None:
             h.dropped.append(lease)
-            drop(lease)
+            drop(lease, hand_back)
 
         session.gated.on_drop = dropped
         session.gated.wait = 5.0
@@ -220,7 +222,7 @@ async def test_a_refused_start_stops_the_handler_and_reports_nothing(harness: Ha
     server.answer_starts.set()
     await until(lambda: not session.held)
     assert 7 not in harness.ended  # stopped: its run was cancelled, or lapsed
-    await asyncio.sleep(0.05)
+    await until(lambda: server.releases == [7])  # let go all the same
     assert server.completions == [] and server.failures == []
 
 
@@ -235,6 +237,9 @@ async def test_gone_and_lapsed_reservations_are_dropped(harness: Harness) -> Non
     await until(lambda: len(harness.dropped) == 2, timeout=3.0)
     assert harness.dropped[1].fencing_token == 4
     assert len(session.gated) == 0 and harness.begun == {}
+    # The one that lapsed here is handed back (its gate may have opened unheard); the
+    # one the server said was gone is not.
+    await until(lambda: server.releases == [4])
 
 
 async def test_more_reservations_cut_a_long_poll_short_to_name_them(harness: Harness) -> None:

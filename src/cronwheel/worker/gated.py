@@ -62,7 +62,7 @@ class Gated:
         begin: Callable[[list[Held]], None],
         started: Callable[[list[int]], None],
         refused: Callable[[list[int]], None],
-        on_drop: Callable[[Lease], None],
+        on_drop: Callable[[Lease, bool], None],
         backoff_max: float,
     ) -> None:
         self.protocol = protocol
@@ -114,7 +114,7 @@ class Gated:
     def _server_now(self) -> float:
         return time.time() + self.protocol.clock_offset
 
-    def _drop(self, token: int, why: str) -> None:
+    def _drop(self, token: int, why: str, *, hand_back: bool = False) -> None:
         self._prepared.pop(token, None)
         lease = self.held.pop(token, None)
         if lease is None:
@@ -126,13 +126,13 @@ class Gated:
             attempt_id=lease.attempt_id,
             reason=why,
         )
-        self.on_drop(lease)
+        self.on_drop(lease, hand_back)
 
     def _drop_lapsed(self) -> None:
         now = self._server_now()
         for token, lease in list(self.held.items()):
             if lease.lease_expires_at.timestamp() <= now:
-                self._drop(token, "its reservation lapsed before its gate opened")
+                self._drop(token, "its reservation lapsed before its gate opened", hand_back=True)
 
     async def run(self, worker_id: Callable[[], str | None]) -> None:
         """Hear of gates while reservations are held, until cancelled. A long-poll in
@@ -216,7 +216,10 @@ class Gated:
         worker's, and its start is taken as refused."""
         backoff = Backoff(self.backoff_max)
         tokens = [lease.fencing_token for lease in leases]
-        end = min(lease.lease_expires_at.timestamp() for lease in leases)
+        # A third of the heartbeat timeout kept for the first heartbeat after it.
+        end = min(
+            lease.lease_expires_at.timestamp() - lease.heartbeat_timeout / 3 for lease in leases
+        )
         while tokens:
             try:
                 answer = await self.protocol.start(worker_id, tokens)

@@ -353,7 +353,9 @@ class LogShipper:
 
     def _pending(self) -> bool:
         with self._lock:
-            return any((b.lines or b.dropped) and not b.closed for b in self._active.values())
+            return any(
+                (b.lines or b.dropped) and not (b.closed or b.held) for b in self._active.values()
+            )
 
     def _wants_send(self, buffer: _Buffer, *, everything: bool) -> bool:
         if buffer.sending or buffer.closed or buffer.held or not (buffer.lines or buffer.dropped):

@@ -187,7 +187,7 @@ class WorkerSession:
             begin=self._gates_opened,
             started=self._gated_started,
             refused=self._gated_refused,
-            on_drop=lambda _lease: self._slot_free.set(),
+            on_drop=self._gated_dropped,
             backoff_max=config.backoff_max,
         )
         self._gates_poll = False  # the server holds nodes ahead of their gate for us
@@ -535,6 +535,14 @@ class WorkerSession:
             self.logs.hold(held.lease.attempt_id, True)
         self._arrive_reserved(helds)
 
+    def _gated_dropped(self, lease: Lease, hand_back: bool) -> None:
+        """A gated reservation that will not begin here; ``hand_back``: its time ran
+        out here, and its gate may have opened unheard: let it go at once rather than
+        at the server's next sweep."""
+        if hand_back:
+            self.outbox.add(TokenRef(lease.attempt_id, lease.fencing_token))
+        self._slot_free.set()
+
     def _gated_started(self, tokens: list[int]) -> None:
         for token in tokens:
             held = self._opening.pop(token, None)
@@ -552,6 +560,9 @@ class WorkerSession:
             self.logs.discard(held.lease.attempt_id)
             if not held.reported:
                 self._lose(held, "its start was refused: cancelled, or its reservation lapsed")
+            # Handed back all the same: a start that went through unanswered (or that
+            # was given up on) ends, and a reservation still held is let go at once.
+            self.outbox.add(held.ref)
 
     def _busy(self) -> bool:
         """Runs are about to begin, being started, or started and waiting for a slot:
@@ -881,6 +892,7 @@ class WorkerSession:
             del self._opening[token]
             if held.start is not None and not held.start.done():
                 held.start.set_result(False)
+            self.logs.discard(held.lease.attempt_id)
             if not held.reported:
                 held.reported = True
                 self.outbox.add(held.ref)

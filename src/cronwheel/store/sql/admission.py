@@ -15,6 +15,7 @@ serialises writers: no lock is needed.)
 from __future__ import annotations
 
 import hashlib
+import random
 import uuid
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -204,7 +205,11 @@ def gated_grants(queue: ReadyQueue, budget: int) -> list[Grant]:
         wanting = {t: classes[cls] for t, classes in free.items() if classes.get(cls)}
         while budget > 0 and wanting:
             part = max(1, budget // len(wanting))
-            for t in sorted(wanting):
+            # From a tenant drawn at random: with less budget than tenants, not always
+            # the same ones first.
+            order = sorted(wanting)
+            first = random.randrange(len(order))
+            for t in order[first:] + order[:first]:
                 n = min(part, wanting[t], budget)
                 grants[(t, cls)] = grants.get((t, cls), 0) + n
                 wanting[t] -= n

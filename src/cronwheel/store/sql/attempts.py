@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import uuid
 from collections.abc import Hashable, Iterable, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, TypeVar, cast
 
 import sqlalchemy as sa
@@ -348,7 +348,9 @@ class AttemptsMixin(WorkersMixin, RetriesMixin):
         """The worker's gated reservations among ``tokens`` (nodes still PENDING under
         them), by the reservation index (IS TRUE: the state must not point the planner
         at another index)."""
-        stmt = sa.select(runs.c.id, runs.c.workflow_run_id, runs.c.reserved_token).where(
+        stmt = sa.select(
+            runs.c.id, runs.c.workflow_run_id, runs.c.reserved_token, runs.c.heartbeat_timeout
+        ).where(
             self.driver.id_in(runs.c.reserved_token, list(tokens)),
             runs.c.reserved_token.is_not(None),
             sa.and_(runs.c.reserved_by == worker_id, runs.c.state == RunState.PENDING.value).is_(
@@ -600,14 +602,27 @@ class AttemptsMixin(WorkersMixin, RetriesMixin):
         if not tokens:
             return ReservationsStarted(started_at=None)
         async with self._write() as conn:
-            # Gated reservations start once their gate opened, with the payload it gave.
+            # Gated reservations start once their gate opened, with the payload it gave,
+            # and no later than the node's heartbeat timeout after the opening: by then
+            # its attempt's lease, reckoned from the opening, would have run out.
+            at = await self._now(conn, now)
             held = await self._gated_held(conn, worker_id, tokens, tenant_id)
-            opened = await self._gates_opened(conn, held)
+            beats = {n.reserved_token: n.heartbeat_timeout for n in held}
+            late: list[int] = []
+            opened: list[GateOpened] = []
+            for gate in await self._gates_opened(conn, held):
+                if (
+                    gate.opened_at + timedelta(seconds=min(beats[t] for t in gate.fencing_tokens))
+                    > at
+                ):
+                    opened.append(gate)
+                else:
+                    late += gate.fencing_tokens
             try:
-                return await self.driver.attempts_start(
+                done = await self.driver.attempts_start(
                     conn,
                     worker_id=worker_id,
-                    tokens=tokens,
+                    tokens=[t for t in tokens if t not in set(late)],
                     tenant_id=tenant_id,
                     now=now,
                     ahead=ahead,
@@ -615,6 +630,9 @@ class AttemptsMixin(WorkersMixin, RetriesMixin):
                 )
             except WorkerGone as gone:
                 raise await self._worker_gone(conn, gone.worker_id) from None
+        if late:
+            done = dataclasses.replace(done, refused=[*done.refused, *late])
+        return done
 
     async def _unreserve(
         self,

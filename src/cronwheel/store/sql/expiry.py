@@ -31,7 +31,6 @@ __all__ = ["ExpiryMixin"]
 
 _PAST_DEADLINE = "the attempt ran past the job's timeout"
 _LEASE_EXPIRED = "the worker stopped heartbeating: lease expired"
-_LAPSE_BATCH = 1000  # gated reservations voided per sweep, at most
 _GATE_LAPSED = "upstream nodes done; its gate opened for a worker that did not start it"
 
 
@@ -174,9 +173,7 @@ class ExpiryMixin(RetriesMixin):
         lapsing = sa.and_(runs.c.reserved_token.is_not(None), runs.c.reserved_until < at)
         # Gated ones (PENDING nodes): their workflow runs first, as their gates' opening
         # takes them; those another transaction holds wait for the next sweep.
-        nodes = await gates.lock_nodes(
-            self.driver, conn, lapsing, skip_locked=True, limit=_LAPSE_BATCH
-        )
+        nodes = await gates.lock_nodes(self.driver, conn, lapsing, skip_locked=True)
         opened_nodes = await gates.opened_of(self.driver, conn, nodes)
         ended = gates.lapsed(nodes, opened_nodes, at)
         opened = await gates.release(

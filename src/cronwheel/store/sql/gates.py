@@ -134,9 +134,8 @@ async def lock_nodes(
     which: sa.ColumnElement[bool],
     *,
     skip_locked: bool = False,
-    limit: int | None = None,
 ) -> list[Any]:
-    """Lock the PENDING reserved nodes ``which`` selects (up to ``limit``), their
+    """Lock the PENDING reserved nodes ``which`` selects, their
     workflow runs first, in id order, then the nodes, in id order (see the module's
     notes), and return the nodes as read then: ``id``, ``workflow_run_id``,
     ``reserved_token``, ``reserved_attempt``, ``reserved_until``, ``heartbeat_timeout``. With
@@ -148,8 +147,6 @@ async def lock_nodes(
         runs.c.workflow_run_id.is_not(None),
     )
     found = sa.select(runs.c.id, runs.c.workflow_run_id).where(waiting)
-    if limit is not None:
-        found = found.limit(limit)
     candidates = (await conn.execute(found)).all()
     if not candidates:
         return []
