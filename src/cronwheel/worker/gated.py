@@ -32,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
+from collections import deque
 from collections.abc import Callable
 
 import orjson
@@ -77,7 +77,7 @@ class Gated:
         # Their handlers' contexts, made a batch at a time while the gates are shut: at
         # the opening each only takes its payload.
         self._prepared: dict[int, Held] = {}
-        self._preparing = False
+        self._unprepared: deque[int] = deque()
         self._changed = asyncio.Event()
         self._starts: set[asyncio.Task[None]] = set()
 
@@ -88,20 +88,20 @@ class Gated:
         assert lease.gated
         self.held[lease.fencing_token] = lease
         self._changed.set()
-        if not self._preparing:
-            self._preparing = True
+        if not self._unprepared:
             asyncio.get_running_loop().call_soon(self._prepare_some)
+        self._unprepared.append(lease.fencing_token)
 
     def _prepare_some(self) -> None:
-        """Make the contexts of up to ``_PREPARE_CHUNK`` reservations, the loop let
-        through between chunks (a lease answer's other runs begin first)."""
-        todo = [t for t in self.held if t not in self._prepared][:_PREPARE_CHUNK]
-        for token in todo:
-            self._prepared[token] = self.prepare(self.held[token])
-        if len(todo) == _PREPARE_CHUNK:
+        """Make the contexts of up to ``_PREPARE_CHUNK`` reservations still held, the
+        loop let through between chunks (a lease answer's other runs begin first)."""
+        for _ in range(min(_PREPARE_CHUNK, len(self._unprepared))):
+            token = self._unprepared.popleft()
+            lease = self.held.get(token)
+            if lease is not None and token not in self._prepared:
+                self._prepared[token] = self.prepare(lease)
+        if self._unprepared:
             asyncio.get_running_loop().call_soon(self._prepare_some)
-        else:
-            self._preparing = False
 
     def take_all(self) -> list[Lease]:
         """Every reservation still held, forgotten here: a worker stopping hands them
@@ -109,10 +109,8 @@ class Gated:
         leases = list(self.held.values())
         self.held.clear()
         self._prepared.clear()
+        self._unprepared.clear()
         return leases
-
-    def _server_now(self) -> float:
-        return time.time() + self.protocol.clock_offset
 
     def _drop(self, token: int, why: str, *, hand_back: bool = False) -> None:
         self._prepared.pop(token, None)
@@ -129,7 +127,7 @@ class Gated:
         self.on_drop(lease, hand_back)
 
     def _drop_lapsed(self) -> None:
-        now = self._server_now()
+        now = self.protocol.server_now()
         for token, lease in list(self.held.items()):
             if lease.lease_expires_at.timestamp() <= now:
                 self._drop(token, "its reservation lapsed before its gate opened", hand_back=True)
@@ -151,7 +149,7 @@ class Gated:
                     continue
                 tokens = list(self.held)[:_GATES_MAX]
                 soonest = min(lease.lease_expires_at.timestamp() for lease in self.held.values())
-                wait = max(0.0, min(self.wait, soonest - self._server_now()))
+                wait = max(0.0, min(self.wait, soonest - self.protocol.server_now()))
                 poll = asyncio.create_task(self.protocol.gates(current, tokens, wait=wait))
                 more = asyncio.create_task(self._changed.wait())
                 try:
@@ -225,7 +223,7 @@ class Gated:
                 answer = await self.protocol.start(worker_id, tokens)
             except ApiError as exc:
                 delay = backoff.next_delay()
-                if exc.status in _GONE_STATUSES or self._server_now() + delay >= end:
+                if exc.status in _GONE_STATUSES or self.protocol.server_now() + delay >= end:
                     self.refused(tokens)  # the worker is gone, or the time is up
                     return
                 log_event(
@@ -245,7 +243,7 @@ class Gated:
             if gone:
                 self.refused(gone)
             tokens = [t for t in tokens if t in set(answer.not_yet)]
-            if tokens and self._server_now() + NOT_YET_SECONDS >= end:
+            if tokens and self.protocol.server_now() + NOT_YET_SECONDS >= end:
                 self.refused(tokens)
                 return
             if tokens:

@@ -408,6 +408,10 @@ class WorkerProtocol:
         self.p0_reserved_slots = reserved if isinstance(reserved, int) and reserved > 0 else 0
         return leases
 
+    def server_now(self) -> float:
+        """The server's time now as this worker reckons it (seconds since the epoch)."""
+        return time.time() + self.clock_offset
+
     def _clock_sample(self, lower_bound: float) -> None:
         """The server read its clock before we received its answer, so its time minus
         our receipt time is a lower bound of the offset, the closer the sooner the

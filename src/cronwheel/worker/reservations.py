@@ -109,7 +109,9 @@ class Reservations:
         """Runs are about to begin, or being started: what the worker reports can wait."""
         if self._in_flight > 0 or self._armed_count or time.monotonic() < self._quiet_until:
             return True
-        return bool(self._due and self._due[0][0] - self._lead_first() <= self._server_now())
+        return bool(
+            self._due and self._due[0][0] - self._lead_first() <= self.protocol.server_now()
+        )
 
     def __len__(self) -> int:
         return len(self.held) + self._armed_count
@@ -125,10 +127,6 @@ class Reservations:
         assert lease.not_before is not None
         heapq.heappush(self._due, (when, lease.fencing_token))
         self._at_instant[lease.not_before] = self._at_instant.get(lease.not_before, 0) + 1
-
-    def _server_now(self) -> float:
-        """The server's time now as we reckon it (seconds)."""
-        return time.time() + self.protocol.clock_offset
 
     def _local(self, instant: datetime) -> float:
         """``instant`` (server time) on our monotonic clock."""
@@ -193,7 +191,7 @@ class Reservations:
                     continue
                 first = self._due[0][0]
                 if first > self._sending_until:
-                    delay = first - self._lead_first() - self._server_now()
+                    delay = first - self._lead_first() - self.protocol.server_now()
                     if delay > 0:
                         await wait_event(self._changed, delay)
                         continue
@@ -261,21 +259,21 @@ class Reservations:
     def _retry(self, batch: list[Lease], delay: float) -> None:
         """Try ``batch`` again after ``delay``, but only while each reservation holds:
         past its expiry it may be another worker's, and is dropped."""
-        now = self._server_now()
+        now = self.protocol.server_now()
         for lease in batch:
             if lease.lease_expires_at.timestamp() <= now + delay:
                 self._drop(lease, "its reservation lapsed before it could be started")
             else:
                 # Its start goes out ``delay`` from now (its lead is taken off ``when``).
                 assert lease.not_before is not None
-                when = self._server_now() + delay + self._lead(1)
+                when = self.protocol.server_now() + delay + self._lead(1)
                 self._push(max(when, lease.not_before.timestamp()), lease)
         self._changed.set()
 
     def _settle(self, batch: list[Lease], answer: Started) -> None:
         by_token = {lease.fencing_token: lease for lease in batch}
         # (An answer without its instant would be a server bug: our reckoning of it.)
-        at = answer.started_at or datetime.fromtimestamp(self._server_now(), UTC)
+        at = answer.started_at or datetime.fromtimestamp(self.protocol.server_now(), UTC)
         for token in answer.started:
             lease = self.held.pop(token, None)
             if lease is None:

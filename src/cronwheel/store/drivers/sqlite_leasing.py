@@ -468,10 +468,14 @@ class CoreLeasing(Driver):
         transition dated then), as the opening itself left them PENDING."""
         if not rows:
             return
+        # One UPDATE per opening: a layer's nodes share theirs.
+        by_gate: dict[int, tuple[GateOpened, list[uuid.UUID]]] = {}
         for r, gate in rows:
+            by_gate.setdefault(id(gate), (gate, []))[1].append(r.id)
+        for gate, ids in by_gate.values():
             await conn.execute(
                 runs.update()
-                .where(runs.c.id == r.id)
+                .where(self.id_in(runs.c.id, ids))
                 .values(
                     state=START.source.value,
                     fire_at=gate.opened_at,

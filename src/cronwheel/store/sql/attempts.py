@@ -602,37 +602,73 @@ class AttemptsMixin(WorkersMixin, RetriesMixin):
         if not tokens:
             return ReservationsStarted(started_at=None)
         async with self._write() as conn:
-            # Gated reservations start once their gate opened, with the payload it gave,
-            # and no later than the node's heartbeat timeout after the opening: by then
-            # its attempt's lease, reckoned from the opening, would have run out.
-            at = await self._now(conn, now)
-            held = await self._gated_held(conn, worker_id, tokens, tenant_id)
-            beats = {n.reserved_token: n.heartbeat_timeout for n in held}
-            late: list[int] = []
-            opened: list[GateOpened] = []
-            for gate in await self._gates_opened(conn, held):
-                if (
-                    gate.opened_at + timedelta(seconds=min(beats[t] for t in gate.fencing_tokens))
-                    > at
-                ):
-                    opened.append(gate)
-                else:
-                    late += gate.fencing_tokens
             try:
                 done = await self.driver.attempts_start(
                     conn,
                     worker_id=worker_id,
-                    tokens=[t for t in tokens if t not in set(late)],
+                    tokens=tokens,
                     tenant_id=tenant_id,
                     now=now,
                     ahead=ahead,
-                    opened=opened,
                 )
+                # Gated reservations are answered not yet by that: started once their
+                # gate opened, looked for only then (not on every start of a burst).
+                if done.not_yet:
+                    done = await self._start_opened(
+                        conn, done, worker_id=worker_id, tenant_id=tenant_id, now=now
+                    )
             except WorkerGone as gone:
                 raise await self._worker_gone(conn, gone.worker_id) from None
-        if late:
-            done = dataclasses.replace(done, refused=[*done.refused, *late])
         return done
+
+    async def _start_opened(
+        self,
+        conn: AsyncConnection,
+        done: ReservationsStarted,
+        *,
+        worker_id: uuid.UUID,
+        tenant_id: uuid.UUID | None,
+        now: datetime | None,
+    ) -> ReservationsStarted:
+        """``done`` with the gated reservations among its ``not_yet`` started: those
+        whose gate opened, with the payload it gave, no later than the node's heartbeat
+        timeout after the opening (by then its attempt's lease, reckoned from the
+        opening, would have run out: refused)."""
+        held = await self._gated_held(conn, worker_id, done.not_yet, tenant_id)
+        if not held:
+            return done
+        at = await self._now(conn, now)
+        beats = {n.reserved_token: n.heartbeat_timeout for n in held}
+        late: list[int] = []
+        opened: list[GateOpened] = []
+        for gate in await self._gates_opened(conn, held):
+            allowed = timedelta(seconds=min(beats[t] for t in gate.fencing_tokens))
+            if gate.opened_at + allowed > at:
+                opened.append(gate)
+            else:
+                late += gate.fencing_tokens
+        again = ReservationsStarted(started_at=None)
+        if opened:
+            again = await self.driver.attempts_start(
+                conn,
+                worker_id=worker_id,
+                tokens=[t for g in opened for t in g.fencing_tokens],
+                tenant_id=tenant_id,
+                now=now,
+                ahead=0.0,
+                opened=opened,
+            )
+        # Those opened (started now, or answered again) and those too late; the others'
+        # gates are shut: not yet.
+        handled = {t for g in opened for t in g.fencing_tokens} | set(late)
+        begins = [t for t in (done.started_at, again.started_at) if t is not None]
+        return ReservationsStarted(
+            started_at=min(begins) if begins else None,
+            started=[*done.started, *again.started],
+            not_yet=[t for t in done.not_yet if t not in handled] + again.not_yet,
+            refused=[*done.refused, *again.refused, *late],
+            first_tries=[*done.first_tries, *again.first_tries],
+        )
 
     async def _unreserve(
         self,
