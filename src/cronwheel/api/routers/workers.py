@@ -148,6 +148,14 @@ def _worker_out(status: WorkerStatus) -> WorkerOut:
     )
 
 
+def _check_wait(state: ApiState, wait: float) -> None:
+    """A long-poll's ``wait`` within the server's ``lease_wait_max`` (422 past it)."""
+    if wait > state.settings.lease_wait_max:
+        raise ValidationError(
+            f"wait: at most {state.settings.lease_wait_max:g} seconds", field="wait"
+        )
+
+
 async def _own_worker(
     state: ApiState, principal: Principal, raw_id: str, *, live: bool = True
 ) -> Worker:
@@ -242,10 +250,7 @@ async def lease(
     is dispatched; an empty list means none came. A deregistered worker gets 410
     ``worker_deregistered``, also when it is deregistered while its long-poll waits."""
     state = api_state(request)
-    if body.wait > state.settings.lease_wait_max:
-        raise ValidationError(
-            f"wait: at most {state.settings.lease_wait_max:g} seconds", field="wait"
-        )
+    _check_wait(state, body.wait)
     if body.ahead > state.settings.lease_ahead_max:
         raise ValidationError(
             f"ahead: at most {state.settings.lease_ahead_max:g} seconds", field="ahead"
@@ -397,10 +402,7 @@ async def cancels(
     as one is asked for, through any API node; an empty list means none came. A
     deregistered worker gets 410 ``worker_deregistered``."""
     state = api_state(request)
-    if body.wait > state.settings.lease_wait_max:
-        raise ValidationError(
-            f"wait: at most {state.settings.lease_wait_max:g} seconds", field="wait"
-        )
+    _check_wait(state, body.wait)
     worker = await _own_worker(state, principal, worker_id)
     known = set(body.known)
     loop = asyncio.get_running_loop()
@@ -454,10 +456,7 @@ async def gates(
     up to ``wait`` seconds and answers as soon as a gate opens, through any API node.
     A deregistered worker gets 410 ``worker_deregistered``."""
     state = api_state(request)
-    if body.wait > state.settings.lease_wait_max:
-        raise ValidationError(
-            f"wait: at most {state.settings.lease_wait_max:g} seconds", field="wait"
-        )
+    _check_wait(state, body.wait)
     worker = await _own_worker(state, principal, worker_id)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + body.wait
