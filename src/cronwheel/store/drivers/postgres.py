@@ -12,7 +12,7 @@ import re
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from datetime import date, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 import asyncpg
 import sqlalchemy as sa
@@ -25,6 +25,7 @@ from cronwheel.domain.model import FiredRun, LeasedAttempt, ReservationsStarted,
 from cronwheel.ids import new_id
 from cronwheel.store.driver import (
     CreatedRun,
+    DagNodeRow,
     Driver,
     FireCandidate,
     JobsInserted,
@@ -76,6 +77,11 @@ _TRANSIENT = (
 
 # Any constant: the advisory lock that serialises migrations.
 _MIGRATION_LOCK = 0x63776D67  # "cwmg"
+_DAG_NODES = """
+SELECT id, workflow_run_id, node, state, reserved_token,
+       COALESCE(reserved_until > $2, false), reserved_by, gated_at IS NOT NULL
+FROM runs WHERE workflow_run_id = ANY($1::uuid[])
+"""
 
 # The partitions of log_chunks: one a day, named after it.
 _LOG_PARTITION = re.compile(r"^log_chunks_p(\d{8})$")
@@ -399,6 +405,15 @@ class PostgresDriver(Driver):
     async def events_insert(self, conn: AsyncConnection, rows: Sequence[dict[str, Any]]) -> None:
         if rows:
             await firing.copy_events(await _raw(conn), rows)
+
+    async def dag_nodes(
+        self, conn: AsyncConnection, *, workflow_run_ids: Sequence[uuid.UUID], at: datetime
+    ) -> Sequence[DagNodeRow]:
+        # Straight from asyncpg, compared in the statement: through SQLAlchemy's result
+        # types a 1,002-node fan-out's rows took 4-7 ms to decode, against 1-2.
+        # (A record unpacks as the tuple would.)
+        rows = await (await _raw(conn)).fetch(_DAG_NODES, list(workflow_run_ids), at)
+        return cast(Sequence[DagNodeRow], rows)
 
     async def jobs_insert(
         self,

@@ -241,20 +241,7 @@ async def advance(
         return
     # Only what deciding needs: a completion batch of a 1,000-node fan-in reads its
     # nodes' states at each batch, and most batches make nothing ready.
-    nodes = (
-        await conn.execute(
-            sa.select(
-                runs.c.id,
-                runs.c.workflow_run_id,
-                runs.c.node,
-                runs.c.state,
-                runs.c.reserved_token,
-                runs.c.reserved_until,
-                runs.c.reserved_by,
-                runs.c.gated_at,
-            ).where(core.driver.id_in(runs.c.workflow_run_id, [w.id for w in owners]))
-        )
-    ).all()
+    nodes = await core.driver.dag_nodes(conn, workflow_run_ids=[w.id for w in owners], at=at)
     # By workflow run, each node's run id and state (as tuples: 1,000 rows a batch). A
     # node whose gate opened is as good as ready: its holder is beginning it.
     node_ids: dict[uuid.UUID, dict[str, uuid.UUID]] = {w.id: {} for w in owners}
@@ -263,17 +250,17 @@ async def advance(
     opened: dict[uuid.UUID, list[int]] = {w.id: [] for w in owners}  # gates open: tokens
     held: dict[uuid.UUID, tuple[int, uuid.UUID]] = {}  # reserved ahead: token, holder
     gated: set[uuid.UUID] = set()  # may be reserved so already
-    for run_id, owner, name, state, token, until, holder, gated_at in nodes:
+    for run_id, owner, name, state, token, held_now, holder, was_armed in nodes:
         node_ids[owner][name] = run_id
         node_states[owner][name] = _STATES[state]
-        if gated_at is not None:
+        if was_armed:
             gated.add(run_id)
         if state != _PENDING or token is None:
             continue
         if gates[owner].opened(token) is not None:
             node_states[owner][name] = RunState.DISPATCHED
             opened[owner].append(token)
-        elif until is not None and until > at:  # past it, it is any worker's again
+        elif held_now and holder is not None:  # past its time, it is any worker's again
             held[run_id] = (token, holder)
     dags = await dags_of(core, conn, {w.job_id for w in owners})
     decided_runs: list[_Decided] = []
@@ -444,8 +431,11 @@ _GroupKey = tuple[bytes, tuple[str, ...], bool]
 
 
 def _group_key(d: _Decided, node: DagNode, states: Mapping[str, RunState]) -> _GroupKey:
-    ups = tuple(u for u in node.after if states[u] is RunState.SUCCESS)
-    return d.dag.payload_keys[node.name], ups, not node.after
+    return d.dag.payload_keys[node.name], _succeeded(node.after, states), not node.after
+
+
+def _succeeded(after: Sequence[str], states: Mapping[str, RunState]) -> tuple[str, ...]:
+    return tuple(u for u in after if states[u] is RunState.SUCCESS)
 
 
 def _input(
@@ -458,12 +448,17 @@ def _input(
 
 def _alike(d: _Decided, results: dict[uuid.UUID, Any]) -> list[_Group]:
     """The nodes ``d`` makes ready, in groups alike, each with its payload."""
-    by_name = d.dag.by_name
+    dag, states = d.dag, d.states
     alike: dict[_GroupKey, list[str]] = {}
+    ups_of: dict[int, tuple[str, ...]] = {}  # by after_class: once for a fan-out
     for name in d.decided.ready:
-        alike.setdefault(_group_key(d, by_name[name], d.states), []).append(name)
+        after = dag.by_name[name].after
+        ups = ups_of.get(dag.after_class[name])
+        if ups is None:
+            ups = ups_of[dag.after_class[name]] = _succeeded(after, states)
+        alike.setdefault((dag.payload_keys[name], ups, not after), []).append(name)
     return [
-        _Group(names, key[2], _input(d, by_name[names[0]], key, results))
+        _Group(names, key[2], _input(d, dag.by_name[names[0]], key, results))
         for key, names in alike.items()
     ]
 
@@ -523,8 +518,10 @@ async def _ready_details(
     wanted: set[uuid.UUID] = set()
     names: set[str] = set()
     for d in ready:
-        for name in d.decided.ready:
-            up = [u for u in d.dag.by_name[name].after if d.states[u] is RunState.SUCCESS]
+        # Once per distinct set of upstream nodes: a fan-out's 1,000 nodes share one.
+        seen = {d.dag.after_class[name]: name for name in d.decided.ready}
+        for name in seen.values():
+            up = _succeeded(d.dag.by_name[name].after, d.states)
             names.update(up)
             wanted.update(d.nodes[u] for u in up)
     # Read through the workflow runs' nodes index: a fan-in's sink needs them all.
