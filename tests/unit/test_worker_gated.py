@@ -272,3 +272,31 @@ async def test_a_start_that_fails_is_tried_again_and_one_of_a_gone_worker_is_ref
     harness.release.set()
     await asyncio.sleep(0.05)
     assert [c.fencing_token for c in server.completions] == [11]
+
+
+async def test_a_worker_takes_a_layer_a_share_at_a_time(harness: Harness) -> None:
+    """Workers woken by a layer's arming share its nodes: one asks for at most 250
+    gated reservations a lease, and again at once while it has room, until it holds
+    what was there."""
+    server, session = harness.server, harness.session
+    layer = [gated(token) for token in range(1, 601)]
+    asked: list[int] = []
+
+    async def lease(worker_id: str, *, max: int, wait: float, **more: Any) -> list[Lease]:
+        asked.append(more["gated"])
+        taken = layer[: more["gated"]]
+        del layer[: more["gated"]]
+        if not taken:
+            await asyncio.sleep(wait)
+        return taken
+
+    server.lease = lease  # type: ignore[method-assign]
+    session.worker_id, session.lease_ahead, session._gates_poll = "worker-1", 10.0, True
+    loop = asyncio.create_task(session._lease_loop())
+    try:
+        await until(lambda: len(session.gated) == 600)
+    finally:
+        loop.cancel()
+        await asyncio.gather(loop, return_exceptions=True)
+    assert asked[:3] == [250, 250, 250]  # the third found 100 left
+    assert max(asked) == 250

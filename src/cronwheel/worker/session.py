@@ -89,6 +89,10 @@ T = TypeVar("T")
 _REGISTER_AGAIN = frozenset({(404, "not_found"), (410, "worker_deregistered")})
 _P0_POLL_SECONDS = 0.1  # how often a worker with only its P0 slots free asks for P0 runs
 _LEASE_MAX = 1000  # the most runs one lease request may ask for (the server's limit)
+# The most gated reservations one lease takes (more with the next): the workers woken by
+# a layer's arming share its nodes, and each begins its share when the gate opens. One
+# worker taking a 1,000-node fan-out alone began it in 22-38 ms; two, 11-26 each.
+_GATED_SHARE = 250
 _BEAT_MAX = 1000  # the most heartbeats one batch request may carry (the server's limit)
 _IDLE_POLL_SECONDS = 1.0
 # Prefetch holds about what the handlers finish in this many seconds (see above): enough
@@ -393,7 +397,7 @@ class WorkerSession:
             # allowance: held gated, begun the moment their gate opens.
             gated = 0
             if self._gates_poll and ahead > 0:
-                gated = min(max(0, extra - self._ahead_held() - reserve), _LEASE_MAX)
+                gated = min(max(0, extra - self._ahead_held() - reserve), _GATED_SHARE)
             try:
                 leases = await self._until_stopped(
                     self.protocol.lease(
