@@ -224,6 +224,34 @@ async def test_an_unopened_reservation_lapses_and_is_taken_again(store: Store) -
     assert min(a.fencing_token for a in again) > max(tokens)
 
 
+@pytest.mark.parametrize(("ends_after", "opened"), [(HEARTBEAT - 0.001, True), (HEARTBEAT, False)])
+async def test_an_upstream_ending_as_a_reservation_runs_out_opens_it_only_while_held(
+    store: Store, ends_after: float, opened: bool
+) -> None:
+    """The reservation lapsed but not swept yet when the upstream ends: the node is made
+    ready for any worker; a moment before its end, its gate opens for its holder."""
+    tenant_id, wf, worker, root = await started_root(store)
+    _, gated = await lease(store, worker, now=at(2))
+    [beat] = await store.attempts_heartbeat_many(
+        items=[HeartbeatItem(root.attempt_id, root.fencing_token)], now=at(20)
+    )
+    assert beat.ok
+    await complete(store, root, {"x": 1}, now=at(2 + ends_after))
+    tokens = [a.fencing_token for a in gated]
+    found = await store.attempts_gates(worker_id=worker.id, tokens=tokens)
+    nodes = await nodes_of(store, tenant_id, wf)
+    if opened:
+        assert sorted(t for g in found.opened for t in g.fencing_tokens) == sorted(tokens)
+        assert nodes["b"].state is RunState.PENDING
+    else:
+        assert found.opened == []
+        assert nodes["b"].state is RunState.DISPATCHED and nodes["c"].state is RunState.DISPATCHED
+        assert nodes["b"].payload == {"k": 1, UPSTREAM_KEY: {"a": {"x": 1}}}
+        other = await register_worker(store, tenant_id, now=at(40))
+        now_runs, _ = await lease(store, other, now=at(40), gated=0)
+        assert await names(store, tenant_id, now_runs) == ["b", "c"]
+
+
 async def test_an_opened_reservation_never_started_lapses_to_ready(store: Store) -> None:
     tenant_id, wf, worker, root = await started_root(store)
     _, gated = await lease(store, worker, now=at(2))

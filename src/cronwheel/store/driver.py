@@ -489,8 +489,9 @@ class Driver(ABC):
     ) -> Sequence[DagNodeRow]:
         """Every node run of the workflow runs ``workflow_run_ids``, as advancing them
         reads it (:data:`DagNodeRow`), whether a reservation is held being judged at
-        ``at``. What each completion of a 1,000-node fan-in reads again: a driver may
-        answer it without the rows' full decoding."""
+        ``at`` (timezone-aware), within the write transaction that locked them. What
+        each completion of a 1,000-node fan-in reads again: a driver may answer it
+        without the rows' full decoding."""
         rows = await conn.execute(
             sa.select(
                 runs.c.id,
