@@ -326,25 +326,24 @@ async def lease(
     seen). Returns the attempts and how many runs each (tenant, class) gave.
     ``gated``: of the gated queue, each reserved ahead of its gate."""
     total = sum(g.count for g in grants)
-    if gated:
-        return await _lease_gated(conn, now, worker, grants, new_id, webhooks_only, total)
-    rows = await conn.fetch(
-        _LEASE,
-        now,
+    who = (
         worker.pool,
         worker.tenant_id,
         json.dumps(sorted(worker.capabilities)),
         worker.id,
         webhooks_only,
-        ahead,
-        [new_id() for _ in range(total)],
-        _tasks_param(worker),
-        json.dumps(sorted(set(worker.tags))),
+    )
+    ids = [new_id() for _ in range(total)]
+    routes = (_tasks_param(worker), json.dumps(sorted(set(worker.tags))))
+    granted = (
         [g.tenant_id for g in grants],
         [g.priority for g in grants],
         [g.count for g in grants],
-        later,
     )
+    if gated:
+        rows = await conn.fetch(_LEASE_GATED, now, *who, ids, *routes, *granted)
+    else:
+        rows = await conn.fetch(_LEASE, now, *who, ahead, ids, *routes, *granted, later)
     if rows[0]["gone"]:
         raise WorkerGone(worker.id)
     if rows[0]["id"] is None:  # the one row of an empty lease
@@ -354,6 +353,9 @@ async def lease(
         key = (r["tenant_id"], r["priority"])
         got[key] = got.get(key, 0) + 1
     rows = sorted(rows, key=lambda r: (r["priority"], r["fire_at"]))
+    if gated:
+        # As if it began now: its deadline is counted again from its gate's opening.
+        return [_reserved(r, begins=r["now"], due_at=r["now"], gated=True) for r in rows], got
     leased: list[LeasedAttempt] = []
     for r in rows:
         at: datetime = r["now"]
@@ -384,44 +386,6 @@ async def lease(
                 workflow_run_id=r["workflow_run_id"],
             )
         )
-    return leased, got
-
-
-async def _lease_gated(
-    conn: Raw,
-    now: datetime | None,
-    worker: Worker,
-    grants: Sequence[Grant],
-    new_id: Callable[[], uuid.UUID],
-    webhooks_only: bool,
-    total: int,
-) -> tuple[list[LeasedAttempt], dict[tuple[uuid.UUID, int], int]]:
-    rows = await conn.fetch(
-        _LEASE_GATED,
-        now,
-        worker.pool,
-        worker.tenant_id,
-        json.dumps(sorted(worker.capabilities)),
-        worker.id,
-        webhooks_only,
-        [new_id() for _ in range(total)],
-        _tasks_param(worker),
-        json.dumps(sorted(set(worker.tags))),
-        [g.tenant_id for g in grants],
-        [g.priority for g in grants],
-        [g.count for g in grants],
-    )
-    if rows[0]["gone"]:
-        raise WorkerGone(worker.id)
-    if rows[0]["id"] is None:
-        return [], {}
-    got: dict[tuple[uuid.UUID, int], int] = {}
-    leased: list[LeasedAttempt] = []
-    for r in sorted(rows, key=lambda r: (r["priority"], r["fire_at"])):
-        key = (r["tenant_id"], r["priority"])
-        got[key] = got.get(key, 0) + 1
-        # As if it began now: its deadline is counted again from its gate's opening.
-        leased.append(_reserved(r, begins=r["now"], due_at=r["now"], gated=True))
     return leased, got
 
 
